@@ -1,0 +1,78 @@
+"""Backends: where the lease lives. ``backend_from_url`` picks one from a URL."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigurationError
+from .base import Backend
+from .memory import MemoryBackend
+from .sql import SQLBackend
+
+__all__ = ["Backend", "MemoryBackend", "PostgresBackend", "SQLBackend", "backend_from_url"]
+
+_SCHEMES = "sqlite:///PATH, postgresql+psycopg://..., mysql+pymysql://..., memory://"
+# scheme -> (normalised SQLAlchemy driver name, driver module, extra that installs it)
+_DRIVERS: dict[str, tuple[str, str | None, str | None]] = {
+    "sqlite": ("sqlite", None, None),
+    "sqlite+pysqlite": ("sqlite", None, None),
+    "postgresql": ("postgresql+psycopg", "psycopg", "postgres"),
+    "postgres": ("postgresql+psycopg", "psycopg", "postgres"),
+    "postgresql+psycopg": ("postgresql+psycopg", "psycopg", "postgres"),
+    "mysql": ("mysql+pymysql", "pymysql", "mysql"),
+    "mysql+pymysql": ("mysql+pymysql", "pymysql", "mysql"),
+    "mariadb": ("mysql+pymysql", "pymysql", "mysql"),
+    "mariadb+pymysql": ("mysql+pymysql", "pymysql", "mysql"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresBackend":
+        from .postgres import PostgresBackend
+
+        return PostgresBackend
+    raise AttributeError(name)
+
+
+def backend_from_url(url: str, **options: Any) -> Backend:
+    """Build the backend for ``url``; ``options`` go to the backend's constructor.
+
+    Celery-style prefixes are accepted, so the app's own URLs work as they are:
+    ``db+postgresql://...`` (result backend) and ``sqla+sqlite:///...`` (kombu broker).
+    ``postgresql://`` means psycopg 3 and ``mysql://`` PyMySQL.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"election_url must be a database URL like {_SCHEMES}: got {url!r}"
+        )
+    for prefix in ("db+", "sqla+"):
+        if url.startswith(prefix):
+            url = url[len(prefix) :]
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return MemoryBackend(**options)
+    if scheme not in _DRIVERS:
+        hint = ""
+        if scheme.startswith("postgres"):
+            hint = " (celery_election talks to PostgreSQL through psycopg 3: postgresql+psycopg)"
+        elif scheme.startswith(("mysql", "mariadb")):
+            hint = " (celery_election talks to MySQL/MariaDB through PyMySQL: mysql+pymysql)"
+        raise ConfigurationError(
+            f"unsupported election database URL scheme {scheme!r}{hint}; use one of: {_SCHEMES}"
+        )
+    driver, module, extra = _DRIVERS[scheme]
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{scheme}:// needs the {module} package: pip install 'celery-election[{extra}]'"
+            ) from exc
+    normalised = f"{driver}://{rest}"
+    if driver == "postgresql+psycopg":
+        from .postgres import PostgresBackend
+
+        return PostgresBackend(normalised, **options)
+    return SQLBackend(normalised, **options)

@@ -1,0 +1,100 @@
+"""What the elector needs from a backend.
+
+Every step is atomic on the backend's side and decided there, with the backend's clock:
+``elect`` takes a vacant or expired lease with a strictly greater term and never
+preempts a live leader; ``renew`` and ``resign`` act only on the exact (token, term) they
+are given, so a late call from an old term cannot touch a newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from ..term import CandidateInfo, ElectResult, Lease
+
+__all__ = ["Backend", "WakeupHandle"]
+
+
+class WakeupHandle(Protocol):
+    """A registration for wakeups; ``close()`` ends it."""
+
+    def close(self) -> None:
+        """Stop delivering wakeups to this registration."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The storage an Elector runs the protocol against."""
+
+    #: Where the election lives, safe to log (no password).
+    description: str
+
+    def install(self) -> None:
+        """Create the tables if they do not exist (idempotent, safe to race)."""
+
+    def uninstall(self) -> None:
+        """Drop the tables if they exist."""
+
+    def elect(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        *,
+        term: int | None = None,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Take the lease if vacant or expired; with ``term``, renew that term instead.
+
+        ``won`` is True only if this step changed the row in the caller's favour; the
+        lease is the row as stored after the step, or None if the step lost to contention
+        (a lock timeout or a busy database) and the row could not be read.
+        """
+
+    def renew(
+        self, namespace: str, token: str, term: int, ttl: float, *, timeout: float | None = None
+    ) -> ElectResult:
+        """Extend the lease held by exactly (token, term), if it has not expired."""
+
+    def resign(
+        self, namespace: str, token: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the lease held by exactly (token, term); True if it was."""
+
+    def current(self, namespace: str, *, timeout: float | None = None) -> Lease | None:
+        """The lease row as stored now, or None if the namespace never had one."""
+
+    def register(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        hostname: str,
+        pid: int,
+        ttl: float,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Create or refresh this candidate's row; it is listed for ``ttl`` seconds."""
+
+    def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:
+        """Remove this candidate's row."""
+
+    def candidates(self, namespace: str, *, timeout: float | None = None) -> list[CandidateInfo]:
+        """Candidates whose heartbeat has not expired, oldest registration first."""
+
+    def prune(self, namespace: str, *, timeout: float | None = None) -> int:
+        """Delete expired candidate rows; the number deleted."""
+
+    def subscribe_wakeups(
+        self, namespace: str, callback: Callable[[], None]
+    ) -> WakeupHandle | None:
+        """Call ``callback`` when the lease may have changed hands; None if unsupported.
+
+        A wakeup is only a hint to try ``elect`` now: nothing is decided from it.
+        """
+
+    def close(self) -> None:
+        """Release connections and threads (idempotent)."""

@@ -1,0 +1,885 @@
+"""The lease on a SQL database, through SQLAlchemy Core: SQLite, PostgreSQL, MySQL/MariaDB.
+
+How each step stays correct (DESIGN.md, "Rules found by experiment"):
+
+* One conditional UPDATE by primary key per step, in its own short transaction, with every
+  condition in its WHERE clause and the new term computed in SQL. Whoever changed the row
+  won. Nothing is decided from an earlier read, so two racing candidates can never both
+  win: the database serialises the writes and re-checks the WHERE on the winner's row.
+* The lease row always exists: the first elect of a namespace inserts it vacant with an
+  idempotent insert, then retries its UPDATE.
+* The database clock decides. Times are BIGINT epoch microseconds computed by the
+  database inside the statement (``statement_timestamp()``, ``UTC_TIMESTAMP(6)``,
+  ``julianday('now')``); no host clock is ever written or compared.
+* New term = greatest(term + 1, database epoch in ms): strictly increasing, and still
+  increasing after the table is dropped and re-created or restored from a backup.
+* Renew and resign match the exact (token, term); the token is a per-instance secret.
+* Lock timeouts, deadlocks, duplicate keys and SQLite's busy errors mean "lost this
+  round"; connection errors mean the backend is unavailable. Each call has a deadline:
+  when it passes, the connection's socket is shut down and the connection discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, NoSuchTableError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from ..config import validate_candidate_id, validate_namespace
+from ..errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
+from ..term import CandidateInfo, ElectResult, Lease
+from .base import WakeupHandle
+
+__all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "make_metadata"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_TABLE_PREFIX = "celery_election_"
+_TOKEN_LENGTH = 32
+
+# -- database clock -------------------------------------------------------------------------
+
+
+class db_now_us(FunctionElement[int]):
+    """The database's clock in epoch microseconds, fixed for the whole statement."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+
+
+class db_now_ms(FunctionElement[int]):
+    """The database's clock in epoch milliseconds: the floor for a new term."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+
+
+class greatest(FunctionElement[int]):
+    """GREATEST(a, b); SQLite spells it max(a, b)."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+
+
+def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    raise ConfigurationError(
+        f"celery_election supports SQLite, PostgreSQL and MySQL/MariaDB, "
+        f"not {compiler.dialect.name}"
+    )
+
+
+compiles(db_now_us)(_unsupported)
+compiles(db_now_ms)(_unsupported)
+
+# PostgreSQL's now() is frozen at transaction start; statement_timestamp() is not.
+compiles(db_now_us, "postgresql")(
+    lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
+)
+compiles(db_now_ms, "postgresql")(
+    lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)"
+)
+# UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
+_MYSQL_NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+compiles(db_now_us, "mysql")(lambda e, c, **kw: _MYSQL_NOW_US)
+compiles(db_now_ms, "mysql")(lambda e, c, **kw: f"({_MYSQL_NOW_US} DIV 1000)")
+# SQLite's 'now' is the host clock, constant within one statement step.
+compiles(db_now_us, "sqlite")(
+    lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+)
+compiles(db_now_ms, "sqlite")(
+    lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+)
+compiles(greatest)(lambda e, c, **kw: f"GREATEST({c.process(e.clauses, **kw)})")
+compiles(greatest, "sqlite")(lambda e, c, **kw: f"max({c.process(e.clauses, **kw)})")
+
+
+# -- schema ---------------------------------------------------------------------------------
+
+
+def _key(length: int) -> sa.types.TypeEngine[str]:
+    # MySQL's default collation folds case, accents and trailing spaces: 'prod', 'PROD '
+    # and 'PRÖD' would be one namespace. Binary collation keeps them apart.
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
+    """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env."""
+    metadata = sa.MetaData()
+    mysql_opts: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+    sa.Table(
+        f"{table_prefix}lease",
+        metadata,
+        sa.Column("namespace", _key(190), primary_key=True),
+        sa.Column("term", sa.BigInteger, nullable=False, default=0),
+        sa.Column("token", _key(_TOKEN_LENGTH), nullable=True),
+        sa.Column("leader_id", sa.String(255), nullable=True),
+        sa.Column("acquired_at", sa.BigInteger, nullable=True),
+        sa.Column("renewed_at", sa.BigInteger, nullable=True),
+        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
+        **mysql_opts,
+    )
+    sa.Table(
+        f"{table_prefix}candidate",
+        metadata,
+        sa.Column("namespace", _key(190), primary_key=True),
+        sa.Column("token", _key(_TOKEN_LENGTH), primary_key=True),
+        sa.Column("candidate_id", sa.String(255), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("registered_at", sa.BigInteger, nullable=False),
+        sa.Column("heartbeat_at", sa.BigInteger, nullable=False),
+        sa.Column("expires_at", sa.BigInteger, nullable=False),
+        sa.Index(f"{table_prefix}candidate_expiry", "namespace", "expires_at"),
+        **mysql_opts,
+    )
+    return metadata
+
+
+# -- error classification -------------------------------------------------------------------
+
+_PG_CONTENTION = {"40P01", "55P03", "40001", "23505", "57014"}
+_PG_MISSING = {"42P01"}
+_MYSQL_CONTENTION = {1213, 1205, 1062, 1969, 3024}
+_MYSQL_MISSING = {1146}
+
+
+class _LostRound(Exception):
+    """The step lost to contention; nothing changed."""
+
+
+def _classify(exc: DBAPIError) -> str:
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in _PG_CONTENTION:
+        return "contention"
+    if sqlstate in _PG_MISSING:
+        return "missing"
+    code = orig.args[0] if orig is not None and orig.args else None
+    if type(orig).__module__.startswith("pymysql"):
+        if code in _MYSQL_CONTENTION:
+            return "contention"
+        if code in _MYSQL_MISSING:
+            return "missing"
+    message = str(orig).lower()
+    if type(orig).__module__.startswith("sqlite3"):
+        if "locked" in message or "busy" in message:
+            return "contention"
+        if "no such table" in message:
+            return "missing"
+        if not any(w in message for w in ("interrupt", "unable to open", "disk", "readonly")):
+            return "other"  # a bad statement, not an unreachable file
+    if exc.connection_invalidated or isinstance(
+        exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
+    ):
+        return "unavailable"
+    return "other"
+
+
+# -- call deadlines -------------------------------------------------------------------------
+
+
+def _interrupt(dbapi_conn: Any) -> None:
+    """Make a call blocked on this DBAPI connection fail now, from another thread."""
+    if hasattr(dbapi_conn, "interrupt"):  # sqlite3
+        dbapi_conn.interrupt()
+        return
+    sock: socket.socket | None = None
+    pgconn = getattr(dbapi_conn, "pgconn", None)
+    if pgconn is not None:  # psycopg 3: the socket is libpq's fd
+        try:
+            sock = socket.socket(fileno=os.dup(pgconn.socket))
+        except Exception:  # already closed
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+        return
+    raw = getattr(dbapi_conn, "_sock", None)  # PyMySQL
+    if raw is not None:
+        with suppress(OSError):
+            raw.shutdown(socket.SHUT_RDWR)
+
+
+class _Deadline:
+    """A timer that interrupts one database call when it outlives its deadline."""
+
+    def __init__(self, dbapi_conn: Any, timeout: float | None) -> None:
+        self.fired = False
+        self._timer: threading.Timer | None = None
+        if timeout is not None:
+            self._timer = threading.Timer(timeout, self._fire, (dbapi_conn,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, dbapi_conn: Any) -> None:
+        self.fired = True
+        try:
+            _interrupt(dbapi_conn)
+        except Exception:  # pragma: no cover - best effort
+            log.debug("could not interrupt a stalled call", exc_info=True)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+# -- engines --------------------------------------------------------------------------------
+
+_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "fuse.sshfs", "9p", "afs", "ceph"}
+
+
+def _filesystem_type(path: Path) -> str | None:
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    best, fstype = "", None
+    target = str(path)
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3:
+            mnt = parts[1].replace("\\040", " ")
+            inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+            if inside and len(mnt) > len(best):
+                best, fstype = mnt, parts[2]
+    return fstype
+
+
+def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
+    def after_fork() -> None:
+        engine = ref()
+        if engine is not None:
+            # close=False: the parent still owns those sockets; closing them here would
+            # break the parent's connections (DESIGN.md, rule 12).
+            engine.dispose(close=False)
+
+    return after_fork
+
+
+def _private_engine(
+    url: URL,
+    *,
+    statement_timeout: float,
+    connect_timeout: float,
+    sqlite_busy_timeout: float,
+    allow_network_filesystem: bool,
+    engine_options: dict[str, Any],
+) -> Engine:
+    backend = url.get_backend_name()
+    options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
+    connect_args: dict[str, Any] = {}
+    if backend == "sqlite":
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be shared between processes or "
+                "connections: give a file path (sqlite:////abs/path/election.db), or use "
+                "MemoryBackend for in-process tests"
+            )
+        path = Path(database).expanduser().resolve()
+        url = url.set(database=str(path))
+        fstype = _filesystem_type(path.parent)
+        if fstype in _NETWORK_FILESYSTEMS and not allow_network_filesystem:
+            raise ConfigurationError(
+                f"SQLite election file {path} is on a network filesystem ({fstype}): its "
+                f"locks are not reliable there. Use PostgreSQL or MySQL, or pass "
+                f"allow_network_filesystem=True if you know its locking works"
+            )
+        connect_args["timeout"] = sqlite_busy_timeout
+        connect_args["check_same_thread"] = False
+    elif backend == "postgresql":
+        connect_args.update(
+            connect_timeout=max(1, round(connect_timeout)),
+            application_name="celery-election",
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+            tcp_user_timeout=int(statement_timeout * 1000),
+        )
+        options.update(pool_size=2, max_overflow=4)
+    elif backend in ("mysql", "mariadb"):
+        connect_args.update(
+            connect_timeout=max(1, round(connect_timeout)),
+            read_timeout=statement_timeout,
+            write_timeout=statement_timeout,
+        )
+        options.update(pool_size=2, max_overflow=4)
+    options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
+    options.update(engine_options)
+    engine = sa.create_engine(url, **options)
+
+    if backend == "sqlite":
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, record: Any) -> None:
+            # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it).
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            # Writers take the write lock at BEGIN, where the busy timeout waits for it,
+            # instead of failing to upgrade a read lock midway.
+            mode = "DEFERRED" if conn.get_execution_options().get("_election_read") else "IMMEDIATE"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    elif backend == "postgresql":
+        ms = int(statement_timeout * 1000)
+
+        @sa.event.listens_for(engine, "connect")
+        def _pg_connect(dbapi_conn: Any, record: Any) -> None:
+            # Session settings, set once per connection (a SET LOCAL per transaction would
+            # double the statement count). Behind PgBouncer in transaction mode these may
+            # not stick; the client-side call deadline still bounds every call.
+            with dbapi_conn.cursor() as cur:
+                cur.execute(f"SET statement_timeout = {ms}")
+                cur.execute(f"SET lock_timeout = {ms}")
+                cur.execute(f"SET idle_in_transaction_session_timeout = {ms * 2}")
+            dbapi_conn.commit()
+
+    elif backend in ("mysql", "mariadb"):
+        secs = statement_timeout
+
+        @sa.event.listens_for(engine, "connect")
+        def _mysql_connect(dbapi_conn: Any, record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(secs))}")
+            cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')")
+            if "mariadb" in dbapi_conn.get_server_info().lower():
+                cur.execute(f"SET SESSION max_statement_time = {secs}")
+            cur.close()
+
+    os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
+    return engine
+
+
+# -- the backend ----------------------------------------------------------------------------
+
+
+class SQLBackend:
+    """Leader election state in SQL tables, one code path for three databases.
+
+    ``url_or_engine`` is a SQLAlchemy URL or an existing Engine. The backend always builds
+    its own private engine (from the Engine's URL if given one): the application's pool
+    must not be able to starve renewals, and the elector's connections carry their own
+    timeouts. Pass ``connection=`` to a method to run that step inside the caller's own
+    transaction instead (it is then neither committed nor bounded by a deadline here).
+    """
+
+    supports_returning: bool
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | Engine,
+        *,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        statement_timeout: float = 5.0,
+        connect_timeout: float = 5.0,
+        sqlite_busy_timeout: float = 1.0,
+        allow_network_filesystem: bool = False,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(url_or_engine, Engine):
+            url = url_or_engine.url
+        else:
+            try:
+                url = make_url(url_or_engine)
+            except Exception as exc:
+                raise ConfigurationError(f"not a database URL: {url_or_engine!r} ({exc})") from exc
+        if not table_prefix.replace("_", "").isalnum() or not table_prefix[0].isalpha():
+            raise ConfigurationError(
+                f"table_prefix (election_table_prefix) must be letters, digits and "
+                f"underscores, starting with a letter: got {table_prefix!r}"
+            )
+        self.table_prefix = table_prefix
+        self.engine = _private_engine(
+            url,
+            statement_timeout=statement_timeout,
+            connect_timeout=connect_timeout,
+            sqlite_busy_timeout=sqlite_busy_timeout,
+            allow_network_filesystem=allow_network_filesystem,
+            engine_options=dict(engine_options or {}),
+        )
+        self.dialect = self.engine.dialect.name
+        self.description = self.engine.url.render_as_string(hide_password=True)
+        if self.dialect == "sqlite":
+            log.info("election database is the SQLite file %s", self.engine.url.database)
+        self.metadata = make_metadata(table_prefix)
+        self.lease = self.metadata.tables[f"{table_prefix}lease"]
+        self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
+        self.supports_returning = bool(self.engine.dialect.update_returning)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.description} prefix={self.table_prefix!r}>"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, table: sa.Table, *, write: bool) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            kind = _classify(exc)
+            if kind == "missing":
+                raise SchemaMissingError(table.name, self.description) from exc
+            if kind == "contention" and write:
+                raise _LostRound() from exc
+            if kind in ("unavailable", "contention"):
+                raise BackendUnavailableError(
+                    f"election database {self.description} is unavailable: {exc.orig}"
+                ) from exc
+            raise
+        except NoSuchTableError as exc:
+            raise SchemaMissingError(table.name, self.description) from exc
+
+    def _run(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        write: bool,
+        timeout: float | None,
+        connection: Connection | None,
+    ) -> T:
+        """Run ``work`` in one short transaction of its own, bounded by ``timeout``."""
+        if connection is not None:
+            with self._errors(table, write=write):
+                return work(connection)
+        deadline: _Deadline | None = None
+        try:
+            with self._errors(table, write=write), self.engine.connect() as conn:
+                if not write:
+                    conn.execution_options(_election_read=True)
+                deadline = _Deadline(conn.connection.dbapi_connection, timeout)
+                try:
+                    with conn.begin():
+                        return work(conn)
+                finally:
+                    deadline.cancel()
+                    if deadline.fired:
+                        conn.invalidate()
+        except (_LostRound, SchemaMissingError, BackendUnavailableError) as exc:
+            if deadline is not None and deadline.fired:
+                raise BackendUnavailableError(
+                    f"election database {self.description} did not answer within "
+                    f"{timeout}s; the connection was shut down"
+                ) from exc
+            raise
+
+    def _lease_columns(self) -> list[sa.ColumnElement[Any]]:
+        t = self.lease
+        return [
+            t.c.namespace,
+            t.c.term,
+            t.c.leader_id,
+            t.c.expires_at,
+            db_now_us().label("db_now"),
+            t.c.acquired_at,
+            t.c.renewed_at,
+            t.c.token,
+        ]
+
+    @staticmethod
+    def _lease(row: sa.Row[Any] | None) -> Lease | None:
+        if row is None:
+            return None
+        return Lease(
+            namespace=row.namespace,
+            term=int(row.term),
+            leader_id=row.leader_id,
+            expires_at_us=int(row.expires_at),
+            db_now_us=int(row.db_now),
+            acquired_at_us=None if row.acquired_at is None else int(row.acquired_at),
+            renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
+            token=row.token,
+        )
+
+    def _select_lease(self, conn: Connection, namespace: str) -> Lease | None:
+        stmt = sa.select(*self._lease_columns()).where(self.lease.c.namespace == namespace)
+        return self._lease(conn.execute(stmt).first())
+
+    def _step(
+        self,
+        stmt: sa.Update,
+        namespace: str,
+        *,
+        timeout: float | None,
+        connection: Connection | None,
+    ) -> ElectResult | None:
+        """Run one conditional UPDATE; None if it matched no row."""
+        if self.supports_returning:
+            returning = stmt.returning(*self._lease_columns())
+
+            def work(conn: Connection) -> sa.Row[Any] | None:
+                return conn.execute(returning).first()
+
+            row = self._run(
+                work, table=self.lease, write=True, timeout=timeout, connection=connection
+            )
+            lease = self._lease(row)
+            return None if lease is None else ElectResult(True, lease)
+
+        def work_count(conn: Connection) -> int:
+            return conn.execute(stmt).rowcount
+
+        changed = self._run(
+            work_count, table=self.lease, write=True, timeout=timeout, connection=connection
+        )
+        if changed != 1:
+            return None
+        # MySQL has no UPDATE ... RETURNING: report the row as stored after the step.
+        lease = self.current(namespace, timeout=timeout, connection=connection)
+        assert lease is not None
+        return ElectResult(True, lease)
+
+    def _lost(
+        self, namespace: str, timeout: float | None, connection: Connection | None
+    ) -> ElectResult:
+        try:
+            lease = self.current(namespace, timeout=timeout, connection=connection)
+        except BackendUnavailableError:
+            lease = None
+        return ElectResult(False, lease)
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Create the tables if missing. Safe to run from many processes at once."""
+        last: Exception | None = None
+        for _attempt in range(5):
+            try:
+                with self.engine.begin() as conn:
+                    if self.dialect == "postgresql":
+                        # Concurrent CREATE TABLE IF NOT EXISTS races on the catalog
+                        # (DESIGN.md, rule 10): serialise installers on an advisory lock.
+                        key = sa.func.hashtext(f"celery_election:{self.table_prefix}")
+                        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+                    self.metadata.create_all(conn, checkfirst=True)
+                return
+            except DBAPIError as exc:
+                if _classify(exc) == "unavailable" and "connect" in str(exc).lower():
+                    raise BackendUnavailableError(
+                        f"cannot reach election database {self.description}: {exc.orig}"
+                    ) from exc
+                last = exc
+        raise BackendUnavailableError(
+            f"could not create the election tables in {self.description}: {last}"
+        ) from last
+
+    def uninstall(self) -> None:
+        """Drop the tables if they exist. Terms stay increasing after a re-install."""
+        with self.engine.begin() as conn:
+            self.metadata.drop_all(conn, checkfirst=True)
+
+    def create_ddl(self) -> list[str]:
+        """The CREATE statements install() would run, for this database's dialect."""
+        from sqlalchemy.schema import CreateIndex, CreateTable
+
+        out = []
+        for table in self.metadata.sorted_tables:
+            out.append(str(CreateTable(table).compile(dialect=self.engine.dialect)).strip())
+            for index in table.indexes:
+                out.append(str(CreateIndex(index).compile(dialect=self.engine.dialect)).strip())
+        return out
+
+    # -- the lease --------------------------------------------------------------------------
+
+    def elect(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        *,
+        term: int | None = None,
+        timeout: float | None = None,
+        connection: Connection | None = None,
+    ) -> ElectResult:
+        """Take the lease if vacant or expired; with ``term``, renew it instead."""
+        if term is not None:
+            return self.renew(namespace, token, term, ttl, timeout=timeout, connection=connection)
+        validate_namespace(namespace)
+        validate_candidate_id(candidate_id)
+        _check_token(token)
+        t = self.lease
+        now = db_now_us()
+        take = (
+            sa.update(t)
+            .where(
+                t.c.namespace == namespace,
+                sa.or_(t.c.token.is_(None), t.c.expires_at <= now),
+            )
+            .values(
+                term=greatest(t.c.term + 1, db_now_ms()),
+                token=token,
+                leader_id=candidate_id,
+                acquired_at=now,
+                renewed_at=now,
+                expires_at=now + _us(ttl),
+            )
+        )
+        try:
+            result = self._step(take, namespace, timeout=timeout, connection=connection)
+            if result is not None:
+                return result
+            lost = self._lost(namespace, timeout, connection)
+            if lost.lease is not None:
+                return lost
+            # First election of this namespace: create the vacant row, then race for it.
+            self._run(
+                lambda conn: conn.execute(self._insert_vacant(namespace)),
+                table=t,
+                write=True,
+                timeout=timeout,
+                connection=connection,
+            )
+            result = self._step(take, namespace, timeout=timeout, connection=connection)
+        except _LostRound:
+            return self._lost(namespace, timeout, connection)
+        return result if result is not None else self._lost(namespace, timeout, connection)
+
+    def _insert_vacant(self, namespace: str) -> sa.Insert:
+        values = {"namespace": namespace, "term": 0, "expires_at": 0}
+        if self.dialect == "postgresql":
+            return postgresql.insert(self.lease).values(values).on_conflict_do_nothing()
+        if self.dialect == "sqlite":
+            return sqlite.insert(self.lease).values(values).on_conflict_do_nothing()
+        ins = mysql.insert(self.lease).values(values)
+        return ins.on_duplicate_key_update(term=self.lease.c.term)  # a no-op update
+
+    def renew(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        ttl: float,
+        *,
+        timeout: float | None = None,
+        connection: Connection | None = None,
+    ) -> ElectResult:
+        """Extend the unexpired lease held by exactly (token, term)."""
+        t = self.lease
+        now = db_now_us()
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.namespace == namespace,
+                t.c.token == token,
+                t.c.term == term,
+                t.c.expires_at > now,
+            )
+            .values(renewed_at=now, expires_at=now + _us(ttl))
+        )
+        try:
+            result = self._step(stmt, namespace, timeout=timeout, connection=connection)
+        except _LostRound:
+            result = None
+        return result if result is not None else self._lost(namespace, timeout, connection)
+
+    def resign(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        *,
+        timeout: float | None = None,
+        connection: Connection | None = None,
+    ) -> bool:
+        """Vacate the lease held by exactly (token, term). The term stays: it never goes back."""
+        t = self.lease
+        stmt = (
+            sa.update(t)
+            .where(t.c.namespace == namespace, t.c.token == token, t.c.term == term)
+            .values(token=None, leader_id=None, expires_at=db_now_us())
+        )
+        try:
+            changed = self._run(
+                lambda conn: conn.execute(stmt).rowcount,
+                table=t,
+                write=True,
+                timeout=timeout,
+                connection=connection,
+            )
+        except _LostRound:
+            return False
+        return bool(changed == 1)
+
+    def current(
+        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+    ) -> Lease | None:
+        """The lease row as stored now (None if this namespace was never elected)."""
+        return self._run(
+            lambda conn: self._select_lease(conn, namespace),
+            table=self.lease,
+            write=False,
+            timeout=timeout,
+            connection=connection,
+        )
+
+    # -- candidates -------------------------------------------------------------------------
+
+    def register(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        hostname: str,
+        pid: int,
+        ttl: float,
+        *,
+        timeout: float | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        """Create or refresh this candidate's row (an upsert: also the heartbeat)."""
+        validate_namespace(namespace)
+        validate_candidate_id(candidate_id)
+        _check_token(token)
+        c = self.candidate
+        now = db_now_us()
+        values = {
+            "namespace": namespace,
+            "token": token,
+            "candidate_id": candidate_id,
+            "hostname": hostname[:255],
+            "pid": pid,
+            "registered_at": now,
+            "heartbeat_at": now,
+            "expires_at": now + _us(ttl),
+        }
+        refresh = {"heartbeat_at": now, "expires_at": now + _us(ttl)}
+        stmt: sa.Insert
+        if self.dialect == "postgresql":
+            stmt = (
+                postgresql.insert(c)
+                .values(values)
+                .on_conflict_do_update(index_elements=[c.c.namespace, c.c.token], set_=refresh)
+            )
+        elif self.dialect == "sqlite":
+            stmt = (
+                sqlite.insert(c)
+                .values(values)
+                .on_conflict_do_update(index_elements=[c.c.namespace, c.c.token], set_=refresh)
+            )
+        else:
+            stmt = mysql.insert(c).values(values).on_duplicate_key_update(refresh)
+        with suppress(_LostRound):  # lost to contention: the next heartbeat refreshes it
+            self._run(
+                lambda conn: conn.execute(stmt),
+                table=c,
+                write=True,
+                timeout=timeout,
+                connection=connection,
+            )
+
+    heartbeat = register
+
+    def unregister(
+        self,
+        namespace: str,
+        token: str,
+        *,
+        timeout: float | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        """Remove this candidate's row."""
+        c = self.candidate
+        stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.token == token)
+        with suppress(_LostRound):
+            self._run(
+                lambda conn: conn.execute(stmt),
+                table=c,
+                write=True,
+                timeout=timeout,
+                connection=connection,
+            )
+
+    def candidates(
+        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+    ) -> list[CandidateInfo]:
+        """Candidates whose heartbeat has not expired on the database clock."""
+        c = self.candidate
+        stmt = (
+            sa.select(c)
+            .where(c.c.namespace == namespace, c.c.expires_at > db_now_us())
+            .order_by(c.c.registered_at, c.c.token)
+        )
+
+        def work(conn: Connection) -> list[CandidateInfo]:
+            return [
+                CandidateInfo(
+                    candidate_id=r.candidate_id,
+                    hostname=r.hostname,
+                    pid=int(r.pid),
+                    heartbeat_at_us=int(r.heartbeat_at),
+                    expires_at_us=int(r.expires_at),
+                    token=r.token,
+                )
+                for r in conn.execute(stmt)
+            ]
+
+        return self._run(work, table=c, write=False, timeout=timeout, connection=connection)
+
+    def prune(
+        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+    ) -> int:
+        """Delete candidate rows whose heartbeat expired."""
+        c = self.candidate
+        stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.expires_at <= db_now_us())
+        try:
+            return int(
+                self._run(
+                    lambda conn: conn.execute(stmt).rowcount,
+                    table=c,
+                    write=True,
+                    timeout=timeout,
+                    connection=connection,
+                )
+            )
+        except _LostRound:
+            return 0
+
+    def subscribe_wakeups(
+        self, namespace: str, callback: Callable[[], None]
+    ) -> WakeupHandle | None:
+        """Plain SQL has no notifications: followers poll."""
+        return None
+
+    def close(self) -> None:
+        """Dispose of the private engine (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.engine.dispose()
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _check_token(token: object) -> None:
+    if not isinstance(token, str) or len(token) != _TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"token must be a {_TOKEN_LENGTH}-character string (uuid4().hex): got {token!r}"
+        )

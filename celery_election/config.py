@@ -1,0 +1,203 @@
+"""Election timings, validated once, before anything is built.
+
+The timings are linked: a leader renews every ``renew_interval``, each attempt may take at
+most ``call_timeout``, and it trusts its lease until ``ttl - safety_margin`` after the
+attempt started. So the leader must get at least two renewals into one ttl, and its trust
+window must outlast one renewal interval, or it would step down between two healthy
+renewals. Every problem is reported at once, with its field, setting, value and rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from .errors import ConfigurationError
+
+__all__ = [
+    "MAX_CANDIDATE_ID_LENGTH",
+    "MAX_NAMESPACE_LENGTH",
+    "ElectionConfig",
+    "Seconds",
+    "validate_candidate_id",
+    "validate_namespace",
+]
+
+Seconds = float | int | timedelta
+
+#: Key columns are VARCHAR(190): the longest utf8mb4 key MySQL indexes without a prefix.
+MAX_NAMESPACE_LENGTH = 190
+MAX_CANDIDATE_ID_LENGTH = 255
+
+_SETTING_PREFIX = "election_"
+
+
+def _seconds(name: str, value: object, problems: list[str]) -> float | None:
+    setting = _SETTING_PREFIX + name
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        problems.append(
+            f"{name} ({setting}) must be a number of seconds or a timedelta: got {value!r}"
+        )
+        return None
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        problems.append(f"{name} ({setting}) must be a positive number of seconds: got {value!r}")
+        return None
+    return seconds
+
+
+@dataclass(frozen=True)
+class ElectionConfig:
+    """Validated election timings, in seconds.
+
+    ttl: how long a lease lasts without renewal. Crash failover takes about this long;
+        shorter means faster failover but less tolerance for a slow database. Default 10.
+    renew_interval: how often the leader renews. Default ttl / 3.
+    poll_interval: how often a follower retries when nothing wakes it earlier (on
+        PostgreSQL a NOTIFY does). A clean handoff on other databases takes up to this long.
+        Default min(1, renew_interval).
+    jitter: each wait is stretched or shrunk by up to this fraction, so candidates do not
+        march in step. Default 0.1; must be in [0, 0.5).
+    safety_margin: the leader stops trusting its lease this long before the database lets
+        anyone else take it; covers clock rate error (chrony may slew by 1/12). Default
+        max(ttl / 5, min(1, ttl / 4)).
+    call_timeout: the deadline of one database attempt; a stalled connection is shut down
+        when it passes. Default renew_interval.
+    resign_backoff: after a voluntary resign(), stay out of the election this long so that
+        another candidate takes over. Default ttl.
+    candidate_ttl: a candidate row is listed as live this long after its last heartbeat;
+        heartbeats go out every candidate_ttl / 3. Default max(60, 3 x ttl).
+    """
+
+    ttl: float = 10.0
+    renew_interval: float = 0.0
+    poll_interval: float = 0.0
+    jitter: float = 0.1
+    safety_margin: float = 0.0
+    call_timeout: float = 0.0
+    resign_backoff: float = 0.0
+    candidate_ttl: float = 0.0
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        ttl: Seconds = 10.0,
+        renew_interval: Seconds | None = None,
+        poll_interval: Seconds | None = None,
+        jitter: float = 0.1,
+        safety_margin: Seconds | None = None,
+        call_timeout: Seconds | None = None,
+        resign_backoff: Seconds | None = None,
+        candidate_ttl: Seconds | None = None,
+    ) -> ElectionConfig:
+        """Fill the defaults that depend on ttl, then validate everything at once."""
+        problems: list[str] = []
+        ttl_s = _seconds("ttl", ttl, problems)
+        base = ttl_s if ttl_s is not None else 10.0
+
+        def opt(name: str, value: Seconds | None, default: float) -> float | None:
+            return default if value is None else _seconds(name, value, problems)
+
+        renew = opt("renew_interval", renew_interval, base / 3)
+        renew_base = renew if renew is not None else base / 3
+        poll = opt("poll_interval", poll_interval, min(1.0, renew_base))
+        margin = opt("safety_margin", safety_margin, max(base / 5, min(1.0, base / 4)))
+        timeout = opt("call_timeout", call_timeout, renew_base)
+        backoff = opt("resign_backoff", resign_backoff, base)
+        cand = opt("candidate_ttl", candidate_ttl, max(60.0, 3 * base))
+
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
+            problems.append(f"jitter (election_jitter) must be a fraction: got {jitter!r}")
+        elif not (math.isfinite(jitter) and 0 <= jitter < 0.5):
+            problems.append(f"jitter (election_jitter) must be in [0, 0.5): got {jitter!r}")
+
+        if ttl_s is not None and renew is not None and not ttl_s > 2 * renew:
+            problems.append(
+                f"ttl (election_ttl) must exceed 2 x renew_interval (election_renew_interval): "
+                f"got ttl={ttl_s}s, renew_interval={renew}s"
+            )
+        if (
+            ttl_s is not None
+            and renew is not None
+            and margin is not None
+            and not (margin < ttl_s - renew)
+        ):
+            problems.append(
+                f"safety_margin (election_safety_margin) must be less than "
+                f"ttl - renew_interval, or the leader stops trusting its lease before "
+                f"it renews: got safety_margin={margin}s, ttl={ttl_s}s, "
+                f"renew_interval={renew}s"
+            )
+        if renew is not None and timeout is not None and timeout > renew:
+            problems.append(
+                f"call_timeout (election_call_timeout) must not exceed renew_interval: "
+                f"got call_timeout={timeout}s, renew_interval={renew}s"
+            )
+        if problems:
+            raise ConfigurationError(problems)
+        assert ttl_s is not None and renew is not None and poll is not None
+        assert margin is not None and timeout is not None and backoff is not None
+        assert cand is not None
+        return cls(
+            ttl=ttl_s,
+            renew_interval=renew,
+            poll_interval=poll,
+            jitter=float(jitter),
+            safety_margin=margin,
+            call_timeout=timeout,
+            resign_backoff=backoff,
+            candidate_ttl=cand,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], **overrides: Any) -> ElectionConfig:
+        """Build from ``election_*`` settings (a Celery ``app.conf`` or any mapping)."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            value = settings.get(_SETTING_PREFIX + f.name)
+            if value is not None:
+                kwargs[f.name] = value
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.create(**kwargs)
+
+    @property
+    def trust_window(self) -> float:
+        """How long after an attempt starts its success may be trusted."""
+        return self.ttl - self.safety_margin
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often a candidate refreshes its row."""
+        return self.candidate_ttl / 3
+
+
+def _check_key(kind: str, value: object, limit: int) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{kind} must be a string: got {value!r}")
+    if not value or value != value.strip():
+        raise ConfigurationError(
+            f"{kind} must be non-empty without leading or trailing spaces: got {value!r}"
+        )
+    if len(value) > limit:
+        raise ConfigurationError(
+            f"{kind} must be at most {limit} characters: got {len(value)} ({value[:40]!r}...)"
+        )
+    if any(ord(ch) < 32 for ch in value):
+        raise ConfigurationError(f"{kind} must not contain control characters: got {value!r}")
+    return value
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return the namespace, or raise ConfigurationError saying what is wrong with it."""
+    return _check_key("namespace (election_namespace)", namespace, MAX_NAMESPACE_LENGTH)
+
+
+def validate_candidate_id(candidate_id: object) -> str:
+    """Return the candidate id, or raise ConfigurationError saying what is wrong with it."""
+    return _check_key("candidate_id", candidate_id, MAX_CANDIDATE_ID_LENGTH)

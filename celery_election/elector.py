@@ -1,0 +1,678 @@
+"""The Elector: one background thread running the election protocol against a backend.
+
+The protocol
+============
+
+Every candidate of a namespace runs an Elector. The backend holds one lease row per
+namespace (leader token, term, expiry on the database's clock) and answers three atomic,
+term-scoped steps: ``elect`` (take the lease if vacant or expired, with a strictly greater
+term), ``renew`` (extend it, only for the exact token and term), ``resign`` (vacate it,
+only for the exact token and term).
+
+::
+
+              elect won, in time                     renew lost / trust ran out /
+    FOLLOWER ------------------------> LEADER ------ resign() / stop() ------> FOLLOWER
+       ^  |  elect lost: sleep until      |  renew won: trusted again
+       |  |  the lease ends (or a         |  until start + ttl - margin
+       +--+  wakeup, or poll_interval)    +--+
+
+Leadership is believed only inside the trust window: an attempt that started at ``t`` (on
+the boot-time clock, read *before* the statement is sent) and won is trusted until
+``t + ttl - safety_margin``. The database cannot expire the lease before ``t + ttl``
+(it computed the expiry after ``t``), so the elector stops believing it leads before
+anyone else can take over, by at least the margin. ``is_leader`` compares the deadline
+with the clock on every read: it turns False at the deadline even while the thread is
+stuck in a database call, and the dispatcher thread announces the revocation then. A
+success that returns after its own deadline counts as a failure: the term is resigned and
+a fresh one is sought, so every ``elected`` event has its own term.
+
+Failures never kill the thread. A follower retries with back-off; a leader keeps renewing
+until its trust window ends, then steps down. ``stop()`` drops the belief first, then
+resigns the term so a follower takes over at once, then unregisters the candidate.
+
+Events (``elected``, ``revoked`` with a reason, ``error``) are delivered in order by a
+dispatcher thread, to callbacks and to subscriptions; a slow consumer delays only later
+events, never the protocol.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import Backend, WakeupHandle
+from .clock import Clock, RealClock
+from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
+from .errors import ConfigurationError, ElectionError
+from .term import Lease, trusted_until
+
+__all__ = [
+    "Backoff",
+    "Elector",
+    "RevokeReason",
+    "State",
+    "Subscription",
+    "Transition",
+    "exponential_backoff",
+]
+
+log = logging.getLogger(__name__)
+
+#: Delay (seconds) before retry number ``attempt`` (1, 2, ...) after consecutive errors.
+Backoff = Callable[[int], float]
+
+
+def exponential_backoff(base: float = 0.1, cap: float = 5.0) -> Backoff:
+    """Doubling delays from ``base`` up to ``cap``, each jittered into its upper half."""
+
+    def delay(attempt: int) -> float:
+        ceiling = min(cap, base * 2.0 ** min(attempt - 1, 30))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    return delay
+
+
+class State(str, enum.Enum):
+    """What an elector is doing."""
+
+    STOPPED = "stopped"
+    FOLLOWER = "follower"
+    LEADER = "leader"
+    RESIGNING = "resigning"
+    STOPPING = "stopping"
+
+
+class RevokeReason(str, enum.Enum):
+    """Why leadership ended."""
+
+    #: The backend says the lease is no longer ours (taken after expiry, or gone).
+    LOST = "lost"
+    #: No renewal succeeded inside the trust window (database slow or unreachable).
+    EXPIRED = "expired"
+    #: ``resign()`` was called.
+    RESIGNED = "resigned"
+    #: ``stop()`` was called.
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of belief: ``kind`` is "elected" or "revoked"."""
+
+    kind: str
+    namespace: str
+    term: int
+    candidate_id: str
+    reason: RevokeReason | None = None
+    #: Boot-time clock reading when the belief changed.
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Lead:
+    term: int
+    trusted_until: float
+
+
+class Subscription:
+    """An ordered stream of transitions; iterate it, or ``get()`` with a timeout."""
+
+    def __init__(self, owner: Elector) -> None:
+        self._owner = owner
+        self._items: collections.deque[Transition] = collections.deque()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def _put(self, item: Transition) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify_all()
+
+    def get(self, timeout: float | None = None) -> Transition | None:
+        """The next transition, or None after ``timeout`` seconds (real time) or close."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._items or self.closed, timeout)
+            return self._items.popleft() if self._items else None
+
+    def __iter__(self) -> Iterator[Transition]:
+        while True:
+            item = self.get()
+            if item is None:
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop receiving; a blocked ``get()`` returns None."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        self._owner._unsubscribe(self)
+
+
+class Elector:
+    """Runs the election for one candidate in one namespace.
+
+    Timings come from ``config`` or the keyword arguments (see ElectionConfig); a bad
+    combination raises ConfigurationError here, before anything starts.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        namespace: str = "default",
+        candidate_id: str | None = None,
+        *,
+        config: ElectionConfig | None = None,
+        ttl: Seconds | None = None,
+        renew_interval: Seconds | None = None,
+        poll_interval: Seconds | None = None,
+        jitter: float | None = None,
+        safety_margin: Seconds | None = None,
+        call_timeout: Seconds | None = None,
+        resign_backoff: Seconds | None = None,
+        candidate_ttl: Seconds | None = None,
+        on_elected: Callable[[int], Any] | None = None,
+        on_revoked: Callable[[int, RevokeReason], Any] | None = None,
+        on_error: Callable[[BaseException], Any] | None = None,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        register: bool = True,
+    ) -> None:
+        overrides: dict[str, Any] = {
+            k: v
+            for k, v in dict(
+                ttl=ttl,
+                renew_interval=renew_interval,
+                poll_interval=poll_interval,
+                jitter=jitter,
+                safety_margin=safety_margin,
+                call_timeout=call_timeout,
+                resign_backoff=resign_backoff,
+                candidate_ttl=candidate_ttl,
+            ).items()
+            if v is not None
+        }
+        if config is not None and overrides:
+            raise ConfigurationError(
+                f"pass either config= or timing arguments, not both: got {sorted(overrides)}"
+            )
+        self.config = config or ElectionConfig.create(**overrides)
+        if not isinstance(backend, Backend):
+            raise ConfigurationError(
+                f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"
+            )
+        self.backend = backend
+        self.namespace = validate_namespace(namespace)
+        self.hostname = socket.gethostname()
+        self._token = uuid.uuid4().hex
+        if candidate_id is None:
+            candidate_id = f"{self.hostname}:{os.getpid()}:{self._token[:8]}"
+        self.candidate_id = validate_candidate_id(candidate_id)
+        self._clock: Clock = clock or RealClock()
+        self._backoff = backoff or exponential_backoff(
+            base=min(0.1, self.config.poll_interval), cap=max(self.config.poll_interval, 2.0)
+        )
+        self._register = register
+        self._callbacks = (on_elected, on_revoked, on_error)
+
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._lead: _Lead | None = None
+        self._held_term: int | None = None  # the term the row holds for our token
+        self._last_lease: Lease | None = None
+        self._started = False
+        self._stopping = False
+        self._resign_requested = False
+        self._resign_done = threading.Event()
+        self._backoff_until = 0.0
+        self._failures = 0
+        self._next_renew = 0.0
+        self._error_logged: type[BaseException] | None = None
+        self._events: collections.deque[Transition | BaseException] = collections.deque()
+        self._subscriptions: list[Subscription] = []
+        self._wakeup: WakeupHandle | None = None
+        self._sleeper = self._clock.sleeper()
+        self._dispatch_sleeper = self._clock.sleeper()
+        self._thread: threading.Thread | None = None
+        self._dispatcher: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Elector {self.candidate_id!r} namespace={self.namespace!r} "
+            f"state={self.state.value} term={self.term}>"
+        )
+
+    # -- public view ------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """True only while leading inside the trust window; no I/O, safe from any thread."""
+        lead = self._lead
+        return lead is not None and self._clock.monotonic() < lead.trusted_until
+
+    @property
+    def term(self) -> int | None:
+        """The term this elector leads under (its fencing token), None when not leading."""
+        lead = self._lead
+        if lead is not None and self._clock.monotonic() < lead.trusted_until:
+            return lead.term
+        return None
+
+    @property
+    def trusted_for(self) -> float:
+        """Seconds of trust left (0 when not leading)."""
+        lead = self._lead
+        return 0.0 if lead is None else max(0.0, lead.trusted_until - self._clock.monotonic())
+
+    @property
+    def trusted_until(self) -> float | None:
+        """The boot-time clock reading at which leadership stops being trusted."""
+        lead = self._lead
+        return None if lead is None else lead.trusted_until
+
+    @property
+    def leader_id(self) -> str | None:
+        """The candidate id of the leader as last seen (this one's when leading)."""
+        if self.is_leader:
+            return self.candidate_id
+        lease = self._last_lease
+        return lease.leader_id if lease is not None and lease.held else None
+
+    @property
+    def last_lease(self) -> Lease | None:
+        """The lease row as the last step saw it."""
+        return self._last_lease
+
+    @property
+    def state(self) -> State:
+        """What the elector is doing now."""
+        if not self._started:
+            return State.STOPPED
+        if self._stopping:
+            return State.STOPPING
+        if self._resign_requested:
+            return State.RESIGNING
+        return State.LEADER if self.is_leader else State.FOLLOWER
+
+    def wait_for_leadership(self, timeout: float | None = None) -> bool:
+        """Block until this elector leads (True) or ``timeout`` seconds pass (False)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.is_leader or self._stopping, timeout)
+        return self.is_leader
+
+    def subscribe(self) -> Subscription:
+        """An ordered stream of this elector's transitions from now on."""
+        sub = Subscription(self)
+        with self._lock:
+            self._subscriptions.append(sub)
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> Elector:
+        """Start the election threads; returns at once (see wait_for_leadership)."""
+        with self._lock:
+            if self._started:
+                raise ElectionError(f"{self!r} is already started")
+            self._started = True
+            self._stopping = False
+            self._token = self._token if self._thread is None else uuid.uuid4().hex
+        self._wakeup = self.backend.subscribe_wakeups(self.namespace, self._sleeper.wake)
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, name=f"celery-election-events-{self.namespace}", daemon=True
+        )
+        self._thread = threading.Thread(
+            target=self._run, name=f"celery-election-{self.namespace}", daemon=True
+        )
+        self._dispatcher.start()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Step down at once, resign the term, unregister, and join the threads."""
+        with self._lock:
+            if not self._started:
+                return
+            self._stopping = True
+            self._drop_lead(RevokeReason.STOPPED)
+            self._changed.notify_all()
+        self._sleeper.wake()
+        if timeout is None:
+            timeout = 3 * self.config.call_timeout + 1
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._wakeup is not None:
+            self._wakeup.close()
+            self._wakeup = None
+        self._dispatch_sleeper.wake()
+        if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
+            self._dispatcher.join(timeout)
+        with self._lock:
+            self._started = False
+            subs = list(self._subscriptions)
+        for sub in subs:
+            with sub._cond:
+                sub.closed = True
+                sub._cond.notify_all()
+
+    def resign(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """Step down now and stay out for ``resign_backoff``; False if not leading.
+
+        Belief ends before the database is told, so nothing runs as leader during the
+        handoff. With ``wait``, returns after the term has been resigned in the database.
+        """
+        with self._lock:
+            if self._lead is None and self._held_term is None:
+                return False
+            self._resign_done.clear()
+            self._resign_requested = True
+            self._backoff_until = self._clock.monotonic() + self.config.resign_backoff
+            self._drop_lead(RevokeReason.RESIGNED)
+        self._sleeper.wake()
+        if wait:
+            self._resign_done.wait(timeout if timeout is not None else self.config.call_timeout + 1)
+        return True
+
+    def __enter__(self) -> Elector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- belief (call with self._lock held) --------------------------------------------------
+
+    def _post(self, item: Transition | BaseException) -> None:
+        self._events.append(item)
+        self._dispatch_sleeper.wake()
+
+    def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:
+        return Transition(
+            kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
+        )
+
+    def _drop_lead(self, reason: RevokeReason) -> None:
+        lead = self._lead
+        if lead is not None:
+            self._lead = None
+            self._post(self._transition("revoked", lead.term, reason))
+            self._changed.notify_all()
+
+    # -- the election thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_heartbeat = self._clock.monotonic()
+        while not self._stopping:
+            now = self._clock.monotonic()
+            if self._resign_requested:
+                self._do_resign()
+                continue
+            if self._register and now >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = now + self._jittered(self.config.heartbeat_interval)
+            if self._held_term is None:
+                if now < self._backoff_until:
+                    wait = self._backoff_until - now
+                else:
+                    wait = self._follower_step()
+            elif now >= self._next_renew:
+                wait = self._leader_step()
+            else:
+                wait = self._next_renew - now
+            if self._register:
+                wait = min(wait, next_heartbeat - self._clock.monotonic())
+            if wait > 0 and not self._stopping:
+                self._sleeper.wait(wait)
+        self._shutdown()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One backend call with the attempt deadline; errors are reported, then raised."""
+        try:
+            result = fn(*args, timeout=self.config.call_timeout, **kwargs)
+        except Exception as exc:
+            self._failures += 1
+            with self._lock:
+                self._post(exc)
+            raise
+        if self._failures:
+            log.info("election database reachable again (namespace %r)", self.namespace)
+            self._error_logged = None
+        self._failures = 0
+        return result
+
+    def _retry_delay(self) -> float:
+        return self._backoff(max(1, self._failures))
+
+    def _follower_step(self) -> float:
+        started = self._clock.monotonic()
+        try:
+            result = self._call(
+                self.backend.elect, self.namespace, self._token, self.candidate_id, self.config.ttl
+            )
+        except Exception:
+            return self._retry_delay()
+        lease = result.lease
+        if lease is not None:
+            self._last_lease = lease
+        if result.won and lease is not None:
+            self._held_term = lease.term
+            deadline = trusted_until(started, self.config.ttl, self.config.safety_margin)
+            with self._lock:
+                if self._stopping or self._resign_requested:
+                    return 0.0  # the loop resigns this term
+                if self._clock.monotonic() >= deadline:
+                    # Won, but too late to trust: give the term back and seek a fresh one.
+                    log.warning(
+                        "election in namespace %r won term %s after its trust window "
+                        "ended (slow database?); resigning it",
+                        self.namespace,
+                        lease.term,
+                    )
+                    self._resign_requested = True
+                    return 0.0
+                self._lead = _Lead(lease.term, deadline)
+                self._post(self._transition("elected", lease.term))
+                self._changed.notify_all()
+            self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
+            return self._next_renew - self._clock.monotonic()
+        if lease is not None and lease.held_by(self._token):
+            # Still ours from a term we had given up on: renew it before trusting it.
+            self._held_term = lease.term
+            self._next_renew = 0.0
+            return 0.0
+        return self._follower_wait(lease)
+
+    def _follower_wait(self, lease: Lease | None) -> float:
+        """Sleep until the lease ends on the database's clock, capped by the poll interval.
+
+        With working wakeups (PostgreSQL NOTIFY) a resign wakes us early, so the cap can
+        be the slow fallback; without them, the poll interval bounds a clean handoff.
+        """
+        cap = self.config.poll_interval
+        if self._wakeup is not None and getattr(self._wakeup, "healthy", True):
+            cap = max(cap, self.config.ttl)
+        if lease is None or not lease.held:
+            return self._jittered(self.config.poll_interval)
+        return min(cap, lease.remaining + random.uniform(0, min(0.05, lease.remaining * 0.01)))
+
+    def _leader_step(self) -> float:
+        term = self._held_term
+        assert term is not None
+        started = self._clock.monotonic()
+        try:
+            result = self._call(
+                self.backend.renew, self.namespace, self._token, term, self.config.ttl
+            )
+        except Exception:
+            with self._lock:
+                lead = self._lead
+                if lead is None or self._clock.monotonic() >= lead.trusted_until:
+                    return self._give_up(term, RevokeReason.EXPIRED)
+                left = lead.trusted_until - self._clock.monotonic()
+            self._next_renew = 0.0
+            return min(self._retry_delay(), max(0.01, left / 3))
+        lease = result.lease
+        if lease is not None:
+            self._last_lease = lease
+        with self._lock:
+            lead = self._lead
+            in_time = lead is not None and self._clock.monotonic() < lead.trusted_until
+            if result.won and in_time:
+                deadline = trusted_until(started, self.config.ttl, self.config.safety_margin)
+                self._lead = _Lead(term, deadline)
+                self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
+                return self._next_renew - self._clock.monotonic()
+            if result.won:
+                return self._give_up(term, RevokeReason.EXPIRED)
+            if lease is None and in_time:
+                # Lost to contention, nothing known: retry soon while still trusted.
+                self._next_renew = 0.0
+                return min(self.config.poll_interval, self.trusted_for / 3)
+            if lease is not None and lease.term == term and lease.token == self._token:
+                return self._give_up(term, RevokeReason.EXPIRED)
+            self._held_term = None
+            self._drop_lead(RevokeReason.LOST)
+        return self._follower_wait(lease)
+
+    def _give_up(self, term: int, reason: RevokeReason) -> float:
+        """Stop believing (lock held) and resign the term so the next one is fresh."""
+        self._drop_lead(reason)
+        self._resign_requested = True
+        return 0.0
+
+    def _do_resign(self) -> None:
+        term = self._held_term
+        if term is not None:
+            try:
+                self._call(self.backend.resign, self.namespace, self._token, term)
+            except Exception:
+                log.debug("resign of term %s failed; it will expire", term, exc_info=True)
+        with self._lock:
+            self._held_term = None
+            self._resign_requested = False
+        self._resign_done.set()
+
+    def _heartbeat(self) -> None:
+        try:
+            self._call(
+                self.backend.register,
+                self.namespace,
+                self._token,
+                self.candidate_id,
+                self.hostname,
+                os.getpid(),
+                self.config.candidate_ttl,
+            )
+            if self.is_leader:
+                self._call(self.backend.prune, self.namespace)
+        except Exception:
+            pass  # reported; the election goes on without it
+
+    def _shutdown(self) -> None:
+        self._do_resign()
+        if self._register:
+            with contextlib.suppress(Exception):  # reported by _call
+                self._call(self.backend.unregister, self.namespace, self._token)
+        with self._lock:
+            self._changed.notify_all()
+        self._dispatch_sleeper.wake()
+
+    def _jittered(self, seconds: float, *, up: bool = True) -> float:
+        """``seconds`` stretched or shrunk by up to the jitter fraction (only shrunk if not up)."""
+        j = self.config.jitter
+        return seconds * (1 + random.uniform(-j, j if up else 0))
+
+    # -- the dispatcher thread --------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                items = list(self._events)
+                self._events.clear()
+                lead = self._lead
+                subs = list(self._subscriptions)
+                done = (
+                    not items
+                    and self._stopping
+                    and not (self._thread is not None and self._thread.is_alive())
+                )
+            for item in items:
+                self._deliver(item, subs)
+            if done:
+                return
+            if items:
+                continue
+            timeout = None
+            if lead is not None:
+                timeout = lead.trusted_until - self._clock.monotonic()
+                if timeout <= 0:
+                    with self._lock:
+                        # The trust window ended and no renewal came: announce it now,
+                        # even if the election thread is stuck in a database call.
+                        if self._lead is lead:
+                            self._drop_lead(RevokeReason.EXPIRED)
+                    continue
+            if self._stopping:
+                timeout = 0.05 if timeout is None else min(timeout, 0.05)
+            self._dispatch_sleeper.wait(timeout)
+
+    def _deliver(self, item: Transition | BaseException, subs: list[Subscription]) -> None:
+        on_elected, on_revoked, on_error = self._callbacks
+        try:
+            if isinstance(item, BaseException):
+                self._log_error(item)
+                if on_error is not None:
+                    on_error(item)
+                return
+            if item.kind == "elected":
+                log.info(
+                    "%s elected leader of namespace %r, term %s",
+                    self.candidate_id,
+                    self.namespace,
+                    item.term,
+                )
+                if on_elected is not None:
+                    on_elected(item.term)
+            else:
+                assert item.reason is not None
+                log.info(
+                    "%s no longer leads namespace %r (term %s, %s)",
+                    self.candidate_id,
+                    self.namespace,
+                    item.term,
+                    item.reason.value,
+                )
+                if on_revoked is not None:
+                    on_revoked(item.term, item.reason)
+        except Exception:
+            log.exception("an election callback raised; the election goes on")
+        if isinstance(item, Transition):
+            for sub in subs:
+                sub._put(item)
+
+    def _log_error(self, exc: BaseException) -> None:
+        if self._error_logged is type(exc):
+            log.debug("election error (namespace %r): %s", self.namespace, exc)
+            return
+        self._error_logged = type(exc)
+        log.error(
+            "election error (namespace %r, %s): %s; retrying",
+            self.namespace,
+            self.backend.description,
+            exc,
+        )

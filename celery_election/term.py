@@ -1,0 +1,102 @@
+"""Lease and candidate values as the database stores them, and the trust-window rule.
+
+All database times are epoch microseconds from the database's own clock. ``remaining`` is
+``expires_at - now`` computed by the database in the same statement that read the row, so
+a caller can schedule work from it without ever comparing a host clock with the lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+__all__ = ["CandidateInfo", "ElectResult", "Lease", "trusted_until"]
+
+
+def _dt(us: int | None) -> datetime | None:
+    if us is None or us <= 0:
+        return None
+    return datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One namespace's lease row, read at ``db_now_us`` on the database clock.
+
+    ``term`` is the fencing token: it strictly increases every time the lease changes
+    hands, so a write tagged with an old term can be refused by whoever checks it.
+    """
+
+    namespace: str
+    term: int
+    leader_id: str | None
+    expires_at_us: int
+    db_now_us: int
+    acquired_at_us: int | None = None
+    renewed_at_us: int | None = None
+    #: The holder's per-instance secret; renew and resign require it.
+    token: str | None = field(default=None, repr=False)
+
+    @property
+    def held(self) -> bool:
+        """True if someone holds the lease and it has not expired on the database clock."""
+        return self.token is not None and self.expires_at_us > self.db_now_us
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the lease expires, on the database clock (0 when not held)."""
+        return max(0.0, (self.expires_at_us - self.db_now_us) / 1_000_000) if self.held else 0.0
+
+    def held_by(self, token: str) -> bool:
+        """True if this instance token holds the unexpired lease."""
+        return self.held and self.token == token
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return _dt(self.expires_at_us)
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        return _dt(self.acquired_at_us)
+
+    @property
+    def renewed_at(self) -> datetime | None:
+        return _dt(self.renewed_at_us)
+
+
+@dataclass(frozen=True)
+class ElectResult:
+    """The outcome of one elect/renew step: did this step win, and the row after it.
+
+    ``lease`` is None only when the step lost to contention and the row could not be read.
+    """
+
+    won: bool
+    lease: Lease | None
+
+
+@dataclass(frozen=True)
+class CandidateInfo:
+    """A live candidate as listed by ``backend.candidates()``."""
+
+    candidate_id: str
+    hostname: str
+    pid: int
+    heartbeat_at_us: int
+    expires_at_us: int
+    token: str = field(default="", repr=False)
+
+    @property
+    def heartbeat_at(self) -> datetime | None:
+        return _dt(self.heartbeat_at_us)
+
+
+def trusted_until(attempt_started: float, ttl: float, safety_margin: float) -> float:
+    """When a lease won by an attempt that started at ``attempt_started`` stops being trusted.
+
+    The database computed the expiry as (its clock at the statement) + ttl, and the
+    statement ran after ``attempt_started``, so the lease lasts at least until
+    ``attempt_started + ttl`` on any clock that runs at the database clock's rate. The
+    margin absorbs rate differences between the two clocks (DESIGN.md, rule 3).
+    """
+    return attempt_started + ttl - safety_margin
