@@ -150,7 +150,7 @@ class MemoryBackend:
             row = self._leases.setdefault(namespace, _Row())
             won = row.token is None or row.expires_at <= now
             if won:
-                row.term = max(row.term + 1, now // 1000)
+                row.term = max(row.term + 1, now)
                 row.token, row.leader_id = token, candidate_id
                 row.acquired_at = row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)

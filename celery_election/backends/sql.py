@@ -11,8 +11,10 @@ How each step stays correct (DESIGN.md, "Rules found by experiment"):
 * The database clock decides. Times are BIGINT epoch microseconds computed by the
   database inside the statement (``statement_timestamp()``, ``UTC_TIMESTAMP(6)``,
   ``julianday('now')``); no host clock is ever written or compared.
-* New term = greatest(term + 1, database epoch in ms): strictly increasing, and still
-  increasing after the table is dropped and re-created or restored from a backup.
+* New term = greatest(term + 1, database epoch in microseconds): strictly increasing, and
+  still increasing after the table is dropped and re-created or restored from a backup.
+  (Milliseconds, as first planned, repeated a term when uninstall, install and elect
+  fell within one millisecond.)
 * Renew and resign match the exact (token, term); the token is a per-instance secret.
 * Lock timeouts, deadlocks, duplicate keys and SQLite's busy errors mean "lost this
   round"; connection errors mean the backend is unavailable. Each call has a deadline:
@@ -63,13 +65,6 @@ class db_now_us(FunctionElement[int]):
     inherit_cache = True
 
 
-class db_now_ms(FunctionElement[int]):
-    """The database's clock in epoch milliseconds: the floor for a new term."""
-
-    type = sa.BigInteger()
-    inherit_cache = True
-
-
 class greatest(FunctionElement[int]):
     """GREATEST(a, b); SQLite spells it max(a, b)."""
 
@@ -85,25 +80,17 @@ def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
 
 
 compiles(db_now_us)(_unsupported)
-compiles(db_now_ms)(_unsupported)
 
 # PostgreSQL's now() is frozen at transaction start; statement_timestamp() is not.
 compiles(db_now_us, "postgresql")(
     lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
 )
-compiles(db_now_ms, "postgresql")(
-    lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)"
-)
 # UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
 _MYSQL_NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 compiles(db_now_us, "mysql")(lambda e, c, **kw: _MYSQL_NOW_US)
-compiles(db_now_ms, "mysql")(lambda e, c, **kw: f"({_MYSQL_NOW_US} DIV 1000)")
 # SQLite's 'now' is the host clock, constant within one statement step.
 compiles(db_now_us, "sqlite")(
     lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-)
-compiles(db_now_ms, "sqlite")(
-    lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 )
 compiles(greatest)(lambda e, c, **kw: f"GREATEST({c.process(e.clauses, **kw)})")
 compiles(greatest, "sqlite")(lambda e, c, **kw: f"max({c.process(e.clauses, **kw)})")
@@ -633,7 +620,7 @@ class SQLBackend:
                 sa.or_(t.c.token.is_(None), t.c.expires_at <= now),
             )
             .values(
-                term=greatest(t.c.term + 1, db_now_ms()),
+                term=greatest(t.c.term + 1, now),
                 token=token,
                 leader_id=candidate_id,
                 acquired_at=now,
@@ -641,25 +628,29 @@ class SQLBackend:
                 expires_at=now + _us(ttl),
             )
         )
+        lost = ElectResult(False, None)
         try:
-            result = self._step(take, namespace, timeout=timeout, connection=connection)
-            if result is not None:
-                return result
-            lost = self._lost(namespace, timeout, connection)
-            if lost.lease is not None:
-                return lost
-            # First election of this namespace: create the vacant row, then race for it.
-            self._run(
-                lambda conn: conn.execute(self._insert_vacant(namespace)),
-                table=t,
-                write=True,
-                timeout=timeout,
-                connection=connection,
-            )
-            result = self._step(take, namespace, timeout=timeout, connection=connection)
+            for _attempt in range(3):
+                result = self._step(take, namespace, timeout=timeout, connection=connection)
+                if result is not None:
+                    return result
+                lost = self._lost(namespace, timeout, connection)
+                if lost.lease is None:
+                    # First election of this namespace: create the vacant row, then race.
+                    self._run(
+                        lambda conn: conn.execute(self._insert_vacant(namespace)),
+                        table=t,
+                        write=True,
+                        timeout=timeout,
+                        connection=connection,
+                    )
+                elif lost.lease.held:
+                    return lost
+                # else the row was vacant when read (a racer inserted it but has not
+                # taken it yet, or the leader just resigned): try again.
         except _LostRound:
             return self._lost(namespace, timeout, connection)
-        return result if result is not None else self._lost(namespace, timeout, connection)
+        return lost
 
     def _insert_vacant(self, namespace: str) -> sa.Insert:
         values = {"namespace": namespace, "term": 0, "expires_at": 0}

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
+from celery_election.clock import FakeClock
+
+from .services import REQUIRE, Services, discover
+
+_services: Services | None = None
+
+
+def services() -> Services:
+    global _services
+    if _services is None:
+        _services = discover()
+    return _services
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _services is not None:
+        _services.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _services is not None and _services.missing:
+        terminalreporter.write_sep("!", "SERVER TESTS SKIPPED", red=True, bold=True)
+        for name, why in _services.missing.items():
+            terminalreporter.write_line(f"  {name} unreachable ({why})", red=True)
+
+
+def server_url(name: str) -> str:
+    """The URL of a real server, or skip (fail under CELERY_ELECTION_REQUIRE_SERVICES=1)."""
+    url = services().urls.get(name)
+    if url is None:
+        why = services().missing.get(name, "not configured")
+        if REQUIRE:
+            pytest.fail(f"{name} is required (CELERY_ELECTION_REQUIRE_SERVICES=1): {why}")
+        pytest.skip(f"{name} unreachable: {why}")
+    return url
+
+
+@pytest.fixture
+def pg_url() -> str:
+    return server_url("postgresql")
+
+
+@pytest.fixture
+def mysql_url() -> str:
+    return server_url("mysql")
+
+
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}_"
+
+
+@pytest.fixture
+def table_prefix() -> str:
+    return unique_prefix()
+
+
+SQL_KINDS = ["sqlite", "postgresql", "mysql"]
+ALL_KINDS = ["memory", *SQL_KINDS]
+
+
+def url_for(kind: str, tmp_path: Any) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/election.db"
+    return server_url(kind)
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=ALL_KINDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """Each backend once, installed under a unique table prefix and dropped afterwards."""
+    if request.param == "memory":
+        yield MemoryBackend()
+        return
+    b = backend_from_url(url_for(request.param, tmp_path), table_prefix=unique_prefix())
+    assert isinstance(b, SQLBackend)
+    b.install()
+    try:
+        yield b
+    finally:
+        b.uninstall()
+        b.close()
+
+
+@pytest.fixture(params=SQL_KINDS)
+def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    return url_for(request.param, tmp_path)
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+def expire(backend: Any, namespace: str) -> None:
+    """End the current lease now, as if its ttl had passed (the DB clock is not ours to move)."""
+    if isinstance(backend, MemoryBackend):
+        backend.expire(namespace)
+        return
+    import sqlalchemy as sa
+
+    from celery_election.backends.sql import db_now_us
+
+    t = backend.lease
+    with backend.engine.begin() as conn:
+        conn.execute(
+            sa.update(t).where(t.c.namespace == namespace).values(expires_at=db_now_us() - 1)
+        )
+
+
+def expire_candidates(backend: Any, namespace: str) -> None:
+    if isinstance(backend, MemoryBackend):
+        with backend._lock:
+            for key, c in list(backend._candidates.items()):
+                if key[0] == namespace:
+                    from dataclasses import replace
+
+                    backend._candidates[key] = replace(c, expires_at_us=c.heartbeat_at_us)
+        return
+    import sqlalchemy as sa
+
+    from celery_election.backends.sql import db_now_us
+
+    t = backend.candidate
+    with backend.engine.begin() as conn:
+        conn.execute(
+            sa.update(t).where(t.c.namespace == namespace).values(expires_at=db_now_us() - 1)
+        )
+
+
+os.environ.setdefault("HYPOTHESIS_PROFILE", "default")

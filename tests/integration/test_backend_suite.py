@@ -1,0 +1,235 @@
+"""The contract every backend passes: memory, SQLite file, PostgreSQL, MariaDB."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from celery_election.backends import MemoryBackend
+from celery_election.errors import ConfigurationError, SchemaMissingError
+
+from ..conftest import expire, expire_candidates, token
+
+NS = "suite"
+
+
+def test_first_elect_creates_the_row_and_wins(backend: Any) -> None:
+    assert backend.current(NS) is None
+    t = token()
+    result = backend.elect(NS, t, "a", 30.0)
+    assert result.won
+    lease = result.lease
+    assert lease.held_by(t) and lease.leader_id == "a" and lease.term > 0
+    assert 29.0 < lease.remaining <= 30.0
+    assert backend.current(NS).held_by(t)
+
+
+def test_a_live_leader_is_never_preempted(backend: Any) -> None:
+    a, b = token(), token()
+    first = backend.elect(NS, a, "a", 30.0)
+    second = backend.elect(NS, b, "b", 30.0)
+    assert first.won and not second.won
+    assert second.lease.leader_id == "a" and second.lease.term == first.lease.term
+    assert not second.lease.held_by(b)
+
+
+def test_expired_lease_is_taken_with_a_strictly_greater_term(backend: Any) -> None:
+    a, b = token(), token()
+    first = backend.elect(NS, a, "a", 30.0).lease
+    expire(backend, NS)
+    assert not backend.current(NS).held
+    second = backend.elect(NS, b, "b", 30.0)
+    assert second.won and second.lease.term > first.term and second.lease.held_by(b)
+    # the old holder can neither renew nor resign the new term, nor its own old one
+    assert not backend.renew(NS, a, first.term, 30.0).won
+    assert not backend.renew(NS, a, second.lease.term, 30.0).won
+    assert not backend.resign(NS, a, first.term)
+    assert not backend.resign(NS, a, second.lease.term)
+    assert backend.current(NS).held_by(b)
+
+
+def test_renew_extends_only_the_exact_token_and_term(backend: Any) -> None:
+    a, b = token(), token()
+    lease = backend.elect(NS, a, "a", 5.0).lease
+    assert not backend.renew(NS, b, lease.term, 30.0).won
+    assert not backend.renew(NS, a, lease.term - 1, 30.0).won
+    assert not backend.renew(NS, a, lease.term + 1, 30.0).won
+    renewed = backend.renew(NS, a, lease.term, 30.0)
+    assert renewed.won and renewed.lease.term == lease.term
+    assert renewed.lease.remaining > 29.0
+    # elect(term=...) is the same renewal
+    assert backend.elect(NS, a, "a", 30.0, term=lease.term).won
+
+
+def test_an_expired_lease_cannot_be_renewed(backend: Any) -> None:
+    a = token()
+    lease = backend.elect(NS, a, "a", 30.0).lease
+    expire(backend, NS)
+    assert not backend.renew(NS, a, lease.term, 30.0).won
+    again = backend.elect(NS, a, "a", 30.0)
+    assert again.won and again.lease.term > lease.term
+
+
+def test_resign_vacates_and_the_term_never_goes_back(backend: Any) -> None:
+    a, b = token(), token()
+    lease = backend.elect(NS, a, "a", 30.0).lease
+    assert backend.resign(NS, a, lease.term)
+    assert not backend.resign(NS, a, lease.term)  # already vacated
+    after = backend.current(NS)
+    assert not after.held and after.term == lease.term and after.leader_id is None
+    taken = backend.elect(NS, b, "b", 30.0)
+    assert taken.won and taken.lease.term > lease.term
+
+
+def test_terms_strictly_increase_across_many_changes(backend: Any) -> None:
+    terms = []
+    for i in range(12):
+        t = token()
+        result = backend.elect(NS, t, f"c{i}", 30.0)
+        assert result.won
+        terms.append(result.lease.term)
+        if i % 2:
+            assert backend.resign(NS, t, result.lease.term)
+        else:
+            expire(backend, NS)
+    assert all(x < y for x, y in zip(terms, terms[1:]))
+
+
+def test_terms_survive_uninstall_and_install(backend: Any) -> None:
+    first = backend.elect(NS, token(), "a", 30.0).lease
+    backend.uninstall()
+    with pytest.raises(SchemaMissingError) as info:
+        backend.current(NS)
+    assert "celery election install" in str(info.value)
+    backend.install()
+    assert backend.current(NS) is None
+    second = backend.elect(NS, token(), "b", 30.0)
+    assert second.won and second.lease.term > first.term
+
+
+def test_install_is_idempotent(backend: Any) -> None:
+    lease = backend.elect(NS, token(), "a", 30.0).lease
+    backend.install()
+    backend.install()
+    assert backend.current(NS).term == lease.term
+
+
+def test_namespaces_are_independent(backend: Any) -> None:
+    a, b = token(), token()
+    assert backend.elect("alpha", a, "a", 30.0).won
+    assert backend.elect("beta", b, "b", 30.0).won
+    assert backend.current("alpha").held_by(a)
+    assert backend.current("beta").held_by(b)
+
+
+def test_namespaces_differing_in_case_space_or_accent_stay_apart(backend: Any) -> None:
+    names = ["prod", "PROD", "prod ", "pröd"]
+    tokens = [token() for _ in names]
+    for name, t in zip(names, tokens):
+        if name != name.strip():
+            with pytest.raises(ConfigurationError):
+                backend.elect(name, t, "x", 30.0)
+            continue
+        assert backend.elect(name, t, "x", 30.0).won, name
+    for name, t in zip(names, tokens):
+        if name == name.strip():
+            assert backend.current(name).held_by(t)
+
+
+def test_two_instances_with_the_same_candidate_id_never_both_lead(backend: Any) -> None:
+    a, b = token(), token()
+    first = backend.elect(NS, a, "worker@host", 30.0)
+    second = backend.elect(NS, b, "worker@host", 30.0)
+    assert first.won and not second.won
+    # the label matches, but the token does not: b can neither renew nor resign
+    assert not backend.renew(NS, b, first.lease.term, 30.0).won
+    assert not backend.resign(NS, b, first.lease.term)
+    assert backend.current(NS).held_by(a)
+
+
+def test_candidates_are_listed_until_their_heartbeat_expires(backend: Any) -> None:
+    a, b = token(), token()
+    backend.register(NS, a, "a", "host-a", 11, 30.0)
+    backend.register(NS, b, "b", "host-b", 12, 30.0)
+    backend.register(NS, a, "a", "host-a", 11, 30.0)  # heartbeat: an upsert
+    listed = backend.candidates(NS)
+    assert sorted(c.candidate_id for c in listed) == ["a", "b"]
+    assert {c.hostname for c in listed} == {"host-a", "host-b"}
+    backend.unregister(NS, b)
+    assert [c.candidate_id for c in backend.candidates(NS)] == ["a"]
+    expire_candidates(backend, NS)
+    assert backend.candidates(NS) == []
+    assert backend.prune(NS) == 1
+    assert backend.prune(NS) == 0
+
+
+def test_threads_racing_for_a_new_namespace_elect_exactly_one(backend: Any) -> None:
+    _race_threads(backend, "race-new", rounds=1)
+
+
+def test_threads_racing_for_an_expired_lease_elect_exactly_one(backend: Any) -> None:
+    _race_threads(backend, "race-expired", rounds=5)
+
+
+def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None:
+    tokens = [token() for _ in range(n)]
+    last_term = 0
+    for _ in range(rounds):
+        barrier = threading.Barrier(n)
+        results: list[Any] = [None] * n
+
+        def run(i: int) -> None:
+            barrier.wait()
+            results[i] = backend.elect(namespace, tokens[i], f"c{i}", 30.0)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        winners = [r for r in results if r.won]
+        assert len(winners) == 1, results
+        term = winners[0].lease.term
+        assert term > last_term
+        for r in results:
+            # A loser reports the row as it read it: the winner's, or (read before the
+            # winner committed) a vacant one; never another holder, never a newer term.
+            if r.lease is not None and r.lease.held:
+                assert (r.lease.token, r.lease.term) == (winners[0].lease.token, term)
+            if r.lease is not None:
+                assert r.lease.term <= term
+        last_term = term
+        expire(backend, namespace)
+
+
+def test_host_clock_skew_changes_no_outcome(backend: Any, monkeypatch: Any) -> None:
+    if isinstance(backend, MemoryBackend):
+        pytest.skip("the memory backend's clock is the host clock by definition")
+    a, b = token(), token()
+    lease = backend.elect(NS, a, "a", 30.0).lease
+    real_time, real_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 3600 * 10**9)
+    assert not backend.elect(NS, b, "b", 30.0).won  # an hour ahead, the lease still holds
+    renewed = backend.renew(NS, a, lease.term, 30.0)
+    assert renewed.won and 29.0 < renewed.lease.remaining <= 30.0
+    monkeypatch.setattr(time, "time", lambda: real_time() - 3600)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() - 3600 * 10**9)
+    assert not backend.elect(NS, b, "b", 30.0).won
+    assert backend.current(NS).held_by(a)
+
+
+def test_bad_keys_are_refused_before_touching_the_database(backend: Any) -> None:
+    for bad in ["", " x", "x" * 191, "a\nb"]:
+        with pytest.raises(ConfigurationError, match="namespace"):
+            backend.elect(bad, token(), "a", 30.0)
+    with pytest.raises(ConfigurationError, match="candidate_id"):
+        backend.elect(NS, token(), "", 30.0)
+    with pytest.raises(ConfigurationError, match="candidate_id"):
+        backend.register(NS, token(), "y" * 256, "h", 1, 30.0)
+    longest = "n" * 190
+    assert backend.elect(longest, token(), "a", 30.0).won
+    assert backend.current(longest).namespace == longest
