@@ -86,7 +86,7 @@ class FakeClock:
         self._wall0 = wall_start_us
         self._start = start
         self._cond = threading.Condition()
-        self._waiting = 0
+        self._sleeping: dict[_FakeSleeper, float | None] = {}
 
     def monotonic(self) -> float:
         with self._cond:
@@ -104,16 +104,21 @@ class FakeClock:
             self._now += seconds
             self._cond.notify_all()
 
-    @property
-    def waiting(self) -> int:
-        """How many threads are blocked in a wait on this clock."""
-        with self._cond:
-            return self._waiting
+    def _idle(self) -> int:
+        return sum(
+            1
+            for sleeper, deadline in self._sleeping.items()
+            if not sleeper._woken and (deadline is None or deadline > self._now)
+        )
 
-    def wait_for_waiters(self, count: int, timeout: float = 5.0) -> bool:
-        """Block (in real time) until ``count`` threads wait on this clock."""
+    def settle(self, count: int, timeout: float = 5.0) -> bool:
+        """Block (real time) until ``count`` threads sleep on deadlines still ahead.
+
+        After ``advance`` this means the threads it woke have done their work and gone
+        back to sleep, so the next step of a test sees their effects.
+        """
         with self._cond:
-            return self._cond.wait_for(lambda: self._waiting >= count, timeout)
+            return self._cond.wait_for(lambda: self._idle() >= count, timeout)
 
     def sleeper(self) -> Sleeper:
         return _FakeSleeper(self)
@@ -128,7 +133,7 @@ class _FakeSleeper:
         c = self._clock
         with c._cond:
             deadline = None if timeout is None else c._now + max(0.0, timeout)
-            c._waiting += 1
+            c._sleeping[self] = deadline
             c._cond.notify_all()
             try:
                 while not self._woken and (deadline is None or c._now < deadline):
@@ -136,7 +141,8 @@ class _FakeSleeper:
                 woken, self._woken = self._woken, False
                 return woken
             finally:
-                c._waiting -= 1
+                del c._sleeping[self]
+                c._cond.notify_all()
 
     def wake(self) -> None:
         with self._clock._cond:

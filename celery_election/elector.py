@@ -239,7 +239,9 @@ class Elector:
         self._failures = 0
         self._next_renew = 0.0
         self._error_logged: type[BaseException] | None = None
-        self._events: collections.deque[Transition | BaseException] = collections.deque()
+        # Each event goes to the subscriptions that existed when it was posted.
+        self._events: collections.deque[tuple[Transition | BaseException, list[Subscription]]]
+        self._events = collections.deque()
         self._subscriptions: list[Subscription] = []
         self._wakeup: WakeupHandle | None = None
         self._sleeper = self._clock.sleeper()
@@ -398,7 +400,7 @@ class Elector:
     # -- belief (call with self._lock held) --------------------------------------------------
 
     def _post(self, item: Transition | BaseException) -> None:
-        self._events.append(item)
+        self._events.append((item, list(self._subscriptions)))
         self._dispatch_sleeper.wake()
 
     def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:
@@ -605,13 +607,12 @@ class Elector:
                 items = list(self._events)
                 self._events.clear()
                 lead = self._lead
-                subs = list(self._subscriptions)
                 done = (
                     not items
                     and self._stopping
                     and not (self._thread is not None and self._thread.is_alive())
                 )
-            for item in items:
+            for item, subs in items:
                 self._deliver(item, subs)
             if done:
                 return

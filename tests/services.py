@@ -72,8 +72,15 @@ class ThrowawayPostgres:
     def start(self) -> str:
         self._run(f"{self.bindir}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust")
         self._run(
-            f"{self.bindir}/pg_ctl", "-D", self.data, "-w", "-l", f"{self.dir}/log",
-            "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start",
+            f"{self.bindir}/pg_ctl",
+            "-D",
+            self.data,
+            "-w",
+            "-l",
+            f"{self.dir}/log",
+            "-o",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1",
+            "start",
         )
         url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
         deadline = time.monotonic() + 20
@@ -85,7 +92,7 @@ class ThrowawayPostgres:
 
     def stop(self) -> None:
         subprocess.run(
-            self.as_user + [f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
+            [*self.as_user, f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
             capture_output=True,
             timeout=60,
         )

@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -455,26 +456,37 @@ class SQLBackend:
         if connection is not None:
             with self._errors(table, write=write):
                 return work(connection)
-        deadline: _Deadline | None = None
-        try:
-            with self._errors(table, write=write), self.engine.connect() as conn:
-                if not write:
-                    conn.execution_options(_election_read=True)
-                deadline = _Deadline(conn.connection.dbapi_connection, timeout)
-                try:
-                    with conn.begin():
-                        return work(conn)
-                finally:
-                    deadline.cancel()
-                    if deadline.fired:
-                        conn.invalidate()
-        except (_LostRound, SchemaMissingError, BackendUnavailableError) as exc:
-            if deadline is not None and deadline.fired:
-                raise BackendUnavailableError(
-                    f"election database {self.description} did not answer within "
-                    f"{timeout}s; the connection was shut down"
-                ) from exc
-            raise
+        started = time.monotonic()
+        for attempt in (1, 2):
+            left = None if timeout is None else max(0.05, timeout - (time.monotonic() - started))
+            deadline: _Deadline | None = None
+            try:
+                with self._errors(table, write=write), self.engine.connect() as conn:
+                    if not write:
+                        conn.execution_options(_election_read=True)
+                    deadline = _Deadline(conn.connection.dbapi_connection, left)
+                    try:
+                        with conn.begin():
+                            return work(conn)
+                    finally:
+                        deadline.cancel()
+                        if deadline.fired:
+                            conn.invalidate()
+            except (_LostRound, SchemaMissingError, BackendUnavailableError) as exc:
+                if deadline is not None and deadline.fired:
+                    raise BackendUnavailableError(
+                        f"election database {self.description} did not answer within "
+                        f"{timeout}s; the connection was shut down"
+                    ) from exc
+                cause = exc.__cause__
+                if attempt == 1 and isinstance(cause, DBAPIError) and cause.connection_invalidated:
+                    # A pooled connection died while idle (server restart, killed
+                    # backend). Every step is safe to repeat: renew and resign are
+                    # scoped to (token, term), and a repeated take shows up as "held
+                    # by this token". So try once more on a fresh connection.
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _lease_columns(self) -> list[sa.ColumnElement[Any]]:
         t = self.lease

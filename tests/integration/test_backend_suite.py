@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -95,7 +96,7 @@ def test_terms_strictly_increase_across_many_changes(backend: Any) -> None:
             assert backend.resign(NS, t, result.lease.term)
         else:
             expire(backend, NS)
-    assert all(x < y for x, y in zip(terms, terms[1:]))
+    assert all(x < y for x, y in itertools.pairwise(terms))
 
 
 def test_terms_survive_uninstall_and_install(backend: Any) -> None:
@@ -128,13 +129,13 @@ def test_namespaces_are_independent(backend: Any) -> None:
 def test_namespaces_differing_in_case_space_or_accent_stay_apart(backend: Any) -> None:
     names = ["prod", "PROD", "prod ", "pröd"]
     tokens = [token() for _ in names]
-    for name, t in zip(names, tokens):
+    for name, t in zip(names, tokens, strict=False):
         if name != name.strip():
             with pytest.raises(ConfigurationError):
                 backend.elect(name, t, "x", 30.0)
             continue
         assert backend.elect(name, t, "x", 30.0).won, name
-    for name, t in zip(names, tokens):
+    for name, t in zip(names, tokens, strict=False):
         if name == name.strip():
             assert backend.current(name).held_by(t)
 
@@ -181,11 +182,11 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
         barrier = threading.Barrier(n)
         results: list[Any] = [None] * n
 
-        def run(i: int) -> None:
+        def run(i: int, barrier: threading.Barrier, results: list[Any]) -> None:
             barrier.wait()
             results[i] = backend.elect(namespace, tokens[i], f"c{i}", 30.0)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        threads = [threading.Thread(target=run, args=(i, barrier, results)) for i in range(n)]
         for th in threads:
             th.start()
         for th in threads:

@@ -1,0 +1,372 @@
+"""The Elector on the memory backend with a fake clock: every transition, no sleeps.
+
+Time moves only when a test calls ``clock.advance``; the tests wait (in real time, with a
+timeout) for the events the elector announces, never for a duration.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_election import Elector, RevokeReason, State
+from celery_election.backends import MemoryBackend
+from celery_election.clock import FakeClock
+from celery_election.elector import Subscription, Transition
+from celery_election.errors import BackendUnavailableError
+
+TTL = 10.0
+RENEW = 3.0
+MARGIN = 2.0
+WAIT = 5.0  # real seconds to wait for an event that must come
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def mem(clock: FakeClock) -> MemoryBackend:
+    return MemoryBackend(clock)
+
+
+@pytest.fixture
+def electors() -> Iterator[list[Elector]]:
+    made: list[Elector] = []
+    yield made
+    for e in made:
+        e.stop(timeout=WAIT)
+
+
+def make(
+    made: list[Elector], backend: Any, clock: FakeClock, name: str = "a", **kw: Any
+) -> Elector:
+    opts: dict[str, Any] = dict(
+        ttl=TTL, renew_interval=RENEW, safety_margin=MARGIN, jitter=0, poll_interval=1.0
+    )
+    opts.update(kw)
+    e = Elector(backend, "ns", name, clock=clock, **opts)
+    made.append(e)
+    return e
+
+
+def next_event(sub: Subscription) -> Transition:
+    item = sub.get(timeout=WAIT)
+    assert item is not None, "no transition came"
+    return item
+
+
+def test_a_lone_candidate_is_elected_and_renews(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e = make(electors, mem, clock)
+    sub = e.subscribe()
+    assert e.state is State.STOPPED
+    e.start()
+    ev = next_event(sub)
+    assert (ev.kind, ev.term, ev.candidate_id) == ("elected", mem.current("ns").term, "a")
+    assert e.is_leader and e.state is State.LEADER and e.term == ev.term
+    assert e.leader_id == "a"
+    assert e.trusted_for == pytest.approx(TTL - MARGIN)
+    # renewals keep it leading far past one ttl, with the same term
+    for _ in range(10):
+        clock.settle(2)
+        clock.advance(RENEW)
+    assert clock.settle(2)
+    assert e.is_leader and e.term == ev.term
+    assert mem.calls["renew"] >= 9
+    assert sub.get(timeout=0) is None  # no transition happened
+
+
+def test_a_second_candidate_follows_and_takes_over_on_clean_stop(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    a, b = make(electors, mem, clock, "a"), make(electors, mem, clock, "b")
+    sa, sb = a.subscribe(), b.subscribe()
+    a.start()
+    first = next_event(sa)
+    b.start()
+    clock.settle(4)
+    assert not b.is_leader and b.state is State.FOLLOWER and b.leader_id == "a"
+    assert not b.wait_for_leadership(timeout=0.01)
+    a.stop()
+    assert (next_event(sa).kind, sa.get(timeout=0)) == ("revoked", None)
+    # the resign wakes b at once: no time passes on the fake clock
+    ev = next_event(sb)
+    assert ev.kind == "elected" and ev.term > first.term
+    assert b.is_leader and not a.is_leader and a.state is State.STOPPED
+
+
+def test_without_wakeups_a_follower_takes_over_within_one_poll(
+    clock: FakeClock, electors: list[Elector]
+) -> None:
+    mem = MemoryBackend(clock, notify=False)
+    a, b = make(electors, mem, clock, "a"), make(electors, mem, clock, "b")
+    a.start()
+    assert a.wait_for_leadership(WAIT)
+    b.start()
+    sb = b.subscribe()
+    clock.settle(4)
+    a.stop()
+    assert sb.get(timeout=0.05) is None  # asleep until its poll
+    clock.advance(1.0)
+    assert next_event(sb).kind == "elected"
+
+
+class Frozen:
+    """A view of a backend whose calls hang while frozen: one process's stalled database."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.gate.wait()
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_crash_failover_waits_for_the_lease_to_end_on_the_database_clock(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    frozen = Frozen(mem)
+    a, b = make(electors, frozen, clock, "a"), make(electors, mem, clock, "b")
+    sa, sb = a.subscribe(), b.subscribe()
+    a.start()
+    elected_a = next_event(sa)
+    b.start()
+    assert clock.settle(4)
+    frozen.gate.clear()  # a hangs from now on, like a paused or partitioned process
+    t0 = clock.monotonic()
+    for _ in range(int(TTL - MARGIN) - 1):
+        clock.advance(1.0)
+        clock.settle(3)  # a's elector thread is stuck; the other three sleep
+    assert a.is_leader and sb.get(timeout=0) is None
+    clock.advance(1.0)  # t0 + ttl - margin: a stops trusting its lease
+    revoked = next_event(sa)
+    assert (revoked.kind, revoked.reason) == ("revoked", RevokeReason.EXPIRED)
+    assert not a.is_leader and not b.is_leader
+    clock.advance(MARGIN - 0.01)
+    clock.settle(3)
+    assert sb.get(timeout=0) is None  # the lease has not ended on the database clock
+    clock.advance(0.02)
+    elected_b = next_event(sb)
+    assert elected_b.kind == "elected" and elected_b.term > elected_a.term
+    # no overlap: a stopped believing at least the margin before b started
+    assert elected_b.at - revoked.at >= MARGIN - 0.02
+    assert revoked.at <= t0 + TTL - MARGIN
+    frozen.gate.set()
+
+
+def test_trust_ends_while_the_renewal_hangs(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e = make(electors, mem, clock)
+    sub = e.subscribe()
+    e.start()
+    elected = next_event(sub)
+    clock.settle(2)
+    with mem.hold():
+        clock.advance(RENEW)
+        assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
+        clock.advance(TTL - MARGIN - RENEW - 0.001)
+        assert e.is_leader  # still inside the window
+        clock.advance(0.002)
+        assert not e.is_leader and e.term is None  # no event needed: the property knows
+        ev = next_event(sub)  # and the dispatcher announces it though the thread is stuck
+        assert (ev.kind, ev.term, ev.reason) == ("revoked", elected.term, RevokeReason.EXPIRED)
+    # the stuck renewal then succeeds, too late: the term is given up, a fresh one won
+    ev = next_event(sub)
+    assert ev.kind == "elected" and ev.term > elected.term
+    assert mem.current("ns").term == ev.term
+
+
+def test_a_win_that_returns_after_its_trust_window_is_not_trusted(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e = make(electors, mem, clock, register=False)  # so the first call is the elect
+    sub = e.subscribe()
+    with mem.hold():
+        e.start()
+        assert mem.wait_for_blocked(1)
+        clock.advance(TTL)  # the elect call "takes" a whole ttl
+    ev = next_event(sub)
+    # no elected event for the slow term: it was resigned, and a fresh term won instead
+    assert ev.kind == "elected"
+    assert sub.get(timeout=0) is None
+    assert mem.calls["resign"] == 1
+    assert mem.calls["elect"] == 2
+    assert e.term == mem.current("ns").term
+
+
+def test_renewal_lost_to_a_takeover_revokes(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e = make(electors, mem, clock)
+    sub = e.subscribe()
+    e.start()
+    elected = next_event(sub)
+    clock.settle(2)
+    mem.expire("ns")
+    intruder = mem.elect("ns", uuid.uuid4().hex, "intruder", TTL)
+    assert intruder.won
+    clock.advance(RENEW)
+    ev = next_event(sub)
+    assert (ev.kind, ev.term, ev.reason) == ("revoked", elected.term, RevokeReason.LOST)
+    assert e.state is State.FOLLOWER and e.leader_id == "intruder"
+
+
+def test_database_errors_never_kill_the_thread(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    errors: list[BaseException] = []
+    got_error = threading.Event()
+
+    def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+        got_error.set()
+
+    e = make(electors, mem, clock, on_error=on_error)
+    sub = e.subscribe()
+    mem.fail(BackendUnavailableError("database down"))
+    e.start()
+    assert got_error.wait(WAIT)
+    for _ in range(5):
+        clock.settle(2)
+        clock.advance(2.0)
+    assert not e.is_leader and e.state is State.FOLLOWER
+    mem.fail(RuntimeError("a bug in a driver"))
+    clock.advance(5.0)
+    mem.fail(None)
+    clock.advance(5.0)
+    assert next_event(sub).kind == "elected"
+    assert {type(x) for x in errors} >= {BackendUnavailableError}
+    # and a leader whose database goes away steps down when its trust ends
+    clock.settle(2)
+    mem.fail(BackendUnavailableError("database down again"))
+    for _ in range(8):
+        clock.advance(1.0)
+        clock.settle(2)
+    ev = next_event(sub)
+    assert (ev.kind, ev.reason) == ("revoked", RevokeReason.EXPIRED)
+    assert e._thread is not None and e._thread.is_alive()
+
+
+def test_resign_hands_over_and_stays_out_for_the_backoff(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    a = make(electors, mem, clock, "a", resign_backoff=20.0)
+    b = make(electors, mem, clock, "b")
+    sa = a.subscribe()
+    a.start()
+    first = next_event(sa)
+    b.start()
+    sb = b.subscribe()
+    assert a.resign()
+    ev = next_event(sa)
+    assert (ev.kind, ev.reason) == ("revoked", RevokeReason.RESIGNED)
+    assert next_event(sb).kind == "elected"
+    assert not mem.current("ns").held_by(a._token)
+    assert not a.resign()  # not leading: nothing to do
+    b.stop()
+    clock.advance(5.0)  # a is still backing off
+    assert sa.get(timeout=0.05) is None
+    clock.advance(16.0)
+    ev = next_event(sa)
+    assert ev.kind == "elected" and ev.term > first.term
+
+
+def test_stop_resigns_and_unregisters(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e = make(electors, mem, clock)
+    e.start()
+    assert e.wait_for_leadership(WAIT)
+    assert [c.candidate_id for c in mem.candidates("ns")] == ["a"]
+    sub = e.subscribe()
+    e.stop()
+    ev = next_event(sub)
+    assert (ev.kind, ev.reason) == ("revoked", RevokeReason.STOPPED)
+    assert not mem.current("ns").held
+    assert mem.candidates("ns") == []
+    assert sub.get(timeout=0.01) is None and sub.closed
+    e.stop()  # idempotent
+
+
+def test_subscriptions_are_ordered_and_a_slow_consumer_blocks_nothing(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    release = threading.Event()
+    e = make(electors, mem, clock, on_elected=lambda term: release.wait(WAIT))
+    slow = e.subscribe()  # never read until the end
+    e.start()
+    assert e.wait_for_leadership(WAIT)
+    # the callback is blocked, yet the elector keeps renewing and can resign and re-win
+    for _ in range(3):
+        clock.settle(1)
+        clock.advance(RENEW)
+    assert clock.settle(1)
+    assert mem.calls["renew"] >= 3 and e.is_leader
+    e.resign(wait=True)
+    clock.advance(TTL)
+    assert e.wait_for_leadership(WAIT)
+    release.set()
+    events = [next_event(slow) for _ in range(3)]
+    assert [ev.kind for ev in events] == ["elected", "revoked", "elected"]
+    assert events[0].term == events[1].term < events[2].term
+    assert events[1].reason is RevokeReason.RESIGNED
+
+
+def test_two_electors_with_one_candidate_id_never_both_lead(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    a = make(electors, mem, clock, "same")
+    b = make(electors, mem, clock, "same")
+    a.start()
+    b.start()
+    assert a.wait_for_leadership(WAIT) or b.wait_for_leadership(WAIT)
+    for _ in range(6):
+        clock.advance(RENEW)
+        clock.settle(4)
+        assert a.is_leader != b.is_leader
+    assert a._token != b._token
+
+
+def test_a_failing_callback_does_not_stop_the_election(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    def boom(term: int) -> None:
+        raise ValueError("user callback bug")
+
+    e = make(electors, mem, clock, on_elected=boom)
+    sub = e.subscribe()
+    e.start()
+    assert next_event(sub).kind == "elected"
+    clock.settle(2)
+    clock.advance(RENEW)
+    clock.settle(2)
+    assert e.is_leader
+
+
+def test_context_manager_and_restart_draw_a_new_token(mem: MemoryBackend, clock: FakeClock) -> None:
+    e = Elector(mem, "ns", "a", clock=clock, ttl=TTL, jitter=0)
+    with e:
+        assert e.wait_for_leadership(WAIT)
+        first_token = e._token
+    assert not e.is_leader and not mem.current("ns").held
+    with e:
+        assert e.wait_for_leadership(WAIT)
+        assert e._token != first_token
