@@ -28,7 +28,6 @@ __all__ = [
     "ElectionConfig",
     "ElectionError",
     "Elector",
-    "LeaderTask",
     "Lease",
     "MemoryBackend",
     "NotLeaderError",
@@ -39,8 +38,6 @@ __all__ = [
     "Transition",
     "__version__",
     "backend_from_url",
-    "init_app",
-    "leader_task",
 ]
 
 _CELERY_SIDE = {"init_app": ".app", "leader_task": ".tasks", "LeaderTask": ".tasks"}

@@ -10,6 +10,7 @@ renewals. Every problem is reported at once, with its field, setting, value and 
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -188,7 +189,7 @@ def _check_key(kind: str, value: object, limit: int) -> str:
         raise ConfigurationError(
             f"{kind} must be at most {limit} characters: got {len(value)} ({value[:40]!r}...)"
         )
-    if any(ord(ch) < 32 for ch in value):
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise ConfigurationError(f"{kind} must not contain control characters: got {value!r}")
     return value
 

@@ -208,7 +208,7 @@ class Elector:
                 f"pass either config= or timing arguments, not both: got {sorted(overrides)}"
             )
         self.config = config or ElectionConfig.create(**overrides)
-        if not isinstance(backend, Backend):
+        if isinstance(backend, type) or not isinstance(backend, Backend):
             raise ConfigurationError(
                 f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"
             )

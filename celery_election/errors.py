@@ -59,6 +59,9 @@ class SchemaMissingError(ElectionError):
 class BackendUnavailableError(ElectionError):
     """The election database cannot be reached."""
 
+    #: True when the connection it failed on was found dead (and has been discarded).
+    connection_invalidated = False
+
 
 class NotLeaderError(ElectionError):
     """Leader-only work was attempted on a process that is not the leader."""

@@ -52,7 +52,8 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()
     if scheme == "memory":
-        return MemoryBackend(**options)
+        # In-process only: table and connection options have no meaning there.
+        return MemoryBackend(**{k: v for k, v in options.items() if k in ("clock", "notify")})
     if scheme not in _DRIVERS:
         hint = ""
         if scheme.startswith("postgres"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TABLE_PREFIX = "celery_election_"
+_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
 _TOKEN_LENGTH = 32
 
 # -- database clock -------------------------------------------------------------------------
@@ -277,11 +279,19 @@ def _private_engine(
     connect_args: dict[str, Any] = {}
     if backend == "sqlite":
         database = url.database or ""
-        if database in ("", ":memory:") or database.startswith("file::memory:"):
+        is_uri = str(url.query.get("uri", "")).lower() in ("true", "1")
+        in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
+        if in_memory or (is_uri and "mode=memory" in str(url)):
             raise ConfigurationError(
                 "an in-memory SQLite database cannot be shared between processes or "
                 "connections: give a file path (sqlite:////abs/path/election.db), or use "
                 "MemoryBackend for in-process tests"
+            )
+        if is_uri:
+            raise ConfigurationError(
+                f"SQLite URI filenames (uri=true) are not supported for the election "
+                f"database: give a plain path like sqlite:////abs/path/election.db, "
+                f"got {url.render_as_string(hide_password=True)}"
             )
         path = Path(database).expanduser().resolve()
         url = url.set(database=str(path))
@@ -396,10 +406,10 @@ class SQLBackend:
                 url = make_url(url_or_engine)
             except Exception as exc:
                 raise ConfigurationError(f"not a database URL: {url_or_engine!r} ({exc})") from exc
-        if not table_prefix.replace("_", "").isalnum() or not table_prefix[0].isalpha():
+        if not isinstance(table_prefix, str) or not _PREFIX.fullmatch(table_prefix):
             raise ConfigurationError(
-                f"table_prefix (election_table_prefix) must be letters, digits and "
-                f"underscores, starting with a letter: got {table_prefix!r}"
+                f"table_prefix (election_table_prefix) must be 1-40 ASCII letters, digits "
+                f"and underscores, starting with a letter: got {table_prefix!r}"
             )
         self.table_prefix = table_prefix
         self.engine = _private_engine(
@@ -436,9 +446,11 @@ class SQLBackend:
             if kind == "contention" and write:
                 raise _LostRound() from exc
             if kind in ("unavailable", "contention"):
-                raise BackendUnavailableError(
-                    f"election database {self.description} is unavailable: {exc.orig}"
-                ) from exc
+                error = BackendUnavailableError(
+                    f"election database {self.description} is unavailable: {_one_line(exc)}"
+                )
+                error.connection_invalidated = exc.connection_invalidated
+                raise error from (exc.orig or exc)
             raise
         except NoSuchTableError as exc:
             raise SchemaMissingError(table.name, self.description) from exc
@@ -478,8 +490,7 @@ class SQLBackend:
                         f"election database {self.description} did not answer within "
                         f"{timeout}s; the connection was shut down"
                     ) from exc
-                cause = exc.__cause__
-                if attempt == 1 and isinstance(cause, DBAPIError) and cause.connection_invalidated:
+                if attempt == 1 and getattr(exc, "connection_invalidated", False):
                     # A pooled connection died while idle (server restart, killed
                     # backend). Every step is safe to repeat: renew and resign are
                     # scoped to (token, term), and a repeated take shows up as "held
@@ -581,8 +592,8 @@ class SQLBackend:
             except DBAPIError as exc:
                 if _classify(exc) == "unavailable" and "connect" in str(exc).lower():
                     raise BackendUnavailableError(
-                        f"cannot reach election database {self.description}: {exc.orig}"
-                    ) from exc
+                        f"cannot reach election database {self.description}: {_one_line(exc)}"
+                    ) from (exc.orig or exc)
                 last = exc
         raise BackendUnavailableError(
             f"could not create the election tables in {self.description}: {last}"
@@ -875,6 +886,11 @@ class SQLBackend:
         if not self._closed:
             self._closed = True
             self.engine.dispose()
+
+
+def _one_line(exc: DBAPIError) -> str:
+    """The driver's message on one line (libpq's spans several)."""
+    return "; ".join(line.strip() for line in str(exc.orig or exc).splitlines() if line.strip())
 
 
 def _us(seconds: float) -> int:
