@@ -58,7 +58,8 @@ class ElectionConfig:
 
     ttl: how long a lease lasts without renewal. Crash failover takes about this long;
         shorter means faster failover but less tolerance for a slow database. Default 10.
-    renew_interval: how often the leader renews. Default ttl / 3.
+    renew_interval: how often the leader renews. Default 0.4 x ttl: the leader renews
+        15 times a minute at the default ttl and has 0.4 x ttl - margin left to retry.
     poll_interval: how often a follower retries when nothing wakes it earlier (on
         PostgreSQL a NOTIFY does). A clean handoff on other databases takes up to this long.
         Default min(1, renew_interval).
@@ -71,6 +72,9 @@ class ElectionConfig:
         when it passes. Default renew_interval.
     resign_backoff: after a voluntary resign(), stay out of the election this long so that
         another candidate takes over. Default ttl.
+    fallback_interval: with working wakeups (PostgreSQL NOTIFY) a follower sleeps until
+        the lease ends, pushed back by each renewal it hears of; it still reads the row at
+        least this often. Default max(60, ttl).
     candidate_ttl: a candidate row is listed as live this long after its last heartbeat;
         heartbeats go out every candidate_ttl / 3. Default max(60, 3 x ttl).
     """
@@ -83,6 +87,7 @@ class ElectionConfig:
     call_timeout: float = 0.0
     resign_backoff: float = 0.0
     candidate_ttl: float = 0.0
+    fallback_interval: float = 0.0
 
     @classmethod
     def create(
@@ -96,6 +101,7 @@ class ElectionConfig:
         call_timeout: Seconds | None = None,
         resign_backoff: Seconds | None = None,
         candidate_ttl: Seconds | None = None,
+        fallback_interval: Seconds | None = None,
     ) -> ElectionConfig:
         """Fill the defaults that depend on ttl, then validate everything at once."""
         problems: list[str] = []
@@ -105,13 +111,14 @@ class ElectionConfig:
         def opt(name: str, value: Seconds | None, default: float) -> float | None:
             return default if value is None else _seconds(name, value, problems)
 
-        renew = opt("renew_interval", renew_interval, base / 3)
-        renew_base = renew if renew is not None else base / 3
+        renew = opt("renew_interval", renew_interval, base * 0.4)
+        renew_base = renew if renew is not None else base * 0.4
         poll = opt("poll_interval", poll_interval, min(1.0, renew_base))
         margin = opt("safety_margin", safety_margin, max(base / 5, min(1.0, base / 4)))
         timeout = opt("call_timeout", call_timeout, renew_base)
         backoff = opt("resign_backoff", resign_backoff, base)
         cand = opt("candidate_ttl", candidate_ttl, max(60.0, 3 * base))
+        fallback = opt("fallback_interval", fallback_interval, max(60.0, base))
 
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
             problems.append(f"jitter (election_jitter) must be a fraction: got {jitter!r}")
@@ -144,7 +151,7 @@ class ElectionConfig:
             raise ConfigurationError(problems)
         assert ttl_s is not None and renew is not None and poll is not None
         assert margin is not None and timeout is not None and backoff is not None
-        assert cand is not None
+        assert cand is not None and fallback is not None
         return cls(
             ttl=ttl_s,
             renew_interval=renew,
@@ -154,6 +161,7 @@ class ElectionConfig:
             call_timeout=timeout,
             resign_backoff=backoff,
             candidate_ttl=cand,
+            fallback_interval=fallback,
         )
 
     @classmethod

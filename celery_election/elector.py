@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .backends.base import Backend, WakeupHandle
+from .backends.base import Backend, Wakeup, WakeupHandle
 from .clock import Clock, RealClock
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .errors import ConfigurationError, ElectionError
@@ -182,6 +182,7 @@ class Elector:
         call_timeout: Seconds | None = None,
         resign_backoff: Seconds | None = None,
         candidate_ttl: Seconds | None = None,
+        fallback_interval: Seconds | None = None,
         on_elected: Callable[[int], Any] | None = None,
         on_revoked: Callable[[int, RevokeReason], Any] | None = None,
         on_error: Callable[[BaseException], Any] | None = None,
@@ -200,6 +201,7 @@ class Elector:
                 call_timeout=call_timeout,
                 resign_backoff=resign_backoff,
                 candidate_ttl=candidate_ttl,
+                fallback_interval=fallback_interval,
             ).items()
             if v is not None
         }
@@ -238,6 +240,12 @@ class Elector:
         self._backoff_until = 0.0
         self._failures = 0
         self._next_renew = 0.0
+        # Follower schedule (boot-time clock): no attempt before _follow_until unless
+        # poked by a wakeup; with working wakeups, a look at the row at least by _look_by.
+        self._follow_until = 0.0
+        self._look_by = 0.0
+        self._poke = False
+        self._next_prune = 0.0
         self._error_logged: type[BaseException] | None = None
         # Each event goes to the subscriptions that existed when it was posted.
         self._events: collections.deque[tuple[Transition | BaseException, list[Subscription]]]
@@ -335,7 +343,8 @@ class Elector:
             self._started = True
             self._stopping = False
             self._token = self._token if self._thread is None else uuid.uuid4().hex
-        self._wakeup = self.backend.subscribe_wakeups(self.namespace, self._sleeper.wake)
+        self._follow_until = self._look_by = 0.0
+        self._wakeup = self.backend.subscribe_wakeups(self.namespace, self._on_wakeup)
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"celery-election-events-{self.namespace}", daemon=True
         )
@@ -430,7 +439,10 @@ class Elector:
             if self._held_term is None:
                 if now < self._backoff_until:
                     wait = self._backoff_until - now
+                elif now < self._follow_until and not self._poke:
+                    wait = self._follow_until - now
                 else:
+                    self._poke = False
                     wait = self._follower_step()
             elif now >= self._next_renew:
                 wait = self._leader_step()
@@ -502,15 +514,48 @@ class Elector:
     def _follower_wait(self, lease: Lease | None) -> float:
         """Sleep until the lease ends on the database's clock, capped by the poll interval.
 
-        With working wakeups (PostgreSQL NOTIFY) a resign wakes us early, so the cap can
-        be the slow fallback; without them, the poll interval bounds a clean handoff.
+        ``lease.remaining`` was computed by the database, so no host clock is compared
+        with the lease. With working wakeups a resign wakes us early and a renewal pushes
+        the next look back, so the cap is the slow ``fallback_interval``; without them,
+        ``poll_interval`` bounds how long a clean handoff can take.
         """
-        cap = self.config.poll_interval
-        if self._wakeup is not None and getattr(self._wakeup, "healthy", True):
-            cap = max(cap, self.config.ttl)
+        now = self._clock.monotonic()
+        healthy = self._wakeup is not None and self._wakeup.healthy
         if lease is None or not lease.held:
-            return self._jittered(self.config.poll_interval)
-        return min(cap, lease.remaining + random.uniform(0, min(0.05, lease.remaining * 0.01)))
+            wait = self._jittered(self.config.poll_interval)
+        else:
+            wait = lease.remaining + random.uniform(0, min(0.05, lease.remaining * 0.01))
+            wait = min(
+                wait, self.config.fallback_interval if healthy else self.config.poll_interval
+            )
+        with self._lock:
+            self._follow_until = now + wait
+            self._look_by = now + max(wait, self.config.fallback_interval if healthy else 0.0)
+        return wait
+
+    def _on_wakeup(self, wakeup: Wakeup) -> None:
+        """A hint from the backend (listener thread). Only ever changes *when* we look."""
+        with self._lock:
+            lease = self._last_lease
+            if wakeup.kind == "renewed":
+                if (
+                    self._held_term is None
+                    and lease is not None
+                    and lease.held
+                    and wakeup.term == lease.term
+                ):
+                    # The leader we last read renewed just now, so its lease ends about
+                    # one lease length from now: nothing to look at before then (and a
+                    # forged stream of these can delay us at most until _look_by).
+                    start = lease.renewed_at_us or lease.acquired_at_us or lease.expires_at_us
+                    length = (lease.expires_at_us - start) / 1_000_000
+                    later = self._clock.monotonic() + length + random.uniform(0, 0.02)
+                    self._follow_until = min(max(self._follow_until, later), self._look_by)
+                return
+            if wakeup.kind == "elected" and wakeup.term == self._held_term:
+                return  # our own
+            self._poke = True
+        self._sleeper.wake()
 
     def _leader_step(self) -> float:
         term = self._held_term
@@ -580,7 +625,10 @@ class Elector:
                 os.getpid(),
                 self.config.candidate_ttl,
             )
-            if self.is_leader:
+            now = self._clock.monotonic()
+            if self.is_leader and now >= self._next_prune:
+                # Dead candidates' rows: the leader clears them, once per candidate_ttl.
+                self._next_prune = now + self.config.candidate_ttl
                 self._call(self.backend.prune, self.namespace)
         except Exception:
             pass  # reported; the election goes on without it

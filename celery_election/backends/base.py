@@ -9,15 +9,37 @@ are given, so a late call from an old term cannot touch a newer one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..term import CandidateInfo, ElectResult, Lease
 
-__all__ = ["Backend", "WakeupHandle"]
+__all__ = ["WAKEUP_KINDS", "Backend", "Wakeup", "WakeupHandle"]
+
+#: What a wakeup can report. "elected", "renewed" and "resigned" come from the row change
+#: that sent them; "lost" and "reconnected" from the listener itself (events may have been
+#: missed: look at the row).
+WAKEUP_KINDS = ("elected", "renewed", "resigned", "lost", "reconnected")
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    """A hint that the lease of a namespace may have changed. Never a decision."""
+
+    kind: str
+    term: int | None = None
 
 
 class WakeupHandle(Protocol):
-    """A registration for wakeups; ``close()`` ends it."""
+    """A registration for wakeups; ``close()`` ends it.
+
+    ``healthy`` is False while wakeups cannot be relied on (listener down, or a probe
+    showed that notifications are not delivered): the elector then polls.
+    """
+
+    @property
+    def healthy(self) -> bool:
+        """Whether wakeups are being delivered now."""
 
     def close(self) -> None:
         """Stop delivering wakeups to this registration."""
@@ -89,11 +111,12 @@ class Backend(Protocol):
         """Delete expired candidate rows; the number deleted."""
 
     def subscribe_wakeups(
-        self, namespace: str, callback: Callable[[], None]
+        self, namespace: str, callback: Callable[[Wakeup], None]
     ) -> WakeupHandle | None:
-        """Call ``callback`` when the lease may have changed hands; None if unsupported.
+        """Call ``callback`` when the lease may have changed; None if unsupported.
 
-        A wakeup is only a hint to try ``elect`` now: nothing is decided from it.
+        A wakeup is only a hint to look at the row now (or, for "renewed", that looking
+        can wait): nothing is decided from it.
         """
 
     def close(self) -> None:

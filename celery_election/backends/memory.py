@@ -16,7 +16,7 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
-from .base import WakeupHandle
+from .base import Wakeup, WakeupHandle
 
 __all__ = ["MemoryBackend"]
 
@@ -32,7 +32,11 @@ class _Row:
 
 
 class _Wakeup:
-    def __init__(self, owner: MemoryBackend, namespace: str, callback: Callable[[], None]):
+    healthy = True
+
+    def __init__(
+        self, owner: MemoryBackend, namespace: str, callback: Callable[[Wakeup], None]
+    ) -> None:
         self._owner, self.namespace, self.callback = owner, namespace, callback
 
     def close(self) -> None:
@@ -156,7 +160,7 @@ class MemoryBackend:
                 row.expires_at = now + round(ttl * 1_000_000)
             lease = self._lease(namespace, row, now)
         if won:
-            self._wake(namespace)
+            self._wake(namespace, Wakeup("elected", lease.term))
         return ElectResult(won, lease)
 
     def renew(
@@ -172,7 +176,10 @@ class MemoryBackend:
             if won:
                 row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)
-            return ElectResult(won, self._lease(namespace, row, now))
+            lease = self._lease(namespace, row, now)
+        if won:
+            self._wake(namespace, Wakeup("renewed", term))
+        return ElectResult(won, lease)
 
     def resign(
         self, namespace: str, token: str, term: int, *, timeout: float | None = None
@@ -185,7 +192,7 @@ class MemoryBackend:
                 return False
             row.token = row.leader_id = None
             row.expires_at = now
-        self._wake(namespace)
+        self._wake(namespace, Wakeup("resigned", term))
         return True
 
     def current(self, namespace: str, *, timeout: float | None = None) -> Lease | None:
@@ -256,7 +263,7 @@ class MemoryBackend:
     # -- wakeups ----------------------------------------------------------------------------
 
     def subscribe_wakeups(
-        self, namespace: str, callback: Callable[[], None]
+        self, namespace: str, callback: Callable[[Wakeup], None]
     ) -> WakeupHandle | None:
         """Wake the namespace's electors on resign and new terms (like PostgreSQL NOTIFY)."""
         if not self.notify:
@@ -266,11 +273,11 @@ class MemoryBackend:
             self._wakeups.append(handle)
         return handle
 
-    def _wake(self, namespace: str) -> None:
+    def _wake(self, namespace: str, wakeup: Wakeup) -> None:
         with self._lock:
             targets = [w for w in self._wakeups if w.namespace == namespace]
         for w in targets:
-            w.callback()
+            w.callback(wakeup)
 
     def close(self) -> None:
         with self._lock:

@@ -46,7 +46,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
-from .base import WakeupHandle
+from .base import Wakeup, WakeupHandle
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "make_metadata"]
 
@@ -536,21 +536,31 @@ class SQLBackend:
         stmt: sa.Update,
         namespace: str,
         *,
+        event: str,
         timeout: float | None,
         connection: Connection | None,
     ) -> ElectResult | None:
-        """Run one conditional UPDATE; None if it matched no row."""
+        """Run one conditional UPDATE of the lease row.
+
+        Returns the row after the step with ``won=True`` if the UPDATE matched, or (where
+        the dialect can read the row in the same statement) the row as read with
+        ``won=False``; None if it matched nothing and nothing was read.
+        """
         if self.supports_returning:
-            returning = stmt.returning(*self._lease_columns())
+            statement = self._returning_step(
+                stmt.returning(*self._lease_columns()), namespace, event
+            )
 
             def work(conn: Connection) -> sa.Row[Any] | None:
-                return conn.execute(returning).first()
+                return conn.execute(statement).first()
 
             row = self._run(
                 work, table=self.lease, write=True, timeout=timeout, connection=connection
             )
             lease = self._lease(row)
-            return None if lease is None else ElectResult(True, lease)
+            if lease is None:
+                return None
+            return ElectResult(bool(getattr(row, "won", True)), lease)
 
         def work_count(conn: Connection) -> int:
             return conn.execute(stmt).rowcount
@@ -564,6 +574,10 @@ class SQLBackend:
         lease = self.current(namespace, timeout=timeout, connection=connection)
         assert lease is not None
         return ElectResult(True, lease)
+
+    def _returning_step(self, returning: sa.Update, namespace: str, event: str) -> sa.Executable:
+        """The statement that runs a step; PostgreSQL adds its NOTIFY and a read here."""
+        return returning
 
     def _lost(
         self, namespace: str, timeout: float | None, connection: Connection | None
@@ -654,10 +668,12 @@ class SQLBackend:
         lost = ElectResult(False, None)
         try:
             for _attempt in range(3):
-                result = self._step(take, namespace, timeout=timeout, connection=connection)
-                if result is not None:
+                result = self._step(
+                    take, namespace, event="elected", timeout=timeout, connection=connection
+                )
+                if result is not None and result.won:
                     return result
-                lost = self._lost(namespace, timeout, connection)
+                lost = result or self._lost(namespace, timeout, connection)
                 if lost.lease is None:
                     # First election of this namespace: create the vacant row, then race.
                     self._run(
@@ -708,7 +724,9 @@ class SQLBackend:
             .values(renewed_at=now, expires_at=now + _us(ttl))
         )
         try:
-            result = self._step(stmt, namespace, timeout=timeout, connection=connection)
+            result = self._step(
+                stmt, namespace, event="renewed", timeout=timeout, connection=connection
+            )
         except _LostRound:
             result = None
         return result if result is not None else self._lost(namespace, timeout, connection)
@@ -730,16 +748,12 @@ class SQLBackend:
             .values(token=None, leader_id=None, expires_at=db_now_us())
         )
         try:
-            changed = self._run(
-                lambda conn: conn.execute(stmt).rowcount,
-                table=t,
-                write=True,
-                timeout=timeout,
-                connection=connection,
+            result = self._step(
+                stmt, namespace, event="resigned", timeout=timeout, connection=connection
             )
         except _LostRound:
             return False
-        return bool(changed == 1)
+        return result is not None and result.won
 
     def current(
         self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
@@ -876,7 +890,7 @@ class SQLBackend:
             return 0
 
     def subscribe_wakeups(
-        self, namespace: str, callback: Callable[[], None]
+        self, namespace: str, callback: Callable[[Wakeup], None]
     ) -> WakeupHandle | None:
         """Plain SQL has no notifications: followers poll."""
         return None

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from celery_election.backends import MemoryBackend
 from celery_election.errors import ConfigurationError, SchemaMissingError
 
-from ..conftest import expire, expire_candidates, token
+from ..conftest import SQL_KINDS, expire, expire_candidates, token
 
 NS = "suite"
 
@@ -206,9 +205,9 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
         expire(backend, namespace)
 
 
+# The memory backend's clock is the host clock by definition: SQL backends only.
+@pytest.mark.parametrize("backend", SQL_KINDS, indirect=True)
 def test_host_clock_skew_changes_no_outcome(backend: Any, monkeypatch: Any) -> None:
-    if isinstance(backend, MemoryBackend):
-        pytest.skip("the memory backend's clock is the host clock by definition")
     a, b = token(), token()
     lease = backend.elect(NS, a, "a", 30.0).lease
     real_time, real_ns = time.time, time.time_ns

@@ -27,12 +27,13 @@ SECONDS_FIELDS = [
     "call_timeout",
     "resign_backoff",
     "candidate_ttl",
+    "fallback_interval",
 ]
 
 
 def expected_defaults(ttl: float) -> dict[str, float]:
     """The documented defaults, written out independently of the implementation."""
-    renew = ttl / 3
+    renew = ttl * 0.4
     return {
         "ttl": ttl,
         "renew_interval": renew,
@@ -42,6 +43,7 @@ def expected_defaults(ttl: float) -> dict[str, float]:
         "call_timeout": renew,
         "resign_backoff": ttl,
         "candidate_ttl": max(60.0, 3 * ttl),
+        "fallback_interval": max(60.0, ttl),
     }
 
 
@@ -61,11 +63,12 @@ def problems_of(**kwargs: Any) -> list[str]:
 def test_default_config_is_ttl_10() -> None:
     config = ElectionConfig.create()
     assert config.ttl == 10.0
-    assert config.renew_interval == pytest.approx(10 / 3)
+    assert config.renew_interval == pytest.approx(4.0)
     assert config.poll_interval == 1.0
     assert config.jitter == 0.1
     assert config.safety_margin == 2.0
-    assert config.call_timeout == pytest.approx(10 / 3)
+    assert config.call_timeout == pytest.approx(4.0)
+    assert config.fallback_interval == 60.0
     assert config.resign_backoff == 10.0
     assert config.candidate_ttl == 60.0
     assert config.trust_window == pytest.approx(8.0)
@@ -105,6 +108,7 @@ def test_explicit_values_are_kept() -> None:
         call_timeout=2,
         resign_backoff=7,
         candidate_ttl=90,
+        fallback_interval=45,
     )
     assert as_dict(config) == {
         "ttl": 20.0,
@@ -115,6 +119,7 @@ def test_explicit_values_are_kept() -> None:
         "call_timeout": 2.0,
         "resign_backoff": 7.0,
         "candidate_ttl": 90.0,
+        "fallback_interval": 45.0,
     }
 
 
@@ -127,6 +132,7 @@ def test_timedeltas_are_accepted_everywhere() -> None:
         call_timeout=timedelta(seconds=2),
         resign_backoff=timedelta(minutes=1),
         candidate_ttl=timedelta(minutes=3),
+        fallback_interval=timedelta(minutes=2),
     )
     assert as_dict(config) == {
         "ttl": 30.0,
@@ -137,6 +143,7 @@ def test_timedeltas_are_accepted_everywhere() -> None:
         "call_timeout": 2.0,
         "resign_backoff": 60.0,
         "candidate_ttl": 180.0,
+        "fallback_interval": 120.0,
     }
 
 
@@ -398,6 +405,7 @@ def test_from_settings_reads_election_keys_and_ignores_the_rest() -> None:
         "election_call_timeout": 2,
         "election_resign_backoff": 15,
         "election_candidate_ttl": 120,
+        "election_fallback_interval": 90,
         # Not timings: other election settings and the rest of the app's config.
         "election_url": "sqlite:///x.db",
         "election_namespace": "prod",
@@ -417,6 +425,7 @@ def test_from_settings_reads_election_keys_and_ignores_the_rest() -> None:
         "call_timeout": 2.0,
         "resign_backoff": 15.0,
         "candidate_ttl": 120.0,
+        "fallback_interval": 90.0,
     }
 
 
@@ -563,7 +572,7 @@ def test_elector_defaults() -> None:
         ({"jitter": 0.5}, "jitter (election_jitter) must be in [0, 0.5): got 0.5"),
         (
             {"call_timeout": timedelta(seconds=60)},
-            TIMEOUT_VS_RENEW.format(timeout=60.0, renew=10 / 3),
+            TIMEOUT_VS_RENEW.format(timeout=60.0, renew=4.0),
         ),
     ],
 )

@@ -162,7 +162,7 @@ def test_crash_failover_waits_for_the_lease_to_end_on_the_database_clock(
     clock.advance(MARGIN - 0.01)
     clock.settle(3)
     assert sb.get(timeout=0) is None  # the lease has not ended on the database clock
-    clock.advance(0.02)
+    clock.advance(0.07)  # past the expiry and the follower's jitter (<= 50 ms)
     elected_b = next_event(sb)
     assert elected_b.kind == "elected" and elected_b.term > elected_a.term
     # no overlap: a stopped believing at least the margin before b started
