@@ -40,6 +40,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -53,6 +54,9 @@ __all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "make_metadata"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Where a caller's own transaction can be passed: a Core Connection or an ORM Session.
+Caller = Connection | Session
 
 DEFAULT_TABLE_PREFIX = "celery_election_"
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
@@ -382,8 +386,9 @@ class SQLBackend:
     ``url_or_engine`` is a SQLAlchemy URL or an existing Engine. The backend always builds
     its own private engine (from the Engine's URL if given one): the application's pool
     must not be able to starve renewals, and the elector's connections carry their own
-    timeouts. Pass ``connection=`` to a method to run that step inside the caller's own
-    transaction instead (it is then neither committed nor bounded by a deadline here).
+    timeouts. Pass ``connection=`` (a Connection or an ORM Session) to a method to run
+    that step inside the caller's own transaction instead: it commits or rolls back with
+    the caller's work, and is not bounded by a deadline here.
     """
 
     supports_returning: bool
@@ -462,12 +467,14 @@ class SQLBackend:
         table: sa.Table,
         write: bool,
         timeout: float | None,
-        connection: Connection | None,
+        connection: Caller | None,
     ) -> T:
         """Run ``work`` in one short transaction of its own, bounded by ``timeout``."""
         if connection is not None:
+            # The caller's transaction: no commit, no deadline, no retry here.
+            conn = connection.connection() if isinstance(connection, Session) else connection
             with self._errors(table, write=write):
-                return work(connection)
+                return work(conn)
         started = time.monotonic()
         for attempt in (1, 2):
             left = None if timeout is None else max(0.05, timeout - (time.monotonic() - started))
@@ -538,7 +545,7 @@ class SQLBackend:
         *,
         event: str,
         timeout: float | None,
-        connection: Connection | None,
+        connection: Caller | None,
     ) -> ElectResult | None:
         """Run one conditional UPDATE of the lease row.
 
@@ -580,7 +587,7 @@ class SQLBackend:
         return returning
 
     def _lost(
-        self, namespace: str, timeout: float | None, connection: Connection | None
+        self, namespace: str, timeout: float | None, connection: Caller | None
     ) -> ElectResult:
         try:
             lease = self.current(namespace, timeout=timeout, connection=connection)
@@ -640,7 +647,7 @@ class SQLBackend:
         *,
         term: int | None = None,
         timeout: float | None = None,
-        connection: Connection | None = None,
+        connection: Caller | None = None,
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew it instead."""
         if term is not None:
@@ -708,7 +715,7 @@ class SQLBackend:
         ttl: float,
         *,
         timeout: float | None = None,
-        connection: Connection | None = None,
+        connection: Caller | None = None,
     ) -> ElectResult:
         """Extend the unexpired lease held by exactly (token, term)."""
         t = self.lease
@@ -738,7 +745,7 @@ class SQLBackend:
         term: int,
         *,
         timeout: float | None = None,
-        connection: Connection | None = None,
+        connection: Caller | None = None,
     ) -> bool:
         """Vacate the lease held by exactly (token, term). The term stays: it never goes back."""
         t = self.lease
@@ -756,7 +763,7 @@ class SQLBackend:
         return result is not None and result.won
 
     def current(
-        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+        self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
     ) -> Lease | None:
         """The lease row as stored now (None if this namespace was never elected)."""
         return self._run(
@@ -779,7 +786,7 @@ class SQLBackend:
         ttl: float,
         *,
         timeout: float | None = None,
-        connection: Connection | None = None,
+        connection: Caller | None = None,
     ) -> None:
         """Create or refresh this candidate's row (an upsert: also the heartbeat)."""
         validate_namespace(namespace)
@@ -830,7 +837,7 @@ class SQLBackend:
         token: str,
         *,
         timeout: float | None = None,
-        connection: Connection | None = None,
+        connection: Caller | None = None,
     ) -> None:
         """Remove this candidate's row."""
         c = self.candidate
@@ -845,7 +852,7 @@ class SQLBackend:
             )
 
     def candidates(
-        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+        self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
     ) -> list[CandidateInfo]:
         """Candidates whose heartbeat has not expired on the database clock."""
         c = self.candidate
@@ -871,7 +878,7 @@ class SQLBackend:
         return self._run(work, table=c, write=False, timeout=timeout, connection=connection)
 
     def prune(
-        self, namespace: str, *, timeout: float | None = None, connection: Connection | None = None
+        self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
     ) -> int:
         """Delete candidate rows whose heartbeat expired."""
         c = self.candidate
