@@ -28,6 +28,7 @@ __all__ = [
     "ElectionConfig",
     "ElectionError",
     "Elector",
+    "LeaderTask",
     "Lease",
     "MemoryBackend",
     "NotLeaderError",
@@ -38,9 +39,12 @@ __all__ = [
     "Transition",
     "__version__",
     "backend_from_url",
+    "init_app",
+    "leader_task",
 ]
 
 _CELERY_SIDE = {"init_app": ".app", "leader_task": ".tasks", "LeaderTask": ".tasks"}
+# ``from celery_election import *`` therefore imports Celery: these names need it.
 
 
 def __getattr__(name: str) -> Any:

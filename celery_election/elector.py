@@ -251,6 +251,7 @@ class Elector:
         self._events: collections.deque[tuple[Transition | BaseException, list[Subscription]]]
         self._events = collections.deque()
         self._subscriptions: list[Subscription] = []
+        self._trust_watchers: list[Callable[[int | None, float | None], Any]] = []
         self._wakeup: WakeupHandle | None = None
         self._sleeper = self._clock.sleeper()
         self._dispatch_sleeper = self._clock.sleeper()
@@ -320,6 +321,20 @@ class Elector:
         with self._changed:
             self._changed.wait_for(lambda: self.is_leader or self._stopping, timeout)
         return self.is_leader
+
+    def watch_trust(self, watcher: Callable[[int | None, float | None], Any]) -> None:
+        """Call ``watcher(term, trusted_until)`` on every change of trust, renewals included.
+
+        ``(None, None)`` when leadership ends. Called synchronously by the election thread
+        (or the dispatcher, when trust runs out) with the elector's lock held: it must be
+        quick and must not call back into the elector. This is how a process publishes
+        its trust window to others (the Celery worker's shared record does).
+        """
+        with self._lock:
+            self._trust_watchers.append(watcher)
+            lead = self._lead
+        if lead is not None:
+            watcher(lead.term, lead.trusted_until)
 
     def subscribe(self) -> Subscription:
         """An ordered stream of this elector's transitions from now on."""
@@ -417,10 +432,18 @@ class Elector:
             kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
         )
 
+    def _set_lead(self, lead: _Lead | None) -> None:
+        self._lead = lead
+        for watcher in self._trust_watchers:
+            try:
+                watcher(None, None) if lead is None else watcher(lead.term, lead.trusted_until)
+            except Exception:
+                log.exception("a trust watcher raised; the election goes on")
+
     def _drop_lead(self, reason: RevokeReason) -> None:
         lead = self._lead
         if lead is not None:
-            self._lead = None
+            self._set_lead(None)
             self._post(self._transition("revoked", lead.term, reason))
             self._changed.notify_all()
 
@@ -499,7 +522,7 @@ class Elector:
                     )
                     self._resign_requested = True
                     return 0.0
-                self._lead = _Lead(lease.term, deadline)
+                self._set_lead(_Lead(lease.term, deadline))
                 self._post(self._transition("elected", lease.term))
                 self._changed.notify_all()
             self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
@@ -581,7 +604,7 @@ class Elector:
             in_time = lead is not None and self._clock.monotonic() < lead.trusted_until
             if result.won and in_time:
                 deadline = trusted_until(started, self.config.ttl, self.config.safety_margin)
-                self._lead = _Lead(term, deadline)
+                self._set_lead(_Lead(term, deadline))
                 self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
                 return self._next_renew - self._clock.monotonic()
             if result.won:

@@ -141,3 +141,16 @@ def expire_candidates(backend: Any, namespace: str) -> None:
 
 
 os.environ.setdefault("HYPOTHESIS_PROFILE", "default")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    """Keep each phase's report on the item, so fixtures can tell that the test failed."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    report = getattr(request.node, "rep_call", None)
+    return report is None or report.failed

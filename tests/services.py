@@ -40,6 +40,18 @@ def reachable(url: str) -> str | None:
         engine.dispose()
 
 
+def amqp_reachable(url: str) -> str | None:
+    """None if an AMQP broker accepts a connection at ``url``, else why not."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
 @dataclass
 class Services:
     urls: dict[str, str | None] = field(default_factory=dict)
@@ -114,6 +126,11 @@ def discover() -> Services:
     services.urls["postgresql"] = pg if why is None else None
     if why is not None:
         services.missing["postgresql"] = f"{pg}: {why}"
+    amqp = os.environ.get("CELERY_ELECTION_TEST_AMQP_URL", AMQP_DEFAULT)
+    why = amqp_reachable(amqp)
+    services.urls["amqp"] = amqp if why is None else None
+    if why is not None:
+        services.missing["amqp"] = f"{amqp}: {why}"
     mysql = os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", MYSQL_DEFAULT)
     why = reachable(mysql)
     services.urls["mysql"] = mysql if why is None else None

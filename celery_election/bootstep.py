@@ -1,0 +1,197 @@
+"""The worker bootstep: one Elector per worker, a shared leadership record, a leader queue.
+
+Order matters (shared/NOTES.md):
+
+* ``__init__`` (before any step starts, so before the pool and embedded beat fork) creates
+  the shared record and writes "not leader" into it, so children inherit the mapping.
+* ``start`` runs after the Pool and Beat steps have forked their processes (``requires``):
+  an elector thread already talking to SQLite when a process forks can leave the child
+  stuck on a lock copied while held. Later forks (``--max-tasks-per-child``,
+  ``--autoscale``) wait for the elector's current database call (the SQLite backend
+  holds a fork lock around each call).
+* Leadership changes reach the consumer through ``consumer.call_soon``: start consuming
+  the leader queue when elected, cancel it when revoked.
+* ``stop`` (warm shutdown): the consumer step has already stopped consuming (steps stop
+  in reverse order); the elector then resigns, so a follower takes over at once, and the
+  record says "not leader" again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+from celery import bootsteps
+
+from . import shared_state
+from .app import ElectionSettings
+from .backends import backend_from_url
+from .backends.base import Backend
+from .elector import Elector, RevokeReason
+from .errors import ElectionError, SchemaMissingError
+from .shared_state import SharedLeadership
+from .signals import leader_elected, leader_revoked
+
+__all__ = ["ElectionStep"]
+
+log = logging.getLogger("celery_election.worker")
+
+
+class ElectionStep(bootsteps.StartStopStep):
+    """Runs an Elector in the worker's main process for the worker's lifetime."""
+
+    label = "Election"
+    requires = ("celery.worker.components:Pool", "celery.worker.components:Beat")
+
+    def __init__(
+        self,
+        worker: Any,
+        election: bool | None = None,
+        election_namespace: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.settings = ElectionSettings.from_app(
+            worker.app, enabled=election, namespace=election_namespace
+        )
+        self.enabled = self.settings.enabled
+        self.elector: Elector | None = None
+        self.backend: Backend | None = None
+        self.shared: SharedLeadership | None = None
+        self._install_lock = threading.Lock()
+        super().__init__(worker, **kwargs)
+        if not self.enabled:
+            return
+        self.worker = worker
+        worker.election = self
+        # Before any fork: children inherit the mapping, and see "not leader" until told.
+        self.shared = SharedLeadership.create()
+        shared_state.install(self.shared)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self, worker: Any) -> None:
+        s = self.settings
+        # Never consume the leader queue before leading, even if task_queues lists it.
+        worker.app.amqp.queues.deselect(s.leader_queue)
+        backend = backend_from_url(s.url, **s.backend_options())
+        self.backend = backend
+        log.info(
+            "election: namespace %r in %s (%s), leader queue %r",
+            s.namespace,
+            backend.description,
+            s.url_source,
+            s.leader_queue,
+        )
+        if s.url_source.startswith("a SQLite file"):
+            log.warning(
+                "election: no election_url set and the app has no PostgreSQL/MySQL database "
+                "URL, so workers elect through %s: only workers on this host, started from "
+                "this directory, take part. Set election_url to share one election.",
+                backend.description,
+            )
+        if s.auto_install:
+            self._install()
+        self.elector = Elector(
+            backend,
+            s.namespace,
+            f"{worker.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            config=s.config,
+            on_elected=self._elected,
+            on_revoked=self._revoked,
+            on_error=self._error,
+        )
+        assert self.shared is not None
+        self.elector.watch_trust(self.shared.write)
+        self.elector.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.elector is not None:
+            self.elector.stop()
+        if self.shared is not None:
+            self.shared.write(None, None)
+
+    def shutdown(self, worker: Any) -> None:
+        self.stop(worker)
+        if self.backend is not None:
+            self.backend.close()
+        if self.shared is not None:
+            self.shared.close()
+            shared_state.install(None)
+            self.shared = None
+
+    # -- callbacks (the elector's event thread) ---------------------------------------------
+
+    def _elected(self, term: int) -> None:
+        self._consume(True)
+        leader_elected.send(
+            sender=self.worker.hostname, term=term, namespace=self.settings.namespace
+        )
+
+    def _revoked(self, term: int, reason: RevokeReason) -> None:
+        self._consume(False)
+        leader_revoked.send(
+            sender=self.worker.hostname,
+            term=term,
+            namespace=self.settings.namespace,
+            reason=reason.value,
+        )
+
+    def _error(self, exc: BaseException) -> None:
+        if isinstance(exc, SchemaMissingError) and self.settings.auto_install:
+            self._install()
+
+    def _install(self) -> None:
+        """Create the tables if missing; a database that is down now is retried later."""
+        if self.backend is None or not self._install_lock.acquire(blocking=False):
+            return
+        try:
+            self.backend.install()
+        except ElectionError as exc:
+            log.error("election: could not create the tables yet (%s); will retry", exc)
+        finally:
+            self._install_lock.release()
+
+    def _consume(self, on: bool) -> None:
+        """Start or stop consuming the leader queue, in the consumer's own thread."""
+        consumer = getattr(self.worker, "consumer", None)
+        if consumer is None:
+            return
+        queue = self.settings.leader_queue
+
+        def apply() -> None:
+            queues = consumer.app.amqp.queues
+            started = getattr(consumer, "task_consumer", None) is not None
+            try:
+                if on and started:
+                    consumer.add_task_queue(queue)
+                elif on:
+                    queues.select_add(queues[queue])  # consumed once the consumer starts
+                elif started:
+                    consumer.cancel_task_queue(queue)
+                else:
+                    queues.deselect(queue)
+            except Exception:  # the consumer may be restarting or stopping
+                log.exception("election: could not %s the leader queue", "add" if on else "cancel")
+
+        consumer.call_soon(apply)
+
+    # -- remote control ---------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """The worker's view of its election, for ``celery inspect election``."""
+        e = self.elector
+        lease = e.last_lease if e is not None else None
+        return {
+            "namespace": self.settings.namespace,
+            "leader": bool(e and e.is_leader),
+            "state": e.state.value if e is not None else "stopped",
+            "term": e.term if e is not None and e.is_leader else (lease.term if lease else None),
+            "leader_id": e.leader_id if e is not None else None,
+            "candidate_id": e.candidate_id if e is not None else None,
+            "trusted_for": round(e.trusted_for, 3) if e is not None else 0.0,
+            "database": self.backend.description if self.backend is not None else None,
+            "leader_queue": self.settings.leader_queue,
+        }

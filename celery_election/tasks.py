@@ -1,0 +1,115 @@
+"""Tasks that only the leader runs: ``@leader_task`` and the ``LeaderTask`` base.
+
+A leader task is routed to the namespace's leader queue, which only the leading worker
+consumes. The check at the start of each run is the safety net for messages that were
+prefetched before a handoff or routed elsewhere: it reads the worker's shared leadership
+record (``shared_state``), so it costs a clock reading and a few memory loads, never a
+query. On a follower (or a leader past its trust window) the task:
+
+* ``skip``: ends as ignored (logged);
+* ``requeue``: goes back to the leader queue after ``requeue_delay`` seconds (a retry
+  with countdown: never lost, never spinning hot);
+* ``raise``: fails with NotLeaderError.
+
+The check is made once, at start. A long task that writes somewhere should fence with the
+term it runs under (``self.election_term``, or ``current_term()``): store it with the
+write and refuse writes with an older one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+
+from . import shared_state
+from .app import leader_queue_name
+from .errors import ConfigurationError, NotLeaderError
+
+__all__ = ["ON_FOLLOWER", "LeaderTask", "current_term", "leader_task"]
+
+log = logging.getLogger(__name__)
+
+ON_FOLLOWER = ("skip", "requeue", "raise")
+
+
+def current_term() -> int | None:
+    """The term this worker leads under right now, or None (no query: shared memory)."""
+    record = shared_state.current()
+    return record.term_if_leader() if record is not None else None
+
+
+def _check_mode(mode: object) -> str:
+    if mode not in ON_FOLLOWER:
+        raise ConfigurationError(
+            f"on_follower must be one of {', '.join(ON_FOLLOWER)}: got {mode!r}"
+        )
+    return str(mode)
+
+
+class LeaderTask(Task):
+    """Base class of tasks that only the leader runs (see the module docstring)."""
+
+    #: What a follower does with the task: "skip", "requeue" or "raise".
+    on_follower = "skip"
+    #: Seconds before a requeued task is delivered again.
+    requeue_delay = 1.0
+    throws = (NotLeaderError,)
+
+    @property
+    def queue(self) -> str:
+        """The leader queue of the app's namespace (a ``queue=`` option overrides it)."""
+        conf = self.app.conf
+        return str(
+            conf.get("election_leader_queue")
+            or leader_queue_name(conf.get("election_namespace") or "default")
+        )
+
+    @property
+    def election_term(self) -> int | None:
+        """The term the running task was started under (its fencing token)."""
+        return getattr(self.request, "election_term", None)
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Check leadership before the body runs: one shared-memory read."""
+        term = current_term()
+        self.request.election_term = term
+        if term is not None:
+            return
+        mode = _check_mode(self.on_follower)
+        if mode == "skip":
+            log.info("%s[%s] skipped: this worker is not the leader", self.name, task_id)
+            raise Ignore()
+        if mode == "requeue":
+            log.info(
+                "%s[%s] requeued to %s: this worker is not the leader",
+                self.name,
+                task_id,
+                self.queue,
+            )
+            raise self.retry(countdown=self.requeue_delay, max_retries=None, queue=self.queue)
+        raise NotLeaderError(f"{self.name}[{task_id}] must run on the leader; this worker is not")
+
+
+def leader_task(*args: Any, on_follower: str = "skip", **options: Any) -> Any:
+    """Declare a task that only the leader runs: ``@leader_task`` or ``@leader_task(...)``.
+
+    Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
+    ``on_follower`` and ``requeue_delay``.
+    """
+    _check_mode(on_follower)
+    options.setdefault("base", LeaderTask)
+    app = options.pop("app", None)
+
+    def decorate(fun: Callable[..., Any]) -> Any:
+        factory = app.task if app is not None else shared_task
+        return factory(on_follower=on_follower, **options)(fun)
+
+    if len(args) == 1 and callable(args[0]) and not options.get("name"):
+        return decorate(args[0])
+    if args:
+        raise TypeError("leader_task takes keyword options only")
+    return decorate

@@ -1,0 +1,170 @@
+"""Real ``celery worker`` subprocesses around tests/e2e/proj.py, observed through the database.
+
+Every wait here waits for something observable (a lease row, a recorded run, a process
+exit) with a deadline; nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from celery import Celery
+from celery.result import AsyncResult
+
+from celery_election.app import leader_queue_name
+from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.term import Lease
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+class Cluster:
+    """Workers of one test: one namespace, one table prefix, logs in ``tmp``."""
+
+    def __init__(self, tmp: Path, broker: str, election_url: str, results: str, ttl: float = 3.0):
+        self.tmp = tmp
+        self.prefix = f"e{uuid.uuid4().hex[:8]}_"
+        self.namespace = f"ns{uuid.uuid4().hex[:6]}"
+        self.ttl = ttl
+        self.env = {
+            **os.environ,
+            "E2E_BROKER": broker,
+            "E2E_ELECTION": election_url,
+            "E2E_RESULTS": results,
+            "E2E_PREFIX": self.prefix,
+            "E2E_NAMESPACE": self.namespace,
+            "E2E_TTL": str(ttl),
+            "PYTHONPATH": str(ROOT),
+        }
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.backend = backend_from_url(election_url, table_prefix=self.prefix)
+        assert isinstance(self.backend, SQLBackend)
+        self.backend.install()
+        from . import proj
+
+        self.engine = sa.create_engine(election_url, poolclass=sa.pool.NullPool)
+        # proj's tables are named from E2E_PREFIX at import: rebuild them for this prefix
+        self.runs = sa.Table(
+            f"{self.prefix}runs", sa.MetaData(), *[c._copy() for c in proj.runs_table().c]
+        )
+        self.transitions = sa.Table(
+            f"{self.prefix}transitions",
+            self.runs.metadata,
+            *[c._copy() for c in proj.transitions_table().c],
+        )
+        self.runs.metadata.create_all(self.engine)
+        # A fresh app to send from: a Celery app caches its broker pool and result backend,
+        # so one shared across tests would keep talking to the first test's servers.
+        self.app = Celery("e2e-client", broker=broker, backend=results, set_as_current=False)
+        self.leader_queue = leader_queue_name(self.namespace)
+
+    def send(self, task: str, label: str, queue: str | None = None) -> AsyncResult:
+        """Send tests.e2e.proj.<task>; leader tasks go to the leader queue by default."""
+        if queue is None and task != "plain":
+            queue = self.leader_queue
+        return self.app.send_task(f"tests.e2e.proj.{task}", [label], queue=queue)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start(self, name: str, *args: str) -> None:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "worker", "--election",
+            "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "-Q", f"celery,only.{name}",
+            "--loglevel", "INFO", "--without-gossip", "--without-mingle", *args,
+        ]  # fmt: skip
+        self.workers[name] = subprocess.Popen(
+            cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp
+        )
+
+    def signal(self, name: str, sig: int) -> None:
+        self.workers[name].send_signal(sig)
+
+    def wait_exit(self, name: str, timeout: float = 20) -> int:
+        return self.workers[name].wait(timeout)
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.workers.items() if p.poll() is None]
+
+    def close(self) -> None:
+        for p in self.workers.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.workers.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.app.close()
+        self.runs.metadata.drop_all(self.engine)
+        self.engine.dispose()
+        self.backend.uninstall()
+        self.backend.close()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted(self.tmp.glob("*.log"))
+        )
+
+    # -- the database's view ----------------------------------------------------------------
+
+    def lease(self) -> Lease | None:
+        return self.backend.current(self.namespace)
+
+    def leader(self) -> str | None:
+        """The worker name ("w1") holding the lease now, by the database."""
+        lease = self.lease()
+        if lease is None or not lease.held or lease.leader_id is None:
+            return None
+        return lease.leader_id.split("@", 1)[0]
+
+    def wait_leader(self, timeout: float, other_than: str | None = None) -> str:
+        def check() -> str | None:
+            who = self.leader()
+            return who if who is not None and who != other_than else None
+
+        return wait_until(check, timeout, f"a leader other than {other_than}")
+
+    def wait_candidates(self, n: int, timeout: float = 30) -> None:
+        wait_until(
+            lambda: len(self.backend.candidates(self.namespace)) >= n,
+            timeout,
+            f"{n} registered candidates",
+        )
+
+    def rows(self, table: sa.Table) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(table).order_by(table.c.id)))
+
+    def term_owners(self) -> dict[int, set[str]]:
+        """term -> the workers that announced being elected under it."""
+        owners: dict[int, set[str]] = {}
+        for r in self.rows(self.transitions):
+            if r.kind == "elected":
+                owners.setdefault(r.term, set()).add(r.worker.split("@", 1)[0])
+        return owners

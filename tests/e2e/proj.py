@@ -1,0 +1,142 @@
+"""A tiny Celery project for the end-to-end tests, configured from the environment.
+
+E2E_BROKER     broker URL (RabbitMQ, or sqla+sqlite:///... where there is none)
+E2E_ELECTION   election database URL
+E2E_PREFIX     table prefix (one per test, so tests never see each other)
+E2E_NAMESPACE  election namespace
+
+Every run of a leader task records (task, label, worker, pid, term) in the election
+database, so a test can check who ran what under which term.
+"""
+
+from __future__ import annotations
+
+import os
+
+import sqlalchemy as sa
+from celery import Celery
+
+from celery_election import init_app, leader_task
+from celery_election.backends.sql import db_now_us
+from celery_election.signals import leader_elected, leader_revoked
+from celery_election.tasks import current_term
+
+BROKER = os.environ.get("E2E_BROKER", "memory://")
+if BROKER.startswith("sqla+"):
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    sqla_transport.Transport.polling_interval = 0.1  # not an option: a class attribute
+
+app = Celery("e2e", broker=BROKER, backend=os.environ.get("E2E_RESULTS"))
+app.conf.update(
+    election_url=os.environ.get("E2E_ELECTION"),
+    election_table_prefix=os.environ.get("E2E_PREFIX", "celery_election_"),
+    election_namespace=os.environ.get("E2E_NAMESPACE", "e2e"),
+    election_ttl=float(os.environ.get("E2E_TTL", "3")),
+    election_poll_interval=0.2,
+    worker_prefetch_multiplier=1,
+    task_acks_late=True,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+init_app(app)
+
+_engine: sa.Engine | None = None
+_runs = sa.Table(
+    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}runs",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("task", sa.String(50)),
+    sa.Column("label", sa.String(50)),
+    sa.Column("worker", sa.String(200)),
+    sa.Column("pid", sa.Integer),
+    sa.Column("term", sa.BigInteger, nullable=True),
+)
+
+
+_transitions = sa.Table(
+    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}transitions",
+    _runs.metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("worker", sa.String(200)),
+    sa.Column("kind", sa.String(20)),
+    sa.Column("term", sa.BigInteger),
+    sa.Column("reason", sa.String(20), nullable=True),
+    sa.Column("at", sa.BigInteger),  # the database clock, epoch microseconds
+)
+
+
+def tables() -> sa.MetaData:
+    return _runs.metadata
+
+
+def runs_table() -> sa.Table:
+    return _runs
+
+
+def transitions_table() -> sa.Table:
+    return _transitions
+
+
+def _engine_() -> sa.Engine:
+    global _engine
+    if _engine is None:
+        _engine = sa.create_engine(os.environ["E2E_ELECTION"], poolclass=sa.pool.NullPool)
+    return _engine
+
+
+@leader_elected.connect
+def _on_elected(sender: str, term: int, namespace: str, **kw: object) -> None:
+    with _engine_().begin() as conn:
+        conn.execute(
+            sa.insert(_transitions).values(worker=sender, kind="elected", term=term, at=db_now_us())
+        )
+
+
+@leader_revoked.connect
+def _on_revoked(sender: str, term: int, namespace: str, reason: str, **kw: object) -> None:
+    with _engine_().begin() as conn:
+        conn.execute(
+            sa.insert(_transitions).values(
+                worker=sender, kind="revoked", term=term, reason=reason, at=db_now_us()
+            )
+        )
+
+
+def _record(task: str, label: str, term: int | None) -> None:
+    from celery import current_task
+
+    with _engine_().begin() as conn:
+        conn.execute(
+            sa.insert(_runs).values(
+                task=task,
+                label=label,
+                worker=current_task.request.hostname,
+                pid=os.getpid(),
+                term=term,
+            )
+        )
+
+
+@leader_task(bind=True)
+def skip(self, label: str) -> int | None:
+    _record("skip", label, self.election_term)
+    return self.election_term
+
+
+@leader_task(bind=True, on_follower="requeue", requeue_delay=0.3)
+def requeue(self, label: str) -> int | None:
+    _record("requeue", label, self.election_term)
+    return self.election_term
+
+
+@leader_task(bind=True, on_follower="raise")
+def strict(self, label: str) -> int | None:
+    _record("strict", label, self.election_term)
+    return self.election_term
+
+
+@app.task
+def plain(label: str) -> int | None:
+    _record("plain", label, current_term())
+    return current_term()

@@ -1,0 +1,180 @@
+"""``celery worker --election``: real workers (prefork, concurrency 2), a real broker and a
+real election database. One scenario per setup, each step checked from the database:
+
+elect one of three -> leader tasks run only on the leader, under its term -> a follower
+skips, raises or requeues what reaches it -> ``election_resign`` moves leadership
+(RabbitMQ) -> warm shutdown hands over within a second -> SIGKILL: another leads within
+ttl + one poll -> requeued tasks are not lost -> no term ever had two workers.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..conftest import failed, server_url
+from .cluster import ROOT, Cluster, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["rabbitmq+postgresql", "sqla+sqlite"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    if request.param == "rabbitmq+postgresql":
+        broker = server_url("amqp")
+        db = server_url("postgresql")
+        results = f"db+{db}"
+    else:
+        broker = f"sqla+sqlite:///{tmp_path}/broker.db"
+        db = f"sqlite:///{tmp_path}/election.db"
+        results = f"db+sqlite:///{tmp_path}/results.db"
+    c = Cluster(tmp_path, broker, db, results)
+    c.kind = request.param  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:
+        if failed(request):
+            print(c.logs())
+        c.close()
+
+
+def celery_cli(*args: str, env: dict[str, str]) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_worker_election_scenario(cluster: Cluster) -> None:
+    c = cluster
+    amqp = c.kind.startswith("rabbitmq")  # type: ignore[attr-defined]
+    c.start("w1")
+    c.wait_candidates(1)  # the sqla transport creates its queue rows without a lock
+    c.start("w2")
+    c.start("w3")
+    c.wait_candidates(3)
+    leader = c.wait_leader(30)
+    assert set(c.alive()) == {"w1", "w2", "w3"}
+
+    # -- exactly one leader, seen by the workers themselves (broadcast needs RabbitMQ) --
+    nodes: dict[str, str] = {}
+    if amqp:
+        replies = wait_until(
+            lambda: _inspect(c, 3),
+            30,
+            "three workers answering `celery inspect election`",
+        )
+        leaders = [n for n, r in replies.items() if r["leader"]]
+        assert len(leaders) == 1 and leaders[0].startswith(f"{leader}@")
+        assert {r["namespace"] for r in replies.values()} == {c.namespace}
+        assert all(r["leader_id"] == replies[leaders[0]]["candidate_id"] for r in replies.values())
+        nodes = {n.split("@", 1)[0]: n for n in replies}
+
+    # -- leader tasks run on the leader only, under its term --------------------------------
+    lease = c.lease()
+    assert lease is not None
+    for i in range(6):
+        c.send("skip", f"s{i}")
+        c.send("requeue", f"r{i}")
+    wait_until(lambda: len(c.rows(c.runs)) >= 12, 60, "12 leader task runs")
+    for run in c.rows(c.runs):
+        assert run.worker.startswith(f"{leader}@") and run.term == lease.term, run
+
+    # -- what reaches a follower: skip, raise, requeue ----------------------------------------
+    follower = next(w for w in ("w1", "w2", "w3") if w != leader)
+    skipped = c.send("skip", "f-skip", queue=f"only.{follower}")
+    strict = c.send("strict", "f-strict", queue=f"only.{follower}")
+    requeued = c.send("requeue", "f-requeue", queue=f"only.{follower}")
+    from celery_election.errors import NotLeaderError
+
+    with pytest.raises(NotLeaderError):
+        strict.get(timeout=60)
+    assert requeued.get(timeout=60) == lease.term  # went back to the leader queue
+    wait_until(
+        lambda: "skipped: this worker is not the leader" in (c.tmp / f"{follower}.log").read_text(),
+        30,
+        "the follower's skip log line",
+    )
+    labels = [(r.label, r.worker.split("@")[0]) for r in c.rows(c.runs)]
+    assert ("f-requeue", leader) in labels
+    assert not any(label in ("f-skip", "f-strict") for label, _ in labels)
+    assert skipped.state == "PENDING"  # ignored: no result is stored
+
+    # -- remote control moves leadership (RabbitMQ only: the sqla transport has no broadcast)
+    if amqp:
+        out = celery_cli(
+            "control", "election_resign", "-d", nodes[leader], "--json", "-t", "10", env=c.env
+        )
+        assert "resigned" in out
+        leader = c.wait_leader(10, other_than=leader)
+
+    # -- warm shutdown hands over within a second (database clock) ---------------------------
+    c.signal(leader, signal.SIGTERM)
+    successor = c.wait_leader(10, other_than=leader)
+    revoked = _transition(c, leader, "revoked", reason="stopped")
+    elected = _transition(c, successor, "elected", after=revoked.at)
+    assert 0 <= elected.at - revoked.at <= 1_000_000, (revoked, elected)
+    assert c.wait_exit(leader) == 0
+
+    # -- SIGKILL: another leads within ttl + one poll ----------------------------------------
+    before_kill = c.lease()
+    c.signal(successor, signal.SIGKILL)
+    c.wait_exit(successor)
+    lease = c.lease()
+    assert lease is not None and before_kill is not None and lease.term == before_kill.term
+    for i in range(5):  # sent while nobody leads: none may be lost
+        c.send("requeue", f"k{i}")
+    third = c.wait_leader(c.ttl + 10, other_than=successor)
+    new = c.lease()
+    assert new is not None and new.term > lease.term
+    assert new.acquired_at_us is not None
+    # the new term starts after the dead leader's lease ended, and within one poll of it
+    late = (new.acquired_at_us - lease.expires_at_us) / 1_000_000
+    assert 0 <= late <= 0.2 + 1.0, late
+    wait_until(
+        lambda: {f"k{i}" for i in range(5)} <= {r.label for r in c.rows(c.runs)},
+        60,
+        "the tasks sent during the failover",
+    )
+
+    # -- the history: every run under a term that its worker held ----------------------------
+    owners = c.term_owners()
+    assert all(len(workers) == 1 for workers in owners.values()), owners
+    for run in c.rows(c.runs):
+        assert run.term in owners and run.worker.split("@")[0] in owners[run.term], run
+    assert third in owners[new.term]
+
+
+def _inspect(c: Cluster, n: int) -> dict[str, dict[str, object]] | None:
+    out = celery_cli("inspect", "election", "--json", "-t", "5", env=c.env)
+    replies = json.loads(out.strip().splitlines()[-1])
+    return replies if len(replies) >= n else None
+
+
+def _transition(
+    c: Cluster, worker: str, kind: str, *, reason: str | None = None, after: int = 0
+) -> object:
+    def find() -> object:
+        for r in reversed(c.rows(c.transitions)):
+            if (
+                r.worker.startswith(f"{worker}@")
+                and r.kind == kind
+                and (reason is None or r.reason == reason)
+                and r.at >= after
+            ):
+                return r
+        return None
+
+    return wait_until(find, 10, f"{worker} {kind}")
