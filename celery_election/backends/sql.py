@@ -23,6 +23,7 @@ How each step stays correct (DESIGN.md, "Rules found by experiment"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -258,6 +259,25 @@ def _filesystem_type(path: Path) -> str | None:
     return fstype
 
 
+def _fork_lock() -> threading.Lock:
+    """A lock that ``os.fork()`` takes first, so no fork lands inside a guarded call."""
+    lock = threading.Lock()
+    ref = weakref.ref(lock)
+
+    def before() -> None:
+        held = ref()
+        if held is not None:
+            held.acquire()
+
+    def after() -> None:
+        held = ref()
+        if held is not None and held.locked():
+            held.release()
+
+    os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
+    return lock
+
+
 def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
     def after_fork() -> None:
         engine = ref()
@@ -434,6 +454,12 @@ class SQLBackend:
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
         self.supports_returning = bool(self.engine.dialect.update_returning)
         self._closed = False
+        # SQLite runs inside this process: a fork while one of our calls holds its
+        # allocator mutex leaves the child stuck on the copy. Forks wait for the call.
+        self._fork_guard: threading.Lock | contextlib.nullcontext[None]
+        self._fork_guard = contextlib.nullcontext()
+        if self.dialect == "sqlite":
+            self._fork_guard = _fork_lock()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description} prefix={self.table_prefix!r}>"
@@ -475,6 +501,17 @@ class SQLBackend:
             conn = connection.connection() if isinstance(connection, Session) else connection
             with self._errors(table, write=write):
                 return work(conn)
+        with self._fork_guard:
+            return self._run_bounded(work, table=table, write=write, timeout=timeout)
+
+    def _run_bounded(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        write: bool,
+        timeout: float | None,
+    ) -> T:
         started = time.monotonic()
         for attempt in (1, 2):
             left = None if timeout is None else max(0.05, timeout - (time.monotonic() - started))
