@@ -66,9 +66,35 @@ class ElectionStep(bootsteps.StartStopStep):
             return
         self.worker = worker
         worker.election = self
+        if kwargs.get("beat"):
+            self._gate_embedded_beat(worker)
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
         shared_state.install(self.shared)
+
+    def _gate_embedded_beat(self, worker: Any) -> None:
+        """``worker -B --election``: the embedded beat must send only on the leader."""
+        scheduler = worker.scheduler
+        name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__name__", "")
+        if name in (None, "", "celery.beat:PersistentScheduler", "PersistentScheduler"):
+            worker.scheduler = "celery_election.beat:LeaderScheduler"
+            log.info("election: embedded beat uses celery_election.beat:LeaderScheduler")
+            return
+        from celery.utils.imports import symbol_by_name
+
+        from .beat import LeaderSchedulerMixin
+
+        try:
+            cls = symbol_by_name(scheduler)
+        except Exception:
+            cls = None
+        if not (isinstance(cls, type) and issubclass(cls, LeaderSchedulerMixin)):
+            log.warning(
+                "election: embedded beat uses %s, which does not know about the election: "
+                "every worker started with -B will send every task. Use a scheduler with "
+                "celery_election.beat.LeaderSchedulerMixin.",
+                scheduler,
+            )
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -103,8 +129,9 @@ class ElectionStep(bootsteps.StartStopStep):
             on_revoked=self._revoked,
             on_error=self._error,
         )
-        assert self.shared is not None
-        self.elector.watch_trust(self.shared.write)
+        shared, elector = self.shared, self.elector
+        assert shared is not None
+        elector.watch_trust(lambda term, until: shared.write(term, until, elector.token))
         self.elector.start()
 
     def stop(self, worker: Any) -> None:

@@ -293,6 +293,11 @@ class Elector:
         return None if lead is None else lead.trusted_until
 
     @property
+    def token(self) -> str:
+        """Return the instance token, a secret that renew, resign and beat claims need."""
+        return self._token
+
+    @property
     def leader_id(self) -> str | None:
         """The candidate id of the leader as last seen (this one's when leading)."""
         if self.is_leader:

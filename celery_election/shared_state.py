@@ -1,14 +1,16 @@
 """The worker's leadership, shared with its pool children and its embedded beat.
 
 The elector runs in the worker's main process; tasks run in pool children (prefork) or in
-threads of the main process. So the main process publishes a 40-byte record in shared
+threads of the main process. So the main process publishes a 56-byte record in shared
 memory and every task reads it: no database query and no message on the task path.
 
     offset  0  head   u64   write sequence number, written first
             8  flag   u64   1 = leader
            16  term   i64   the fencing token
            24  until  f64   trusted until, on the boot-time clock (CLOCK_BOOTTIME)
-           32  tail   u64   the same sequence number, written last
+           32  token  16 B  the elector's instance token (embedded beat claims ticks
+                            with it; it never leaves the worker's own processes)
+           48  tail   u64   the same sequence number, written last
 
 A seqlock: the single writer stores ``head``, the payload, then ``tail``; a reader reads
 ``tail``, the payload, then ``head``, and retries unless both are equal and non-zero, so
@@ -37,9 +39,10 @@ from .clock import boottime
 __all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install"]
 
 ENV_VAR = "CELERY_ELECTION_SHM"
-_SIZE = 40
+_SIZE = 56
 _SEQ = struct.Struct("=Q")
-_PAYLOAD = struct.Struct("=Qqd")
+_PAYLOAD = struct.Struct("=Qqd16s")
+_TAIL = slice(48, 56)
 
 
 class Leadership(NamedTuple):
@@ -48,6 +51,7 @@ class Leadership(NamedTuple):
     leader: bool
     term: int | None
     trusted_until: float
+    token: str | None = None
 
     def trusted(self, now: float | None = None) -> bool:
         """True if this reading says "leader" and its trust window has not ended."""
@@ -80,28 +84,33 @@ class SharedLeadership:
         os.environ[ENV_VAR] = path
         return record
 
-    def write(self, term: int | None, trusted_until: float | None) -> None:
+    def write(
+        self, term: int | None, trusted_until: float | None, token: str | None = None
+    ) -> None:
         """Publish leadership (``term``, ``trusted_until``), or its end with (None, None)."""
         self._seq += 1
         seq = _SEQ.pack(self._seq)
         if term is None or trusted_until is None:
-            payload = _PAYLOAD.pack(0, 0, 0.0)
+            payload = _PAYLOAD.pack(0, 0, 0.0, b"")
         else:
-            payload = _PAYLOAD.pack(1, term, trusted_until)
+            raw = bytes.fromhex(token) if token else b""
+            payload = _PAYLOAD.pack(1, term, trusted_until, raw)
         m = self._map
         m[0:8] = seq
-        m[8:32] = payload
-        m[32:40] = seq
+        m[8:48] = payload
+        m[_TAIL] = seq
 
     def read(self) -> Leadership:
         """A consistent reading (retries while a write is in progress)."""
         m = self._map
         while True:
-            tail = m[32:40]
-            payload = m[8:32]
+            tail = m[_TAIL]
+            payload = m[8:48]
             if m[0:8] == tail and tail != b"\0" * 8:
-                flag, term, until = _PAYLOAD.unpack(payload)
-                return Leadership(bool(flag), term if flag else None, until)
+                flag, term, until, raw = _PAYLOAD.unpack(payload)
+                if not flag:
+                    return Leadership(False, None, until)
+                return Leadership(True, term, until, raw.hex() if raw.strip(b"\0") else None)
 
     def term_if_leader(self) -> int | None:
         """The term, if this process's worker leads and trusts it right now."""

@@ -56,6 +56,9 @@ class MemoryBackend:
         self._lock = threading.Lock()
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
+        # beat: (namespace, entry) -> [last due, run count]; (ns, entry, due) -> [term, sent]
+        self._beat_state: dict[tuple[str, str], list[int]] = {}
+        self._ledger: dict[tuple[str, str, int], list[int | None]] = {}
         self._installed = True
         self._fault: BaseException | None = None
         self._gate = threading.Event()
@@ -119,6 +122,8 @@ class MemoryBackend:
             self._installed = False
             self._leases.clear()
             self._candidates.clear()
+            self._beat_state.clear()
+            self._ledger.clear()
 
     # -- the lease --------------------------------------------------------------------------
 
@@ -259,6 +264,91 @@ class MemoryBackend:
             for k in dead:
                 del self._candidates[k]
             return len(dead)
+
+    # -- beat -------------------------------------------------------------------------------
+
+    def _holds(self, namespace: str, token: str, term: int, now: int) -> bool:
+        row = self._leases.get(namespace)
+        return row is not None and (row.token, row.term) == (token, term) and row.expires_at > now
+
+    def claim_tick(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        due_us: int,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        self._enter("claim_tick")
+        with self._lock:
+            key = (namespace, entry_name, due_us)
+            if key in self._ledger or not self._holds(namespace, token, term, self.clock.wall_us()):
+                return False
+            self._ledger[key] = [term, None]
+            state = self._beat_state.setdefault((namespace, entry_name), [due_us, 0])
+            state[0] = max(state[0], due_us)
+            state[1] += 1
+            return True
+
+    def confirm_tick(
+        self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None
+    ) -> None:
+        self._enter("confirm_tick")
+        with self._lock:
+            row = self._ledger.get((namespace, entry_name, due_us))
+            if row is not None:
+                row[1] = self.clock.wall_us()
+
+    def beat_entries(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        self._enter("beat_entries")
+        with self._lock:
+            return {e: (s[0], s[1]) for (ns, e), s in self._beat_state.items() if ns == namespace}
+
+    def unconfirmed_ticks(
+        self, namespace: str, before_term: int, *, timeout: float | None = None
+    ) -> list[tuple[str, int, int]]:
+        self._enter("unconfirmed_ticks")
+        with self._lock:
+            return sorted(
+                ((e, due, int(row[0] or 0)) for (ns, e, due), row in self._ledger.items()
+                 if ns == namespace and row[1] is None and (row[0] or 0) < before_term),
+                key=lambda t: t[1],
+            )  # fmt: skip
+
+    def reclaim_tick(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        due_us: int,
+        old_term: int,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        self._enter("reclaim_tick")
+        with self._lock:
+            row = self._ledger.get((namespace, entry_name, due_us))
+            if row is None or row[0] != old_term or row[1] is not None:
+                return False
+            if not self._holds(namespace, token, term, self.clock.wall_us()):
+                return False
+            row[0] = term
+            return True
+
+    def prune_ledger(
+        self, namespace: str, older_than_us: int, *, timeout: float | None = None
+    ) -> int:
+        self._enter("prune_ledger")
+        with self._lock:
+            old = [k for k in self._ledger if k[0] == namespace and k[2] < older_than_us]
+            for k in old:
+                del self._ledger[k]
+            return len(old)
 
     # -- wakeups ----------------------------------------------------------------------------
 

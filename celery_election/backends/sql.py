@@ -24,6 +24,7 @@ How each step stays correct (DESIGN.md, "Rules found by experiment"):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -145,7 +146,37 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Index(f"{table_prefix}candidate_expiry", "namespace", "expires_at"),
         **mysql_opts,
     )
+    # Beat: one row per (namespace, entry) with the last claimed nominal due time...
+    sa.Table(
+        f"{table_prefix}beat_state",
+        metadata,
+        sa.Column("namespace", _key(190), primary_key=True),
+        sa.Column("entry_key", _key(40), primary_key=True),  # sha1 of the entry name
+        sa.Column("entry_name", sa.String(500), nullable=False),
+        sa.Column("last_due", sa.BigInteger, nullable=False),
+        sa.Column("total_run_count", sa.BigInteger, nullable=False, default=0),
+        sa.Column("updated_at", sa.BigInteger, nullable=False),
+        **mysql_opts,
+    )
+    # ...and the ledger: a tick can be claimed once, by a leader whose lease still holds.
+    sa.Table(
+        f"{table_prefix}beat_ledger",
+        metadata,
+        sa.Column("namespace", _key(190), primary_key=True),
+        sa.Column("entry_key", _key(40), primary_key=True),
+        sa.Column("due", sa.BigInteger, primary_key=True),  # nominal, UTC epoch us
+        sa.Column("entry_name", sa.String(500), nullable=False),
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("claimed_at", sa.BigInteger, nullable=False),
+        sa.Column("sent_at", sa.BigInteger, nullable=True),
+        **mysql_opts,
+    )
     return metadata
+
+
+def entry_key(name: str) -> str:
+    """The key of a beat entry: a hash, so any name fits a MySQL primary key."""
+    return hashlib.sha1(name.encode("utf-8")).hexdigest()
 
 
 # -- error classification -------------------------------------------------------------------
@@ -452,6 +483,8 @@ class SQLBackend:
         self.metadata = make_metadata(table_prefix)
         self.lease = self.metadata.tables[f"{table_prefix}lease"]
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
+        self.beat_state = self.metadata.tables[f"{table_prefix}beat_state"]
+        self.beat_ledger = self.metadata.tables[f"{table_prefix}beat_ledger"]
         self.supports_returning = bool(self.engine.dialect.update_returning)
         self._closed = False
         # SQLite runs inside this process: a fork while one of our calls holds its
@@ -928,6 +961,240 @@ class SQLBackend:
                     write=True,
                     timeout=timeout,
                     connection=connection,
+                )
+            )
+        except _LostRound:
+            return 0
+
+    # -- beat -------------------------------------------------------------------------------
+
+    def claim_tick(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        due_us: int,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Claim one tick of a beat entry for the leader (token, term); True if claimed.
+
+        One INSERT ... SELECT that reads the lease row with a share lock (FOR SHARE /
+        LOCK IN SHARE MODE; SQLite's write lock serialises everything) and inserts the
+        ledger row only if the token, term and unexpired lease still match, so a
+        takeover cannot commit in between; a duplicate key means someone claimed it
+        first. The entry's state (last due, run count) is updated in the same
+        transaction. Whoever gets True may send the tick, once.
+        """
+        key = entry_key(entry_name)
+        lease, ledger, state = self.lease, self.beat_ledger, self.beat_state
+        now = db_now_us()
+        source = (
+            sa.select(
+                sa.literal(namespace, _key(190)).label("namespace"),
+                sa.literal(key, _key(40)).label("entry_key"),
+                sa.literal(due_us, sa.BigInteger).label("due"),
+                sa.literal(entry_name, sa.String(500)).label("entry_name"),
+                lease.c.term,
+                now.label("claimed_at"),
+            )
+            .where(
+                lease.c.namespace == namespace,
+                lease.c.token == token,
+                lease.c.term == term,
+                lease.c.expires_at > now,
+            )
+            .with_for_update(read=True)
+        )
+        columns = ["namespace", "entry_key", "due", "entry_name", "term", "claimed_at"]
+        if self.dialect == "postgresql":
+            claim: sa.Insert = (
+                postgresql.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
+            )
+        elif self.dialect == "sqlite":
+            claim = sqlite.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
+        else:
+            # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
+            # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
+            claim = sa.insert(ledger).from_select(columns, source).prefix_with("IGNORE")
+        values = {
+            "namespace": namespace,
+            "entry_key": key,
+            "entry_name": entry_name[:500],
+            "last_due": due_us,
+            "total_run_count": 1,
+            "updated_at": now,
+        }
+        if self.dialect == "postgresql":
+            ins = postgresql.insert(state).values(values)
+            record: sa.Insert = ins.on_conflict_do_update(
+                index_elements=[state.c.namespace, state.c.entry_key],
+                set_={
+                    "last_due": greatest(state.c.last_due, ins.excluded.last_due),
+                    "total_run_count": state.c.total_run_count + 1,
+                    "updated_at": now,
+                },
+            )
+        elif self.dialect == "sqlite":
+            sins = sqlite.insert(state).values(values)
+            record = sins.on_conflict_do_update(
+                index_elements=[state.c.namespace, state.c.entry_key],
+                set_={
+                    "last_due": greatest(state.c.last_due, sins.excluded.last_due),
+                    "total_run_count": state.c.total_run_count + 1,
+                    "updated_at": now,
+                },
+            )
+        else:
+            mins = mysql.insert(state).values(values)
+            record = mins.on_duplicate_key_update(
+                last_due=greatest(state.c.last_due, mins.inserted.last_due),
+                total_run_count=state.c.total_run_count + 1,
+                updated_at=now,
+            )
+
+        # INSERT ... SELECT reports rowcount -1 through psycopg: count RETURNING rows.
+        returning = self.engine.dialect.insert_returning
+        if returning:
+            claim = claim.returning(ledger.c.due)
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(claim)
+            claimed = len(result.all()) if returning else result.rowcount
+            if claimed != 1:
+                return False
+            conn.execute(record)
+            return True
+
+        try:
+            return self._run(work, table=ledger, write=True, timeout=timeout, connection=None)
+        except _LostRound:
+            return False
+
+    def confirm_tick(
+        self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None
+    ) -> None:
+        """Mark a claimed tick as sent (only needed for resending unconfirmed ticks)."""
+        g = self.beat_ledger
+        stmt = (
+            sa.update(g)
+            .where(
+                g.c.namespace == namespace,
+                g.c.entry_key == entry_key(entry_name),
+                g.c.due == due_us,
+            )
+            .values(sent_at=db_now_us())
+        )
+        with suppress(_LostRound):
+            self._run(
+                lambda conn: conn.execute(stmt),
+                table=g,
+                write=True,
+                timeout=timeout,
+                connection=None,
+            )
+
+    def beat_entries(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Map each entry name to (last claimed nominal due time in us, run count)."""
+        s = self.beat_state
+        stmt = sa.select(s.c.entry_name, s.c.last_due, s.c.total_run_count).where(
+            s.c.namespace == namespace
+        )
+        return self._run(
+            lambda conn: {
+                r.entry_name: (int(r.last_due), int(r.total_run_count)) for r in conn.execute(stmt)
+            },
+            table=s,
+            write=False,
+            timeout=timeout,
+            connection=None,
+        )
+
+    def unconfirmed_ticks(
+        self, namespace: str, before_term: int, *, timeout: float | None = None
+    ) -> list[tuple[str, int, int]]:
+        """(entry name, due, term) of ticks claimed by earlier terms and never confirmed."""
+        g = self.beat_ledger
+        stmt = (
+            sa.select(g.c.entry_name, g.c.due, g.c.term)
+            .where(g.c.namespace == namespace, g.c.sent_at.is_(None), g.c.term < before_term)
+            .order_by(g.c.due)
+        )
+        return self._run(
+            lambda conn: [(r.entry_name, int(r.due), int(r.term)) for r in conn.execute(stmt)],
+            table=g,
+            write=False,
+            timeout=timeout,
+            connection=None,
+        )
+
+    def reclaim_tick(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        due_us: int,
+        old_term: int,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Take over an unconfirmed tick of ``old_term`` for (token, term); True if taken."""
+        g, lease = self.beat_ledger, self.lease
+        now = db_now_us()
+        holds = (
+            sa.select(lease.c.term)
+            .where(
+                lease.c.namespace == namespace,
+                lease.c.token == token,
+                lease.c.term == term,
+                lease.c.expires_at > now,
+            )
+            .with_for_update(read=True)
+            .scalar_subquery()
+        )
+        stmt = (
+            sa.update(g)
+            .where(
+                g.c.namespace == namespace,
+                g.c.entry_key == entry_key(entry_name),
+                g.c.due == due_us,
+                g.c.term == old_term,
+                g.c.sent_at.is_(None),
+                holds == term,
+            )
+            .values(term=term, claimed_at=now)
+        )
+        try:
+            return bool(
+                self._run(
+                    lambda conn: conn.execute(stmt).rowcount == 1,
+                    table=g,
+                    write=True,
+                    timeout=timeout,
+                    connection=None,
+                )
+            )
+        except _LostRound:
+            return False
+
+    def prune_ledger(
+        self, namespace: str, older_than_us: int, *, timeout: float | None = None
+    ) -> int:
+        """Delete ledger rows whose nominal due time is before ``older_than_us``."""
+        g = self.beat_ledger
+        stmt = sa.delete(g).where(g.c.namespace == namespace, g.c.due < older_than_us)
+        try:
+            return int(
+                self._run(
+                    lambda conn: conn.execute(stmt).rowcount,
+                    table=g,
+                    write=True,
+                    timeout=timeout,
+                    connection=None,
                 )
             )
         except _LostRound:

@@ -6,6 +6,7 @@ exit) with a deadline; nothing sleeps and hopes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,7 +44,15 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, every: float =
 class Cluster:
     """Workers of one test: one namespace, one table prefix, logs in ``tmp``."""
 
-    def __init__(self, tmp: Path, broker: str, election_url: str, results: str, ttl: float = 3.0):
+    def __init__(
+        self,
+        tmp: Path,
+        broker: str,
+        election_url: str,
+        results: str,
+        ttl: float = 3.0,
+        beat: bool = False,
+    ):
         self.tmp = tmp
         self.prefix = f"e{uuid.uuid4().hex[:8]}_"
         self.namespace = f"ns{uuid.uuid4().hex[:6]}"
@@ -57,6 +66,8 @@ class Cluster:
             "E2E_NAMESPACE": self.namespace,
             "E2E_TTL": str(ttl),
             "PYTHONPATH": str(ROOT),
+            "E2E_BEAT": "1" if beat else "",
+            "E2E_QUEUE": f"q.{self.namespace}",
         }
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.backend = backend_from_url(election_url, table_prefix=self.prefix)
@@ -74,10 +85,14 @@ class Cluster:
             self.runs.metadata,
             *[c._copy() for c in proj.transitions_table().c],
         )
+        self.ticks = sa.Table(
+            f"{self.prefix}ticks", self.runs.metadata, *[c._copy() for c in proj.ticks_table().c]
+        )
         self.runs.metadata.create_all(self.engine)
         # A fresh app to send from: a Celery app caches its broker pool and result backend,
         # so one shared across tests would keep talking to the first test's servers.
         self.app = Celery("e2e-client", broker=broker, backend=results, set_as_current=False)
+        self.app.conf.task_default_queue = f"q.{self.namespace}"
         self.leader_queue = leader_queue_name(self.namespace)
 
     def send(self, task: str, label: str, queue: str | None = None) -> AsyncResult:
@@ -88,15 +103,30 @@ class Cluster:
 
     # -- processes --------------------------------------------------------------------------
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, election: bool = True) -> None:
+        """A worker (``--election`` unless told otherwise)."""
+        self._spawn(name, [
+            "worker", *(["--election"] if election else []),
+            "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "-Q", f"q.{self.namespace},only.{name}",
+            "--without-gossip", "--without-mingle", "-s", str(self.tmp / f"{name}-schedule"),
+            *args,
+        ])  # fmt: skip
+
+    def start_beat(self, name: str) -> None:
+        """A standalone ``celery beat`` with the LeaderScheduler (E2E_BEAT must be set)."""
+        self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule")])
+
+    def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "worker", "--election",
-            "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "-Q", f"celery,only.{name}",
-            "--loglevel", "INFO", "--without-gossip", "--without-mingle", *args,
-        ]  # fmt: skip
+        cmd = [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args, "--loglevel", "INFO"]
+        # Own session: a SIGKILLed worker's orphans (pool, embedded beat) die with it below.
         self.workers[name] = subprocess.Popen(
-            cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp
+            cmd,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmp,
+            start_new_session=True,
         )
 
     def signal(self, name: str, sig: int) -> None:
@@ -119,6 +149,16 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for p in self.workers.values():  # orphaned children of killed processes
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+        if self.app.conf.broker_url.startswith("amqp"):
+            with self.app.connection_for_write() as conn:
+                names = [f"q.{self.namespace}", self.leader_queue]
+                names += [f"only.{n}" for n in self.workers]
+                for q in names:
+                    with contextlib.suppress(Exception):
+                        conn.default_channel.queue_delete(q)
         self.app.close()
         self.runs.metadata.drop_all(self.engine)
         self.engine.dispose()
@@ -136,19 +176,36 @@ class Cluster:
     def lease(self) -> Lease | None:
         return self.backend.current(self.namespace)
 
-    def leader(self) -> str | None:
+    def leader(self, namespace: str | None = None) -> str | None:
         """The worker name ("w1") holding the lease now, by the database."""
-        lease = self.lease()
+        lease = self.backend.current(namespace or self.namespace)
         if lease is None or not lease.held or lease.leader_id is None:
             return None
         return lease.leader_id.split("@", 1)[0]
 
-    def wait_leader(self, timeout: float, other_than: str | None = None) -> str:
+    def wait_leader(
+        self, timeout: float, other_than: str | None = None, namespace: str | None = None
+    ) -> str:
         def check() -> str | None:
-            who = self.leader()
+            who = self.leader(namespace)
             return who if who is not None and who != other_than else None
 
         return wait_until(check, timeout, f"a leader other than {other_than}")
+
+    def beat_leader(self) -> str | None:
+        """The standalone beat (by process name) holding the beat lease now."""
+        lease = self.backend.current(f"{self.namespace}-beat")
+        if lease is None or not lease.held or lease.leader_id is None:
+            return None
+        pid = int(lease.leader_id.split(":")[1])
+        return next((n for n, p in self.workers.items() if p.pid == pid), None)
+
+    def wait_beat_leader(self, timeout: float, other_than: str | None = None) -> str:
+        def check() -> str | None:
+            who = self.beat_leader()
+            return who if who is not None and who != other_than else None
+
+        return wait_until(check, timeout, f"a beat leader other than {other_than}")
 
     def wait_candidates(self, n: int, timeout: float = 30) -> None:
         wait_until(

@@ -38,7 +38,16 @@ app.conf.update(
     task_acks_late=True,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # One queue per test: a broker outlives tests, and leftovers must not leak between them.
+    task_default_queue=os.environ.get("E2E_QUEUE", "celery"),
 )
+if os.environ.get("E2E_BEAT"):
+    app.conf.beat_scheduler = "celery_election.beat:LeaderScheduler"
+    app.conf.beat_max_loop_interval = 1
+    app.conf.beat_schedule = {
+        name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name]}
+        for name in ("every-second-a", "every-second-b")
+    }
 init_app(app)
 
 _engine: sa.Engine | None = None
@@ -64,6 +73,21 @@ _transitions = sa.Table(
     sa.Column("reason", sa.String(20), nullable=True),
     sa.Column("at", sa.BigInteger),  # the database clock, epoch microseconds
 )
+
+
+_ticks = sa.Table(
+    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}ticks",
+    _runs.metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("entry", sa.String(50)),
+    sa.Column("due", sa.BigInteger, nullable=True),  # nominal, from the beat's header
+    sa.Column("term", sa.BigInteger, nullable=True),
+    sa.Column("worker", sa.String(200)),
+)
+
+
+def ticks_table() -> sa.Table:
+    return _ticks
 
 
 def tables() -> sa.MetaData:
@@ -134,6 +158,19 @@ def requeue(self, label: str) -> int | None:
 def strict(self, label: str) -> int | None:
     _record("strict", label, self.election_term)
     return self.election_term
+
+
+@app.task(bind=True)
+def tick(self, entry: str) -> None:
+    with _engine_().begin() as conn:
+        conn.execute(
+            sa.insert(_ticks).values(
+                entry=entry,
+                due=getattr(self.request, "election_due", None),
+                term=getattr(self.request, "election_term", None),
+                worker=self.request.hostname,
+            )
+        )
 
 
 @app.task
