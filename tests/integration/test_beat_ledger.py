@@ -1,0 +1,157 @@
+"""The tick ledger refuses a stale leader's claim: at most once, even in a split brain.
+
+A leader paused past its lease wakes up still holding (token, old term). By then another
+beat leads under a newer term. Whatever the stale one believes, its claims are refused by
+the database, so only the real leader's ticks are sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.beat import LeaderScheduler, _us
+from celery_election.clock import boottime
+
+from ..conftest import expire, token, unique_prefix
+
+NS = "beat-ledger"
+
+
+@pytest.fixture
+def sql(sql_url: str) -> Iterator[SQLBackend]:
+    b = backend_from_url(sql_url, table_prefix=unique_prefix())
+    assert isinstance(b, SQLBackend)
+    b.install()
+    yield b
+    b.uninstall()
+    b.close()
+
+
+def test_a_stale_leaders_claims_are_refused(sql: SQLBackend) -> None:
+    a, b = token(), token()
+    old = sql.elect(NS, a, "beat-a", 30.0).lease
+    assert old is not None
+    assert sql.claim_tick(NS, a, old.term, "job", 1_000_000)
+    # a is paused past its lease; b takes over
+    expire(sql, NS)
+    assert not sql.claim_tick(NS, a, old.term, "job", 2_000_000)  # expired: refused already
+    new = sql.elect(NS, b, "beat-b", 30.0)
+    assert new.won and new.lease is not None and new.lease.term > old.term
+    # a resumes, still believing it leads: every claim it makes is refused
+    for due in (2_000_000, 3_000_000):
+        assert not sql.claim_tick(NS, a, old.term, "job", due)
+    assert not sql.claim_tick(NS, a, new.lease.term, "job", 2_000_000)  # b's term, a's token
+    assert sql.claim_tick(NS, b, new.lease.term, "job", 2_000_000)
+    assert not sql.claim_tick(NS, b, new.lease.term, "job", 2_000_000)  # once only
+    assert sql.beat_entries(NS) == {"job": (2_000_000, 2)}
+
+
+def test_resend_takes_over_only_unconfirmed_ticks(sql: SQLBackend) -> None:
+    a, b = token(), token()
+    old = sql.elect(NS, a, "beat-a", 30.0).lease
+    assert old is not None
+    assert sql.claim_tick(NS, a, old.term, "sent", 1_000_000)
+    sql.confirm_tick(NS, "sent", 1_000_000)
+    assert sql.claim_tick(NS, a, old.term, "lost", 1_000_000)  # a dies before sending it
+    expire(sql, NS)
+    new = sql.elect(NS, b, "beat-b", 30.0).lease
+    assert new is not None
+    assert sql.unconfirmed_ticks(NS, new.term) == [("lost", 1_000_000, old.term)]
+    assert not sql.reclaim_tick(NS, a, old.term, "lost", 1_000_000, old.term)  # stale
+    assert sql.reclaim_tick(NS, b, new.term, "lost", 1_000_000, old.term)
+    assert not sql.reclaim_tick(NS, b, new.term, "lost", 1_000_000, old.term)  # once
+    assert sql.unconfirmed_ticks(NS, new.term) == []
+
+
+class Counting(LeaderScheduler):
+    """A LeaderScheduler that counts what it actually sends."""
+
+    sent: list[tuple[str, int]]
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kw: Any) -> Any:
+        headers = entry.options.get("headers") or {}
+        self.sent.append((entry.name, headers.get("election_due")))
+        return None
+
+
+def make_scheduler(app: Celery, tmp_path: Path, name: str) -> Counting:
+    s = Counting(app=app, schedule_filename=str(tmp_path / f"{name}-schedule"))
+    s.sent = []
+    return s
+
+
+def test_two_schedulers_one_stale_send_each_tick_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/election.db"
+    app = Celery("ledger", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=url,
+        election_namespace=f"n{uuid.uuid4().hex[:6]}",
+        election_ttl=2.0,
+        beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
+    )
+    a = make_scheduler(app, tmp_path, "a")
+    assert a._election is not None and a._election.elector is not None
+    assert a._election.elector.wait_for_leadership(10)
+    stale = a._election.leadership()
+    assert stale is not None
+    b = make_scheduler(app, tmp_path, "b")
+    assert b._election is not None and b._election.elector is not None
+    try:
+        # a leads and sends one tick
+        _tick_until(a, lambda: len(a.sent) >= 1)
+        # a stalls: every database call of its backend hangs (the guard its SQLite calls
+        # hold), like a paused process. Its lease expires and b takes over.
+        guard = a._election.backend._fork_guard
+        guard.acquire()
+        try:
+            expire(b._election.backend, b._election.namespace)
+            assert b._election.elector.wait_for_leadership(10)
+        finally:
+            guard.release()
+        # a resumes; at worst it still believes it leads (here: for the whole test)
+        a._election.leadership = lambda: stale  # type: ignore[method-assign]
+        before = len(a.sent)
+        _tick_until(b, lambda: len(b.sent) >= 3, also=a)
+        assert len(a.sent) == before, "the stale leader sent a tick"
+        dues = [due for _, due in a.sent + b.sent]
+        assert len(dues) == len(set(dues)), "a tick was sent twice"
+    finally:
+        b.close()
+        a.close()
+
+
+def _tick_until(s: Counting, done: Any, also: Counting | None = None, timeout: float = 15) -> None:
+    import time
+
+    deadline = boottime() + timeout
+    while not done():
+        assert boottime() < deadline, "timed out ticking"
+        for sched in (s, also) if also is not None else (s,):
+            sched.tick()
+        time.sleep(0.05)
+
+
+def test_due_keys_are_nominal_not_send_times() -> None:
+    from datetime import datetime, timezone
+
+    from celery.schedules import crontab, schedule
+
+    from celery_election.beat import _anchor, next_due
+
+    every = schedule(2.5)
+    now = datetime(2026, 1, 1, 12, 0, 1, 700_000, tzinfo=timezone.utc)
+    start = _anchor(every, now)
+    assert _us(start) % 2_500_000 == 0 and start <= now  # every beat computes the same
+    assert next_due(every, start) == datetime(2026, 1, 1, 12, 0, 2, 500_000, tzinfo=timezone.utc)
+    cron = crontab(minute="*/15")
+    assert next_due(cron, now) == datetime(2026, 1, 1, 12, 15, tzinfo=timezone.utc)
+    assert next_due(cron, datetime(2026, 1, 1, 12, 15, tzinfo=timezone.utc)) == datetime(
+        2026, 1, 1, 12, 30, tzinfo=timezone.utc
+    )
