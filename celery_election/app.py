@@ -105,14 +105,22 @@ class ElectionSettings:
             config=ElectionConfig.from_settings(conf),
         )
 
-    def backend_options(self) -> dict[str, Any]:
-        """Constructor options for backend_from_url."""
+    def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:
+        """Constructor options for backend_from_url; ``listen=False`` for one-shot users."""
         options: dict[str, Any] = {"table_prefix": self.table_prefix}
-        if self.url.split(":", 1)[0].startswith("postgres"):
-            options["listen"] = self.listen
+        if is_postgres(self.url):
+            options["listen"] = self.listen if listen is None else listen
             if self.listen_url:
                 options["listen_url"] = self.listen_url
         return options
+
+
+def is_postgres(url: str) -> bool:
+    """Whether ``url`` (Celery prefixes allowed) names PostgreSQL: the only LISTEN backend."""
+    scheme = url.split(":", 1)[0]
+    for prefix in ("db+", "sqla+"):
+        scheme = scheme.removeprefix(prefix)
+    return scheme.startswith("postgres")
 
 
 def init_app(app: Celery) -> Celery:

@@ -117,10 +117,9 @@ class _BeatElection:
         self.missed = missed
         self.resend = conf.get("election_beat_resend_unconfirmed", False) is True
         self.retention = float(conf.get("election_beat_ledger_retention", 86400.0))
-        options = self.settings.backend_options()
-        if self.record is not None:
-            options.pop("listen", None)
-            options["listen"] = False  # only claims here: the worker runs the election
+        # Embedded, this process only claims ticks (the worker runs the election): no LISTEN.
+        listen = False if self.record is not None else None
+        options = self.settings.backend_options(listen=listen)
         self.backend: Any = backend_from_url(self.settings.url, **options)
         if self.settings.auto_install:
             try:

@@ -208,6 +208,11 @@ class MemoryBackend:
                 None if row is None else self._lease(namespace, replace(row), self.clock.wall_us())
             )
 
+    def namespaces(self, *, timeout: float | None = None) -> list[str]:
+        self._enter("namespaces")
+        with self._lock:
+            return sorted(set(self._leases) | {ns for ns, _ in self._candidates})
+
     # -- candidates -------------------------------------------------------------------------
 
     def register(

@@ -21,6 +21,7 @@ while the electors poll.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -35,7 +36,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from ..config import MAX_NAMESPACE_LENGTH
 from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
-from .sql import DEFAULT_TABLE_PREFIX, SQLBackend, db_now_us
+from .sql import DEFAULT_TABLE_PREFIX, SQLBackend, _interrupt, db_now_us
 
 __all__ = ["MAX_PAYLOAD", "PostgresBackend", "parse_payload"]
 
@@ -103,6 +104,8 @@ class _Listener:
         self.connects = 0
         #: Payloads dropped as not ours (malformed, oversized, unknown), for tests.
         self.ignored = 0
+        #: Payloads of ours delivered.
+        self.delivered = 0
         self._lock = threading.Lock()
         self._registrations: list[_Registration] = []
         self._stop = threading.Event()
@@ -147,6 +150,10 @@ class _Listener:
 
     def stop(self) -> None:
         self._stop.set()
+        conn = self._conn
+        if conn is not None:  # cut the wait for notifications short
+            with contextlib.suppress(Exception):
+                _interrupt(conn)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self.connect_timeout + 2)
@@ -192,10 +199,16 @@ class _Listener:
         self.healthy = False
 
     def _serve(self, conn: Any) -> None:
-        """Probe, then deliver notifications until stopped or the connection fails."""
+        """Probe, then deliver notifications until stopped or the connection fails.
+
+        After a (re)connect the probe always runs. After that, a delivered notification
+        of ours proves delivery as well as a probe would (a live leader renews every few
+        seconds), so the periodic probe only runs after ``probe_interval`` without one.
+        """
         reconnected = self.connects > 1
+        probe = True
         while not self._stop.is_set():
-            ok = self._probe(conn)
+            ok = self._probe(conn) if probe else True
             if ok and not self.healthy:
                 self.healthy = True
                 if self._warned:
@@ -217,7 +230,9 @@ class _Listener:
                 if self.healthy:
                     self.healthy = False
                     self._deliver(None, Wakeup("lost"))
+            before = self.delivered
             self._listen_for(conn, self.probe_interval * (0.9 + 0.2 * random.random()))
+            probe = self.delivered == before
 
     def _probe(self, conn: Any) -> bool:
         nonce = uuid.uuid4().hex
@@ -248,6 +263,7 @@ class _Listener:
                         self.ignored += 1
                         log.debug("ignored a payload on %r: %.200r", self.channel, payload)
                     continue
+                self.delivered += 1
                 self._deliver(*parsed)
         return False
 
@@ -277,6 +293,7 @@ class PostgresBackend(SQLBackend):
                 f"PostgresBackend needs a postgresql+psycopg:// URL: got {self.description}"
             )
         self.channel = f"{table_prefix}ev".lower()
+        self.reads_in_step = True
         self.listen = listen
         lurl = make_url(listen_url) if listen_url is not None else self.engine.url
         conninfo = lurl.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -248,6 +248,8 @@ def test_good_table_prefix_names_the_tables(
     assert set(sa.inspect(backend.engine).get_table_names()) == {
         f"{prefix}lease",
         f"{prefix}candidate",
+        f"{prefix}beat_state",
+        f"{prefix}beat_ledger",
     }
 
 

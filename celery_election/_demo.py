@@ -1,0 +1,279 @@
+"""``celery-election demo``: three real workers with ``-B --election``, failover and handoff.
+
+Nothing but Python is needed: the broker is kombu's SQLAlchemy transport on a SQLite file,
+the election a SQLite file of its own (or ``--url``), and every event (elected, revoked,
+each periodic task run with its nominal due time) goes to a third SQLite file that this
+process reads to draw the story and to check it: no tick may run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .backends import backend_from_url
+from .term import Lease
+
+__all__ = ["run"]
+
+APP = textwrap.dedent(
+    '''
+    """The demo's Celery app (written by celery-election demo)."""
+    import os
+    import sqlite3
+    import time
+
+    from celery import Celery
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    from celery_election import init_app
+    from celery_election.signals import leader_elected, leader_revoked
+
+    sqla_transport.Transport.polling_interval = 0.1
+    app = Celery("demoapp", broker=os.environ["DEMO_BROKER"])
+    app.conf.update(
+        election_url=os.environ["DEMO_ELECTION"],
+        election_table_prefix=os.environ["DEMO_PREFIX"],
+        election_namespace="demo",
+        election_ttl=float(os.environ["DEMO_TTL"]),
+        election_poll_interval=0.2,
+        beat_schedule={"every-second": {"task": "demoapp.heartbeat", "schedule": 1.0}},
+        beat_max_loop_interval=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    init_app(app)
+
+
+    def record(kind, worker, term=None, due=None, reason=None):
+        with sqlite3.connect(os.environ["DEMO_EVENTS"], timeout=10) as db:
+            db.execute(
+                "INSERT INTO events (kind, worker, term, due, reason, at) VALUES (?,?,?,?,?,?)",
+                (kind, worker, term, due, reason, time.time()),
+            )
+
+
+    @app.task(bind=True)
+    def heartbeat(self):
+        req = self.request
+        record("tick", req.hostname, getattr(req, "election_term", None),
+               getattr(req, "election_due", None))
+
+
+    @leader_elected.connect
+    def _elected(sender, term, **kw):
+        record("elected", sender, term)
+
+
+    @leader_revoked.connect
+    def _revoked(sender, term, reason, **kw):
+        record("revoked", sender, term, reason=reason)
+    '''
+)
+
+
+class Demo:
+    def __init__(self, url: str | None, ttl: float, keep: bool) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="celery-election-demo-"))
+        self.keep = keep
+        self.ttl = ttl
+        self.prefix = f"demo{uuid.uuid4().hex[:6]}_"
+        self.url = url or f"sqlite:///{self.tmp}/election.db"
+        self.events = self.tmp / "events.db"
+        (self.tmp / "demoapp.py").write_text(APP)
+        with sqlite3.connect(self.events) as db:
+            db.execute(
+                "CREATE TABLE events (id INTEGER PRIMARY KEY, kind TEXT, worker TEXT, "
+                "term INTEGER, due INTEGER, reason TEXT, at REAL)"
+            )
+        self.backend: Any = backend_from_url(self.url, table_prefix=self.prefix)
+        self.backend.install()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.seen = 0
+        self.faults: list[float] = []
+        self.env = {
+            **os.environ,
+            "DEMO_BROKER": f"sqla+sqlite:///{self.tmp}/broker.db",
+            "DEMO_ELECTION": self.url,
+            "DEMO_PREFIX": self.prefix,
+            "DEMO_TTL": str(ttl),
+            "DEMO_EVENTS": str(self.events),
+            "PYTHONPATH": f"{self.tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        }
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start(self, name: str) -> None:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "demoapp", "worker", "-B", "--election",
+            "-c", "1", "-n", f"{name}@%h", "-s", str(self.tmp / f"{name}-schedule"),
+            "--without-gossip", "--without-mingle", "--loglevel", "WARNING",
+        ]  # fmt: skip
+        self.procs[name] = subprocess.Popen(
+            cmd, cwd=self.tmp, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + 15
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, end - time.monotonic()))
+        for p in self.procs.values():  # and every child they left (pool, embedded beat)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if not self.url.startswith("sqlite"):
+            self.backend.uninstall()
+        self.backend.close()
+        if self.keep:
+            print(f"kept {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- what happened ----------------------------------------------------------------------
+
+    def rows(self, kind: str | None = None) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.events, timeout=10) as db:
+            sql = "SELECT kind, worker, term, due, reason, at FROM events"
+            args: tuple[Any, ...] = ()
+            if kind:
+                sql, args = sql + " WHERE kind = ?", (kind,)
+            return list(db.execute(sql + " ORDER BY id", args))
+
+    def pump(self) -> None:
+        """Print the events that arrived since the last call."""
+        rows = self.rows()
+        for kind, worker, term, due, reason, _at in rows[self.seen :]:
+            who = worker.split("@")[0]
+            if kind == "tick":
+                stamp = time.strftime("%H:%M:%S", time.localtime(due / 1e6)) if due else "?"
+                print(f"    tick due {stamp} ran on {who}  (term ...{str(term)[-6:]})")
+            elif kind == "elected":
+                print(f"  * {who} is the leader now (term ...{str(term)[-6:]})")
+            else:
+                print(f"  - {who} stepped down ({reason})")
+        self.seen = len(rows)
+
+    def wait(self, what: str, check: Any, timeout: float) -> Any:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.pump()
+            value = check()
+            if value:
+                return value
+            time.sleep(0.2)
+        raise RuntimeError(f"gave up waiting for {what} after {timeout:.0f}s")
+
+    def lease(self) -> Lease | None:
+        lease: Lease | None = self.backend.current("demo")
+        return lease if lease is not None and lease.held else None
+
+    def leader(self, other_than: str | None = None) -> str | None:
+        lease = self.lease()
+        who = lease.leader_id.split("@")[0] if lease and lease.leader_id else None
+        return who if who and who != other_than else None
+
+    def ticks(self, more: int) -> None:
+        start = len(self.rows("tick"))
+        self.wait(f"{more} ticks", lambda: len(self.rows("tick")) >= start + more, 30)
+
+    # -- the story --------------------------------------------------------------------------
+
+    def play(self) -> int:
+        print(f"celery-election demo: election in {self.backend.description}")
+        print(
+            f"  three `celery worker -B --election` workers, a task every second, ttl {self.ttl}s"
+        )
+        print("\n1. Start three workers; they elect one leader, whose embedded beat sends.")
+        self.start("demo1")
+        self.wait("the first worker", lambda: self.backend.candidates("demo"), 60)
+        self.start("demo2")
+        self.start("demo3")
+        first = self.wait("a leader", self.leader, 60)
+        self.ticks(4)
+
+        print(f"\n2. Kill the leader {first} (SIGKILL): the others wait for its lease to end.")
+        before = self.lease()
+        self.faults.append(time.time())
+        self.procs[first].send_signal(signal.SIGKILL)
+        self.procs[first].wait()
+        second = self.wait("a new leader", lambda: self.leader(other_than=first), self.ttl + 30)
+        after = self.lease()
+        crash = None
+        if before is not None and after is not None and after.acquired_at_us:
+            crash = (after.acquired_at_us - before.expires_at_us) / 1e6
+            print(f"  -> {second} took over {crash:.3f}s after the dead leader's lease ended")
+        self.ticks(4)
+
+        print(
+            f"\n3. Stop the leader {second} cleanly (SIGTERM): it resigns, a follower takes over."
+        )
+        self.faults.append(time.time())
+        self.procs[second].send_signal(signal.SIGTERM)
+        third = self.wait("the handoff", lambda: self.leader(other_than=second), 30)
+        revoked = [r for r in self.rows("revoked") if r[1].startswith(f"{second}@")]
+        elected = [r for r in self.rows("elected") if r[1].startswith(f"{third}@")]
+        handoff = None
+        if revoked and elected:
+            handoff = elected[-1][5] - revoked[-1][5]
+            print(f"  -> {third} took over {handoff * 1000:.0f} ms after {second} stepped down")
+        self.ticks(4)
+        self.procs[second].wait(30)
+        return self.summary(crash, handoff)
+
+    def summary(self, crash: float | None, handoff: float | None) -> int:
+        ticks = [r for r in self.rows("tick")]
+        dues = [r[3] for r in ticks if r[3] is not None]
+        counts = Counter(dues)
+        duplicates = sum(n - 1 for n in counts.values())
+        expected = (max(dues) - min(dues)) // 1_000_000 + 1 if dues else 0
+        missed = expected - len(counts)
+        leaders = [r[1].split("@")[0] for r in self.rows("elected")]
+        print("\nsummary")
+        print(f"  ticks due           {expected}")
+        print(f"  ticks run           {len(ticks)}")
+        print(f"  duplicates          {duplicates}")
+        print(
+            f"  missed (failovers)  {missed}  (ticks that fell due while nobody led are sent once)"
+        )
+        print(f"  leaders, in order   {' -> '.join(leaders)}")
+        if crash is not None:
+            print(f"  crash failover      {crash:.3f}s after the lease ended (lease {self.ttl}s)")
+        if handoff is not None:
+            print(f"  clean handoff       {handoff * 1000:.0f} ms")
+        ok = duplicates == 0 and bool(ticks) and len(set(leaders)) >= 3
+        print("OK: every tick ran at most once" if ok else "FAILED")
+        return 0 if ok else 1
+
+
+def run(url: str | None = None, ttl: float = 3.0, keep: bool = False) -> int:
+    """Run the demo; 0 if every invariant held."""
+    demo = Demo(url, ttl, keep)
+    try:
+        return demo.play()
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping every worker")
+        return 130
+    except RuntimeError as exc:
+        print(f"\nFAILED: {exc}; worker logs are in {demo.tmp}")
+        demo.keep = True
+        return 1
+    finally:
+        demo.close()

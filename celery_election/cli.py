@@ -1,0 +1,296 @@
+"""``celery election ...`` (with ``-A proj``) and ``celery-election ...`` (with ``--url``).
+
+    celery -A proj election status [--namespace NS] [--json]
+    celery -A proj election candidates | resign | watch
+    celery -A proj election install [--dry-run] | uninstall [--dry-run] [--yes]
+    celery-election --url postgresql+psycopg://... status
+    celery-election demo [--url ...]
+
+Under ``celery`` the app's ``election_*`` settings are used (``--url``/``--table-prefix``
+override them); ``celery-election`` needs ``--url`` (or CELERY_ELECTION_URL) for everything
+but ``demo``. Every time shown comes from the database's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import click
+
+from .app import is_postgres
+from .backends import backend_from_url
+from .backends.sql import DEFAULT_TABLE_PREFIX
+from .errors import ElectionError, SchemaMissingError
+from .term import CandidateInfo, Lease
+
+__all__ = ["election", "main"]
+
+
+@dataclass
+class Target:
+    """Where the commands act: a backend and a default namespace."""
+
+    backend: Any
+    namespace: str
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _target(ctx: click.Context, namespace: str | None) -> Target:
+    params = ctx.parent.params if ctx.parent is not None else {}  # the election group's
+    url = params.get("url")
+    prefix = params.get("table_prefix")
+    app = getattr(ctx.obj, "app", None)
+    try:
+        if app is not None:
+            from .app import ElectionSettings
+
+            settings = ElectionSettings.from_app(app)
+            if url:  # --url wins over the app's election_url
+                settings = replace(settings, url=url, listen_url=None)
+            options = settings.backend_options(listen=False)
+            if prefix:
+                options["table_prefix"] = prefix
+            return Target(
+                backend_from_url(settings.url, **options), namespace or settings.namespace
+            )
+        if not url:
+            raise click.UsageError(
+                "give the election database: --url URL (or CELERY_ELECTION_URL), "
+                "or run it as `celery -A proj election ...` to use the app's settings"
+            )
+        plain: dict[str, Any] = {"table_prefix": prefix or DEFAULT_TABLE_PREFIX}
+        if is_postgres(url):
+            plain["listen"] = False  # one-shot commands never LISTEN
+        return Target(backend_from_url(url, **plain), namespace or "default")
+    except ElectionError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _fail(exc: ElectionError) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+def _check_namespace(t: Target) -> None:
+    known = t.backend.namespaces()
+    if t.namespace not in known:
+        hint = f"known: {', '.join(known)}" if known else "no election has run here yet"
+        raise click.ClickException(f"no election in namespace {t.namespace!r} ({hint})")
+
+
+def _candidate_json(c: CandidateInfo, db_now_us: int) -> dict[str, Any]:
+    return {
+        "candidate_id": c.candidate_id,
+        "hostname": c.hostname,
+        "pid": c.pid,
+        "heartbeat_age": round((db_now_us - c.heartbeat_at_us) / 1e6, 3),
+    }
+
+
+def _status(t: Target) -> dict[str, Any]:
+    lease: Lease | None = t.backend.current(t.namespace)
+    now = lease.db_now_us if lease is not None else 0
+    candidates = t.backend.candidates(t.namespace)
+    if lease is None and candidates:
+        now = max(c.heartbeat_at_us for c in candidates)
+    held = lease is not None and lease.held
+    return {
+        "namespace": t.namespace,
+        "database": t.backend.description,
+        "leader": lease.leader_id if held and lease is not None else None,
+        "term": lease.term if lease is not None else None,
+        "expires_in": round(lease.remaining, 3) if lease is not None and held else None,
+        "acquired_at": lease.acquired_at.isoformat()
+        if lease is not None and held and lease.acquired_at
+        else None,
+        "candidates": [_candidate_json(c, now) for c in candidates],
+    }
+
+
+# -- the group ------------------------------------------------------------------------------
+
+
+@click.group(name="election")
+@click.option("--url", envvar="CELERY_ELECTION_URL", help="Election database URL.")
+@click.option("--table-prefix", help=f"Table prefix (default {DEFAULT_TABLE_PREFIX!r}).")
+@click.pass_context
+def election(ctx: click.Context, url: str | None, table_prefix: str | None) -> None:
+    """Leader election: who leads, who stands by, and the tables behind it."""
+
+
+_namespace = click.option("--namespace", "-N", help="Election namespace (default: the app's).")
+
+
+@election.command()
+@_namespace
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
+    """Show the leader, its term, when its lease expires, and the live candidates."""
+    t = _target(ctx, namespace)
+    try:
+        _check_namespace(t)
+        info = _status(t)
+    except ElectionError as exc:
+        raise _fail(exc) from exc
+    finally:
+        t.close()
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    click.echo(f"namespace   {info['namespace']}  ({info['database']})")
+    if info["leader"]:
+        click.echo(f"leader      {info['leader']}")
+        click.echo(f"term        {info['term']}")
+        click.echo(f"expires in  {info['expires_in']:.3f} s (database clock)")
+    else:
+        click.echo(f"leader      none (last term {info['term']})")
+    click.echo(f"candidates  {len(info['candidates'])}")
+    for c in info["candidates"]:
+        mark = "*" if c["candidate_id"] == info["leader"] else " "
+        click.echo(
+            f"  {mark} {c['candidate_id']}  host={c['hostname']} pid={c['pid']} "
+            f"heartbeat {c['heartbeat_age']:.1f} s ago"
+        )
+
+
+@election.command()
+@_namespace
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def candidates(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
+    """List the live candidates (heartbeat not expired)."""
+    t = _target(ctx, namespace)
+    try:
+        _check_namespace(t)
+        info = _status(t)
+    except ElectionError as exc:
+        raise _fail(exc) from exc
+    finally:
+        t.close()
+    if as_json:
+        click.echo(json.dumps(info["candidates"]))
+        return
+    for c in info["candidates"]:
+        click.echo(f"{c['candidate_id']}\t{c['hostname']}\t{c['pid']}\t{c['heartbeat_age']:.1f}s")
+
+
+@election.command()
+@_namespace
+@click.pass_context
+def resign(ctx: click.Context, namespace: str | None) -> None:
+    """Vacate the current term so the candidates elect again now.
+
+    Term-scoped: if the lease changed hands meanwhile, nothing happens. The resigned
+    leader learns it at its next renewal (within renew_interval) and steps down; prefer
+    ``celery control election_resign`` where remote control works.
+    """
+    t = _target(ctx, namespace)
+    try:
+        _check_namespace(t)
+        lease = t.backend.current(t.namespace)
+        if lease is None or not lease.held or lease.token is None:
+            raise click.ClickException(f"namespace {t.namespace!r} has no leader to resign")
+        if not t.backend.resign(t.namespace, lease.token, lease.term):
+            raise click.ClickException("the lease changed hands meanwhile; nothing resigned")
+    except ElectionError as exc:
+        raise _fail(exc) from exc
+    finally:
+        t.close()
+    click.echo(f"resigned term {lease.term} of {lease.leader_id}")
+
+
+@election.command()
+@click.option("--dry-run", is_flag=True, help="Print the DDL instead of running it.")
+@click.pass_context
+def install(ctx: click.Context, dry_run: bool) -> None:
+    """Create the election tables (idempotent)."""
+    t = _target(ctx, None)
+    try:
+        if dry_run:
+            for ddl in t.backend.create_ddl():
+                click.echo(f"{ddl};\n")
+            return
+        t.backend.install()
+        names = ", ".join(sorted(t.backend.metadata.tables))
+        click.echo(f"installed in {t.backend.description}: {names}")
+    except ElectionError as exc:
+        raise _fail(exc) from exc
+    finally:
+        t.close()
+
+
+@election.command()
+@click.option("--dry-run", is_flag=True, help="Print the DDL instead of running it.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def uninstall(ctx: click.Context, dry_run: bool, yes: bool) -> None:
+    """Drop the election tables (terms stay increasing after a re-install)."""
+    t = _target(ctx, None)
+    try:
+        if dry_run:
+            for ddl in t.backend.drop_ddl():
+                click.echo(f"{ddl};\n")
+            return
+        if not yes:
+            click.confirm(f"Drop the election tables in {t.backend.description}?", abort=True)
+        t.backend.uninstall()
+        click.echo(f"uninstalled from {t.backend.description}")
+    except ElectionError as exc:
+        raise _fail(exc) from exc
+    finally:
+        t.close()
+
+
+@election.command()
+@_namespace
+@click.option("--interval", default=0.2, show_default=True, help="Seconds between looks.")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this long.")
+@click.pass_context
+def watch(
+    ctx: click.Context, namespace: str | None, interval: float, max_seconds: float | None
+) -> None:
+    """Print a line every time the leader or its term changes (Ctrl-C to stop)."""
+    t = _target(ctx, namespace)
+    end = None if max_seconds is None else time.monotonic() + max_seconds
+    last: tuple[Any, ...] | None = None
+    try:
+        while end is None or time.monotonic() < end:
+            try:
+                info = _status(t)
+                now = (info["leader"], info["term"], len(info["candidates"]))
+            except SchemaMissingError as exc:
+                raise _fail(exc) from exc
+            except ElectionError as exc:
+                now = ("unreachable", str(exc), 0)
+            if now != last:
+                stamp = time.strftime("%H:%M:%S")
+                leader, term, n = now
+                click.echo(f"{stamp}  leader={leader or '-'}  term={term}  candidates={n}")
+                last = now
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        t.close()
+
+
+@election.command()
+@click.option("--url", "demo_url", help="Run the election on this database (default SQLite).")
+@click.option("--ttl", default=3.0, show_default=True, help="Lease length in seconds.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory.")
+def demo(demo_url: str | None, ttl: float, keep: bool) -> None:
+    """Three `celery worker -B --election` processes: failover and handoff, live."""
+    from ._demo import run
+
+    sys.exit(run(url=demo_url, ttl=ttl, keep=keep))
+
+
+def main() -> None:
+    """The ``celery-election`` console script."""
+    election(prog_name="celery-election")
