@@ -1,0 +1,63 @@
+"""`celery-election demo` runs as the README says, and Ctrl-C leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+DEMO = [sys.executable, "-c", "from celery_election.cli import main; main()", "demo"]
+
+
+def test_the_demo_reports_no_duplicate(tmp_path: Path) -> None:
+    proc = subprocess.run(DEMO, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(r"duplicates\s+0\n", out)
+    assert "OK: every tick ran at most once" in out
+    assert "crash failover" in out and "clean handoff" in out
+    ran = int(re.search(r"ticks run\s+(\d+)", out).group(1))  # type: ignore[union-attr]
+    assert ran >= 12
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(DEMO, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    tmpdir = None
+    try:
+        for line in proc.stdout:
+            found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
+            if found:
+                tmpdir = "/" + found.group(1).lstrip("/")  # from sqlite:////tmp/...
+            if "tick due" in line:  # three workers, pools and embedded beats are running
+                break
+        assert tmpdir is not None and _processes_mentioning(tmpdir), "the demo never ran"
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the demo
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 130, rest
+        assert "interrupted: stopping every worker" in rest
+        assert _processes_mentioning(tmpdir) == []
+        assert not Path(tmpdir).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

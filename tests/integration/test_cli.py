@@ -1,0 +1,160 @@
+"""``celery-election`` / ``celery election``: every subcommand, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from celery_election import Elector, RevokeReason
+from celery_election.backends import backend_from_url
+from celery_election.cli import election
+
+from ..conftest import unique_prefix
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def target(sql_url: str) -> Iterator[tuple[str, str]]:
+    prefix = unique_prefix()
+    yield sql_url, prefix
+    b = backend_from_url(sql_url, table_prefix=prefix)
+    b.uninstall()
+    b.close()
+
+
+def cli(url: str, prefix: str, *args: str) -> Any:
+    return CliRunner().invoke(election, ["--url", url, "--table-prefix", prefix, *args])
+
+
+def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
+    url, prefix = target
+    result = cli(url, prefix, "status")
+    assert result.exit_code == 1 and "celery election install" in result.output  # no tables
+    result = cli(url, prefix, "install")
+    assert result.exit_code == 0 and f"{prefix}lease" in result.output
+    assert cli(url, prefix, "install").exit_code == 0  # idempotent
+    result = cli(url, prefix, "status", "-N", "nobody")
+    assert result.exit_code == 1 and "no election in namespace 'nobody'" in result.output
+
+    backend = backend_from_url(url, table_prefix=prefix)
+    e = Elector(backend, "cli", "the-leader", ttl=3)
+    events = e.subscribe()
+    try:
+        e.start()
+        assert e.wait_for_leadership(10)
+        term = e.term
+        out = cli(url, prefix, "status", "-N", "cli", "--json")
+        assert out.exit_code == 0, out.output
+        info = json.loads(out.output)
+        assert set(info) == {
+            "namespace", "database", "leader", "term", "expires_in", "acquired_at", "candidates"
+        }  # fmt: skip
+        assert info["leader"] == "the-leader" and info["term"] == term
+        assert 0 < info["expires_in"] <= 3
+        assert [c["candidate_id"] for c in info["candidates"]] == ["the-leader"]
+        assert set(info["candidates"][0]) == {"candidate_id", "hostname", "pid", "heartbeat_age"}
+        human = cli(url, prefix, "status", "-N", "cli")
+        assert "leader      the-leader" in human.output and f"term        {term}" in human.output
+        listed = cli(url, prefix, "candidates", "-N", "cli", "--json")
+        assert [c["pid"] for c in json.loads(listed.output)] == [os.getpid()]
+        watched = cli(url, prefix, "watch", "-N", "cli", "--max-seconds", "0.5")
+        assert watched.exit_code == 0 and "leader=the-leader" in watched.output
+        resigned = cli(url, prefix, "resign", "-N", "cli")
+        assert resigned.exit_code == 0 and f"resigned term {term}" in resigned.output
+        # the resigned leader finds out at its next renewal, and re-elects with a new term
+        elected = events.get(timeout=10)
+        revoked = events.get(timeout=10)
+        assert elected is not None and elected.kind == "elected" and elected.term == term
+        assert revoked is not None and (revoked.kind, revoked.reason) == (
+            "revoked",
+            RevokeReason.LOST,
+        )
+        again = events.get(timeout=10)
+        assert again is not None and again.kind == "elected" and again.term > term
+    finally:
+        e.stop()
+        backend.close()
+
+    assert cli(url, prefix, "uninstall").exit_code == 1  # asks, and no input: aborted
+    result = cli(url, prefix, "uninstall", "--yes")
+    assert result.exit_code == 0
+    engine = sa.create_engine(url)
+    assert not [t for t in sa.inspect(engine).get_table_names() if t.startswith(prefix)]
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("sqlite", ["CREATE TABLE {p}lease", "BIGINT"]),
+        ("postgresql", ["CREATE TABLE {p}lease", "BIGINT", "VARCHAR(190)"]),
+        ("mysql", ["CREATE TABLE {p}lease", "utf8mb4_bin", "ENGINE=InnoDB"]),
+    ],
+)
+def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -> None:
+    urls = {
+        "sqlite": "sqlite:////tmp/never-created.db",
+        "postgresql": "postgresql+psycopg://u@h/db",
+        "mysql": "mysql+pymysql://u@h/db",
+    }
+    prefix = "ddl_"
+    out = cli(urls[kind], prefix, "install", "--dry-run")
+    assert out.exit_code == 0, out.output
+    for fragment in expected:
+        assert fragment.format(p=prefix) in out.output
+    for table in ("lease", "candidate", "beat_state", "beat_ledger"):
+        assert f"CREATE TABLE {prefix}{table}" in out.output
+    drop = cli(urls[kind], prefix, "uninstall", "--dry-run")
+    assert drop.exit_code == 0 and f"DROP TABLE IF EXISTS {prefix}lease" in drop.output
+    assert not Path("/tmp/never-created.db").exists()  # a dry run touches nothing
+
+
+def test_clear_errors() -> None:
+    runner = CliRunner()
+    no_url = runner.invoke(election, ["status"], env={"CELERY_ELECTION_URL": ""})
+    assert no_url.exit_code == 2 and "--url" in no_url.output
+    bad = runner.invoke(election, ["--url", "redis://localhost", "status"])
+    assert bad.exit_code == 1 and "unsupported election database URL scheme" in bad.output
+    down = runner.invoke(
+        election, ["--url", "postgresql+psycopg://postgres@127.0.0.1:1/x", "status"]
+    )
+    assert down.exit_code == 1 and "127.0.0.1:1" in down.output
+
+
+def test_celery_subcommand_reads_the_apps_settings(tmp_path: Path) -> None:
+    prefix = unique_prefix()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "E2E_ELECTION": f"sqlite:///{tmp_path}/e.db",
+        "E2E_PREFIX": prefix,
+        "E2E_NAMESPACE": "from-settings",
+    }
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert "installed" in celery("install").stdout
+    b = backend_from_url(f"sqlite:///{tmp_path}/e.db", table_prefix=prefix)
+    with Elector(b, "from-settings", "via-app", ttl=30) as e:
+        assert e.wait_for_leadership(10)
+        out = celery("status", "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["leader"] == "via-app"
+    b.close()
