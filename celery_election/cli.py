@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,8 +74,18 @@ def _target(ctx: click.Context, namespace: str | None) -> Target:
         raise click.ClickException(str(exc)) from exc
 
 
-def _fail(exc: ElectionError) -> click.ClickException:
-    return click.ClickException(str(exc))
+@contextmanager
+def _using(ctx: click.Context, namespace: str | None, *, known: bool = True) -> Iterator[Target]:
+    """The target of a command; errors become one clear line, the backend is closed."""
+    t = _target(ctx, namespace)
+    try:
+        if known:
+            _check_namespace(t)
+        yield t
+    except ElectionError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        t.close()
 
 
 def _check_namespace(t: Target) -> None:
@@ -132,14 +144,8 @@ _namespace = click.option("--namespace", "-N", help="Election namespace (default
 @click.pass_context
 def status(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
     """Show the leader, its term, when its lease expires, and the live candidates."""
-    t = _target(ctx, namespace)
-    try:
-        _check_namespace(t)
+    with _using(ctx, namespace) as t:
         info = _status(t)
-    except ElectionError as exc:
-        raise _fail(exc) from exc
-    finally:
-        t.close()
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -165,14 +171,8 @@ def status(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
 @click.pass_context
 def candidates(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
     """List the live candidates (heartbeat not expired)."""
-    t = _target(ctx, namespace)
-    try:
-        _check_namespace(t)
+    with _using(ctx, namespace) as t:
         info = _status(t)
-    except ElectionError as exc:
-        raise _fail(exc) from exc
-    finally:
-        t.close()
     if as_json:
         click.echo(json.dumps(info["candidates"]))
         return
@@ -190,18 +190,12 @@ def resign(ctx: click.Context, namespace: str | None) -> None:
     leader learns it at its next renewal (within renew_interval) and steps down; prefer
     ``celery control election_resign`` where remote control works.
     """
-    t = _target(ctx, namespace)
-    try:
-        _check_namespace(t)
+    with _using(ctx, namespace) as t:
         lease = t.backend.current(t.namespace)
         if lease is None or not lease.held or lease.token is None:
             raise click.ClickException(f"namespace {t.namespace!r} has no leader to resign")
         if not t.backend.resign(t.namespace, lease.token, lease.term):
             raise click.ClickException("the lease changed hands meanwhile; nothing resigned")
-    except ElectionError as exc:
-        raise _fail(exc) from exc
-    finally:
-        t.close()
     click.echo(f"resigned term {lease.term} of {lease.leader_id}")
 
 
@@ -210,8 +204,7 @@ def resign(ctx: click.Context, namespace: str | None) -> None:
 @click.pass_context
 def install(ctx: click.Context, dry_run: bool) -> None:
     """Create the election tables (idempotent)."""
-    t = _target(ctx, None)
-    try:
+    with _using(ctx, None, known=False) as t:
         if dry_run:
             for ddl in t.backend.create_ddl():
                 click.echo(f"{ddl};\n")
@@ -219,10 +212,6 @@ def install(ctx: click.Context, dry_run: bool) -> None:
         t.backend.install()
         names = ", ".join(sorted(t.backend.metadata.tables))
         click.echo(f"installed in {t.backend.description}: {names}")
-    except ElectionError as exc:
-        raise _fail(exc) from exc
-    finally:
-        t.close()
 
 
 @election.command()
@@ -231,8 +220,7 @@ def install(ctx: click.Context, dry_run: bool) -> None:
 @click.pass_context
 def uninstall(ctx: click.Context, dry_run: bool, yes: bool) -> None:
     """Drop the election tables (terms stay increasing after a re-install)."""
-    t = _target(ctx, None)
-    try:
+    with _using(ctx, None, known=False) as t:
         if dry_run:
             for ddl in t.backend.drop_ddl():
                 click.echo(f"{ddl};\n")
@@ -241,10 +229,6 @@ def uninstall(ctx: click.Context, dry_run: bool, yes: bool) -> None:
             click.confirm(f"Drop the election tables in {t.backend.description}?", abort=True)
         t.backend.uninstall()
         click.echo(f"uninstalled from {t.backend.description}")
-    except ElectionError as exc:
-        raise _fail(exc) from exc
-    finally:
-        t.close()
 
 
 @election.command()
@@ -265,8 +249,8 @@ def watch(
                 info = _status(t)
                 now = (info["leader"], info["term"], len(info["candidates"]))
             except SchemaMissingError as exc:
-                raise _fail(exc) from exc
-            except ElectionError as exc:
+                raise click.ClickException(str(exc)) from exc
+            except ElectionError as exc:  # keep watching through an outage
                 now = ("unreachable", str(exc), 0)
             if now != last:
                 stamp = time.strftime("%H:%M:%S")

@@ -619,6 +619,21 @@ class SQLBackend:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _write(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        lost: T,
+        timeout: float | None,
+        connection: Caller | None = None,
+    ) -> T:
+        """A write whose loss to contention means ``lost``, not an error."""
+        try:
+            return self._run(work, table=table, write=True, timeout=timeout, connection=connection)
+        except _LostRound:
+            return lost
+
     def _lease_columns(self) -> list[sa.ColumnElement[Any]]:
         t = self.lease
         return [
@@ -960,14 +975,8 @@ class SQLBackend:
             )
         else:
             stmt = mysql.insert(c).values(values).on_duplicate_key_update(refresh)
-        with suppress(_LostRound):  # lost to contention: the next heartbeat refreshes it
-            self._run(
-                lambda conn: conn.execute(stmt),
-                table=c,
-                write=True,
-                timeout=timeout,
-                connection=connection,
-            )
+        # lost to contention: the next heartbeat refreshes it
+        self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
     heartbeat = register
 
@@ -982,14 +991,7 @@ class SQLBackend:
         """Remove this candidate's row."""
         c = self.candidate
         stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.token == token)
-        with suppress(_LostRound):
-            self._run(
-                lambda conn: conn.execute(stmt),
-                table=c,
-                write=True,
-                timeout=timeout,
-                connection=connection,
-            )
+        self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
     def candidates(
         self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
@@ -1023,18 +1025,7 @@ class SQLBackend:
         """Delete candidate rows whose heartbeat expired."""
         c = self.candidate
         stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.expires_at <= db_now_us())
-        try:
-            return int(
-                self._run(
-                    lambda conn: conn.execute(stmt).rowcount,
-                    table=c,
-                    write=True,
-                    timeout=timeout,
-                    connection=connection,
-                )
-            )
-        except _LostRound:
-            return 0
+        return self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
     # -- beat -------------------------------------------------------------------------------
 
@@ -1137,10 +1128,7 @@ class SQLBackend:
             conn.execute(record)
             return True
 
-        try:
-            return self._run(work, table=ledger, write=True, timeout=timeout, connection=None)
-        except _LostRound:
-            return False
+        return self._write(work, table=ledger, lost=False, timeout=timeout)
 
     def confirm_tick(
         self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None
@@ -1156,14 +1144,7 @@ class SQLBackend:
             )
             .values(sent_at=db_now_us())
         )
-        with suppress(_LostRound):
-            self._run(
-                lambda conn: conn.execute(stmt),
-                table=g,
-                write=True,
-                timeout=timeout,
-                connection=None,
-            )
+        self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout)
 
     def beat_entries(
         self, namespace: str, *, timeout: float | None = None
@@ -1238,18 +1219,7 @@ class SQLBackend:
             )
             .values(term=term, claimed_at=now)
         )
-        try:
-            return bool(
-                self._run(
-                    lambda conn: conn.execute(stmt).rowcount == 1,
-                    table=g,
-                    write=True,
-                    timeout=timeout,
-                    connection=None,
-                )
-            )
-        except _LostRound:
-            return False
+        return self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout) == 1
 
     def prune_ledger(
         self, namespace: str, older_than_us: int, *, timeout: float | None = None
@@ -1257,18 +1227,7 @@ class SQLBackend:
         """Delete ledger rows whose nominal due time is before ``older_than_us``."""
         g = self.beat_ledger
         stmt = sa.delete(g).where(g.c.namespace == namespace, g.c.due < older_than_us)
-        try:
-            return int(
-                self._run(
-                    lambda conn: conn.execute(stmt).rowcount,
-                    table=g,
-                    write=True,
-                    timeout=timeout,
-                    connection=None,
-                )
-            )
-        except _LostRound:
-            return 0
+        return self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]
@@ -1281,6 +1240,11 @@ class SQLBackend:
         if not self._closed:
             self._closed = True
             self.engine.dispose()
+
+
+def _rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
+    """Work for ``_run``: execute ``stmt`` and return the rows it changed."""
+    return lambda conn: int(conn.execute(stmt).rowcount)
 
 
 def _one_line(exc: DBAPIError) -> str:
