@@ -84,6 +84,20 @@ APP = textwrap.dedent(
 )
 
 
+try:  # resolved here: between fork and exec the child must not import anything
+    import ctypes
+
+    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:  # not Linux: cleanup relies on the demo's own finally
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the demo dies, even by SIGKILL."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Demo:
     def __init__(self, url: str | None, ttl: float, keep: bool) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="celery-election-demo-"))
@@ -124,7 +138,7 @@ class Demo:
         ]  # fmt: skip
         self.procs[name] = subprocess.Popen(
             cmd, cwd=self.tmp, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -97,6 +97,14 @@ def _anchor(sched: Any, now: datetime) -> datetime:
     return now
 
 
+def beat_namespace(app: Any, settings: ElectionSettings, *, embedded: bool) -> str:
+    """Embedded beat shares its worker's namespace; standalone beats elect in their own."""
+    if embedded:  # `celery worker -B --election`: the worker's leadership
+        return settings.namespace
+    ns = app.conf.get("election_beat_namespace") or f"{settings.namespace}-beat"
+    return validate_namespace(ns)
+
+
 class _BeatElection:
     """The leadership a scheduler acts on: its own Elector, or the worker's record."""
 
@@ -104,11 +112,7 @@ class _BeatElection:
         conf = app.conf
         self.record = shared_state.current()
         self.settings = ElectionSettings.from_app(app)
-        if self.record is not None:  # embedded in `celery worker -B --election`
-            self.namespace = self.settings.namespace
-        else:
-            ns = conf.get("election_beat_namespace") or f"{self.settings.namespace}-beat"
-            self.namespace = validate_namespace(ns)
+        self.namespace = beat_namespace(app, self.settings, embedded=self.record is not None)
         missed = conf.get("election_beat_missed", "once")
         if missed not in ("once", "skip"):
             raise ConfigurationError(
@@ -192,7 +196,8 @@ class LeaderSchedulerMixin:
         try:
             s = ElectionSettings.from_app(self.app)
             where = backend_description(s.url)
-            line = f"    . election -> {where} namespace={s.namespace!r}, ttl={s.config.ttl}s"
+            ns = beat_namespace(self.app, s, embedded=shared_state.current() is not None)
+            line = f"    . election -> {where} namespace={ns!r}, ttl={s.config.ttl}s"
         except ElectionError as exc:
             line = f"    . election -> misconfigured: {exc}"
         return f"{base}\n{line}" if base else line

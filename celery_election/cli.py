@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -80,12 +81,24 @@ def _using(ctx: click.Context, namespace: str | None, *, known: bool = True) -> 
     t = _target(ctx, namespace)
     try:
         if known:
+            _check_exists(t)
             _check_namespace(t)
         yield t
     except ElectionError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         t.close()
+
+
+def _check_exists(t: Target) -> None:
+    """Reading a SQLite file that is not there would create it: refuse instead."""
+    if getattr(t.backend, "dialect", None) == "sqlite":
+        path = Path(t.backend.engine.url.database or "")
+        if not path.exists():
+            raise click.ClickException(
+                f"no election database at {path}: check the URL, or create it with "
+                f"`celery election install`"
+            )
 
 
 def _check_namespace(t: Target) -> None:

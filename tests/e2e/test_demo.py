@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,32 @@ def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in _processes_mentioning(tmpdir) if tmpdir else []:  # never leave any behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_killing_the_demo_takes_its_workers_with_it(tmp_path: Path) -> None:
+    proc = subprocess.Popen(DEMO, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    tmpdir = None
+    try:
+        for line in proc.stdout:
+            found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
+            if found:
+                tmpdir = "/" + found.group(1).lstrip("/")
+            if "tick due" in line:
+                break
+        assert tmpdir is not None and _processes_mentioning(tmpdir)
+        proc.kill()  # no chance to clean up: the workers must notice on their own
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while _processes_mentioning(tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(tmpdir) == []
+    finally:
+        for pid in _processes_mentioning(tmpdir) if tmpdir else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
