@@ -11,7 +11,7 @@ Nominal due times. The ledger key is the time the schedule says the tick was due
 from the last *claimed* due time (kept in the shared ``beat_state`` table), never from
 ``last_run_at``: Celery sets that to the send time, so two schedulers would compute
 different keys. A fresh interval entry is anchored on the epoch (every beat computes the
-same first due time); crontab times are absolute; solar ones are rounded to the second.
+same first due time); crontab times are absolute; solar ones are rounded up to the second.
 
 Decisions:
 
@@ -84,9 +84,20 @@ def next_due(sched: Any, last: datetime) -> datetime:
     if type(sched) is interval:
         step: timedelta = sched.run_every
         return last + step
-    # solar and custom schedules only offer "remaining from now": round to the second
-    estimate = _aware(sched.now()) + sched.remaining_estimate(last)
-    return _aware(estimate.replace(microsecond=0))
+    # Solar and custom schedules only offer "remaining from now", so round the event up to
+    # a whole second: every beat computes the same key, and the next event after a key is
+    # a later one (rounding down made the key precede its own event, which then came
+    # "next" forever).
+    after = last
+    for _ in range(3):
+        estimate = _aware(sched.now()) + sched.remaining_estimate(after)
+        key = estimate.replace(microsecond=0)
+        if key < estimate:
+            key += timedelta(seconds=1)
+        if key > last:
+            return key
+        after = last + timedelta(seconds=1)
+    return last + timedelta(seconds=1)
 
 
 def _anchor(sched: Any, now: datetime) -> datetime:

@@ -155,3 +155,56 @@ def test_due_keys_are_nominal_not_send_times() -> None:
     assert next_due(cron, datetime(2026, 1, 1, 12, 15, tzinfo=timezone.utc)) == datetime(
         2026, 1, 1, 12, 30, tzinfo=timezone.utc
     )
+
+
+def test_solar_due_keys_are_whole_seconds_and_stable() -> None:
+    from datetime import datetime, timezone
+
+    from celery.schedules import solar
+
+    from celery_election.beat import next_due
+
+    sunset = solar("sunset", 48.85, 2.35)  # Paris
+    last = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    first = next_due(sunset, last)
+    assert first.microsecond == 0 and first > last
+    assert next_due(sunset, last) == first  # the same key every time it is computed
+    following = next_due(sunset, first)
+    assert 23 * 3600 < (following - first).total_seconds() < 25 * 3600
+
+
+def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
+    from celery.schedules import crontab
+
+    app = Celery("banner", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/e.db",  # no init_app: the settings suffice
+        election_namespace="shop",
+        election_ttl=2.0,
+        beat_schedule={"one": {"task": "x.one", "schedule": 1.0}},
+    )
+    lazy = LeaderScheduler(app=app, lazy=True, schedule_filename=str(tmp_path / "lazy"))
+    assert "election ->" in lazy.info and "namespace='shop-beat'" in lazy.info
+    assert lazy._election is None  # the banner's lazy scheduler starts nothing
+    s = make_scheduler(app, tmp_path, "s")
+    try:
+        assert s._election is not None and s._election.elector is not None
+        assert s._election.elector.wait_for_leadership(10)
+        _tick_until(s, lambda: any(n == "one" for n, _ in s.sent))
+        # an entry added while running is picked up, claimed and sent
+        s.schedule["two"] = s.Entry(
+            name="two", task="x.two", schedule=1.0, app=app, last_run_at=None
+        )
+        s.schedule["cron"] = s.Entry(
+            name="cron", task="x.cron", schedule=crontab(minute="*"), app=app
+        )
+        _tick_until(s, lambda: any(n == "two" for n, _ in s.sent))
+        dues = {n: [d for m, d in s.sent if m == n] for n in ("one", "two")}
+        for name, ds in dues.items():
+            assert len(ds) == len(set(ds)), f"{name} sent twice"
+            assert all(d % 1_000_000 == 0 for d in ds)  # epoch-aligned nominal seconds
+        stored = s._election.backend.beat_entries("shop-beat")
+        assert {"one", "two"} <= set(stored)
+    finally:
+        s.close()
+        s.close()  # beat closes twice: idempotent
