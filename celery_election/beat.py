@@ -90,7 +90,7 @@ def next_due(sched: Any, last: datetime) -> datetime:
     # "next" forever).
     after = last
     for _ in range(3):
-        estimate = _aware(sched.now()) + sched.remaining_estimate(after)
+        estimate: datetime = _aware(sched.now()) + sched.remaining_estimate(after)
         key = estimate.replace(microsecond=0)
         if key < estimate:
             key += timedelta(seconds=1)
