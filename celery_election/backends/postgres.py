@@ -315,7 +315,7 @@ class PostgresBackend(SQLBackend):
         """Statements sent on the LISTEN connection so far (LISTEN and probes)."""
         return self._listener.statements
 
-    def _returning_step(self, returning: sa.Update, namespace: str, event: str) -> sa.Executable:
+    def _returning_step(self, returning: sa.Update, event: str) -> sa.Executable:
         # WITH changed AS (UPDATE ... RETURNING ...)
         # SELECT changed.*, true AS won, pg_notify(...)::text FROM changed
         # UNION ALL
@@ -347,7 +347,7 @@ class PostgresBackend(SQLBackend):
             sa.false().label("won"),
             sa.cast(sa.null(), sa.Text).label("notified"),
         ).where(
-            t.c.namespace == namespace,
+            t.c.namespace == sa.bindparam("p_ns"),
             ~sa.exists(sa.select(sa.literal(1)).select_from(changed)),
         )
         return sa.union_all(first, second)

@@ -24,6 +24,7 @@ How each step stays correct (DESIGN.md, "Rules found by experiment"):
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -666,28 +667,67 @@ class SQLBackend:
         stmt = sa.select(*self._lease_columns()).where(self.lease.c.namespace == namespace)
         return self._lease(conn.execute(stmt).first())
 
+    @functools.cached_property
+    def _statements(self) -> dict[str, sa.Executable]:
+        """Each step's statement, built once with bound parameters.
+
+        Building a statement (on PostgreSQL, its CTE and UNION) cost more than running it.
+        """
+        t = self.lease
+        now = db_now_us()
+        ns = sa.bindparam("p_ns", type_=sa.String())
+        token = sa.bindparam("p_token", type_=sa.String())
+        term = sa.bindparam("p_term", type_=sa.BigInteger)
+        ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
+        steps = {
+            # vacant or expired -> a new, strictly greater term for this token
+            "elected": sa.update(t)
+            .where(t.c.namespace == ns, sa.or_(t.c.token.is_(None), t.c.expires_at <= now))
+            .values(
+                term=greatest(t.c.term + 1, now),
+                token=token,
+                leader_id=sa.bindparam("p_cid"),
+                acquired_at=now,
+                renewed_at=now,
+                expires_at=now + ttl,
+            ),
+            # only the exact (token, term), only before it expired
+            "renewed": sa.update(t)
+            .where(t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now)
+            .values(renewed_at=now, expires_at=now + ttl),
+            # only the exact (token, term); the term stays: it never goes back
+            "resigned": sa.update(t)
+            .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
+            .values(token=None, leader_id=None, expires_at=now),
+        }
+        if not self.supports_returning:
+            return dict(steps)
+        return {
+            event: self._returning_step(stmt.returning(*self._lease_columns()), event)
+            for event, stmt in steps.items()
+        }
+
     def _step(
         self,
-        stmt: sa.Update,
+        event: str,
+        params: dict[str, Any],
         namespace: str,
         *,
-        event: str,
         timeout: float | None,
         connection: Caller | None,
     ) -> ElectResult | None:
-        """Run one conditional UPDATE of the lease row.
+        """Run one conditional UPDATE of the lease row (``event`` names which).
 
         Returns the row after the step with ``won=True`` if the UPDATE matched, or (where
         the dialect can read the row in the same statement) the row as read with
         ``won=False``; None if it matched nothing and nothing was read.
         """
+        statement = self._statements[event]
+        params = {"p_ns": namespace, **params}
         if self.supports_returning:
-            statement = self._returning_step(
-                stmt.returning(*self._lease_columns()), namespace, event
-            )
 
             def work(conn: Connection) -> sa.Row[Any] | None:
-                return conn.execute(statement).first()
+                return conn.execute(statement, params).first()
 
             row = self._run(
                 work, table=self.lease, write=True, timeout=timeout, connection=connection
@@ -698,7 +738,7 @@ class SQLBackend:
             return ElectResult(bool(getattr(row, "won", True)), lease)
 
         def work_count(conn: Connection) -> int:
-            return conn.execute(stmt).rowcount
+            return int(conn.execute(statement, params).rowcount)
 
         changed = self._run(
             work_count, table=self.lease, write=True, timeout=timeout, connection=connection
@@ -710,7 +750,7 @@ class SQLBackend:
         assert lease is not None
         return ElectResult(True, lease)
 
-    def _returning_step(self, returning: sa.Update, namespace: str, event: str) -> sa.Executable:
+    def _returning_step(self, returning: sa.Update, event: str) -> sa.Executable:
         """The statement that runs a step; PostgreSQL adds its NOTIFY and a read here."""
         return returning
 
@@ -793,22 +833,7 @@ class SQLBackend:
         validate_candidate_id(candidate_id)
         _check_token(token)
         t = self.lease
-        now = db_now_us()
-        take = (
-            sa.update(t)
-            .where(
-                t.c.namespace == namespace,
-                sa.or_(t.c.token.is_(None), t.c.expires_at <= now),
-            )
-            .values(
-                term=greatest(t.c.term + 1, now),
-                token=token,
-                leader_id=candidate_id,
-                acquired_at=now,
-                renewed_at=now,
-                expires_at=now + _us(ttl),
-            )
-        )
+        params = {"p_token": token, "p_cid": candidate_id, "p_ttl": _us(ttl)}
         if not self.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
             # statement to report the row. So look first, and only try the UPDATE when
@@ -821,7 +846,7 @@ class SQLBackend:
         try:
             for _attempt in range(3):
                 result = self._step(
-                    take, namespace, event="elected", timeout=timeout, connection=connection
+                    "elected", params, namespace, timeout=timeout, connection=connection
                 )
                 if result is not None and result.won:
                     return result
@@ -863,21 +888,10 @@ class SQLBackend:
         connection: Caller | None = None,
     ) -> ElectResult:
         """Extend the unexpired lease held by exactly (token, term)."""
-        t = self.lease
-        now = db_now_us()
-        stmt = (
-            sa.update(t)
-            .where(
-                t.c.namespace == namespace,
-                t.c.token == token,
-                t.c.term == term,
-                t.c.expires_at > now,
-            )
-            .values(renewed_at=now, expires_at=now + _us(ttl))
-        )
+        params = {"p_token": token, "p_term": term, "p_ttl": _us(ttl)}
         try:
             result = self._step(
-                stmt, namespace, event="renewed", timeout=timeout, connection=connection
+                "renewed", params, namespace, timeout=timeout, connection=connection
             )
         except _LostRound:
             result = None
@@ -893,15 +907,10 @@ class SQLBackend:
         connection: Caller | None = None,
     ) -> bool:
         """Vacate the lease held by exactly (token, term). The term stays: it never goes back."""
-        t = self.lease
-        stmt = (
-            sa.update(t)
-            .where(t.c.namespace == namespace, t.c.token == token, t.c.term == term)
-            .values(token=None, leader_id=None, expires_at=db_now_us())
-        )
+        params = {"p_token": token, "p_term": term}
         try:
             result = self._step(
-                stmt, namespace, event="resigned", timeout=timeout, connection=connection
+                "resigned", params, namespace, timeout=timeout, connection=connection
             )
         except _LostRound:
             return False
