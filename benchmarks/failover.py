@@ -1,0 +1,1201 @@
+"""Leader election failover and steady-state database load, per database.
+
+    .venv/bin/python benchmarks/failover.py --quick          # smoke run, ~30 s per database
+    .venv/bin/python benchmarks/failover.py                  # full run (see --help)
+
+For each configuration (``pg-notify``: PostgreSQL with LISTEN/NOTIFY wakeups, ``pg-poll``:
+PostgreSQL with ``listen=False``, ``sqlite``, ``mariadb``) it starts N elector processes
+(default 3) on a fresh table prefix and measures:
+
+(a) clean handoff: SIGTERM to the leader's process. The child calls ``elector.stop()``,
+    which drops its belief (the ``revoked`` transition, reason ``stopped``), then resigns
+    the term in the database. Reported: time from that revoke to the next ``elected``
+    transition in another process, and, for context, from the SIGTERM to it. Each sample
+    in the JSON also breaks the handoff down (all from the revoke): when the old leader's
+    resign statement was sent and returned, when the winner's elect was sent, and when
+    the old leader's ``stop()`` returned.
+(b) crash failover: SIGKILL to the leader's process. Right after the kill the parent reads
+    the lease (``backend.current()``); ``lease.remaining`` is what was left of it on the
+    database's clock. Reported: (next ``elected`` - kill) - remaining, i.e. how long past
+    the lease's expiry the takeover came. This is an upper bound: the remaining lease is
+    read a little after the kill (the query latency, about a millisecond), and we charge
+    that to the takeover. The total time from the kill is reported too.
+(c) steady state: database statements per minute for the leader and for each follower,
+    at N = 3 (one process per elector) and N = 50. Startup is excluded: every child is
+    snapshotted after a warm-up, again after ``--steady-seconds``, and the rate is the
+    difference. A window in which the leader changed is flagged and left out.
+
+All timestamps that cross processes are CLOCK_BOOTTIME readings
+(``celery_election.clock.boottime``). ``elected``/``revoked`` times are the elector's own
+``Transition.at`` (taken when the belief changed, read from ``elector.subscribe()``), not
+the time a callback happened to run. A killed or stopped process is replaced, and the
+replacement has made its first election step before the next trial starts, so N stays
+constant. Trials start at a random point of the leader's renew cycle.
+
+How statements are counted
+--------------------------
+Each child counts statements with a SQLAlchemy ``before_cursor_execute`` listener on the
+backend's engine. Transaction control (``BEGIN``, ``COMMIT``, ``ROLLBACK``) is not a
+statement here: SQLite's backend sends ``BEGIN IMMEDIATE`` through the cursor while the
+other drivers begin and commit implicitly, so counting it would make SQLite look twice as
+chatty for the same work. Per-verb counts (including BEGIN) and committed transactions
+are in the JSON. On PostgreSQL, statements the LISTEN connection sends are added when the
+backend exposes an int attribute ``listener_statements``.
+
+Every elector sees its backend through a small counting proxy that counts calls of
+elect/renew/resign/register/unregister/prune/current/candidates and, while a call runs,
+marks the thread as that elector's: the engine listener charges each statement to the
+elector whose call issued it. What one call costs depends on the database and is in the
+JSON (calls and statements per verb, per minute): e.g. a losing elect is one statement on
+PostgreSQL (a CTE that also reads the row) but an UPDATE plus a SELECT on SQLite and
+MariaDB, and on MariaDB (no UPDATE ... RETURNING) a winning renew also reads the row back.
+
+N = 50 cannot be 50 processes on PostgreSQL (max_connections = 100, and each elector
+process may hold a lease connection plus a LISTEN connection). So a cluster of N >
+``--max-procs`` (default 5) electors runs as threads in ``--max-procs`` processes that each
+share ONE backend (``engine_options`` pool_size=2, max_overflow=2) among their electors;
+each elector still has its own proxy, so statements are charged to the elector that sent
+them, exactly. Statements sent outside any elector call (a LISTEN connection, say) and the
+process's ``listener_statements`` are charged in full to every elector of that process, as
+if each had its own listener: an upper bound for a one-elector-per-process deployment.
+Failover trials always use one process per elector.
+
+Output: a table on stdout (rows: configuration x metric; columns: n, p50, p95, max, unit,
+and the target where the project's issue gives one) and a JSON file (default
+benchmarks/results/failover.json) with every raw sample, the settings, the elector
+timings, machine info (nproc, Python, driver and database versions) and the date.
+
+Clean-up: children run in their own sessions (Ctrl-C reaches only this process), read
+commands on stdin (EOF makes them stop), and are terminated, then killed, in a finally
+block. Tables are created under a unique ``table_prefix`` and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import queue
+import random
+import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from celery_election import Elector, backend_from_url
+from celery_election.clock import boottime
+from celery_election.config import ElectionConfig
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_JSON = HERE / "results" / "failover.json"
+PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
+ALL_CONFIGS = ("pg-notify", "pg-poll", "sqlite", "mariadb")
+TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}
+COUNTED_CALLS = (
+    "elect",
+    "renew",
+    "resign",
+    "current",
+    "register",
+    "unregister",
+    "candidates",
+    "prune",
+)
+
+
+_EMIT_LOCK = threading.Lock()
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    line = json.dumps(obj, separators=(",", ":")) + "\n"
+    with _EMIT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+# =========================================================================================
+# child: one process running K electors
+# =========================================================================================
+
+_current = threading.local()
+
+
+class Counts:
+    """What one elector (or nobody, for the process's unattributed bucket) sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.verbs: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.tx = 0
+        self.elected = 0
+        self.revoked = 0
+
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            verbs = dict(self.verbs)
+            return {
+                "stmts": sum(n for v, n in verbs.items() if v not in TX_VERBS),
+                "verbs": verbs,
+                "tx": self.tx,
+                "calls": dict(self.calls),
+                "elected": self.elected,
+                "revoked": self.revoked,
+            }
+
+
+class CountingBackend:
+    """A per-elector view of a (possibly shared) backend that counts what it is asked.
+
+    While a call runs, the calling thread is marked as this elector's, so the engine's
+    statement listener charges the statements to it.
+    """
+
+    def __init__(self, inner: Any, counts: Counts) -> None:
+        self._inner = inner
+        self._counts = counts
+        # An instance attribute: runtime_checkable protocols look attributes up statically.
+        self.description = inner.description
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        with self._counts.lock:
+            self._counts.calls[name] += 1
+        previous = getattr(_current, "counts", None)
+        _current.counts = self._counts
+        start = boottime()
+        try:
+            result = getattr(self._inner, name)(*args, **kwargs)
+        finally:
+            _current.counts = previous
+        # Handoff breakdown: when the resign ran, and when the winning elect was sent.
+        if name == "resign" or (name == "elect" and getattr(result, "won", False)):
+            emit_json({"event": "call", "name": name, "start": start, "end": boottime()})
+        return result
+
+    def install(self) -> None:
+        self._inner.install()
+
+    def uninstall(self) -> None:
+        self._inner.uninstall()
+
+    def elect(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("elect", *args, **kwargs)
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("renew", *args, **kwargs)
+
+    def resign(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("resign", *args, **kwargs)
+
+    def current(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("current", *args, **kwargs)
+
+    def register(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("register", *args, **kwargs)
+
+    def unregister(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("unregister", *args, **kwargs)
+
+    def candidates(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("candidates", *args, **kwargs)
+
+    def prune(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("prune", *args, **kwargs)
+
+    def subscribe_wakeups(self, namespace: str, callback: Callable[[], None]) -> Any:
+        return self._inner.subscribe_wakeups(namespace, callback)
+
+    def close(self) -> None:
+        """The shared backend is closed by the child's main, not per elector."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def count_statements(engine: sa.Engine, unattributed: Counts) -> None:
+    def before_cursor_execute(conn, cursor, statement, parameters, context, executemany):
+        counts = getattr(_current, "counts", None) or unattributed
+        verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
+        with counts.lock:
+            counts.verbs[verb] += 1
+
+    def on_tx_end(conn: Any) -> None:
+        counts = getattr(_current, "counts", None) or unattributed
+        with counts.lock:
+            counts.tx += 1
+
+    sa.event.listen(engine, "before_cursor_execute", before_cursor_execute)
+    sa.event.listen(engine, "commit", on_tx_end)
+    sa.event.listen(engine, "rollback", on_tx_end)
+
+
+def child_main(args: argparse.Namespace) -> int:
+    name = args.child
+    logging.basicConfig(
+        level=logging.WARNING, format=f"[{name}] %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    options: dict[str, Any] = json.loads(args.backend_options)
+    k = args.electors
+    if k > 1:
+        options["engine_options"] = {"pool_size": 2, "max_overflow": 2}
+    backend = backend_from_url(args.url, table_prefix=args.prefix, **options)
+    unattributed = Counts()
+    count_statements(backend.engine, unattributed)
+
+    electors: list[Elector] = []
+    counts: list[Counts] = []
+    readers: list[threading.Thread] = []
+    for i in range(k):
+        cid = name if k == 1 else f"{name}.{i}"
+        c = Counts()
+        elector = Elector(CountingBackend(backend, c), args.ns, cid, ttl=args.ttl)
+        sub = elector.subscribe()
+
+        def read(sub: Any = sub, i: int = i, cid: str = cid, c: Counts = c) -> None:
+            for tr in sub:
+                with c.lock:
+                    if tr.kind == "elected":
+                        c.elected += 1
+                    else:
+                        c.revoked += 1
+                emit_json(
+                    {
+                        "event": tr.kind,
+                        "idx": i,
+                        "cand": cid,
+                        "term": tr.term,
+                        "reason": tr.reason.value if tr.reason else None,
+                        "at": tr.at,
+                    }
+                )
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        electors.append(elector)
+        counts.append(c)
+        readers.append(reader)
+
+    def snapshot(req: str) -> None:
+        emit_json(
+            {
+                "event": "snap",
+                "req": req,
+                "at": boottime(),
+                "cpu": time.process_time(),
+                "listener": getattr(backend, "listener_statements", None),
+                "listener_healthy": getattr(backend, "listener_healthy", None),
+                "unattributed": unattributed.view(),
+                "electors": [
+                    {"idx": i, "cand": e.candidate_id, "leader": e.is_leader, **c.view()}
+                    for i, (e, c) in enumerate(zip(electors, counts, strict=True))
+                ],
+            }
+        )
+
+    def commands() -> None:
+        for line in sys.stdin:
+            cmd, _, rest = line.strip().partition(" ")
+            if cmd == "snap":
+                snapshot(rest)
+        stop.set()  # EOF: the parent is gone
+
+    threading.Thread(target=commands, daemon=True).start()
+    try:
+        for elector in electors:
+            elector.start()
+        # Ready once every elector has made its first election step.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stop.is_set():
+            if all(e.last_lease is not None or e.is_leader for e in electors):
+                break
+            time.sleep(0.02)
+        emit_json(
+            {
+                "event": "ready",
+                "at": boottime(),
+                "cands": [e.candidate_id for e in electors],
+                "ok": all(e.last_lease is not None for e in electors),
+                # diagnostics only: did subscribe_wakeups give this elector a handle?
+                "wakeups": [getattr(e, "_wakeup", None) is not None for e in electors],
+            }
+        )
+        while not stop.wait(1.0):
+            pass
+        stoppers = [threading.Thread(target=e.stop) for e in electors]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+        emit_json({"event": "stopped", "at": boottime()})
+        for reader in readers:
+            reader.join(5)
+    finally:
+        backend.close()
+    return 0
+
+
+# =========================================================================================
+# parent: clusters of children
+# =========================================================================================
+
+
+class BenchError(Exception):
+    pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[str]
+    electors: int
+    cands: list[str] = field(default_factory=list)
+    ready: bool = False
+    ended_at: float | None = None  # boot time it was killed / exited
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+class Cluster:
+    """Elector processes of one configuration, and the ordered stream of their reports."""
+
+    def __init__(self, run: BackendRun, ns: str) -> None:
+        self.run = run
+        self.ns = ns
+        self.procs: dict[str, Proc] = {}
+        self.events: list[dict[str, Any]] = []
+        self.q: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.leading: dict[str, tuple[str, int]] = {}  # candidate -> (proc, term)
+        self._seq = 0
+        self._req = 0
+
+    # -- processes ------------------------------------------------------------------------
+
+    def spawn(self, electors: int = 1) -> Proc:
+        self._seq += 1
+        name = f"{self.ns}-p{self._seq}"
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            name,
+            "--url",
+            self.run.url,
+            "--prefix",
+            self.run.prefix,
+            "--ns",
+            self.ns,
+            "--ttl",
+            repr(self.run.ttl),
+            "--electors",
+            str(electors),
+            "--backend-options",
+            json.dumps(self.run.options),
+        ]
+        popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches the parent only; it cleans up
+        )
+        proc = Proc(name, popen, electors)
+        self.procs[name] = proc
+
+        def read() -> None:
+            assert popen.stdout is not None
+            for line in popen.stdout:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    sys.stderr.write(f"[{name}] {line}")
+                    continue
+                event["proc"] = name
+                self.q.put(event)
+            self.q.put({"event": "eof", "proc": name, "at": boottime()})
+
+        threading.Thread(target=read, daemon=True).start()
+        return proc
+
+    def start(self, n: int, max_procs: int | None = None) -> None:
+        """N electors: one per process, or spread as threads over ``max_procs`` processes."""
+        nprocs = n if max_procs is None else min(n, max_procs)
+        sizes = [n // nprocs + (1 if i < n % nprocs else 0) for i in range(nprocs)]
+        started = [self.spawn(size) for size in sizes]
+        for proc in started:
+            self.wait_ready(proc, timeout=60)
+
+    def wait_ready(self, proc: Proc, timeout: float) -> None:
+        event = self.wait_for(
+            lambda e: e["event"] == "ready" and e["proc"] == proc.name, 0, timeout
+        )
+        if event is None:
+            raise BenchError(f"{proc.name} did not report ready within {timeout}s")
+        if not event.get("ok", True):
+            log(f"  warning: {proc.name} is ready but an elector had no answer yet")
+
+    def signal(self, proc: Proc, sig: int) -> float:
+        self.drain()
+        at = boottime()
+        proc.popen.send_signal(sig)
+        return at
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.alive:
+                with contextlib.suppress(OSError):
+                    proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            for pipe in (proc.popen.stdin, proc.popen.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+        self.drain()
+
+    # -- reports --------------------------------------------------------------------------
+
+    def _take(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        kind, proc = event["event"], self.procs.get(event["proc"])
+        if kind == "elected":
+            self.leading[event["cand"]] = (event["proc"], event["term"])
+        elif kind == "revoked":
+            self.leading.pop(event["cand"], None)
+        elif kind == "ready" and proc is not None:
+            proc.ready = True
+            proc.cands = event["cands"]
+        elif kind in ("stopped", "eof"):
+            for cand, (p, _term) in list(self.leading.items()):
+                if p == event["proc"]:
+                    self.leading.pop(cand)
+            if proc is not None and proc.ended_at is None:
+                proc.ended_at = event["at"]
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self._take(self.q.get_nowait())
+            except queue.Empty:
+                return
+
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool], since: int, timeout: float
+    ) -> dict[str, Any] | None:
+        """The first report from index ``since`` on that satisfies ``pred``."""
+        deadline = time.monotonic() + timeout
+        i = since
+        while True:
+            while i < len(self.events):
+                if pred(self.events[i]):
+                    return self.events[i]
+                i += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(queue.Empty):
+                self._take(self.q.get(timeout=min(left, 0.5)))
+
+    def pump(self, seconds: float) -> None:
+        self.wait_for(lambda e: False, len(self.events), seconds)
+
+    def single_leader(self, timeout: float) -> tuple[Proc, str, int]:
+        """Wait until exactly one live elector leads; (its process, candidate, term)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.drain()
+            live = {c: pt for c, pt in self.leading.items() if self.procs[pt[0]].alive}
+            if len(live) == 1:
+                cand, (pname, term) = next(iter(live.items()))
+                return self.procs[pname], cand, term
+            if time.monotonic() > deadline:
+                raise BenchError(f"expected one leader, have {sorted(live)}")
+            self.pump(0.05)
+
+    def snapshot(self, timeout: float = 15) -> dict[str, dict[str, Any]]:
+        """One statement-count snapshot from every live process."""
+        self._req += 1
+        req = str(self._req)
+        mark = len(self.events)
+        live = [p for p in self.procs.values() if p.alive]
+        for proc in live:
+            assert proc.popen.stdin is not None
+            proc.popen.stdin.write(f"snap {req}\n")
+            proc.popen.stdin.flush()
+        out: dict[str, dict[str, Any]] = {}
+        for proc in live:
+            event = self.wait_for(
+                lambda e, p=proc.name: e["event"] == "snap" and e["proc"] == p and e["req"] == req,
+                mark,
+                timeout,
+            )
+            if event is None:
+                raise BenchError(f"{proc.name} did not answer a snapshot request")
+            out[proc.name] = event
+        return out
+
+    def overlaps(self) -> list[str]:
+        """Pairs of leadership beliefs from different electors that overlap in time."""
+        spans: list[tuple[str, int, float, float]] = []
+        open_: dict[str, tuple[int, float, str]] = {}
+        ended = {name: p.ended_at for name, p in self.procs.items()}
+        now = boottime()
+        for e in sorted(
+            (e for e in self.events if e["event"] in ("elected", "revoked")),
+            key=lambda e: e["at"],
+        ):
+            if e["event"] == "elected":
+                open_[e["cand"]] = (e["term"], e["at"], e["proc"])
+            elif e["cand"] in open_:
+                term, start, _p = open_.pop(e["cand"])
+                spans.append((e["cand"], term, start, e["at"]))
+        for cand, (term, start, pname) in open_.items():
+            spans.append((cand, term, start, ended.get(pname) or now))
+        bad = []
+        spans.sort(key=lambda s: s[2])
+        for i, a in enumerate(spans):
+            for b in spans[i + 1 :]:
+                if b[2] >= a[3]:
+                    break
+                if a[0] != b[0]:
+                    bad.append(f"{a[0]} term {a[1]} and {b[0]} term {b[1]}")
+        return bad
+
+
+# =========================================================================================
+# one configuration
+# =========================================================================================
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class BackendRun:
+    config: str
+    url: str
+    prefix: str
+    ttl: float
+    options: dict[str, Any]
+    admin: Any = None  # the parent's own backend: install, current(), uninstall
+    notes: list[str] = field(default_factory=list)
+
+
+def make_admin(config: str, url: str, prefix: str) -> tuple[Any, dict[str, Any], list[str]]:
+    """The parent's backend, and the options the children must use; TypeError if n/a."""
+    notes: list[str] = []
+    if config == "pg-notify":
+        options: dict[str, Any] = {"listen": True}
+        admin = backend_from_url(url, table_prefix=prefix, listen=False)  # TypeError: n/a
+    elif config == "pg-poll":
+        options = {"listen": False}
+        try:
+            admin = backend_from_url(url, table_prefix=prefix, listen=False)
+        except TypeError as exc:
+            options = {}
+            admin = backend_from_url(url, table_prefix=prefix)
+            notes.append(
+                f"PostgresBackend does not accept listen= ({exc}); it has no NOTIFY "
+                f"wakeups, so the default backend was run, which polls"
+            )
+    else:
+        options = {}
+        admin = backend_from_url(url, table_prefix=prefix)
+    return admin, options, notes
+
+
+def db_version(admin: Any) -> str:
+    if admin.dialect == "sqlite":
+        return f"SQLite {sqlite3.sqlite_version}"
+    with admin.engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT version()").scalar())
+
+
+def random_phase(run: BackendRun, cfg: ElectionConfig) -> float:
+    """A random point of the leader's renew cycle (and the followers' poll cycle)."""
+    return random.uniform(0.05, max(cfg.renew_interval, cfg.poll_interval))
+
+
+def handoff_trial(cluster: Cluster, cfg: ElectionConfig) -> dict[str, Any]:
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    cluster.pump(random_phase(cluster.run, cfg))
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    mark = len(cluster.events)
+    t_sig = cluster.signal(proc, signal.SIGTERM)
+    new = cluster.wait_for(
+        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_sig,
+        mark,
+        cfg.ttl * 2 + 10,
+    )
+    if new is None:
+        raise BenchError(f"no new leader after SIGTERM of {cand}")
+    revoked = cluster.wait_for(lambda e: e["event"] == "revoked" and e["cand"] == cand, mark, 10)
+    stopped = cluster.wait_for(
+        lambda e: e["event"] == "stopped" and e["proc"] == proc.name, mark, 15
+    )
+    proc.popen.wait(15)
+    if revoked is None:
+        raise BenchError(f"{cand} reported no revoke after SIGTERM")
+    resign = cluster.wait_for(
+        lambda e: e["event"] == "call" and e["name"] == "resign" and e["proc"] == proc.name,
+        mark,
+        1,
+    )
+    take = cluster.wait_for(
+        lambda e: e["event"] == "call" and e["name"] == "elect" and e["proc"] == new["proc"],
+        mark,
+        1,
+    )
+
+    def since_revoke(event: dict[str, Any] | None, key: str) -> float | None:
+        return None if event is None else (event[key] - revoked["at"]) * 1000
+
+    sample = {
+        "old": cand,
+        "old_term": term,
+        "new": new["cand"],
+        "new_term": new["term"],
+        "revoke_reason": revoked["reason"],
+        "from_revoke_ms": (new["at"] - revoked["at"]) * 1000,
+        "from_signal_ms": (new["at"] - t_sig) * 1000,
+        "signal_to_revoke_ms": (revoked["at"] - t_sig) * 1000,
+        # breakdown, each from the revoke: the old leader's resign statement started and
+        # returned, the winner's elect was sent; and the old leader's stop() returned
+        "resign_sent_ms": since_revoke(resign, "start"),
+        "resign_done_ms": since_revoke(resign, "end"),
+        "winning_elect_sent_ms": since_revoke(take, "start"),
+        "stop_returned_ms": since_revoke(stopped, "at"),
+    }
+    if new["term"] <= term:
+        sample["error"] = "term did not increase"
+    replace(cluster, proc)
+    return sample
+
+
+def crash_trial(cluster: Cluster, cfg: ElectionConfig) -> dict[str, Any]:
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    cluster.pump(random_phase(cluster.run, cfg))
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    mark = len(cluster.events)
+    t_kill = cluster.signal(proc, signal.SIGKILL)
+    t_q0 = boottime()
+    lease = cluster.run.admin.current(cluster.ns, timeout=5)
+    t_q1 = boottime()
+    proc.popen.wait(10)
+    proc.ended_at = t_kill  # its belief ended with the process
+    remaining = lease.remaining if lease is not None else 0.0
+    new = cluster.wait_for(
+        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_kill,
+        mark,
+        remaining + cfg.ttl + 10,
+    )
+    if new is None:
+        raise BenchError(f"no new leader after SIGKILL of {cand}")
+    total = new["at"] - t_kill
+    sample = {
+        "old": cand,
+        "old_term": term,
+        "new": new["cand"],
+        "new_term": new["term"],
+        "lease_holder_at_kill": None if lease is None else lease.leader_id,
+        "lease_term_at_kill": None if lease is None else lease.term,
+        "remaining_s": remaining,
+        "read_lease_ms": (t_q1 - t_q0) * 1000,
+        "kill_to_read_ms": (t_q0 - t_kill) * 1000,
+        "total_s": total,
+        "past_expiry_ms": (total - remaining) * 1000,
+        # The database read its clock somewhere inside [t_q0, t_q1]: the exact value lies
+        # between these two (past_expiry_ms, from the kill, is above both).
+        "past_expiry_bounds_ms": [
+            (new["at"] - t_q1 - remaining) * 1000,
+            (new["at"] - t_q0 - remaining) * 1000,
+        ],
+    }
+    if lease is None or lease.leader_id != cand or lease.term != term:
+        sample["error"] = "the lease read after the kill was not the killed leader's"
+    if new["term"] <= term:
+        sample["error"] = "term did not increase"
+    replace(cluster, proc)
+    return sample
+
+
+def replace(cluster: Cluster, old: Proc) -> None:
+    new = cluster.spawn(old.electors)
+    cluster.wait_ready(new, timeout=60)
+
+
+def steady_window(cluster: Cluster, cfg: ElectionConfig, seconds: float) -> dict[str, Any]:
+    """Statements per minute per elector between two snapshots ``seconds`` apart."""
+    cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    cluster.pump(max(1.0, min(cfg.renew_interval, 3.0)))  # past the first steps
+    s1 = cluster.snapshot()
+    cluster.pump(seconds)
+    s2 = cluster.snapshot()
+    electors = []
+    procs = []
+    for pname, b in s2.items():
+        a = s1.get(pname)
+        if a is None:
+            continue
+        dt = b["at"] - a["at"]
+        per_min = 60.0 / dt
+        listener = 0
+        if a["listener"] is not None and b["listener"] is not None:
+            listener = b["listener"] - a["listener"]
+        ua, ub = a["unattributed"], b["unattributed"]
+        extra = ub["stmts"] - ua["stmts"]
+        procs.append(
+            {
+                "proc": pname,
+                "electors": len(b["electors"]),
+                "seconds": dt,
+                "cpu_percent": 100 * (b["cpu"] - a["cpu"]) / dt,
+                "listener_per_min": listener * per_min,
+                "listener_counter": b["listener"] is not None,
+                "listener_healthy": [a.get("listener_healthy"), b.get("listener_healthy")],
+                "unattributed_per_min": extra * per_min,
+                "unattributed_verbs": diff_counter(ua["verbs"], ub["verbs"], per_min),
+            }
+        )
+        for ea, eb in zip(a["electors"], b["electors"], strict=True):
+            changed = ea["elected"] != eb["elected"] or ea["revoked"] != eb["revoked"]
+            if changed or ea["leader"] != eb["leader"]:
+                role = "changed"
+            else:
+                role = "leader" if eb["leader"] else "follower"
+            own = (eb["stmts"] - ea["stmts"]) * per_min
+            electors.append(
+                {
+                    "cand": eb["cand"],
+                    "proc": pname,
+                    "role": role,
+                    "stmts_per_min": own + (listener + extra) * per_min,
+                    "own_stmts_per_min": own,
+                    "tx_per_min": (eb["tx"] - ea["tx"]) * per_min,
+                    "calls_per_min": diff_counter(ea["calls"], eb["calls"], per_min),
+                    "verbs_per_min": diff_counter(ea["verbs"], eb["verbs"], per_min),
+                }
+            )
+    return {"n": len(electors), "seconds": seconds, "electors": electors, "procs": procs}
+
+
+def diff_counter(a: dict[str, int], b: dict[str, int], scale: float) -> dict[str, float]:
+    return {k: round((b.get(k, 0) - a.get(k, 0)) * scale, 3) for k in sorted(b)}
+
+
+def run_config(
+    config: str, url: str, args: argparse.Namespace, cfg: ElectionConfig, into: list[Any]
+) -> None:
+    """Measure one configuration; its result is appended to ``into`` first, then filled."""
+    prefix = f"fobench{os.getpid() % 100000}_{secrets.token_hex(3)}_"
+    result: dict[str, Any] = {
+        "config": config,
+        "url": sa.make_url(url).render_as_string(hide_password=True),
+        "table_prefix": prefix,
+        "status": "ok",
+        "notes": [],
+        "handoff": [],
+        "crash": [],
+        "steady": {},
+        "overlaps": [],
+        "failures": [],
+    }
+    into.append(result)
+    try:
+        admin, options, notes = make_admin(config, url, prefix)
+    except TypeError as exc:
+        result["status"] = "n/a"
+        result["notes"].append(f"backend_from_url(..., listen=...) raised TypeError: {exc}")
+        log(f"[{config}] n/a: {exc}")
+        return
+    except Exception as exc:  # no driver, bad URL
+        result["status"] = "error"
+        result["notes"].append(f"{type(exc).__name__}: {exc}")
+        log(f"[{config}] error: {exc}")
+        return
+    result["notes"] += notes
+    run = BackendRun(config, url, prefix, cfg.ttl, options, admin, result["notes"])
+    clusters: list[Cluster] = []
+    started = time.monotonic()
+    try:
+        result["db_version"] = db_version(admin)
+        admin.install()
+        log(f"[{config}] {result['db_version']}; tables {prefix}*")
+
+        cluster = Cluster(run, "bench")
+        clusters.append(cluster)
+        log(f"[{config}] starting {args.n} elector processes")
+        cluster.start(args.n)
+        wake = [w for e in cluster.events if e["event"] == "ready" for w in e.get("wakeups", [])]
+        result["children_have_wakeups"] = wake
+        if config == "pg-notify" and not all(wake):
+            result["notes"].append("listen=True accepted, but subscribe_wakeups gave None")
+        if args.n in args.steady_n:
+            log(f"[{config}] steady state, N={args.n}, {args.steady_seconds:g}s")
+            result["steady"][str(args.n)] = steady_window(cluster, cfg, args.steady_seconds)
+        for kind, trial, key in (
+            ("SIGTERM handoff", handoff_trial, "handoff"),
+            ("SIGKILL failover", crash_trial, "crash"),
+        ):
+            log(f"[{config}] {args.trials} x {kind}")
+            for i in range(args.trials):
+                sample = trial(cluster, cfg)
+                result[key].append(sample)
+                log(f"  {i + 1:>3}: {describe(key, sample)}")
+        result["overlaps"] += cluster.overlaps()
+        cluster.close()
+
+        for n in args.steady_n:
+            if n == args.n:
+                continue
+            big = Cluster(run, f"bench{n}")
+            clusters.append(big)
+            nprocs = min(n, args.max_procs)
+            log(f"[{config}] steady state, N={n} ({nprocs} processes), {args.steady_seconds:g}s")
+            big.start(n, max_procs=args.max_procs)
+            result["steady"][str(n)] = steady_window(big, cfg, args.steady_seconds)
+            result["overlaps"] += big.overlaps()
+            big.close()
+    except BenchError as exc:
+        result["status"] = "error"
+        result["failures"].append(str(exc))
+        log(f"[{config}] FAILED: {exc}")
+    except KeyboardInterrupt:
+        result["status"] = "interrupted"
+        raise
+    finally:
+        for c in clusters:
+            c.close()
+        with contextlib.suppress(Exception):
+            admin.uninstall()
+        admin.close()
+        result["seconds"] = round(time.monotonic() - started, 1)
+
+
+def describe(key: str, s: dict[str, Any]) -> str:
+    if key == "handoff":
+        text = (
+            f"{s['old']} -> {s['new']}: {s['from_revoke_ms']:.1f} ms after the revoke, "
+            f"{s['from_signal_ms']:.1f} ms after SIGTERM"
+        )
+    else:
+        text = (
+            f"{s['old']} -> {s['new']}: {s['total_s']:.3f} s after SIGKILL, lease had "
+            f"{s['remaining_s']:.3f} s left: {s['past_expiry_ms']:.1f} ms past expiry"
+        )
+    return text + (f"  [{s['error']}]" if "error" in s else "")
+
+
+# =========================================================================================
+# summary
+# =========================================================================================
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    f = math.floor(k)
+    c = min(f + 1, len(s) - 1)
+    return s[f] + (s[c] - s[f]) * (k - f)
+
+
+@dataclass
+class Row:
+    config: str
+    metric: str
+    samples: list[float]
+    unit: str
+    target: str = ""
+    check: Callable[[float, float, float], bool] | None = None  # (p50, p95, max) -> ok
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"config": self.config, "metric": self.metric, "unit": self.unit}
+        d["n"] = len(self.samples)
+        if self.samples:
+            d.update(p50=pct(self.samples, 0.5), p95=pct(self.samples, 0.95), max=max(self.samples))
+        d["target"] = self.target
+        if self.check is not None and self.samples:
+            d["meets_target"] = self.check(d["p50"], d["p95"], d["max"])
+        return d
+
+
+def summary_rows(results: list[dict[str, Any]], cfg: ElectionConfig) -> list[Row]:
+    rows: list[Row] = []
+    for r in results:
+        c = r["config"]
+        if r["status"] != "ok" and not (r["handoff"] or r["crash"] or r["steady"]):
+            rows.append(Row(c, r["status"], [], "", "; ".join(r["notes"] + r["failures"])[:60]))
+            continue
+        notify = c == "pg-notify"
+        poll = cfg.poll_interval * (1 + cfg.jitter) * 1000
+        h_target = "p50<=20 p95<=100" if notify else f"max<={poll:.0f} (1 poll)"
+
+        def h_check(
+            p50: float, p95: float, mx: float, notify: bool = notify, poll: float = poll
+        ) -> bool:
+            return p50 <= 20 and p95 <= 100 if notify else mx <= poll
+
+        ok = [s for s in r["handoff"] if "error" not in s]
+        rows.append(
+            Row(
+                c, "handoff from revoke", [s["from_revoke_ms"] for s in ok], "ms", h_target, h_check
+            )
+        )
+        rows.append(Row(c, "handoff from SIGTERM", [s["from_signal_ms"] for s in ok], "ms"))
+        ok = [s for s in r["crash"] if "error" not in s]
+        rows.append(
+            Row(
+                c,
+                "crash: past lease expiry",
+                [s["past_expiry_ms"] for s in ok],
+                "ms",
+                "p95<=100",
+                lambda p50, p95, mx: p95 <= 100,
+            )
+        )
+        rows.append(Row(c, "crash: from SIGKILL", [s["total_s"] for s in ok], "s"))
+        for n, st in r["steady"].items():
+            for role, limit in (("leader", 20), ("follower", 4)):
+                xs = [e["stmts_per_min"] for e in st["electors"] if e["role"] == role]
+                if not notify:  # the issue sets statement targets for PostgreSQL + NOTIFY
+                    rows.append(Row(c, f"{role} stmts/min N={n}", xs, "1/min"))
+                    continue
+                rows.append(
+                    Row(
+                        c,
+                        f"{role} stmts/min N={n}",
+                        xs,
+                        "1/min",
+                        f"<={limit}",
+                        lambda p50, p95, mx, limit=limit: mx <= limit,
+                    )
+                )
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    def num(x: float | None) -> str:
+        if x is None:
+            return "-"
+        return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+    head = (
+        f"{'config':<10} {'metric':<26} {'n':>4} {'p50':>8} {'p95':>8} {'max':>8}  "
+        f"{'unit':<6} target"
+    )
+    lines = [head, "-" * len(head)]
+    last = None
+    for row in rows:
+        d = row.as_dict()
+        if last is not None and row.config != last:
+            lines.append("")
+        last = row.config
+        verdict = ""
+        if "meets_target" in d:
+            verdict = "  ok" if d["meets_target"] else "  MISSED"
+        lines.append(
+            f"{row.config:<10} {row.metric:<26} {d['n']:>4} {num(d.get('p50')):>8} "
+            f"{num(d.get('p95')):>8} {num(d.get('max')):>8}  {row.unit:<6} {row.target}{verdict}"
+        )
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "sqlalchemy": sa.__version__,
+        "sqlite_library": sqlite3.sqlite_version,
+        "loadavg_at_start": os.getloadavg(),
+    }
+    for mod in ("psycopg", "pymysql"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:
+            info[mod] = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    return info
+
+
+# =========================================================================================
+# main
+# =========================================================================================
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Leader election failover and steady-state database load.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--backends", default=",".join(ALL_CONFIGS), help="comma list of " + ", ".join(ALL_CONFIGS)
+    )
+    p.add_argument("--n", type=int, default=3, help="elector processes in the failover trials")
+    p.add_argument("--trials", type=int, help="trials of each kind (SIGTERM, SIGKILL) [20]")
+    p.add_argument("--ttl", type=float, help="lease ttl, seconds [10]")
+    p.add_argument("--steady-seconds", type=float, help="steady-state window, seconds [60]")
+    p.add_argument(
+        "--steady-n",
+        type=int_list,
+        default=[3, 50],
+        help="cluster sizes for the steady-state windows",
+    )
+    p.add_argument(
+        "--max-procs",
+        type=int,
+        default=5,
+        help="a steady-state cluster of more electors than this runs them as threads "
+        "in this many processes",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: --trials 3 --ttl 2 --steady-seconds 5"
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the raw results")
+    p.add_argument("--pg-url", default=os.environ.get("CELERY_ELECTION_TEST_PG_URL", PG_DEFAULT))
+    p.add_argument(
+        "--mysql-url", default=os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", MYSQL_DEFAULT)
+    )
+    p.add_argument(
+        "--sqlite-path",
+        default=None,
+        help="SQLite file (default: a new file in /tmp, removed at the end)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="random seed for the trial timing")
+    # child mode
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--prefix", help=argparse.SUPPRESS)
+    p.add_argument("--ns", help=argparse.SUPPRESS)
+    p.add_argument("--electors", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--backend-options", default="{}", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    defaults = (3, 2.0, 5.0) if args.quick else (20, 10.0, 60.0)
+    for name, default in zip(("trials", "ttl", "steady_seconds"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    if args.seed is not None:
+        random.seed(args.seed)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # Also when started in the background (SIGINT ignored) or stopped with kill: clean up.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    configs = [c.strip() for c in args.backends.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in ALL_CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown backend {unknown}; choose from {', '.join(ALL_CONFIGS)}")
+    if args.n < 2:
+        raise SystemExit("--n must be at least 2: a failover needs someone to fail over to")
+    cfg = ElectionConfig.create(ttl=args.ttl)
+    sqlite_path = Path(args.sqlite_path or f"/tmp/celery-election-failover-{os.getpid()}.db")
+    urls = {
+        "pg-notify": args.pg_url,
+        "pg-poll": args.pg_url,
+        "mariadb": args.mysql_url,
+        "sqlite": f"sqlite:///{sqlite_path.resolve()}",
+    }
+    out: dict[str, Any] = {
+        "benchmark": "failover",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "settings": {
+            "backends": configs,
+            "n": args.n,
+            "trials": args.trials,
+            "ttl": args.ttl,
+            "steady_seconds": args.steady_seconds,
+            "steady_n": args.steady_n,
+            "max_procs": args.max_procs,
+            "quick": args.quick,
+            "seed": args.seed,
+        },
+        "elector_config": {**dataclasses.asdict(cfg), "heartbeat_interval": cfg.heartbeat_interval},
+        "method": __doc__,
+        "results": [],
+    }
+    log(
+        f"ttl {cfg.ttl:g}s, renew every {cfg.renew_interval:.2f}s, followers poll every "
+        f"{cfg.poll_interval:.2f}s, heartbeat every {cfg.heartbeat_interval:.0f}s"
+    )
+    started = time.monotonic()
+    interrupted = False
+    try:
+        for config in configs:
+            run_config(config, urls[config], args, cfg, out["results"])
+    except KeyboardInterrupt:
+        interrupted = True
+        log("interrupted: children stopped, tables dropped; writing what was measured")
+    finally:
+        if args.sqlite_path is None:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{sqlite_path}{suffix}")
+    out["interrupted"] = interrupted
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["machine"]["loadavg_at_end"] = os.getloadavg()
+    rows = summary_rows(out["results"], cfg)
+    out["summary"] = [r.as_dict() for r in rows]
+    print(format_table(rows))
+    for r in out["results"]:
+        for note in r["notes"] + r["failures"]:
+            print(f"{r['config']}: {note}")
+        if r["status"] != "n/a":
+            print(f"{r['config']}: overlapping leaders: {len(r['overlaps'])}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"raw results: {args.json} ({out['seconds']:.0f}s)")
+    failed = any(r["status"] == "error" or r["overlaps"] for r in out["results"])
+    return 130 if interrupted else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
