@@ -366,8 +366,14 @@ class LeaderSchedulerMixin:
         # term it was sent under, e.g. to fence its own writes.
         headers = dict(entry.options.get("headers") or {})
         headers.update(election_due=_us(due), election_term=self._loaded_term)
-        entry.options = {**entry.options, "headers": headers}
-        super().apply_entry(entry, producer=producer)  # type: ignore[misc]
+        original = entry.options
+        entry.options = {**original, "headers": headers}
+        try:
+            super().apply_entry(entry, producer=producer)  # type: ignore[misc]
+        finally:
+            # Celery compares the schedule with a snapshot that holds this very entry: a
+            # changed options dict there made every tick rebuild the whole heap.
+            entry.options = original
         if election.resend:
             assert due is not None
             election.backend.confirm_tick(election.namespace, entry.name, _us(due))

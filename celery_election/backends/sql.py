@@ -1057,48 +1057,78 @@ class SQLBackend:
         first. The entry's state (last due, run count) is updated in the same
         transaction. Whoever gets True may send the tick, once.
         """
-        key = entry_key(entry_name)
+        claim, record = self._claim_statements
+        returning = self.engine.dialect.insert_returning
+        params = {
+            "p_ns": namespace,
+            "p_key": entry_key(entry_name),
+            "p_due": due_us,
+            "p_name": entry_name[:500],
+            "p_token": token,
+            "p_term": term,
+        }
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(claim, params)
+            claimed = len(result.all()) if returning else result.rowcount
+            if claimed != 1:
+                return False
+            conn.execute(record, params)
+            return True
+
+        return self._write(work, table=self.beat_ledger, lost=False, timeout=timeout)
+
+    @functools.cached_property
+    def _claim_statements(self) -> tuple[sa.Executable, sa.Executable]:
+        """The claim and the state update, built once (see ``_statements``)."""
         lease, ledger, state = self.lease, self.beat_ledger, self.beat_state
         now = db_now_us()
+        ns = sa.bindparam("p_ns", type_=_key(190))
+        key = sa.bindparam("p_key", type_=_key(40))
+        due = sa.bindparam("p_due", type_=sa.BigInteger)
+        name = sa.bindparam("p_name", type_=sa.String(500))
         source = (
             sa.select(
-                sa.literal(namespace, _key(190)).label("namespace"),
-                sa.literal(key, _key(40)).label("entry_key"),
-                sa.literal(due_us, sa.BigInteger).label("due"),
-                sa.literal(entry_name, sa.String(500)).label("entry_name"),
+                ns.label("namespace"),
+                key.label("entry_key"),
+                due.label("due"),
+                name.label("entry_name"),
                 lease.c.term,
                 now.label("claimed_at"),
             )
             .where(
-                lease.c.namespace == namespace,
-                lease.c.token == token,
-                lease.c.term == term,
+                lease.c.namespace == ns,
+                lease.c.token == sa.bindparam("p_token", type_=sa.String()),
+                lease.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
                 lease.c.expires_at > now,
             )
             .with_for_update(read=True)
         )
         columns = ["namespace", "entry_key", "due", "entry_name", "term", "claimed_at"]
+        claim: sa.Insert
         if self.dialect == "postgresql":
-            claim: sa.Insert = (
-                postgresql.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
-            )
+            claim = postgresql.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
         elif self.dialect == "sqlite":
             claim = sqlite.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
         else:
             # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
             # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
             claim = sa.insert(ledger).from_select(columns, source).prefix_with("IGNORE")
+        if self.engine.dialect.insert_returning:
+            # INSERT ... SELECT reports rowcount -1 through psycopg: count RETURNING rows.
+            claim = claim.returning(ledger.c.due)
         values = {
-            "namespace": namespace,
+            "namespace": ns,
             "entry_key": key,
-            "entry_name": entry_name[:500],
-            "last_due": due_us,
+            "entry_name": name,
+            "last_due": due,
             "total_run_count": 1,
             "updated_at": now,
         }
+        record: sa.Insert
         if self.dialect == "postgresql":
             ins = postgresql.insert(state).values(values)
-            record: sa.Insert = ins.on_conflict_do_update(
+            record = ins.on_conflict_do_update(
                 index_elements=[state.c.namespace, state.c.entry_key],
                 set_={
                     "last_due": greatest(state.c.last_due, ins.excluded.last_due),
@@ -1123,21 +1153,7 @@ class SQLBackend:
                 total_run_count=state.c.total_run_count + 1,
                 updated_at=now,
             )
-
-        # INSERT ... SELECT reports rowcount -1 through psycopg: count RETURNING rows.
-        returning = self.engine.dialect.insert_returning
-        if returning:
-            claim = claim.returning(ledger.c.due)
-
-        def work(conn: Connection) -> bool:
-            result = conn.execute(claim)
-            claimed = len(result.all()) if returning else result.rowcount
-            if claimed != 1:
-                return False
-            conn.execute(record)
-            return True
-
-        return self._write(work, table=ledger, lost=False, timeout=timeout)
+        return claim, record
 
     def confirm_tick(
         self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None

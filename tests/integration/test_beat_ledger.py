@@ -208,3 +208,30 @@ def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
     finally:
         s.close()
         s.close()  # beat closes twice: idempotent
+
+
+def test_sending_does_not_make_every_tick_rebuild_the_heap(tmp_path: Path) -> None:
+    app = Celery("heap", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/e.db",
+        election_ttl=2.0,
+        beat_schedule={f"e{i}": {"task": "x.e", "schedule": 1.0} for i in range(5)},
+    )
+    s = make_scheduler(app, tmp_path, "s")
+    rebuilds = 0
+    populate = s.populate_heap
+
+    def counting(*args: Any, **kw: Any) -> None:
+        nonlocal rebuilds
+        rebuilds += 1
+        populate(*args, **kw)
+
+    s.populate_heap = counting  # type: ignore[method-assign]
+    try:
+        assert s._election is not None and s._election.elector is not None
+        assert s._election.elector.wait_for_leadership(10)
+        _tick_until(s, lambda: len(s.sent) >= 15)  # three rounds of five sends
+        # once at promotion (and at most once more if leadership changed hands)
+        assert rebuilds <= 2, f"the heap was rebuilt {rebuilds} times for {len(s.sent)} sends"
+    finally:
+        s.close()
