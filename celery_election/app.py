@@ -49,13 +49,24 @@ def leader_queue_name(namespace: str) -> str:
 def default_election_url(app: Celery) -> tuple[str, str]:
     """(url, why): the database the app already has, or a SQLite file of its own."""
     conf = app.conf
+    taken = set()
     for setting, prefix in (("result_backend", "db+"), ("broker_url", "sqla+")):
-        url = conf.get(setting)
+        # attributes, not conf.get(): they honour CELERY_RESULT_BACKEND/CELERY_BROKER_URL
+        url = getattr(conf, setting, None)
         if isinstance(url, str) and url.startswith(prefix):
             rest = url[len(prefix) :]
             if rest.startswith(("postgresql", "postgres", "mysql", "mariadb")):
                 return rest, f"the app's {setting}"
+            if rest.startswith("sqlite:///"):
+                taken.add(os.path.abspath(rest[len("sqlite:///") :]))
+    # never the broker's or result backend's SQLite file (a broker write lock stalled
+    # renewals for the whole busy timeout)
+    stem, ext = os.path.splitext(DEFAULT_SQLITE_FILE)
     path = os.path.abspath(DEFAULT_SQLITE_FILE)
+    n = 1
+    while path in taken:
+        path = os.path.abspath(f"{stem}-{n}{ext}")
+        n += 1
     return f"sqlite:///{path}", "a SQLite file of its own (elects within this host only)"
 
 
@@ -84,13 +95,22 @@ class ElectionSettings:
         source = "election_url"
         if not url:
             url, source = default_election_url(app)
-        ns = validate_namespace(namespace or conf.get("election_namespace") or "default")
-        problems = []
+        problems: list[str] = []
+        ns = "default"
+        try:  # None means "not set"; an empty string is a mistake, not "default"
+            chosen = namespace if namespace is not None else conf.get("election_namespace")
+            ns = validate_namespace("default" if chosen is None else chosen)
+        except ConfigurationError as exc:
+            problems += exc.problems
         for key in ("election_enabled", "election_auto_install", "election_listen"):
             value = conf.get(key)
             if value is not None and not isinstance(value, bool):
                 problems.append(f"{key} must be True or False: got {value!r}")
-        if problems:
+        try:
+            config = ElectionConfig.from_settings(conf)
+        except ConfigurationError as exc:
+            problems += exc.problems
+        if problems:  # every problem at once
             raise ConfigurationError(problems)
         return cls(
             url=url,
@@ -102,7 +122,7 @@ class ElectionSettings:
             listen=conf.get("election_listen", True) is not False,
             listen_url=conf.get("election_listen_url"),
             leader_queue=conf.get("election_leader_queue") or leader_queue_name(ns),
-            config=ElectionConfig.from_settings(conf),
+            config=config,
         )
 
     def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:

@@ -135,19 +135,26 @@ class ElectionStep(bootsteps.StartStopStep):
         self.elector.start()
 
     def stop(self, worker: Any) -> None:
+        """Resign, publish "not leader", release everything (idempotent).
+
+        Celery calls ``stop`` (warm shutdown) or ``terminate`` (cold shutdown) on worker
+        steps, never ``shutdown``: so everything is released here, the /dev/shm record
+        included (children that still map it keep a valid mapping that says "not leader").
+        """
         if self.elector is not None:
             self.elector.stop()
+            self.elector = None
         if self.shared is not None:
             self.shared.write(None, None)
-
-    def shutdown(self, worker: Any) -> None:
-        self.stop(worker)
-        if self.backend is not None:
-            self.backend.close()
-        if self.shared is not None:
             self.shared.close()
             shared_state.install(None)
             self.shared = None
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    terminate = stop  # cold shutdown resigns too, or followers would wait out the lease
+    shutdown = stop
 
     # -- callbacks (the elector's event thread) ---------------------------------------------
 

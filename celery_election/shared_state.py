@@ -32,6 +32,7 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from typing import NamedTuple
 
 from .clock import boottime
@@ -43,6 +44,11 @@ _SIZE = 56
 _SEQ = struct.Struct("=Q")
 _PAYLOAD = struct.Struct("=Qqd16s")
 _TAIL = slice(48, 56)
+_HOT = struct.Struct("=Qqd")  # flag, term, until: what the per-task check needs
+_unpack_hot = _HOT.unpack
+_ZERO = b"\0" * 8
+_BOOT = getattr(time, "CLOCK_BOOTTIME", None)
+_clock_gettime = time.clock_gettime
 
 
 class Leadership(NamedTuple):
@@ -103,6 +109,8 @@ class SharedLeadership:
     def read(self) -> Leadership:
         """A consistent reading (retries while a write is in progress)."""
         m = self._map
+        if m.closed:  # the worker has shut down
+            return Leadership(False, None, 0.0)
         while True:
             tail = m[_TAIL]
             payload = m[8:48]
@@ -112,10 +120,22 @@ class SharedLeadership:
                     return Leadership(False, None, until)
                 return Leadership(True, term, until, raw.hex() if raw.strip(b"\0") else None)
 
-    def term_if_leader(self) -> int | None:
-        """The term, if this process's worker leads and trusts it right now."""
-        reading = self.read()
-        return reading.term if reading.trusted() else None
+    def leader_term(self) -> int | None:
+        """The term, if this process's worker leads and trusts it right now.
+
+        The per-task check: the same seqlock read as ``read()`` without building a
+        reading or decoding the token (about 0.5 us in CPython).
+        """
+        m = self._map
+        if m.closed:
+            return None
+        while True:
+            tail = m[48:56]
+            payload = m[8:32]
+            if m[0:8] == tail and tail != _ZERO:
+                flag, term, until = _unpack_hot(payload)
+                now = _clock_gettime(_BOOT) if _BOOT is not None else boottime()
+                return term if flag and now < until else None
 
     def close(self) -> None:
         """Unmap; the creating process also removes the file."""

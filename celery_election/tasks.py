@@ -7,8 +7,9 @@ record (``shared_state``), so it costs a clock reading and a few memory loads, n
 query. On a follower (or a leader past its trust window) the task:
 
 * ``skip``: ends as ignored (logged);
-* ``requeue``: goes back to the leader queue after ``requeue_delay`` seconds (a retry
-  with countdown: never lost, never spinning hot);
+* ``requeue``: goes back to the leader queue after ``requeue_delay`` seconds (the same
+  request republished with a countdown, this copy acked: never lost, never spinning hot,
+  and the task's own retry count and limits untouched);
 * ``raise``: fails with NotLeaderError.
 
 The check is made once, at start. A long task that writes somewhere should fence with the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from celery import Task, shared_task
@@ -36,10 +38,15 @@ log = logging.getLogger(__name__)
 ON_FOLLOWER = ("skip", "requeue", "raise")
 
 
+# The term the current leader task started under (per thread / greenlet): cheaper to set
+# than an attribute of Celery's request, which is a stack lookup.
+_TERM: ContextVar[int | None] = ContextVar("celery_election_term", default=None)
+
+
 def current_term() -> int | None:
     """The term this worker leads under right now, or None (no query: shared memory)."""
     record = shared_state.current()
-    return record.term_if_leader() if record is not None else None
+    return record.leader_term() if record is not None else None
 
 
 def _check_mode(mode: object) -> str:
@@ -59,24 +66,42 @@ class LeaderTask(Task):
     requeue_delay = 1.0
     throws = (NotLeaderError,)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # `@app.task(base=LeaderTask, on_follower=...)` creates a subclass: check it now,
+        # not when the first message arrives on a follower.
+        super().__init_subclass__(**kwargs)
+        _check_mode(cls.__dict__.get("on_follower", cls.on_follower))
+
+    #: Route to this queue instead of the namespace's leader queue (``leader_task(queue=)``).
+    election_queue: str | None = None
+
     @property
-    def queue(self) -> str:
-        """The leader queue of the app's namespace (a ``queue=`` option overrides it)."""
+    def leader_queue(self) -> str:
+        """Where this task is sent unless the caller routes it: the leader queue."""
+        if self.election_queue:
+            return self.election_queue
         conf = self.app.conf
         return str(
             conf.get("election_leader_queue")
             or leader_queue_name(conf.get("election_namespace") or "default")
         )
 
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send to the leader queue unless the caller routed it (queue/exchange/key)."""
+        if not any(options.get(k) for k in ("queue", "exchange", "routing_key")):
+            options["queue"] = self.leader_queue
+        return super().apply_async(args, kwargs, **options)
+
     @property
     def election_term(self) -> int | None:
         """The term the running task was started under (its fencing token)."""
-        return getattr(self.request, "election_term", None)
+        return _TERM.get()
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Check leadership before the body runs: one shared-memory read."""
-        term = current_term()
-        self.request.election_term = term
+        """Check leadership before the body runs: one shared-memory read, ~0.5 us."""
+        record = shared_state._current or shared_state.current()  # (the hot path)
+        term = record.leader_term() if record is not None else None
+        _TERM.set(term)
         if term is not None:
             return
         mode = _check_mode(self.on_follower)
@@ -84,13 +109,19 @@ class LeaderTask(Task):
             log.info("%s[%s] skipped: this worker is not the leader", self.name, task_id)
             raise Ignore()
         if mode == "requeue":
+            queue = self.leader_queue
             log.info(
-                "%s[%s] requeued to %s: this worker is not the leader",
-                self.name,
-                task_id,
-                self.queue,
+                "%s[%s] requeued to %s: this worker is not the leader", self.name, task_id, queue
             )
-            raise self.retry(countdown=self.requeue_delay, max_retries=None, queue=self.queue)
+            if self.request.is_eager:
+                # apply()/task_always_eager re-run a retry at once in this very process,
+                # which can never lead: Celery's own retry, with its limit, ends it.
+                raise self.retry(countdown=self.requeue_delay, queue=queue)
+            # Publish the same request again (same id, same retry count, callbacks kept)
+            # after requeue_delay, then ack this copy: never lost, never spinning, and the
+            # task's own retry budget (retries, max_retries, autoretry_for) untouched.
+            self.signature_from_request(countdown=self.requeue_delay, queue=queue).apply_async()
+            raise Ignore()
         raise NotLeaderError(f"{self.name}[{task_id}] must run on the leader; this worker is not")
 
 
@@ -102,6 +133,8 @@ def leader_task(*args: Any, on_follower: str = "skip", **options: Any) -> Any:
     """
     _check_mode(on_follower)
     options.setdefault("base", LeaderTask)
+    if "queue" in options:  # Celery 5.7 deprecates the task attribute: ours routes
+        options["election_queue"] = options.pop("queue")
     app = options.pop("app", None)
 
     def decorate(fun: Callable[..., Any]) -> Any:
