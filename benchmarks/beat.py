@@ -84,7 +84,6 @@ import json
 import logging
 import math
 import os
-import platform
 import secrets
 import shutil
 import signal
@@ -100,6 +99,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from _machine import machine_info
 from celery import Celery
 from celery.beat import PersistentScheduler
 
@@ -565,35 +565,6 @@ def render(rows: list[dict[str, Any]], entries: int, interval: float) -> str:
 # =========================================================================================
 # environment
 # =========================================================================================
-
-
-def machine_info() -> dict[str, Any]:
-    import celery
-    import kombu
-
-    info: dict[str, Any] = {
-        "nproc": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "celery": celery.__version__,
-        "kombu": kombu.__version__,
-        "sqlalchemy": sa.__version__,
-        "sqlite_library": sqlite3.sqlite_version,
-        "loadavg_at_start": os.getloadavg(),
-    }
-    for mod in ("psycopg", "pymysql"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception:
-            info[mod] = None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    return info
 
 
 def db_version(cfg: str, url: str) -> str:

@@ -81,7 +81,6 @@ import json
 import logging
 import math
 import os
-import platform
 import queue
 import random
 import secrets
@@ -97,6 +96,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from _machine import machine_info
 
 from celery_election import Elector, backend_from_url
 from celery_election.clock import boottime
@@ -1027,35 +1027,6 @@ def format_table(rows: list[Row]) -> str:
             f"{num(d.get('p95')):>8} {num(d.get('max')):>8}  {row.unit:<6} {row.target}{verdict}"
         )
     return "\n".join(lines)
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "nproc": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "sqlalchemy": sa.__version__,
-        "sqlite_library": sqlite3.sqlite_version,
-        "loadavg_at_start": os.getloadavg(),
-    }
-    for mod in ("psycopg", "pymysql"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception:
-            info[mod] = None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    return info
-
-
-# =========================================================================================
-# main
-# =========================================================================================
 
 
 def int_list(text: str) -> list[int]:

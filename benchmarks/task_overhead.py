@@ -94,7 +94,6 @@ import itertools
 import json
 import mmap
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -111,6 +110,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from _machine import machine_info  # benchmarks/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -766,28 +767,6 @@ def bench_environment(
 
 
 # -- report ---------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    import celery
-    import kombu
-
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "celery": celery.__version__,
-        "kombu": kombu.__version__,
-        "loadavg_at_start": os.getloadavg(),
-    }
 
 
 def verdict(ok: bool) -> str:

@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from collections import Counter
@@ -28,60 +27,8 @@ from .term import Lease
 
 __all__ = ["run"]
 
-APP = textwrap.dedent(
-    '''
-    """The demo's Celery app (written by celery-election demo)."""
-    import os
-    import sqlite3
-    import time
-
-    from celery import Celery
-    from kombu.transport import sqlalchemy as sqla_transport
-
-    from celery_election import init_app
-    from celery_election.signals import leader_elected, leader_revoked
-
-    sqla_transport.Transport.polling_interval = 0.1
-    app = Celery("demoapp", broker=os.environ["DEMO_BROKER"])
-    app.conf.update(
-        election_url=os.environ["DEMO_ELECTION"],
-        election_table_prefix=os.environ["DEMO_PREFIX"],
-        election_namespace="demo",
-        election_ttl=float(os.environ["DEMO_TTL"]),
-        election_poll_interval=0.2,
-        beat_schedule={"every-second": {"task": "demoapp.heartbeat", "schedule": 1.0}},
-        beat_max_loop_interval=1,
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-    )
-    init_app(app)
-
-
-    def record(kind, worker, term=None, due=None, reason=None):
-        with sqlite3.connect(os.environ["DEMO_EVENTS"], timeout=10) as db:
-            db.execute(
-                "INSERT INTO events (kind, worker, term, due, reason, at) VALUES (?,?,?,?,?,?)",
-                (kind, worker, term, due, reason, time.time()),
-            )
-
-
-    @app.task(bind=True)
-    def heartbeat(self):
-        req = self.request
-        record("tick", req.hostname, getattr(req, "election_term", None),
-               getattr(req, "election_due", None))
-
-
-    @leader_elected.connect
-    def _elected(sender, term, **kw):
-        record("elected", sender, term)
-
-
-    @leader_revoked.connect
-    def _revoked(sender, term, reason, **kw):
-        record("revoked", sender, term, reason=reason)
-    '''
-)
+# The workers' app: a file of its own (package data), written next to the demo's files.
+APP = (Path(__file__).parent / "demo_app.py.tmpl").read_text()
 
 
 try:  # resolved here: between fork and exec the child must not import anything

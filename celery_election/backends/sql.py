@@ -868,6 +868,28 @@ class SQLBackend:
             return self._lost(namespace, timeout, connection)
         return lost
 
+    def _upsert(
+        self,
+        table: sa.Table,
+        values: dict[str, Any],
+        update: Callable[[Any], dict[str, Any]],
+    ) -> sa.Insert:
+        """INSERT, or UPDATE the row with that primary key: one statement per dialect.
+
+        ``update`` gets the row that was to be inserted (``excluded`` / ``inserted``).
+        On MySQL the assignments run left to right: none of ours reads another's result.
+        """
+        keys = list(table.primary_key.columns)
+        if self.dialect in ("postgresql", "sqlite"):
+            dialect: Any = postgresql if self.dialect == "postgresql" else sqlite
+            ins = dialect.insert(table).values(values)
+            upsert: sa.Insert = ins.on_conflict_do_update(
+                index_elements=keys, set_=update(ins.excluded)
+            )
+            return upsert
+        mins = mysql.insert(table).values(values)
+        return mins.on_duplicate_key_update(update(mins.inserted))
+
     def _insert_vacant(self, namespace: str) -> sa.Insert:
         values = {"namespace": namespace, "term": 0, "expires_at": 0}
         if self.dialect == "postgresql":
@@ -969,21 +991,7 @@ class SQLBackend:
             "expires_at": now + _us(ttl),
         }
         refresh = {"heartbeat_at": now, "expires_at": now + _us(ttl)}
-        stmt: sa.Insert
-        if self.dialect == "postgresql":
-            stmt = (
-                postgresql.insert(c)
-                .values(values)
-                .on_conflict_do_update(index_elements=[c.c.namespace, c.c.token], set_=refresh)
-            )
-        elif self.dialect == "sqlite":
-            stmt = (
-                sqlite.insert(c)
-                .values(values)
-                .on_conflict_do_update(index_elements=[c.c.namespace, c.c.token], set_=refresh)
-            )
-        else:
-            stmt = mysql.insert(c).values(values).on_duplicate_key_update(refresh)
+        stmt = self._upsert(c, values, lambda new: refresh)
         # lost to contention: the next heartbeat refreshes it
         self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
@@ -1125,34 +1133,15 @@ class SQLBackend:
             "total_run_count": 1,
             "updated_at": now,
         }
-        record: sa.Insert
-        if self.dialect == "postgresql":
-            ins = postgresql.insert(state).values(values)
-            record = ins.on_conflict_do_update(
-                index_elements=[state.c.namespace, state.c.entry_key],
-                set_={
-                    "last_due": greatest(state.c.last_due, ins.excluded.last_due),
-                    "total_run_count": state.c.total_run_count + 1,
-                    "updated_at": now,
-                },
-            )
-        elif self.dialect == "sqlite":
-            sins = sqlite.insert(state).values(values)
-            record = sins.on_conflict_do_update(
-                index_elements=[state.c.namespace, state.c.entry_key],
-                set_={
-                    "last_due": greatest(state.c.last_due, sins.excluded.last_due),
-                    "total_run_count": state.c.total_run_count + 1,
-                    "updated_at": now,
-                },
-            )
-        else:
-            mins = mysql.insert(state).values(values)
-            record = mins.on_duplicate_key_update(
-                last_due=greatest(state.c.last_due, mins.inserted.last_due),
-                total_run_count=state.c.total_run_count + 1,
-                updated_at=now,
-            )
+        record = self._upsert(
+            state,
+            values,
+            lambda new: {
+                "last_due": greatest(state.c.last_due, new.last_due),
+                "total_run_count": state.c.total_run_count + 1,
+                "updated_at": now,
+            },
+        )
         return claim, record
 
     def confirm_tick(

@@ -15,10 +15,8 @@ Time never passes for the lease on its own: the ttl is long, and only the ``expi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,14 +27,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
+from celery_election.backends import MemoryBackend
 from celery_election.term import Lease
 
-from ..conftest import expire, token, unique_prefix, url_for
+from ..conftest import expire, token
 
 TTL = 60.0
 N_CANDIDATES = 4
-KINDS = ["memory", "sqlite", "postgresql", "mysql"]
 
 _COMMON: dict[str, Any] = {"deadline": None, "database": None, "derandomize": True}
 SETTINGS = {
@@ -215,23 +212,7 @@ def make_machine(backend: Any) -> type[RuleBasedStateMachine]:
     return LeaseMachine
 
 
-@pytest.fixture(params=KINDS)
-def machine_backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
-    """Each backend once, under a unique table prefix, dropped afterwards."""
-    if request.param == "memory":
-        yield MemoryBackend()
-        return
-    # url_for skips (or, under CELERY_ELECTION_REQUIRE_SERVICES=1, fails) without a server.
-    b = backend_from_url(url_for(request.param, tmp_path), table_prefix=unique_prefix())
-    assert isinstance(b, SQLBackend)
-    b.install()
-    try:
-        yield b
-    finally:
-        b.uninstall()
-        b.close()
-
-
-def test_backend_follows_the_lease_model(machine_backend: Any) -> None:
-    kind = "memory" if isinstance(machine_backend, MemoryBackend) else "sql"
-    run_state_machine_as_test(make_machine(machine_backend), settings=SETTINGS[kind])
+def test_backend_follows_the_lease_model(backend: Any) -> None:
+    """Every backend (the conftest's fixture: memory, SQLite, PostgreSQL, MariaDB)."""
+    kind = "memory" if isinstance(backend, MemoryBackend) else "sql"
+    run_state_machine_as_test(make_machine(backend), settings=SETTINGS[kind])
