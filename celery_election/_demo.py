@@ -224,8 +224,16 @@ class Demo:
         return 0 if ok else 1
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run(url: str | None = None, ttl: float = 3.0, keep: bool = False) -> int:
     """Run the demo; 0 if every invariant held."""
+    # Ctrl-C must stop the demo even when started with SIGINT ignored (a background job of
+    # a non-interactive shell is), and SIGTERM means the same: clean up every worker.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     demo = Demo(url, ttl, keep)
     try:
         return demo.play()
