@@ -43,17 +43,32 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
+def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen[str], str | None]:
+    """Start the demo and read its output until the first tick ran (workers are up)."""
     proc = subprocess.Popen(DEMO, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     tmpdir = None
+    for line in proc.stdout:
+        found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
+        if found:
+            tmpdir = "/" + found.group(1).lstrip("/")  # from sqlite:////tmp/...
+        if "tick due" in line:  # three workers, pools and embedded beats are running
+            break
+    return proc, tmpdir
+
+
+def _kill_leftovers(proc: subprocess.Popen[str], tmpdir: str | None) -> None:
+    """Never leave anything behind, whatever the test saw."""
+    if proc.poll() is None:
+        proc.kill()
+    for pid in _processes_mentioning(tmpdir) if tmpdir else []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
+    proc, tmpdir = _start_demo(tmp_path)
     try:
-        for line in proc.stdout:
-            found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
-            if found:
-                tmpdir = "/" + found.group(1).lstrip("/")  # from sqlite:////tmp/...
-            if "tick due" in line:  # three workers, pools and embedded beats are running
-                break
         assert tmpdir is not None and _processes_mentioning(tmpdir), "the demo never ran"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the demo
         rest = proc.communicate(timeout=60)[0]
@@ -62,25 +77,13 @@ def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
         assert _processes_mentioning(tmpdir) == []
         assert not Path(tmpdir).exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in _processes_mentioning(tmpdir) if tmpdir else []:  # never leave any behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(proc, tmpdir)
 
 
 def test_killing_the_demo_takes_its_workers_with_it(tmp_path: Path) -> None:
-    proc = subprocess.Popen(DEMO, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    tmpdir = None
+    proc, tmpdir = _start_demo(tmp_path)
     try:
-        for line in proc.stdout:
-            found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
-            if found:
-                tmpdir = "/" + found.group(1).lstrip("/")
-            if "tick due" in line:
-                break
-        assert tmpdir is not None and _processes_mentioning(tmpdir)
+        assert tmpdir is not None and _processes_mentioning(tmpdir), "the demo never ran"
         proc.kill()  # no chance to clean up: the workers must notice on their own
         proc.wait()
         deadline = time.monotonic() + 60
@@ -88,8 +91,6 @@ def test_killing_the_demo_takes_its_workers_with_it(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert _processes_mentioning(tmpdir) == []
     finally:
-        for pid in _processes_mentioning(tmpdir) if tmpdir else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(proc, tmpdir)
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)

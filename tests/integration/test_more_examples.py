@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from celery_election.app import leader_queue_name
 from celery_election.backends import backend_from_url
 
 from ..conftest import server_url, unique_prefix
+from ..e2e.cluster import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -39,17 +40,6 @@ DOCKER = ROOT / "docker"
 T = TypeVar("T")
 
 pytestmark = pytest.mark.slow
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Processes:
