@@ -84,6 +84,8 @@ class ElectionSettings:
     listen_url: str | None
     leader_queue: str
     config: ElectionConfig
+    #: Append every trust change and beat send here (celery_election.history), or None.
+    history_file: str | None = None
 
     @classmethod
     def from_app(
@@ -123,6 +125,7 @@ class ElectionSettings:
             listen_url=conf.get("election_listen_url"),
             leader_queue=conf.get("election_leader_queue") or leader_queue_name(ns),
             config=config,
+            history_file=conf.get("election_history_file") or None,
         )
 
     def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ import heapq
 import logging
 import os
 import socket
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -55,6 +56,7 @@ from .clock import boottime
 from .config import validate_namespace
 from .elector import Elector
 from .errors import ConfigurationError, ElectionError
+from .history import Recorder
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin", "next_due"]
 
@@ -149,6 +151,14 @@ class _BeatElection:
                 f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                 config=self.settings.config,
             )
+        self.recorder = (
+            Recorder(self.settings.history_file, role="beat")
+            if (self.settings.history_file)
+            else None
+        )
+        if self.elector is not None:
+            if self.recorder is not None:
+                self.recorder.attach(self.elector)
             self.elector.start()
 
     def leadership(self) -> tuple[int, str] | None:
@@ -338,15 +348,36 @@ class LeaderSchedulerMixin:
         lead = election.leadership() if election is not None else None
         claimed = False
         if lead is not None and election is not None:
-            try:
-                claimed = election.backend.claim_tick(
-                    election.namespace, lead[1], lead[0], entry.name, _us(due)
-                )
-            except ElectionError as exc:
-                log.error("beat election: could not claim %s (%s); not sent", entry.name, exc)
+            claimed = self._claim(election, lead, entry.name, due)
         self._last_due[entry.name] = due
         self._claims[entry.name] = (claimed, due)
         return super().reserve(entry)  # type: ignore[misc]
+
+    def _claim(
+        self, election: _BeatElection, lead: tuple[int, str], name: str, due: datetime
+    ) -> bool:
+        """Claim, retrying a failed call while still trusted (up to one renew interval).
+
+        A claim that raised may have committed: the retry counts a claim already held by
+        this term as ours. Without the retry, a database blip at a tick's due time lost
+        that tick although this process went on leading (the chaos runs found it).
+        """
+        deadline = boottime() + election.settings.config.renew_interval
+        delay = 0.05
+        retry = False
+        while True:
+            try:
+                return bool(election.backend.claim_tick(
+                    election.namespace, lead[1], lead[0], name, _us(due), retry=retry
+                ))  # fmt: skip
+            except ElectionError as exc:
+                if boottime() + delay > deadline or election.leadership() != lead:
+                    log.error("beat election: could not claim %s (%s); not sent", name, exc)
+                    return False
+                log.warning("beat election: claim of %s failed (%s); retrying", name, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            retry = True
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         claimed, due = self._claims.pop(entry.name, (False, None))
@@ -355,7 +386,9 @@ class LeaderSchedulerMixin:
             log.info("beat election: %s due %s was not claimed by this leader; not sent",
                      entry.name, due)  # fmt: skip
             return
-        if election.leadership() is None:
+        checked = boottime()  # read before the check: the history's rule for an act
+        lead = election.leadership()
+        if lead is None:
             log.warning(
                 "beat election: %s due %s claimed, but trust ended before sending; not sent",
                 entry.name,
@@ -374,6 +407,9 @@ class LeaderSchedulerMixin:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
             entry.options = original
+        if election.recorder is not None:
+            election.recorder.record("send", mono=checked, ns=election.namespace,
+                                     term=lead[0], entry=entry.name, due=_us(due))  # fmt: skip
         if election.resend:
             assert due is not None
             election.backend.confirm_tick(election.namespace, entry.name, _us(due))

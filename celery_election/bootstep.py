@@ -32,6 +32,7 @@ from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ElectionError, SchemaMissingError
+from .history import Recorder
 from .shared_state import SharedLeadership
 from .signals import leader_elected, leader_revoked
 
@@ -132,6 +133,8 @@ class ElectionStep(bootsteps.StartStopStep):
         shared, elector = self.shared, self.elector
         assert shared is not None
         elector.watch_trust(lambda term, until: shared.write(term, until, elector.token))
+        if s.history_file:
+            Recorder(s.history_file, role="worker").attach(elector)
         self.elector.start()
 
     def stop(self, worker: Any) -> None:

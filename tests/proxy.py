@@ -6,11 +6,15 @@ import contextlib
 import selectors
 import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 
 class Proxy:
-    """Forwards 127.0.0.1:<port> to a target; ``stall()`` stops forwarding, ``cut()`` resets."""
+    """Forwards 127.0.0.1:<port> to a target.
+
+    ``stall()`` stops forwarding, ``cut()`` resets, ``slow(s)`` delays every chunk by ``s``.
+    """
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -21,6 +25,7 @@ class Proxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._delay = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     @classmethod
@@ -62,6 +67,8 @@ class Proxy:
                     data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                     if not data:
                         return
+                    if self._delay:
+                        time.sleep(self._delay)  # a slow link: each chunk arrives late
                     key.data.sendall(data)
                 if self._stalled.is_set():
                     self._stalled.wait(0.05)
@@ -69,6 +76,9 @@ class Proxy:
             return
         finally:
             sel.close()
+            with self._lock:
+                if (a, b) in self._pairs:
+                    self._pairs.remove((a, b))
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.close()
@@ -77,9 +87,24 @@ class Proxy:
         """Keep connections open but forward nothing (a half-open or frozen link)."""
         self._stalled.set()
 
+    def slow(self, delay: float) -> None:
+        """Delay every chunk, both ways, by ``delay`` seconds (0 restores the link)."""
+        self._delay = delay
+
     def resume(self) -> None:
         self._stalled.clear()
         self._refuse.clear()
+        self._delay = 0.0
+
+    def upstream_ports(self) -> list[int]:
+        """Local ports of the open server-side sockets: how the server names our sessions."""
+        with self._lock:
+            pairs = list(self._pairs)
+        ports = []
+        for _, upstream in pairs:
+            with contextlib.suppress(OSError):
+                ports.append(upstream.getsockname()[1])
+        return ports
 
     def cut(self, refuse_new: bool = False) -> None:
         """Reset every open connection; with ``refuse_new``, also refuse new ones."""

@@ -284,12 +284,15 @@ class MemoryBackend:
         entry_name: str,
         due_us: int,
         *,
+        retry: bool = False,
         timeout: float | None = None,
     ) -> bool:
         self._enter("claim_tick")
         with self._lock:
             key = (namespace, entry_name, due_us)
-            if key in self._ledger or not self._holds(namespace, token, term, self.clock.wall_us()):
+            if key in self._ledger:
+                return retry and self._ledger[key][0] == term
+            if not self._holds(namespace, token, term, self.clock.wall_us()):
                 return False
             self._ledger[key] = [term, None]
             state = self._beat_state.setdefault((namespace, entry_name), [due_us, 0])

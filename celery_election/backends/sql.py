@@ -1054,6 +1054,7 @@ class SQLBackend:
         entry_name: str,
         due_us: int,
         *,
+        retry: bool = False,
         timeout: float | None = None,
     ) -> bool:
         """Claim one tick of a beat entry for the leader (token, term); True if claimed.
@@ -1064,6 +1065,10 @@ class SQLBackend:
         takeover cannot commit in between; a duplicate key means someone claimed it
         first. The entry's state (last due, run count) is updated in the same
         transaction. Whoever gets True may send the tick, once.
+
+        ``retry=True`` after a claim that raised: the first attempt may have committed with
+        its answer lost, so a claim already held by this term (terms are never shared)
+        counts as ours. Only the caller that never sent the tick may retry it.
         """
         claim, record = self._claim_statements
         returning = self.engine.dialect.insert_returning
@@ -1080,11 +1085,21 @@ class SQLBackend:
             result = conn.execute(claim, params)
             claimed = len(result.all()) if returning else result.rowcount
             if claimed != 1:
-                return False
+                return retry and self._claimed_term(conn, params) == term
             conn.execute(record, params)
             return True
 
         return self._write(work, table=self.beat_ledger, lost=False, timeout=timeout)
+
+    def _claimed_term(self, conn: Connection, params: dict[str, Any]) -> int | None:
+        ledger = self.beat_ledger
+        return conn.execute(
+            sa.select(ledger.c.term).where(
+                ledger.c.namespace == params["p_ns"],
+                ledger.c.entry_key == params["p_key"],
+                ledger.c.due == params["p_due"],
+            )
+        ).scalar()
 
     @functools.cached_property
     def _claim_statements(self) -> tuple[sa.Executable, sa.Executable]:

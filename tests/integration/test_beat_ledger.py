@@ -7,6 +7,7 @@ the database, so only the real leader's ticks are sent.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from celery import Celery
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.beat import LeaderScheduler, _us
 from celery_election.clock import boottime
+from celery_election.errors import BackendUnavailableError
 
 from ..conftest import expire, token, unique_prefix
 
@@ -125,6 +127,55 @@ def test_two_schedulers_one_stale_send_each_tick_once(tmp_path: Path) -> None:
     finally:
         b.close()
         a.close()
+
+
+def test_a_retried_claim_is_ours_only_under_our_term(sql: SQLBackend) -> None:
+    """``retry=True``: the first attempt may have committed with its answer lost."""
+    a, b = token(), token()
+    old = sql.elect(NS, a, "beat-a", 30.0).lease
+    assert old is not None
+    assert sql.claim_tick(NS, a, old.term, "job", 1_000_000)
+    assert not sql.claim_tick(NS, a, old.term, "job", 1_000_000)  # a plain claim: once
+    assert sql.claim_tick(NS, a, old.term, "job", 1_000_000, retry=True)
+    expire(sql, NS)
+    new = sql.elect(NS, b, "beat-b", 30.0).lease
+    assert new is not None
+    assert not sql.claim_tick(NS, b, new.term, "job", 1_000_000, retry=True)  # a's claim
+
+
+def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) -> None:
+    """Regression (chaos run, PostgreSQL restart): a failed claim lost its tick for good
+    although the same process kept leading. Now it is retried, and sent exactly once."""
+    app = Celery("ledger", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/election.db",
+        election_namespace=f"n{uuid.uuid4().hex[:6]}",
+        election_ttl=2.0,
+        beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
+    )
+    s = make_scheduler(app, tmp_path, "a")
+    assert s._election is not None and s._election.elector is not None
+    assert s._election.elector.wait_for_leadership(10)
+    backend = s._election.backend
+    real = backend.claim_tick
+    failures: list[int] = []
+
+    def commit_then_fail(*args: Any, **kwargs: Any) -> bool:
+        result = real(*args, **kwargs)
+        if not failures:  # the first claim commits, then its answer is lost
+            failures.append(args[4])
+            raise BackendUnavailableError("connection lost after commit")
+        return bool(result)
+
+    backend.claim_tick = commit_then_fail
+    try:
+        _tick_until(s, lambda: len(s.sent) >= 3)
+    finally:
+        s.close()
+    dues = [due for _, due in s.sent]
+    assert failures and failures[0] == dues[0], "the tick whose claim failed was not sent"
+    assert len(dues) == len(set(dues))
+    assert all(b - a == 1_000_000 for a, b in itertools.pairwise(dues)), dues
 
 
 def _tick_until(s: Counting, done: Any, also: Counting | None = None, timeout: float = 15) -> None:

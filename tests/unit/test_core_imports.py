@@ -27,6 +27,7 @@ CORE_MODULES = [
     "celery_election.backends.postgres",
     "celery_election.config",
     "celery_election.term",
+    "celery_election.history",
     "celery_election.errors",
     "celery_election.clock",
 ]

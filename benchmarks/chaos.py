@@ -1,0 +1,114 @@
+"""Long randomized fault runs: ``python benchmarks/chaos.py --minutes 30 --backend pg-notify``.
+
+Starts electors, ``celery worker --election`` processes and LeaderScheduler beats (all but
+the memory backend), applies seeded random faults one after another for the given time,
+then checks the combined history (celery_election.history) and writes a report:
+``benchmarks/results/chaos-<backend>.json`` and a markdown table beside it. Exit status 1
+if any invariant was violated. The driver is tests/chaos/driver.py; the faults are in
+tests/chaos/faults.py. ``restart`` restarts the loopback database server: do not run this
+next to other work that needs the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._machine import machine_info  # noqa: E402
+from tests.chaos.driver import BACKENDS, FAULTS, Settings, make  # noqa: E402
+
+
+def table(summary: dict[str, object]) -> str:
+    """The report as markdown: one row per fault kind."""
+    failover = summary["failover_s"]
+    faults = summary["faults"]
+    assert isinstance(failover, dict) and isinstance(faults, dict)
+    rows = [
+        "| fault | injected | failover after it hit the leader: n / p50 / max (s) |",
+        "| --- | --- | --- |",
+    ]
+    for kind in sorted(faults):
+        f = failover.get(kind) or {}
+        seen = f"{f['n']} / {f['p50']:.3f} / {f['max']:.3f}" if f else "-"
+        rows.append(f"| {kind} | {faults[kind]} | {seen} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=BACKENDS, required=True)
+    p.add_argument("--minutes", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=None, help="default: the time")
+    p.add_argument("--ttl", type=float, default=2.0)
+    p.add_argument("--electors", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="celery workers (not memory)")
+    p.add_argument("--beats", type=int, default=2, help="celery beats (not memory)")
+    p.add_argument("--faults", default=None, help="comma-separated subset of the defaults")
+    p.add_argument("--out", default=None, help="report path (default benchmarks/results/)")
+    p.add_argument("--workdir", default=None, help="keep logs and history here")
+    args = p.parse_args()
+
+    seed = args.seed if args.seed is not None else int(time.time())
+    memory = args.backend == "memory"
+    settings = Settings(
+        backend=args.backend,
+        seed=seed,
+        ttl=args.ttl,
+        electors=args.electors,
+        workers=0 if memory else args.workers,
+        beats=0 if memory else args.beats,
+        faults=tuple(args.faults.split(",")) if args.faults else None,
+        pg_url=os.environ.get("CELERY_ELECTION_TEST_PG_URL", Settings.pg_url),
+        mysql_url=os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", Settings.mysql_url),
+        amqp_url=os.environ.get("CELERY_ELECTION_TEST_AMQP_URL", Settings.amqp_url),
+    )
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"chaos-{args.backend}-"))
+    started = datetime.now(timezone.utc)
+    print(f"chaos: {args.backend}, seed {seed}, {args.minutes} min, logs in {workdir}", flush=True)
+    run = make(settings, workdir)
+    report = run.run(args.minutes * 60, progress=lambda line: print(line, flush=True))
+    summary = report.summary()
+    result = {
+        "backend": args.backend,
+        "seed": seed,
+        "minutes": args.minutes,
+        "ttl": args.ttl,
+        "processes": {"electors": args.electors, "workers": settings.workers,
+                      "beats": settings.beats},
+        "fault_kinds": list(settings.faults or FAULTS[args.backend]),
+        "started": started.isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "report": summary,
+        "steps": run.log,
+    }  # fmt: skip
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"chaos-{args.backend}.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    md = (
+        f"# chaos {args.backend}: {args.minutes} min, seed {seed}, ttl {args.ttl}s, "
+        f"{started:%Y-%m-%d}\n\n"
+        f"violations: {summary['violation_count']}; overlap {summary['overlap_s']:.6f}s "
+        f"(clock error allowed {summary['clock_error_s'] * 1000:.3f} ms, "
+        f"overlaps within it: {summary['tolerated_overlaps']}); "
+        f"duplicate ticks {summary['duplicate_ticks']}; lost ticks {summary['lost_ticks']} "
+        f"(excused in failover windows: {summary['excused_ticks']}); "
+        f"leaderships {summary['leaderships']}, acts {summary['acts']}, "
+        f"beat sends {summary['sends']}\n\n{table(summary)}\n"
+    )
+    for v in summary["violations"]:
+        md += f"\n- VIOLATION: {v}"
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

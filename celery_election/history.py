@@ -1,0 +1,394 @@
+"""An append-only history of leadership and leader actions, and the checker that judges it.
+
+Why: "it never had two leaders" is a claim about what every process *believed* and *did*,
+so each process writes its own record and one checker reads them all afterwards. A
+process appends JSON lines to a file opened with O_APPEND, one ``write`` per line, so
+several processes may share one file and a SIGKILL loses at most the line being written.
+
+Records (``k`` is the kind):
+
+* ``trust``: the elector's trust window changed. ``term``/``until`` are the term and the
+  boot-time reading until which leadership is trusted (a renewal moves ``until``), or
+  None when leadership ended. Written synchronously by the election thread, from
+  :meth:`Elector.watch_trust`, so it is never late by more than the clock reading.
+* ``transition``: elected / revoked with its reason (for people; the checker uses trust).
+* ``act``: something done as leader under ``term`` (a leader task, a write). ``mono`` is
+  read *before* the leadership check that allowed it, so a correct process never records
+  an act outside its own trust window.
+* ``send``: a beat tick sent (``entry``, ``due`` in epoch microseconds) under ``term``.
+* ``fault``: written by a fault driver (kind, target, start and end).
+
+``mono`` is CLOCK_BOOTTIME: every process on a host reads the same clock, and no wall
+clock skew touches it. That is why intervals from different processes can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .clock import boottime
+
+if TYPE_CHECKING:
+    from .elector import Elector
+
+__all__ = ["Interval", "Recorder", "Report", "check", "intervals", "load"]
+
+
+class Recorder:
+    """Appends history records to ``path`` (shared safely between processes)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        role: str = "",
+        monotonic: Callable[[], float] = boottime,
+    ) -> None:
+        self.path = Path(path)
+        self.role = role
+        #: The elector's clock for deadlines (a FakeClock's in tests): ``until`` is on it.
+        self.monotonic = monotonic
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._pid = os.getpid()
+        self._threads: list[threading.Thread] = []
+        self._max_err = 0.0
+
+    def record(self, record_kind: str, /, mono: float | None = None, **fields: Any) -> None:
+        """One line: kind, wall and boot-time clock, pid, role, then ``fields``."""
+        if os.getpid() != self._pid:  # a forked child appends through its own descriptor
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._pid = os.getpid()
+        now = self.monotonic()
+        line = {"k": record_kind, "mono": now if mono is None else mono, "wall": time.time()}
+        line.update(pid=self._pid, role=self.role, **fields)
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        os.write(self._fd, data)  # O_APPEND: one write is one whole line
+
+    def attach(self, elector: Elector) -> Recorder:
+        """Record every change of ``elector``'s trust window and every transition."""
+        ns, cand = elector.namespace, elector.candidate_id
+
+        def on_trust(term: int | None, until: float | None) -> None:
+            # Called by the election thread right after the change: the clock is read here,
+            # and the time taken to write the line is kept as this record's reading error.
+            start = self.monotonic()
+            self.record("trust", mono=start, ns=ns, cand=cand, term=term, until=until)
+            self.record_error(start)
+
+        elector.watch_trust(on_trust)
+        sub = elector.subscribe()
+
+        def follow() -> None:
+            for t in sub:
+                reason = t.reason.value if t.reason is not None else None
+                self.record("transition", mono=t.at, ns=ns, cand=cand, term=t.term,
+                            what=t.kind, reason=reason)  # fmt: skip
+
+        thread = threading.Thread(target=follow, name="history-recorder", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def record_error(self, start: float) -> None:
+        # The largest gap between a clock reading and its line reaching the file bounds how
+        # far any interval edge in this history can be off: the checker allows that much.
+        err = self.monotonic() - start
+        if err > self._max_err:
+            self._max_err = err
+            self.record("clock_error", seconds=err)
+
+    def act(self, ns: str, term: int, mono: float, what: str = "act", **fields: Any) -> None:
+        """Something done as leader under ``term``; ``mono`` read before the check."""
+        self.record("act", mono=mono, ns=ns, term=term, what=what, **fields)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """Every record of every file; a torn last line (SIGKILL mid-write) is skipped."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    out.sort(key=lambda r: r["mono"])
+    return out
+
+
+@dataclass
+class Interval:
+    """One candidate's trusted leadership under one term, on the boot-time clock."""
+
+    ns: str
+    cand: str
+    term: int
+    start: float
+    end: float
+    pid: int = 0
+
+
+def intervals(records: Iterable[dict[str, Any]]) -> list[Interval]:
+    """Trusted-leadership intervals from ``trust`` records.
+
+    An interval starts at the record that first shows a term and ends at the earlier of
+    the last ``until`` seen for it and the record that ends it. A process killed or stopped
+    while leading therefore ends at its last ``until``: it could not act after that.
+    """
+    by_cand: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["k"] == "trust":
+            by_cand[(r["ns"], r["cand"])].append(r)
+    out: list[Interval] = []
+    for (ns, cand), recs in by_cand.items():
+        recs.sort(key=lambda r: r["mono"])
+        cur: Interval | None = None
+        for r in recs:
+            if cur is not None and (r["term"] is None or r["term"] != cur.term):
+                cur.end = min(cur.end, r["mono"])
+                out.append(cur)
+                cur = None
+            if r["term"] is None:
+                continue
+            if cur is None:
+                cur = Interval(ns, cand, r["term"], r["mono"], r["until"], r["pid"])
+            else:
+                cur.end = max(cur.end, r["until"])
+        if cur is not None:
+            out.append(cur)
+    out.sort(key=lambda i: (i.ns, i.start))
+    return out
+
+
+@dataclass
+class Report:
+    """What the checker found: violations (must be empty) and what it measured."""
+
+    violations: list[str] = field(default_factory=list)
+    clock_error: float = 0.0
+    overlap_seconds: float = 0.0
+    #: Overlaps no longer than the clock error: allowed, but counted (0 in a clean run).
+    tolerated_overlaps: int = 0
+    leaderships: int = 0
+    terms: int = 0
+    acts: int = 0
+    sends: int = 0
+    duplicate_ticks: int = 0
+    lost_ticks: int = 0
+    excused_ticks: int = 0
+    #: Seconds without a trusted leader, per namespace, each with when it began.
+    gaps: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: Per fault kind: seconds from the fault's start to the next leader's first trust.
+    failover: dict[str, list[float]] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> dict[str, Any]:
+        def stats(xs: list[float]) -> dict[str, float]:
+            if not xs:
+                return {}
+            xs = sorted(xs)
+            return {
+                "n": len(xs),
+                "p50": statistics.median(xs),
+                "max": xs[-1],
+            }
+
+        return {
+            "ok": self.ok,
+            "violations": self.violations[:50],
+            "violation_count": len(self.violations),
+            "clock_error_s": self.clock_error,
+            "overlap_s": self.overlap_seconds,
+            "tolerated_overlaps": self.tolerated_overlaps,
+            "leaderships": self.leaderships,
+            "terms": self.terms,
+            "acts": self.acts,
+            "sends": self.sends,
+            "duplicate_ticks": self.duplicate_ticks,
+            "lost_ticks": self.lost_ticks,
+            "excused_ticks": self.excused_ticks,
+            "faults": self.faults,
+            "failover_s": {k: stats(v) for k, v in sorted(self.failover.items())},
+            "gaps_s": {ns: stats([g for g, _ in v]) for ns, v in sorted(self.gaps.items())},
+        }
+
+
+def _covering(ivs: list[Interval], t: float) -> Iterator[Interval]:
+    return (i for i in ivs if i.start <= t <= i.end)
+
+
+def check(
+    records: list[dict[str, Any]],
+    *,
+    tick_every: dict[str, float] | None = None,
+    tick_settle: float = 2.0,
+    clock_error: float | None = None,
+) -> Report:
+    """Judge a history against the invariants in DESIGN.md.
+
+    Violations: two candidates trusted at once (beyond the measured clock error); a term
+    that goes down, or one term held by two candidates; an act or a send outside a trust
+    window of its own term, or inside another term's; a beat tick sent twice; a due tick
+    never sent although one leader was trusted from its due time until ``tick_settle``
+    seconds after it (``tick_every`` maps an entry to its period in seconds).
+    """
+    rep = Report()
+    errs = [r["seconds"] for r in records if r["k"] == "clock_error"]
+    rep.clock_error = clock_error if clock_error is not None else max(errs, default=0.0)
+    eps = rep.clock_error
+    ivs = intervals(records)
+    rep.leaderships = len(ivs)
+    by_ns: dict[str, list[Interval]] = defaultdict(list)
+    for iv in ivs:
+        by_ns[iv.ns].append(iv)
+
+    for ns, group in by_ns.items():
+        group.sort(key=lambda i: i.start)
+        holders: dict[int, str] = {}
+        for iv in group:
+            if holders.setdefault(iv.term, iv.cand) != iv.cand:
+                rep.violations.append(
+                    f"{ns}: term {iv.term} held by {holders[iv.term]} and by {iv.cand}"
+                )
+        rep.terms += len(holders)
+        highest: Interval | None = None
+        for iv in group:
+            if highest is not None and iv.term < highest.term:
+                rep.violations.append(
+                    f"{ns}: term went down from {highest.term} ({highest.cand}) to "
+                    f"{iv.term} ({iv.cand}) at mono {iv.start:.6f}"
+                )
+            if highest is None or iv.term > highest.term:
+                highest = iv
+        # Overlap between different terms: intervals sorted by start, so only the ones
+        # still open can overlap the next.
+        open_: list[Interval] = []
+        reach = None
+        gaps: list[tuple[float, float]] = []
+        for iv in group:
+            if reach is not None and iv.start > reach:
+                gaps.append((iv.start - reach, reach))
+            reach = iv.end if reach is None else max(reach, iv.end)
+            open_ = [o for o in open_ if o.end > iv.start]
+            for o in open_:
+                if o.term == iv.term:
+                    continue
+                overlap = min(o.end, iv.end) - iv.start
+                rep.overlap_seconds += max(0.0, overlap)
+                if 0 < overlap <= eps:
+                    rep.tolerated_overlaps += 1
+                if overlap > eps:
+                    rep.violations.append(
+                        f"{ns}: split brain for {overlap:.6f}s at mono {iv.start:.6f}: "
+                        f"term {o.term} ({o.cand}) and term {iv.term} ({iv.cand})"
+                    )
+            open_.append(iv)
+        rep.gaps[ns] = gaps
+
+    sent: dict[tuple[str, str, int], int] = defaultdict(int)
+    for r in records:
+        if r["k"] not in ("act", "send"):
+            continue
+        group = by_ns.get(r["ns"], [])
+        t = r["mono"]
+        own = [i for i in group if i.term == r["term"] and i.start - 1.0 <= t <= i.end + eps]
+        if not own:
+            rep.violations.append(
+                f"{r['ns']}: {r.get('what', r['k'])} by pid {r['pid']} under term {r['term']} "
+                f"at mono {t:.6f}, outside every trust window of that term"
+            )
+        for other in _covering(group, t):
+            if other.term != r["term"] and other.start + eps < t < other.end - eps:
+                rep.violations.append(
+                    f"{r['ns']}: {r.get('what', r['k'])} by pid {r['pid']} under term "
+                    f"{r['term']} at mono {t:.6f}, while term {other.term} ({other.cand}) led"
+                )
+        if r["k"] == "act":
+            rep.acts += 1
+        else:
+            rep.sends += 1
+            sent[(r["ns"], r["entry"], r["due"])] += 1
+    for (ns, entry, due), count in sent.items():
+        if count > 1:
+            rep.duplicate_ticks += count - 1
+            rep.violations.append(f"{ns}: tick {entry} due {due} sent {count} times")
+    if tick_every:
+        _check_lost(rep, records, sent, by_ns, tick_every, tick_settle)
+    _attribute_failovers(rep, records, by_ns)
+    return rep
+
+
+def _check_lost(
+    rep: Report,
+    records: list[dict[str, Any]],
+    sent: dict[tuple[str, str, int], int],
+    by_ns: dict[str, list[Interval]],
+    tick_every: dict[str, float],
+    settle: float,
+) -> None:
+    """A due tick never sent is lost unless leadership changed around its due time."""
+    # Due times are on the wall clock; map them onto the boot-time clock with the offset
+    # the senders themselves saw (their wall clocks are not skewed in these runs).
+    offsets = [r["wall"] - r["mono"] for r in records if r["k"] == "send"]
+    if not offsets:
+        return
+    offset = statistics.median(offsets)
+    per_entry: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for ns, entry, due in sent:
+        per_entry[(ns, entry)].append(due)
+    for (ns, entry), dues in per_entry.items():
+        every = tick_every.get(entry)
+        if not every:
+            continue
+        step = round(every * 1_000_000)
+        present = set(dues)
+        group = by_ns.get(ns, [])
+        for due in range(min(dues), max(dues) + 1, step):
+            if due in present:
+                continue
+            at = due / 1_000_000 - offset
+            if any(i.start <= at and i.end >= at + settle for i in group):
+                rep.lost_ticks += 1
+                rep.violations.append(
+                    f"{ns}: tick {entry} due {due} never sent, though one leader was "
+                    f"trusted from its due time for {settle}s"
+                )
+            else:
+                rep.excused_ticks += 1
+
+
+def _attribute_failovers(
+    rep: Report, records: list[dict[str, Any]], by_ns: dict[str, list[Interval]]
+) -> None:
+    """For each fault that hit a leader: seconds until another term was trusted."""
+    faults = [r for r in records if r["k"] == "fault" and r.get("phase", "start") == "start"]
+    for n, r in enumerate(faults):
+        kind = r["kind"]
+        rep.faults[kind] = rep.faults.get(kind, 0) + 1
+        ns, t = r.get("ns") or "", r["mono"]
+        group = by_ns.get(ns, [])
+        hit = [i for i in group if i.start <= t <= i.end and i.pid == r.get("target_pid")]
+        if not hit:
+            continue
+        # The first leadership that began after the fault, before the next fault there.
+        bound = min((f["mono"] for f in faults[n + 1 :] if f.get("ns") == ns), default=1e18)
+        after = [i for i in group if t < i.start < bound]
+        if after:
+            first = min(after, key=lambda i: i.start)
+            if first.term != hit[0].term:
+                rep.failover.setdefault(kind, []).append(first.start - t)

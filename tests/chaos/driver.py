@@ -1,0 +1,533 @@
+"""The randomized fault driver: a seed picks faults, targets and timings; the history decides.
+
+A run starts electors (``tests.chaos.node``), ``celery worker --election`` processes and
+``celery beat`` LeaderScheduler processes, each talking to the database through its own
+TCP proxy, then applies one fault at a time, heals it, waits for every role to have a
+leader again, and pauses. Every process appends to one history file; the driver adds a
+``fault`` record per fault. At the end, :func:`celery_election.history.check` judges it.
+
+The memory backend cannot cross processes, so its run (:class:`MemoryChaos`) puts the
+electors on threads of this process and injects its faults at the backend boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from celery_election import Elector
+from celery_election.backends import MemoryBackend, backend_from_url
+from celery_election.backends.base import Backend
+from celery_election.clock import boottime
+from celery_election.errors import BackendUnavailableError
+from celery_election.history import Recorder, Report, check, load
+
+from ..proxy import Proxy
+from . import faults
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = ("memory", "sqlite", "pg-notify", "pg-poll", "mariadb")
+
+#: Faults each backend can suffer. skew: SQLite's clock *is* the host clock of whoever
+#: writes, so a process with its own wall clock is not a configuration one host can have.
+FAULTS: dict[str, tuple[str, ...]] = {
+    "memory": ("crash", "pause", "unreachable", "resign"),
+    "sqlite": ("kill", "pause", "resign", "lock"),
+    "pg-notify": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
+                  "partition", "stall", "slow", "skew"),
+    "pg-poll": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
+                "partition", "stall", "slow", "skew"),
+    "mariadb": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
+                "partition", "stall", "slow", "skew"),
+}  # fmt: skip
+
+
+@dataclass
+class Node:
+    """One process under test, and how to start it again."""
+
+    name: str
+    role: str  # elector | worker | beat
+    ns: str
+    cmd: list[str]
+    env: dict[str, str]
+    proxy: Proxy | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    skewed: bool = False
+
+
+@dataclass
+class Settings:
+    backend: str
+    seed: int
+    ttl: float = 2.0
+    electors: int = 3
+    workers: int = 0
+    beats: int = 0
+    faults: tuple[str, ...] | None = None
+    #: Apply each fault kind once, in order (the test suite's bounded run), not at random.
+    cycle: bool = False
+    pg_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    mysql_url: str = "mysql+pymysql://root@127.0.0.1:3306/test"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Chaos:
+    """A randomized run over real processes; ``run(seconds)`` returns the checked Report."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        if settings.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}: got {settings.backend!r}")
+        self.s = settings
+        self.rng = random.Random(settings.seed)
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.history = workdir / "history.jsonl"
+        self.recorder = Recorder(self.history, role="driver")
+        tag = uuid.uuid4().hex[:6]
+        self.prefix = f"chaos{tag}_"
+        self.ns = f"c{tag}"
+        self.url = {
+            "sqlite": f"sqlite:///{workdir / 'election.db'}",
+            "pg-notify": settings.pg_url,
+            "pg-poll": settings.pg_url,
+            "mariadb": settings.mysql_url,
+        }[settings.backend]
+        self.faults = settings.faults or FAULTS[settings.backend]
+        self.nodes: list[Node] = []
+        self.log: list[dict[str, Any]] = []
+        self.steps = 0
+        self.admin = backend_from_url(self.url, table_prefix=self.prefix, **self._listen(False))
+        self.admin.install()
+
+    def _listen(self, listen: bool) -> dict[str, Any]:
+        return {"listen": listen} if self.s.backend.startswith("pg") else {}
+
+    # -- processes --------------------------------------------------------------------------
+
+    def _proxied(self) -> tuple[Proxy | None, str]:
+        if self.s.backend == "sqlite":
+            return None, self.url
+        return Proxy.for_url(self.url)
+
+    def _add(self, name: str, role: str, ns: str, args: list[str], env: dict[str, str]) -> None:
+        proxy, url = self._proxied()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        if role == "elector":
+            cmd = [sys.executable, "-m", "tests.chaos.node", url, ns, str(self.history),
+                   "--ttl", str(self.s.ttl), "--prefix", self.prefix]  # fmt: skip
+            if self.s.backend == "pg-poll":
+                cmd.append("--no-listen")
+        else:
+            env["CHAOS_ELECTION"] = url
+            cmd = [sys.executable, "-m", "celery", "-A", "tests.chaos.app", *args]
+        self.nodes.append(Node(name, role, ns, cmd, env, proxy))
+
+    def _start(self, node: Node, skew: float = 0.0) -> None:
+        env = dict(node.env)
+        if skew:
+            env.update(faults.skew_env(skew))
+        node.skewed = bool(skew)
+        log = open(self.workdir / f"{node.name}.log", "ab")  # noqa: SIM115 (child keeps it)
+        node.proc = subprocess.Popen(
+            node.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+
+    def setup(self) -> None:
+        celery_env = {
+            "CHAOS_BROKER": self.s.amqp_url,
+            "CHAOS_PREFIX": self.prefix,
+            "CHAOS_NS": self.ns,
+            "CHAOS_TTL": str(self.s.ttl),
+            "CHAOS_LISTEN": "0" if self.s.backend == "pg-poll" else "1",
+            "CHAOS_HISTORY": str(self.history),
+        }
+        for i in range(self.s.electors):
+            self._add(f"e{i}", "elector", self.ns + "e", [], {})
+        for i in range(self.s.workers):
+            self._add(f"w{i}", "worker", self.ns, [
+                "worker", "--election", "-c", "1", "-P", "prefork", "-n", f"{self.ns}w{i}@%h",
+                "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+            ], celery_env)  # fmt: skip
+        for i in range(self.s.beats):
+            self._add(f"b{i}", "beat", f"{self.ns}-beat", [
+                "beat", "-s", str(self.workdir / f"b{i}-schedule"), "--loglevel", "INFO",
+            ], celery_env)  # fmt: skip
+        for node in self.nodes:
+            self._start(node)
+        for ns in self.namespaces():
+            if not self.wait_leader(ns, 60):
+                raise RuntimeError(f"no leader in {ns} a minute after start: see {self.workdir}")
+
+    def _check_exits(self) -> None:
+        """A process that exited without a fault is a finding: record it, start it again."""
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is not None:
+                self.recorder.record("violation", message=(
+                    f"{node.name} exited by itself (status {node.proc.returncode}); "
+                    f"see {self.workdir / (node.name + '.log')}"
+                ))  # fmt: skip
+                self._start(node)
+
+    def namespaces(self) -> list[str]:
+        return sorted({n.ns for n in self.nodes})
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                faults.cont(node.proc.pid)
+                node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                faults.kill(node.proc.pid)
+                node.proc.wait()
+            faults.kill(node.proc.pid)  # leftovers of the group (pool children)
+            if node.proxy is not None:
+                node.proxy.close()
+        if self.s.workers or self.s.beats:
+            self._delete_queues()
+        with contextlib.suppress(Exception):
+            self.admin.uninstall()
+        self.admin.close()
+
+    def _delete_queues(self) -> None:
+        from kombu.connection import Connection
+
+        with contextlib.suppress(Exception), Connection(self.s.amqp_url) as conn:  # type: ignore[no-untyped-call]
+            for q in (f"q.{self.ns}", f"election-leader.{self.ns}"):
+                with contextlib.suppress(Exception):
+                    conn.default_channel.queue_delete(q)
+
+    # -- the database's view ----------------------------------------------------------------
+
+    def leader_pid(self, ns: str) -> int | None:
+        """The pid in the lease's candidate id ("...:<pid>:<token>"), or None."""
+        try:
+            lease = self.admin.current(ns)
+        except Exception:
+            return None
+        if lease is None or not lease.held or not lease.leader_id:
+            return None
+        return int(lease.leader_id.rsplit(":", 2)[-2])
+
+    def wait_leader(self, ns: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.leader_pid(ns)
+            if pid is not None and any(n.proc and n.proc.pid == pid for n in self.nodes):
+                return True
+            time.sleep(0.05)
+        return False
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def _pick(self) -> tuple[str, Node]:
+        fault = _next_fault(self)
+        role = self.rng.choice(sorted({n.role for n in self.nodes}))
+        if fault == "skew":  # beats compute due times on the host clock (see the README)
+            role = self.rng.choice(sorted({n.role for n in self.nodes} - {"beat"}))
+        group = [n for n in self.nodes if n.role == role]
+        leader = self.leader_pid(group[0].ns)
+        target = next((n for n in group if n.proc and n.proc.pid == leader), None)
+        if target is None or self.rng.random() < 0.2:
+            target = self.rng.choice(group)
+        return fault, target
+
+    def step(self) -> None:
+        self._check_exits()
+        fault, node = self._pick()
+        ttl, rng = self.s.ttl, self.rng
+        assert node.proc is not None
+        pid = node.proc.pid
+        start = boottime()
+        self.recorder.record("fault", mono=start, kind=fault, ns=node.ns, target=node.name,
+                             target_pid=pid, phase="start")  # fmt: skip
+        detail: dict[str, Any] = {}
+        if fault == "kill":
+            faults.kill(pid)
+            node.proc.wait()
+            time.sleep(rng.uniform(0, 2) * ttl)
+            self._start(node)
+        elif fault == "pause":
+            faults.stop(pid)
+            detail["seconds"] = hold = rng.uniform(1.2, 2.5) * ttl
+            time.sleep(hold)
+            faults.cont(pid)
+        elif fault == "resign":
+            node.proc.send_signal(signal.SIGTERM)
+            try:
+                node.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                faults.kill(pid)
+                node.proc.wait()
+                detail["stuck"] = True
+            self._start(node)
+        elif fault == "skew":
+            detail["seconds"] = skew = rng.choice((-3600.0, 3600.0))
+            faults.kill(pid)
+            node.proc.wait()
+            self._start(node, skew=skew)
+        elif fault == "conn_kill":
+            assert node.proxy is not None
+            detail["sessions"] = faults.kill_sessions(self.url, node.proxy.upstream_ports())
+        elif fault == "restart":
+            faults.restart_database(self.url)
+        elif fault in ("unreachable", "partition"):
+            proxies = [n.proxy for n in self.nodes] if fault == "unreachable" else [node.proxy]
+            for p in proxies:
+                assert p is not None
+                p.cut(refuse_new=True)
+            time.sleep(2 * ttl)
+            for p in proxies:
+                assert p is not None
+                p.resume()
+        elif fault == "stall":
+            assert node.proxy is not None
+            node.proxy.stall()
+            detail["seconds"] = hold = rng.uniform(0.5, 2.0) * ttl
+            time.sleep(hold)
+            node.proxy.resume()
+        elif fault == "slow":
+            assert node.proxy is not None
+            detail["delay"] = delay = rng.uniform(0.02, 0.3) * ttl
+            node.proxy.slow(delay)
+            time.sleep(rng.uniform(1, 3) * ttl)
+            node.proxy.resume()
+        elif fault == "lock":
+            detail["seconds"] = hold = 2 * ttl
+            with _sqlite_write_lock(self.url):
+                time.sleep(hold)
+        else:
+            raise ValueError(f"unknown fault {fault!r}")
+        self.recorder.record("fault", kind=fault, ns=node.ns, target=node.name,
+                             target_pid=pid, phase="end", **detail)  # fmt: skip
+        self.log.append({"fault": fault, "target": node.name, "role": node.role, **detail})
+        for ns in self.namespaces():
+            if not self.wait_leader(ns, 30 * ttl):
+                self.recorder.record("violation", message=(
+                    f"{ns}: no leader {30 * ttl:.0f}s after healing {fault} on {node.name}"
+                ))  # fmt: skip
+        time.sleep(rng.uniform(0.5, 2.0) * ttl)
+
+    def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
+        self.setup()
+        try:
+            end = time.monotonic() + seconds
+            while _more(self, end):
+                self.step()
+                if progress is not None:
+                    progress(json.dumps(self.log[-1]))
+        finally:
+            self.close()
+        return judge(self.history, settle=2 * self.s.ttl + 1)
+
+
+def _next_fault(run: Chaos | MemoryChaos) -> str:
+    run.steps += 1
+    if run.s.cycle:
+        return run.faults[(run.steps - 1) % len(run.faults)]
+    return run.rng.choice(run.faults)
+
+
+def _more(run: Chaos | MemoryChaos, end: float) -> bool:
+    if run.s.cycle:
+        return run.steps < len(run.faults)
+    return time.monotonic() < end
+
+
+def judge(history: Path, settle: float) -> Report:
+    """Check one history file (plus the driver's own violation records)."""
+    records = load([history])
+    rep = check(records, tick_every={"touch": 1.0}, tick_settle=settle)
+    rep.violations += [r["message"] for r in records if r["k"] == "violation"]
+    return rep
+
+
+@contextlib.contextmanager
+def _sqlite_write_lock(url: str) -> Iterator[None]:
+    """Hold SQLite's write lock: every writer waits, as for a database that stopped answering."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    raw = engine.raw_connection()
+    try:
+        raw.isolation_level = None  # type: ignore[attr-defined]
+        cur = raw.cursor()
+        cur.execute("BEGIN EXCLUSIVE")
+        yield
+        cur.execute("ROLLBACK")
+    finally:
+        raw.close()
+        engine.dispose()
+
+
+# -- the memory backend: electors on threads ------------------------------------------------
+
+
+class _Gate:
+    """Stands between one elector and the shared MemoryBackend, to fail or hang its calls."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self._inner = inner
+        self.mode = "open"  # open | fail | block
+        self._released = threading.Event()
+        self._released.set()
+
+    def set(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "block":
+            self._released.clear()
+        else:
+            self._released.set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._released.wait()
+            if self.mode == "fail":
+                raise BackendUnavailableError("chaos: the backend is unreachable")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+class MemoryChaos:
+    """The same driver for the in-memory backend: electors are threads of this process."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.s = settings
+        self.rng = random.Random(settings.seed)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.history = workdir / "history.jsonl"
+        self.recorder = Recorder(self.history, role="driver")
+        self.backend = MemoryBackend()
+        self.ns = "memory"
+        self.faults = settings.faults or FAULTS["memory"]
+        self.members: list[tuple[Elector, _Gate, threading.Event]] = []
+        self.dead: list[tuple[Elector, _Gate, threading.Event]] = []
+        self.log: list[dict[str, Any]] = []
+        self.steps = 0
+
+    def _spawn(self) -> tuple[Elector, _Gate, threading.Event]:
+        gate = _Gate(self.backend)
+        backend: Backend = gate
+        elector = Elector(backend, self.ns, ttl=self.s.ttl)
+        Recorder(self.history, role="elector").attach(elector)
+        done = threading.Event()
+
+        def act() -> None:
+            rec = Recorder(self.history, role="elector")
+            while not done.wait(0.02):
+                checked = boottime()
+                term = elector.term
+                if term is not None:
+                    rec.act(self.ns, term, checked)
+
+        threading.Thread(target=act, daemon=True).start()
+        elector.start()
+        return elector, gate, done
+
+    def leader(self) -> int | None:
+        lease = self.backend.current(self.ns)
+        if lease is None or not lease.held:
+            return None
+        return next(
+            (i for i, (e, _, _) in enumerate(self.members) if e.candidate_id == lease.leader_id),
+            None,
+        )
+
+    def wait_leader(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.leader() is not None:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def step(self) -> None:
+        ttl, rng = self.s.ttl, self.rng
+        fault = _next_fault(self)
+        idx = self.leader()
+        if idx is None or rng.random() < 0.2:
+            idx = rng.randrange(len(self.members))
+        elector, gate, done = self.members[idx]
+        self.recorder.record("fault", kind=fault, ns=self.ns, target=elector.candidate_id,
+                             target_pid=os.getpid(), phase="start")  # fmt: skip
+        detail: dict[str, Any] = {}
+        if fault == "crash":  # its calls hang forever and it stops acting: gone
+            gate.set("block")
+            done.set()
+            self.dead.append(self.members[idx])
+            time.sleep(rng.uniform(0, 2) * ttl)
+            self.members[idx] = self._spawn()
+        elif fault == "pause":  # one call hangs past the lease, then returns
+            gate.set("block")
+            detail["seconds"] = hold = rng.uniform(1.2, 2.5) * ttl
+            time.sleep(hold)
+            gate.set("open")
+        elif fault == "unreachable":
+            for _, g, _ in self.members:
+                g.set("fail")
+            time.sleep(2 * ttl)
+            for _, g, _ in self.members:
+                g.set("open")
+        elif fault == "resign":
+            elector.resign(timeout=5)
+        self.recorder.record("fault", kind=fault, ns=self.ns, phase="end", **detail)
+        self.log.append({"fault": fault, "target": idx, **detail})
+        if not self.wait_leader(30 * ttl):
+            self.recorder.record("violation", message=f"no leader 30 ttl after {fault}")
+        time.sleep(rng.uniform(0.5, 2.0) * ttl)
+
+    def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
+        # One pid for every elector here: faults name their target by candidate instead.
+        self.members = [self._spawn() for _ in range(self.s.electors)]
+        try:
+            self.wait_leader(10)
+            end = time.monotonic() + seconds
+            while _more(self, end):
+                self.step()
+                if progress is not None:
+                    progress(json.dumps(self.log[-1]))
+        finally:
+            for elector, _, done in self.members:
+                done.set()
+                elector.stop(timeout=5)
+            for elector, gate, _ in self.dead:  # a crashed elector never comes back
+                gate.set("fail")
+                elector.stop(timeout=5)
+        return judge(self.history, settle=2 * self.s.ttl + 1)
+
+
+def make(settings: Settings, workdir: Path) -> Chaos | MemoryChaos:
+    return (
+        MemoryChaos(settings, workdir) if settings.backend == "memory" else Chaos(settings, workdir)
+    )
+
+
+def clean(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)

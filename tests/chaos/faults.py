@@ -1,0 +1,153 @@
+"""Fault injectors for the chaos runs, each usable on its own from a test.
+
+Processes are started in their own session, so a signal reaches a worker's pool children
+and an embedded beat too. Database sessions are found by the client port the server sees,
+which is the proxy's upstream socket: killing "the leader's connections" kills exactly
+those, on PostgreSQL and on MariaDB alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def kill(pid: int) -> None:
+    """SIGKILL the process group: a crash with no goodbye (no resign, no socket FIN first)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP the group: a process paused (GC, swap, VM freeze) that will wake up later."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGSTOP)
+
+
+def cont(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGCONT)
+
+
+def kill_sessions(url: str, client_ports: Iterable[int]) -> int:
+    """Terminate the server sessions whose client port is one of ``client_ports``.
+
+    PostgreSQL: pg_terminate_backend. MariaDB: KILL CONNECTION. Returns how many.
+    """
+    ports = sorted(set(client_ports))
+    if not ports:
+        return 0
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                rows = conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE client_port = ANY(:ports) AND pid <> pg_backend_pid()"
+                    ),
+                    {"ports": ports},
+                ).all()
+                return len(rows)
+            hosts = [f"127.0.0.1:{p}" for p in ports]
+            ids = conn.execute(
+                sa.text(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE host IN :hosts AND id <> CONNECTION_ID()"
+                ).bindparams(sa.bindparam("hosts", expanding=True)),
+                {"hosts": hosts},
+            ).scalars()
+            n = 0
+            for session_id in list(ids):
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
+                    n += 1
+            return n
+    finally:
+        engine.dispose()
+
+
+def wait_reachable(url: str, timeout: float = 60.0) -> None:
+    """Until the server answers a query (after a restart)."""
+    deadline = time.monotonic() + timeout
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        while True:
+            try:
+                with engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+                return
+            except sa.exc.DBAPIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        engine.dispose()
+
+
+def restart_database(url: str) -> None:
+    """Restart the server behind ``url`` (the loopback PostgreSQL or MariaDB, as root).
+
+    PostgreSQL stops in fast mode (sessions are terminated, nothing waits for clients);
+    MariaDB is shut down and started again the way scripts/services-up starts it.
+    """
+    dialect = sa.engine.make_url(url).get_backend_name()
+    if dialect == "postgresql":
+        version = sorted(os.listdir("/etc/postgresql"))[0]
+        subprocess.run(
+            [
+                "pg_ctlcluster",
+                "--skip-systemctl-redirect",
+                version,
+                "main",
+                "restart",
+                "-m",
+                "fast",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    elif dialect in ("mysql", "mariadb"):
+        admin = shutil.which("mariadb-admin") or shutil.which("mysqladmin") or "mariadb-admin"
+        subprocess.run([admin, "-uroot", "shutdown"], check=True, capture_output=True)
+        deadline = time.monotonic() + 60
+        while _running("mariadbd") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run(
+            ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
+             "/usr/sbin/mariadbd"],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"cannot restart the server of {url!r}")
+    wait_reachable(url)
+
+
+def _running(name: str) -> bool:
+    return subprocess.run(["pgrep", "-x", name], capture_output=True).returncode == 0
+
+
+def skew_env(seconds: float) -> dict[str, str]:
+    """Environment that shifts the wall clock of one process by ``seconds`` (libfaketime).
+
+    Only the wall clock moves: CLOCK_MONOTONIC/BOOTTIME stay true, as they do when a
+    host's clock is set wrong. Needs Debian's faketime package (scripts/services-up).
+    """
+    if not FAKETIME_LIB.exists():
+        raise RuntimeError(f"{FAKETIME_LIB} is missing: apt-get install faketime")
+    return {
+        "LD_PRELOAD": str(FAKETIME_LIB),
+        "FAKETIME": f"{seconds:+.0f}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }

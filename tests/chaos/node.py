@@ -1,0 +1,52 @@
+"""One bare elector process for the chaos runs: elects, records, and acts while trusted.
+
+    python -m tests.chaos.node URL NAMESPACE HISTORY [--ttl S] [--prefix P] [--no-listen]
+
+It acts as leader every 20 ms: read the clock, check ``elector.term`` (trust, no I/O), and
+record the act under that term with the reading taken *before* the check. A paused process
+that wakes up past its trust window fails the check; one that acted anyway would show up in
+the history as an act inside another term's window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from celery_election import Elector
+from celery_election.backends import backend_from_url
+from celery_election.clock import boottime
+from celery_election.history import Recorder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("namespace")
+    parser.add_argument("history")
+    parser.add_argument("--ttl", type=float, default=2.0)
+    parser.add_argument("--prefix", default="celery_election_")
+    parser.add_argument("--no-listen", action="store_true")
+    args = parser.parse_args()
+
+    options: dict[str, object] = {"table_prefix": args.prefix}
+    if args.url.startswith("postgresql"):
+        options["listen"] = not args.no_listen
+    backend = backend_from_url(args.url, **options)
+    elector = Elector(backend, args.namespace, ttl=args.ttl)
+    recorder = Recorder(args.history, role="elector").attach(elector)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    elector.start()
+    while not done.wait(0.02):
+        checked = boottime()
+        term = elector.term
+        if term is not None:
+            recorder.act(args.namespace, term, checked)
+    elector.stop()
+    backend.close()
+
+
+if __name__ == "__main__":
+    main()

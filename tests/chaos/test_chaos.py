@@ -1,0 +1,70 @@
+"""The fault matrix, short: every fault kind once per backend, fixed seeds, then the checker.
+
+Each run applies each of its backend's faults once, in order, to the current leader (or,
+one time in five, to a random process), waits for a leader again, and at the end checks
+the history of every process: no two trusted leaders, terms only going up, no act outside
+its term's window, no beat tick twice, none lost while one leader was trusted.
+``benchmarks/chaos.py`` runs the same driver at random for as long as you like.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from celery_election.history import load
+
+from ..conftest import server_url
+from .driver import FAULTS, Settings, make
+from .faults import FAKETIME_LIB
+
+pytestmark = pytest.mark.timeout(600)
+
+# backend: (electors, workers, beats, seed)
+RUNS = {
+    "memory": (3, 0, 0, 101),
+    "sqlite": (2, 0, 2, 102),
+    "pg-notify": (2, 2, 2, 103),
+    "pg-poll": (3, 0, 0, 104),
+    "mariadb": (2, 2, 1, 105),
+}
+
+
+def _faults(backend: str) -> tuple[str, ...]:
+    faults = FAULTS[backend]
+    if "skew" in faults and not FAKETIME_LIB.exists():
+        pytest.fail(f"{FAKETIME_LIB} is missing: scripts/services-up installs faketime")
+    if "restart" in faults and not os.path.isdir("/etc/postgresql"):
+        faults = tuple(f for f in faults if f != "restart")  # a throwaway server: no restart
+    return faults
+
+
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_every_fault_once(backend: str, tmp_path: Path) -> None:
+    electors, workers, beats, seed = RUNS[backend]
+    urls = {}
+    if backend.startswith("pg"):
+        urls["pg_url"] = server_url("postgresql")
+    if backend == "mariadb":
+        urls["mysql_url"] = server_url("mysql")
+    if workers or beats:
+        urls["amqp_url"] = server_url("amqp")
+    faults = _faults(backend)
+    settings = Settings(
+        backend=backend, seed=seed, ttl=1.0, electors=electors, workers=workers, beats=beats,
+        faults=faults, cycle=True, **urls,
+    )  # fmt: skip
+    report = make(settings, tmp_path).run(0)
+    detail = f"history and logs in {tmp_path}: {report.violations[:10]}"
+    assert report.ok, detail
+    assert set(report.faults) == set(faults), detail
+    records = load([tmp_path / "history.jsonl"])
+    acted = {r.get("what") for r in records if r["k"] == "act"}
+    assert "act" in acted, detail  # bare electors acted as leaders
+    if workers:
+        assert "leader_task" in acted, detail  # beat -> leader queue -> the leader worker
+    if beats:
+        assert report.sends > 0, detail
+    assert report.leaderships >= 2  # leadership changed hands at least once

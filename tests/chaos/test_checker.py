@@ -1,0 +1,140 @@
+"""The history checker must catch every kind of violation it claims to, and pass clean runs.
+
+Histories here are written by hand: each test builds the smallest one that breaks (or
+keeps) one invariant, so a checker that stopped looking would fail here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery_election import Elector
+from celery_election.backends import MemoryBackend
+from celery_election.clock import FakeClock
+from celery_election.history import Recorder, check, intervals, load
+
+NS = "ns"
+
+
+def trust(
+    cand: str, mono: float, term: int | None, until: float | None, pid: int = 1
+) -> dict[str, Any]:
+    return {"k": "trust", "mono": mono, "wall": 1000 + mono, "pid": pid, "ns": NS,
+            "cand": cand, "term": term, "until": until}  # fmt: skip
+
+
+def act(term: int, mono: float, k: str = "act", **extra: Any) -> dict[str, Any]:
+    return {"k": k, "mono": mono, "wall": 1000 + mono, "pid": 9, "ns": NS, "term": term, **extra}
+
+
+def handoff() -> list[dict[str, Any]]:
+    """a leads term 1 (renewed to 10.0), resigns at 9; b leads term 2 from 9.5."""
+    return [
+        trust("a", 0.0, 1, 5.0),
+        trust("a", 4.0, 1, 10.0),
+        trust("a", 9.0, None, None),
+        trust("b", 9.5, 2, 15.0),
+    ]
+
+
+def test_clean_handoff_passes_and_measures_the_gap() -> None:
+    recs = [*handoff(), act(1, 8.9), act(2, 9.6)]
+    rep = check(recs)
+    assert rep.ok, rep.violations
+    assert rep.leaderships == 2 and rep.terms == 2 and rep.acts == 2
+    assert rep.gaps[NS] == [(0.5, 9.0)]
+    ivs = intervals(recs)
+    assert [(i.cand, i.start, i.end) for i in ivs] == [("a", 0.0, 9.0), ("b", 9.5, 15.0)]
+
+
+def test_overlapping_trust_is_split_brain() -> None:
+    recs = [trust("a", 0.0, 1, 10.0), trust("b", 9.0, 2, 15.0)]
+    rep = check(recs)
+    assert any("split brain" in v for v in rep.violations)
+    assert rep.overlap_seconds == 1.0
+
+
+def test_overlap_within_the_measured_clock_error_is_allowed() -> None:
+    recs = [trust("a", 0.0, 1, 10.0), trust("b", 9.9995, 2, 15.0)]
+    recs.append({"k": "clock_error", "mono": 0.0, "wall": 0.0, "pid": 1, "seconds": 0.001})
+    rep = check(recs)
+    assert rep.ok and rep.tolerated_overlaps == 1
+    assert not check(recs, clock_error=0.0).ok
+
+
+def test_a_killed_leader_ends_at_its_last_until() -> None:
+    recs = [trust("a", 0.0, 1, 5.0), trust("b", 5.2, 2, 9.0)]
+    assert check(recs).ok  # a never wrote "ended": its trust ran out at 5.0
+    assert not check([trust("a", 0.0, 1, 5.3), trust("b", 5.2, 2, 9.0)]).ok
+
+
+def test_term_going_down_and_term_shared() -> None:
+    down = [trust("a", 0.0, 5, 1.0), trust("b", 2.0, 4, 3.0)]
+    assert any("went down" in v for v in check(down).violations)
+    shared = [trust("a", 0.0, 5, 1.0), trust("b", 2.0, 5, 3.0)]
+    assert any("held by a and by b" in v for v in check(shared).violations)
+    regained = [trust("a", 0.0, 5, 1.0), trust("a", 1.5, None, None), trust("a", 2.0, 5, 3.0)]
+    assert check(regained).ok  # the same candidate may trust its own term again
+
+
+def test_acts_outside_trust_or_under_another_term() -> None:
+    late = [*handoff(), act(1, 9.7)]  # a acted after it resigned, while b led
+    violations = check(late).violations
+    assert any("outside every trust window" in v for v in violations)
+    assert any("while term 2" in v for v in violations)
+    unknown = [*handoff(), act(7, 3.0)]
+    assert any("outside every trust window" in v for v in check(unknown).violations)
+
+
+def test_duplicate_and_lost_ticks() -> None:
+    base = [trust("a", 0.0, 1, 100.0)]
+    sends = [act(1, float(t), "send", entry="e", due=int((1000 + t) * 1e6)) for t in (1, 2, 4)]
+    rep = check(base + sends, tick_every={"e": 1.0}, tick_settle=1.0)
+    assert rep.lost_ticks == 1 and not rep.ok  # due at 3: one leader all along, never sent
+    dup = base + sends + [act(1, 4.1, "send", entry="e", due=int(1004 * 1e6))]
+    rep = check(dup, tick_every={"e": 1.0}, tick_settle=1.0)
+    assert rep.duplicate_ticks == 1
+    assert any("sent 2 times" in v for v in rep.violations)
+
+
+def test_a_tick_missed_during_a_failover_is_excused() -> None:
+    recs = [trust("a", 0.0, 1, 2.5), trust("b", 3.5, 2, 100.0)]
+    sends = [act(1, 1.0, "send", entry="e", due=int(1001e6)),
+             act(1, 2.0, "send", entry="e", due=int(1002e6)),
+             act(2, 4.0, "send", entry="e", due=int(1004e6))]  # fmt: skip
+    rep = check(recs + sends, tick_every={"e": 1.0}, tick_settle=1.0)
+    assert rep.ok, rep.violations
+    assert rep.excused_ticks == 1 and rep.lost_ticks == 0
+
+
+def test_failover_is_attributed_to_the_fault_that_hit_the_leader() -> None:
+    recs = [trust("a", 0.0, 1, 5.0, pid=11), trust("b", 6.0, 2, 20.0, pid=12)]
+    recs.append({"k": "fault", "mono": 3.0, "wall": 0, "pid": 1, "ns": NS, "kind": "kill",
+                 "target_pid": 11, "phase": "start"})  # fmt: skip
+    rep = check(recs)
+    assert rep.failover == {"kill": [3.0]} and rep.faults == {"kill": 1}
+
+
+def test_recorder_follows_an_elector(tmp_path: Path) -> None:
+    """The recorder's trust lines come from the elector itself, renewals included."""
+    clock = FakeClock()
+    backend = MemoryBackend(clock)
+    path = tmp_path / "h.jsonl"
+    elector = Elector(backend, NS, "a", ttl=3, clock=clock)
+    rec = Recorder(path, role="test", monotonic=clock.monotonic).attach(elector)
+    t0 = clock.monotonic()
+    elector.start()
+    assert clock.settle(2) and elector.is_leader  # election thread and dispatcher asleep
+    term = elector.term
+    clock.advance(1.3)  # past one renew interval (0.4 x ttl)
+    assert clock.settle(2)
+    elector.stop()
+    rec.close()
+    records = load([path])
+    lines = [(r["mono"], r["term"], r["until"]) for r in records if r["k"] == "trust"]
+    assert lines[0][:2] == (t0, term) and lines[-1][1:] == (None, None)
+    assert lines[1][0] >= t0 + 1.2 and lines[1][2] > lines[0][2]  # a renewal moved it
+    (iv,) = intervals(records)
+    assert (iv.term, iv.start, iv.end) == (term, t0, lines[-1][0])
+    assert check(records).ok
