@@ -66,6 +66,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 _FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
 _PRUNE_EVERY = 300.0
+_OFFSET_EVERY = 60.0
 
 
 def _us(dt: datetime) -> int:
@@ -203,6 +204,8 @@ class LeaderSchedulerMixin:
             self._last_due: dict[str, datetime] = {}
             self._claims: dict[str, tuple[bool, datetime]] = {}
             self._next_prune = 0.0
+            self._clock_offset = timedelta(0)
+            self._next_offset = 0.0
             log.info("beat election: %s", self._election.describe())
 
     def close(self) -> None:
@@ -232,12 +235,43 @@ class LeaderSchedulerMixin:
             self._loaded_term = None
             return min(self.max_interval, _FOLLOWER_TICK)
         if lead[0] != self._loaded_term:
+            self._next_offset = 0.0
+            self._measure_offset()
             self._promote(*lead)
+        self._measure_offset()
         self._maybe_prune()
         return float(super().tick(*args, **kwargs))  # type: ignore[misc]
 
     def _now(self) -> datetime:
-        return _aware(self.app.now()).astimezone(timezone.utc)
+        """Now on the database's clock: every beat computes the same due times from it."""
+        return _aware(self.app.now()).astimezone(timezone.utc) + self._clock_offset
+
+    def _measure_offset(self) -> None:
+        """Read the database clock against this host's (one statement, leader only).
+
+        Due times and the shared state are nominal times every beat must agree on. With
+        the host clock a beat whose clock is an hour fast claimed the tick an hour ahead
+        and stored it, and the next leader then waited an hour (the chaos runs skew one
+        process's clock). The offset is good to half a round trip; it is measured again
+        at each promotion and every minute while leading.
+        """
+        election = self._election
+        if election is None or boottime() < self._next_offset:
+            return
+        self._next_offset = boottime() + _OFFSET_EVERY
+        try:
+            before = self.app.now().timestamp()
+            lease = election.backend.current(election.namespace)
+            after = self.app.now().timestamp()
+        except ElectionError as exc:
+            log.warning("beat election: could not read the database clock (%s)", exc)
+            return
+        if lease is not None:
+            offset = lease.db_now_us / 1_000_000 - (before + after) / 2
+            if abs(offset) > 1:
+                log.warning("beat election: this host's clock is %+.3fs off the database's; "
+                            "due times follow the database", -offset)  # fmt: skip
+            self._clock_offset = timedelta(seconds=offset)
 
     def _promote(self, term: int, token: str) -> None:
         """Newly leading: resume from the shared state, not from this process's memory."""

@@ -342,9 +342,10 @@ def _check_lost(
     settle: float,
 ) -> None:
     """A due tick never sent is lost unless leadership changed around its due time."""
-    # Due times are on the wall clock; map them onto the boot-time clock with the offset
-    # the senders themselves saw (their wall clocks are not skewed in these runs).
-    offsets = [r["wall"] - r["mono"] for r in records if r["k"] == "send"]
+    # Due times are on the database's clock; map them onto the boot-time clock with the
+    # offset a driver with a true wall clock saw (else the senders', median).
+    offsets = [r["wall"] - r["mono"] for r in records if r.get("role") == "driver"]
+    offsets = offsets or [r["wall"] - r["mono"] for r in records if r["k"] == "send"]
     if not offsets:
         return
     offset = statistics.median(offsets)

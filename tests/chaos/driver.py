@@ -247,8 +247,6 @@ class Chaos:
     def _pick(self) -> tuple[str, Node]:
         fault = _next_fault(self)
         role = self.rng.choice(sorted({n.role for n in self.nodes}))
-        if fault == "skew":  # beats compute due times on the host clock (see the README)
-            role = self.rng.choice(sorted({n.role for n in self.nodes} - {"beat"}))
         group = [n for n in self.nodes if n.role == role]
         leader = self.leader_pid(group[0].ns)
         target = next((n for n in group if n.proc and n.proc.pid == leader), None)

@@ -8,8 +8,10 @@ the database, so only the real leader's ticks are sent.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,40 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     assert failures and failures[0] == dues[0], "the tick whose claim failed was not sent"
     assert len(dues) == len(set(dues))
     assert all(b - a == 1_000_000 for a, b in itertools.pairwise(dues)), dues
+
+
+def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(tmp_path: Path) -> None:
+    """Regression (chaos run, one process's clock an hour fast): due times come from the
+    database's clock, so a fast beat neither claims ticks an hour ahead nor makes the
+    next leader wait an hour."""
+    conf = dict(
+        election_url=f"sqlite:///{tmp_path}/election.db",
+        election_namespace=f"n{uuid.uuid4().hex[:6]}",
+        election_ttl=2.0,
+        beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
+    )
+    fast = Celery("fast", broker="memory://", set_as_current=False)
+    fast.conf.update(conf)
+    fast.now = lambda: datetime.now(timezone.utc) + timedelta(hours=1)  # type: ignore[method-assign]
+    a = make_scheduler(fast, tmp_path, "a")
+    assert a._election is not None and a._election.elector is not None
+    assert a._election.elector.wait_for_leadership(10)
+    _tick_until(a, lambda: len(a.sent) >= 2)
+    a.close()  # resigns
+    now_us = time.time() * 1_000_000
+    assert all(abs(due - now_us) < 10_000_000 for _, due in a.sent), (a.sent, now_us)
+    fine = Celery("fine", broker="memory://", set_as_current=False)
+    fine.conf.update(conf)
+    b = make_scheduler(fine, tmp_path, "b")
+    try:
+        assert b._election is not None and b._election.elector is not None
+        assert b._election.elector.wait_for_leadership(10)
+        _tick_until(b, lambda: len(b.sent) >= 2)
+    finally:
+        b.close()
+    dues = [due for _, due in a.sent + b.sent]
+    assert len(dues) == len(set(dues))
+    assert 0 < b.sent[0][1] - a.sent[-1][1] <= 5_000_000, dues  # no hour-long gap
 
 
 def _tick_until(s: Counting, done: Any, also: Counting | None = None, timeout: float = 15) -> None:
