@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +42,10 @@ def table(summary: dict[str, object]) -> str:
         seen = f"{f['n']} / {f['p50']:.3f} / {f['max']:.3f}" if f else "-"
         rows.append(f"| {kind} | {faults[kind]} | {seen} |")
     return "\n".join(rows)
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> int:
@@ -75,6 +80,8 @@ def main() -> int:
     started = datetime.now(timezone.utc)
     print(f"chaos: {args.backend}, seed {seed}, {args.minutes} min, logs in {workdir}", flush=True)
     run = make(settings, workdir)
+    # SIGTERM ends the run like Ctrl-C: processes stopped, tables and queues dropped.
+    signal.signal(signal.SIGTERM, _interrupt)
     report = run.run(args.minutes * 60, progress=lambda line: print(line, flush=True))
     summary = report.summary()
     result = {
