@@ -20,28 +20,55 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import machine_info  # noqa: E402
-from tests.chaos.driver import BACKENDS, FAULTS, Settings, make  # noqa: E402
+from tests.chaos.driver import BACKENDS, FAULTS, Settings, judge, make  # noqa: E402
 
 
-def table(summary: dict[str, object]) -> str:
-    """The report as markdown: one row per fault kind."""
-    failover = summary["failover_s"]
-    faults = summary["faults"]
-    assert isinstance(failover, dict) and isinstance(faults, dict)
+def table(summary: dict[str, Any]) -> str:
+    """The report as markdown: one row per fault kind, findings counted in its windows."""
+    failover, per_fault = summary["failover_s"], summary["per_fault"]
     rows = [
-        "| fault | injected | failover after it hit the leader: n / p50 / max (s) |",
-        "| --- | --- | --- |",
+        "| fault | injected | overlap s | duplicate ticks | lost ticks | ticks missed in "
+        "failover | failover after it hit the leader: n / p50 / max (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for kind in sorted(faults):
-        f = failover.get(kind) or {}
+    for kind, count in sorted(summary["faults"].items()):
+        f, found = failover.get(kind) or {}, per_fault.get(kind) or {}
         seen = f"{f['n']} / {f['p50']:.3f} / {f['max']:.3f}" if f else "-"
-        rows.append(f"| {kind} | {faults[kind]} | {seen} |")
+        rows.append(
+            f"| {kind} | {count} | {found.get('overlap_s', 0):.3f} | "
+            f"{found.get('duplicate_ticks', 0):.0f} | {found.get('lost_ticks', 0):.0f} | "
+            f"{found.get('excused_ticks', 0):.0f} | {seen} |"
+        )
     return "\n".join(rows)
+
+
+def write(result: dict[str, Any], out: Path) -> str:
+    """Write the JSON and the markdown report; return the markdown."""
+    summary = result["report"]
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    md = (
+        f"# chaos {result['backend']}: {result['minutes']} min, seed {result['seed']}, "
+        f"ttl {result['ttl']}s, {result['started'][:10]}\n\n"
+        f"Processes: {result['processes']}. "
+        f"Faults drawn from: {', '.join(result['fault_kinds'])}.\n\n"
+        f"violations: {summary['violation_count']}; overlap {summary['overlap_s']:.6f}s "
+        f"(clock error allowed {summary['clock_error_s'] * 1000:.3f} ms, "
+        f"overlaps within it: {summary['tolerated_overlaps']}); "
+        f"duplicate ticks {summary['duplicate_ticks']}; lost ticks {summary['lost_ticks']} "
+        f"(missed in failover windows: {summary['excused_ticks']}); "
+        f"leaderships {summary['leaderships']}, acts {summary['acts']}, "
+        f"beat sends {summary['sends']}\n\n{table(summary)}\n"
+    )
+    for v in summary["violations"]:
+        md += f"\n- VIOLATION: {v}"
+    out.with_suffix(".md").write_text(md + "\n")
+    return md
 
 
 def _interrupt(*_: object) -> None:
@@ -50,7 +77,7 @@ def _interrupt(*_: object) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=BACKENDS, required=True)
+    p.add_argument("--backend", choices=BACKENDS, default="memory")
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=None, help="default: the time")
     p.add_argument("--ttl", type=float, default=2.0)
@@ -60,7 +87,19 @@ def main() -> int:
     p.add_argument("--faults", default=None, help="comma-separated subset of the defaults")
     p.add_argument("--out", default=None, help="report path (default benchmarks/results/)")
     p.add_argument("--workdir", default=None, help="keep logs and history here")
+    p.add_argument(
+        "--rejudge",
+        default=None,
+        metavar="REPORT.json",
+        help="check --workdir's history again and rewrite this report",
+    )
     args = p.parse_args()
+    if args.rejudge:
+        result = json.loads(Path(args.rejudge).read_text())
+        report = judge(Path(args.workdir) / "history.jsonl", settle=2 * result["ttl"] + 1)
+        result["report"] = report.summary()
+        print(write(result, Path(args.rejudge)))
+        return 0 if report.ok else 1
 
     seed = args.seed if args.seed is not None else int(time.time())
     memory = args.backend == "memory"
@@ -98,22 +137,7 @@ def main() -> int:
         "steps": run.log,
     }  # fmt: skip
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"chaos-{args.backend}.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    md = (
-        f"# chaos {args.backend}: {args.minutes} min, seed {seed}, ttl {args.ttl}s, "
-        f"{started:%Y-%m-%d}\n\n"
-        f"violations: {summary['violation_count']}; overlap {summary['overlap_s']:.6f}s "
-        f"(clock error allowed {summary['clock_error_s'] * 1000:.3f} ms, "
-        f"overlaps within it: {summary['tolerated_overlaps']}); "
-        f"duplicate ticks {summary['duplicate_ticks']}; lost ticks {summary['lost_ticks']} "
-        f"(excused in failover windows: {summary['excused_ticks']}); "
-        f"leaderships {summary['leaderships']}, acts {summary['acts']}, "
-        f"beat sends {summary['sends']}\n\n{table(summary)}\n"
-    )
-    for v in summary["violations"]:
-        md += f"\n- VIOLATION: {v}"
-    out.with_suffix(".md").write_text(md + "\n")
-    print(md)
+    print(write(result, out))
     return 0 if report.ok else 1
 
 

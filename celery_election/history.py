@@ -24,6 +24,7 @@ clock skew touches it. That is why intervals from different processes can be com
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -192,6 +193,10 @@ class Report:
     #: Per fault kind: seconds from the fault's start to the next leader's first trust.
     failover: dict[str, list[float]] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
+    #: Per fault kind: overlap seconds and duplicate/lost/excused ticks in its windows.
+    per_fault: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: (mono, what, amount) of each overlap, duplicate, lost or excused tick.
+    events: list[tuple[float, str, float]] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -224,6 +229,7 @@ class Report:
             "excused_ticks": self.excused_ticks,
             "faults": self.faults,
             "failover_s": {k: stats(v) for k, v in sorted(self.failover.items())},
+            "per_fault": self.per_fault,
             "gaps_s": {ns: stats([g for g, _ in v]) for ns, v in sorted(self.gaps.items())},
         }
 
@@ -290,6 +296,8 @@ def check(
                     continue
                 overlap = min(o.end, iv.end) - iv.start
                 rep.overlap_seconds += max(0.0, overlap)
+                if overlap > 0:
+                    rep.events.append((iv.start, "overlap_s", overlap))
                 if 0 < overlap <= eps:
                     rep.tolerated_overlaps += 1
                 if overlap > eps:
@@ -300,19 +308,21 @@ def check(
             open_.append(iv)
         rep.gaps[ns] = gaps
 
-    sent: dict[tuple[str, str, int], int] = defaultdict(int)
+    sent: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    index = {ns: _Index(group) for ns, group in by_ns.items()}
+    empty = _Index([])
     for r in records:
         if r["k"] not in ("act", "send"):
             continue
-        group = by_ns.get(r["ns"], [])
+        near = index.get(r["ns"], empty).around(r["mono"], slack=1.0)
         t = r["mono"]
-        own = [i for i in group if i.term == r["term"] and i.start - 1.0 <= t <= i.end + eps]
+        own = [i for i in near if i.term == r["term"] and i.start - 1.0 <= t <= i.end + eps]
         if not own:
             rep.violations.append(
                 f"{r['ns']}: {r.get('what', r['k'])} by pid {r['pid']} under term {r['term']} "
                 f"at mono {t:.6f}, outside every trust window of that term"
             )
-        for other in _covering(group, t):
+        for other in _covering(near, t):
             if other.term != r["term"] and other.start + eps < t < other.end - eps:
                 rep.violations.append(
                     f"{r['ns']}: {r.get('what', r['k'])} by pid {r['pid']} under term "
@@ -322,21 +332,36 @@ def check(
             rep.acts += 1
         else:
             rep.sends += 1
-            sent[(r["ns"], r["entry"], r["due"])] += 1
-    for (ns, entry, due), count in sent.items():
-        if count > 1:
-            rep.duplicate_ticks += count - 1
-            rep.violations.append(f"{ns}: tick {entry} due {due} sent {count} times")
+            sent[(r["ns"], r["entry"], r["due"])].append(t)
+    for (ns, entry, due), times in sent.items():
+        if len(times) > 1:
+            rep.duplicate_ticks += len(times) - 1
+            rep.events += [(t, "duplicate_ticks", 1) for t in times[1:]]
+            rep.violations.append(f"{ns}: tick {entry} due {due} sent {len(times)} times")
     if tick_every:
-        _check_lost(rep, records, sent, by_ns, tick_every, tick_settle)
+        _check_lost(rep, records, set(sent), by_ns, tick_every, tick_settle)
     _attribute_failovers(rep, records, by_ns)
     return rep
+
+
+class _Index:
+    """Intervals of one namespace by start, to find those around an instant quickly."""
+
+    def __init__(self, group: list[Interval]) -> None:
+        self.group = sorted(group, key=lambda i: i.start)
+        self.starts = [i.start for i in self.group]
+        self.longest = max((i.end - i.start for i in self.group), default=0.0)
+
+    def around(self, t: float, slack: float) -> list[Interval]:
+        hi = bisect.bisect_right(self.starts, t + slack)
+        lo = bisect.bisect_left(self.starts, t - self.longest - slack)
+        return self.group[lo:hi]
 
 
 def _check_lost(
     rep: Report,
     records: list[dict[str, Any]],
-    sent: dict[tuple[str, str, int], int],
+    sent: set[tuple[str, str, int]],
     by_ns: dict[str, list[Interval]],
     tick_every: dict[str, float],
     settle: float,
@@ -365,12 +390,14 @@ def _check_lost(
             at = due / 1_000_000 - offset
             if any(i.start <= at and i.end >= at + settle for i in group):
                 rep.lost_ticks += 1
+                rep.events.append((at, "lost_ticks", 1))
                 rep.violations.append(
                     f"{ns}: tick {entry} due {due} never sent, though one leader was "
                     f"trusted from its due time for {settle}s"
                 )
             else:
                 rep.excused_ticks += 1
+                rep.events.append((at, "excused_ticks", 1))
 
 
 def _attribute_failovers(
@@ -378,6 +405,14 @@ def _attribute_failovers(
 ) -> None:
     """For each fault that hit a leader: seconds until another term was trusted."""
     faults = [r for r in records if r["k"] == "fault" and r.get("phase", "start") == "start"]
+    # Each fault owns the time from its start to the next fault's: what happened then
+    # (an overlap, a duplicate, a lost or excused tick) is counted against its kind.
+    starts = [f["mono"] for f in faults]
+    for t, what, amount in rep.events:
+        n = bisect.bisect_right(starts, t) - 1
+        kind = faults[n]["kind"] if n >= 0 else "none"
+        bucket = rep.per_fault.setdefault(kind, {})
+        bucket[what] = bucket.get(what, 0) + amount
     for n, r in enumerate(faults):
         kind = r["kind"]
         rep.faults[kind] = rep.faults.get(kind, 0) + 1

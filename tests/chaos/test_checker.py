@@ -138,3 +138,18 @@ def test_recorder_follows_an_elector(tmp_path: Path) -> None:
     (iv,) = intervals(records)
     assert (iv.term, iv.start, iv.end) == (term, t0, lines[-1][0])
     assert check(records).ok
+
+
+def test_findings_are_counted_against_the_fault_whose_window_they_fall_in() -> None:
+    def fault(kind: str, mono: float) -> dict[str, Any]:
+        return {"k": "fault", "mono": mono, "wall": 0, "pid": 1, "ns": NS, "kind": kind,
+                "target_pid": 0, "phase": "start"}  # fmt: skip
+
+    recs = [trust("a", 0.0, 1, 10.0), trust("b", 9.0, 2, 30.0), fault("stall", 8.5)]
+    sends = [act(2, float(t), "send", entry="e", due=int((1000 + t) * 1e6)) for t in (12, 14)]
+    recs += [*sends, act(2, 14.2, "send", entry="e", due=int(1014e6)), fault("kill", 13.5)]
+    rep = check(recs, tick_every={"e": 1.0}, tick_settle=1.0)
+    assert rep.per_fault == {
+        "stall": {"overlap_s": 1.0, "lost_ticks": 1},  # due at 13: b led throughout
+        "kill": {"duplicate_ticks": 1},
+    }
