@@ -152,11 +152,8 @@ class _BeatElection:
                 f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                 config=self.settings.config,
             )
-        self.recorder = (
-            Recorder(self.settings.history_file, role="beat")
-            if (self.settings.history_file)
-            else None
-        )
+        history = self.settings.history_file
+        self.recorder = Recorder(history, role="beat") if history else None
         if self.elector is not None:
             if self.recorder is not None:
                 self.recorder.attach(self.elector)
