@@ -19,6 +19,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
@@ -150,4 +151,6 @@ def skew_env(seconds: float) -> dict[str, str]:
         "LD_PRELOAD": str(FAKETIME_LIB),
         "FAKETIME": f"{seconds:+.0f}s",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        # libfaketime breaks time.sleep() in this mode; skew/sitecustomize.py mends it.
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "skew"), str(ROOT)]),
     }
