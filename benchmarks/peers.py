@@ -1,0 +1,1243 @@
+"""celery-election against other PostgreSQL leader electors, side by side in one run.
+
+    .venv/bin/python benchmarks/peers.py --quick     # smoke run: ttl 2 s, 3 trials, 10 s windows
+    .venv/bin/python benchmarks/peers.py             # full run: ttl 10 s, 10 trials, 60 s windows
+
+Three electors, each run as N (default 3) processes, one elector per process, on the same
+PostgreSQL server, one after the other in the same run:
+
+``celery-election``
+    ``celery_election.Elector`` on ``backend_from_url(url, listen=True)``: a lease row
+    with a ttl, followers woken by LISTEN/NOTIFY (the library's default on PostgreSQL).
+``advisory``
+    The usual hand-written elector: every process holds one psycopg 3 connection
+    (autocommit) and runs ``SELECT pg_try_advisory_lock(key)`` every ``--poll`` seconds
+    until it gets the lock; the holder leads while its session holds it, and checks its
+    connection with ``SELECT 1`` every ``--poll`` seconds (a leader that cannot reach the
+    database must stop leading). A clean stop is ``pg_advisory_unlock`` and closing the
+    connection. There is no lease: a session that dies releases the lock when PostgreSQL
+    notices it (at once when the socket closes, as after SIGKILL on loopback).
+``notifelect``
+    notifelect (PyPI) ``Coordinator``: a bully election over NOTIFY. Each process takes a
+    number from a sequence; every ``election_interval`` each process pings, waits
+    ``election_timeout`` for pongs and leads if its number is the highest that answered
+    (the newest process wins). Its defaults are 20 s + 5 s; here they are scaled so that
+    interval + timeout = ttl (timeout 1 s, or 0.5 s when ttl < 5), so its detection time
+    is comparable with a ttl-second lease. Clean stop: leaving its ``async with``.
+
+Measured for each, on its own cluster:
+
+(a) clean stop: SIGTERM to the leader's process, which stops the way that library stops
+    cleanly (``Elector.stop()``; unlock + close; leaving the ``Coordinator``). Reported:
+    time from the moment the old leader dropped its belief to the next "I lead" report
+    of another process, and from the SIGTERM.
+(b) crash: SIGKILL to the leader's process; time until another process reports that it
+    leads. For celery-election the parent reads the lease right after the kill and also
+    reports the time past the lease's expiry (as failover.py does).
+(c) steady state: statements per minute of the leader and of each follower, counted on
+    the wire, the same way for all three: during the statement window each child
+    connects through a small PostgreSQL protocol proxy in this process (one port per
+    child) that counts what the server is asked to execute: each statement of a simple
+    Query message, and each Execute of the extended protocol (named by its Parse).
+    Transaction control (BEGIN/COMMIT/ROLLBACK/START/END) is not counted, as in
+    failover.py; the per-verb counts and the notifications each process received are in
+    the JSON. The timing trials connect directly, so the proxy adds nothing to them.
+
+"I lead" is each process's own report, with a CLOCK_BOOTTIME timestamp (comparable across
+processes): celery-election's ``Transition.at``; for advisory the moment
+``pg_try_advisory_lock`` returned true; for notifelect the moment the Coordinator
+assigned ``outcome.winner`` (the attribute is watched, not polled). A killed or stopped
+process is replaced and the replacement has made its first election step before the next
+trial. ``overlapping beliefs`` counts pairs of processes that both believed they led at
+the same instant (notifelect: a new process outranks the leader at its first election,
+and the old leader only learns it at its own next election).
+
+Clean-up: children run in their own sessions, stop on SIGTERM or when stdin closes, and
+are terminated, then killed, in a finally block (also on Ctrl-C / SIGTERM of the parent);
+celery-election's tables and notifelect's sequence use a unique prefix and are dropped;
+advisory locks go with the children's sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import queue
+import random
+import secrets
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from _machine import machine_info
+
+from celery_election import Elector, backend_from_url
+from celery_election.clock import boottime
+from celery_election.config import ElectionConfig
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_JSON = HERE / "results" / "peers.json"
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+KINDS = ("celery-election", "advisory", "notifelect")
+TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}
+
+_EMIT_LOCK = threading.Lock()
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON line to the parent; lines from several threads must not interleave."""
+    line = json.dumps(obj, separators=(",", ":")) + "\n"
+    with _EMIT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def child_url(base: str, kind: str, port: int | None) -> str:
+    """The URL a child of ``kind`` uses: the right driver name, maybe through the proxy."""
+    url = sa.make_url(base).update_query_dict({"sslmode": "disable"})
+    if port is not None:
+        url = url.set(host="127.0.0.1", port=port)
+    url = url.set(drivername="postgresql+psycopg" if kind == "celery-election" else "postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def advisory_key(prefix: str) -> int:
+    """A signed 64-bit advisory lock key of this run, so runs never share a lock."""
+    digest = hashlib.blake2b(prefix.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def server_started(base: str, timeout: float = 60.0) -> str:
+    """When the PostgreSQL server started; waits (with a deadline) while it is down.
+
+    Other test runs on the machine may restart the server. A trial or window during which
+    it restarted measured the restart, not the elector: it is discarded and redone.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(
+                child_url(base, "advisory", None), autocommit=True, connect_timeout=5
+            ) as c:
+                row = c.execute("SELECT pg_postmaster_start_time()").fetchone()
+                return str(row[0]) if row else "?"
+        except psycopg.Error:
+            if time.monotonic() > deadline:
+                raise BenchError(f"the database did not come back within {timeout:.0f}s") from None
+            time.sleep(0.2)  # the server is down: try again until the deadline
+
+
+# =========================================================================================
+# child: one elector
+# =========================================================================================
+
+
+class Reporter:
+    """Reports changes of this process's belief ("I lead" / "I do not") to the parent."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.leading = False
+        self.stopping = False
+        self.term = 0
+
+    def elected(self, at: float, term: int | None = None) -> None:
+        with self.lock:
+            if self.leading or self.stopping:
+                return
+            self.leading = True
+            self.term = term if term is not None else self.term + 1
+            emit({"event": "elected", "cand": self.name, "term": self.term, "at": at})
+
+    def revoked(self, at: float, reason: str) -> None:
+        with self.lock:
+            if not self.leading:
+                return
+            self.leading = False
+            emit({"event": "revoked", "cand": self.name, "reason": reason, "at": at})
+
+    def stop(self, at: float) -> None:
+        """The process was asked to stop: its belief ends now, whatever the library does."""
+        self.revoked(at, "stopped")
+        with self.lock:
+            self.stopping = True
+
+
+def run_celery_election(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
+    backend = backend_from_url(args.url, table_prefix=args.prefix, listen=True)
+    elector = Elector(backend, args.ns, args.child, ttl=args.ttl)
+    sub = elector.subscribe()
+
+    def read() -> None:
+        for tr in sub:
+            if tr.kind == "elected":
+                rep.elected(tr.at, tr.term)
+            else:
+                rep.revoked(tr.at, tr.reason.value if tr.reason else "?")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        elector.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stop.is_set():
+            if elector.last_lease is not None or elector.is_leader:
+                break
+            stop.wait(0.02)
+        emit({"event": "ready", "at": boottime()})
+        stop.wait()
+        # Elector.stop() drops the belief (the revoke the reader reports), then resigns.
+        elector.stop()
+        reader.join(5)
+        rep.stop(boottime())
+    finally:
+        backend.close()
+
+
+def run_advisory(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
+    key = advisory_key(args.prefix)
+    conn: psycopg.Connection[Any] | None = None
+    ready = False
+    while not stop.is_set():
+        try:
+            if conn is None:
+                conn = psycopg.connect(args.url, autocommit=True, connect_timeout=5)
+            if not rep.leading:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                if row is not None and row[0]:
+                    rep.elected(boottime())
+            else:
+                conn.execute("SELECT 1")  # a leader that lost its session must step down
+        except psycopg.Error as exc:
+            rep.revoked(boottime(), f"connection lost: {type(exc).__name__}")
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            conn = None
+        if not ready:
+            ready = True
+            emit({"event": "ready", "at": boottime()})
+        stop.wait(args.poll)
+    rep.stop(boottime())
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        conn.close()
+
+
+def run_notifelect(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
+    import asyncpg  # type: ignore[import-untyped]
+    from notifelect.election_manager import Coordinator, Outcome
+
+    ready = threading.Event()
+
+    class ReportingOutcome(Outcome):
+        """notifelect's Outcome, reporting each assignment of ``winner`` as it happens."""
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+            if name == "winner" and getattr(self, "watch", False):
+                if value:
+                    rep.elected(boottime())
+                else:
+                    rep.revoked(boottime(), "outranked")
+                if not ready.is_set():
+                    ready.set()
+                    emit({"event": "ready", "at": boottime()})
+
+    async def main() -> None:
+        conn = await asyncpg.connect(args.url)
+
+        # notifelect does not reconnect: a session the server ends leaves this process
+        # deaf for good. Say so, so that the parent can tell it from a slow election.
+        def lost(*_: Any) -> None:
+            if not rep.stopping:  # also called when we close it ourselves
+                emit({"event": "conn_lost", "at": boottime(), "cand": args.child})
+
+        conn.add_termination_listener(lost)
+        try:
+            coordinator = Coordinator(
+                conn,
+                namespace=args.ns,
+                election_interval=datetime.timedelta(seconds=args.ne_interval),
+                election_timeout=datetime.timedelta(seconds=args.ne_timeout),
+            )
+            outcome = ReportingOutcome()
+            object.__setattr__(outcome, "watch", True)
+            coordinator.outcome = outcome
+            async with coordinator:
+                await asyncio.to_thread(stop.wait)
+                rep.stop(boottime())
+            # __aexit__ waits for the current election round to end before returning.
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
+
+
+def child_main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.WARNING, format=f"[{args.child}] %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def commands() -> None:
+        for _line in sys.stdin:
+            pass
+        stop.set()  # EOF: the parent is gone
+
+    threading.Thread(target=commands, daemon=True).start()
+    rep = Reporter(args.child)
+    run = {
+        "celery-election": run_celery_election,
+        "advisory": run_advisory,
+        "notifelect": run_notifelect,
+    }[args.kind]
+    run(args, stop, rep)
+    emit({"event": "stopped", "at": boottime()})
+    return 0
+
+
+# =========================================================================================
+# parent: a PostgreSQL wire-protocol proxy that counts statements per child
+# =========================================================================================
+
+
+def verbs_of(sql: str) -> list[str]:
+    """The first word of each statement in ``sql`` (a simple Query may hold several)."""
+    out = []
+    for part in sql.split(";"):
+        lines = [ln for ln in part.strip().splitlines() if not ln.strip().startswith("--")]
+        text = " ".join(lines).strip()
+        if text:
+            out.append(text.split(None, 1)[0].upper())
+    return out
+
+
+class WireCount:
+    """What one child's connections asked the server to execute, and what it was sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.verbs: collections.Counter[str] = collections.Counter()
+        self.notifications = 0
+        self.connections = 0
+        self.opaque = 0  # connections that switched to TLS/GSS: not parsed
+
+    def add(self, verb: str) -> None:
+        with self.lock:
+            self.verbs[verb] += 1
+
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            verbs = dict(self.verbs)
+            return {
+                "stmts": sum(n for v, n in verbs.items() if v not in TX_VERBS),
+                "verbs": verbs,
+                "notifications": self.notifications,
+                "connections": self.connections,
+                "opaque": self.opaque,
+            }
+
+
+class WireParser:
+    """Frames one direction of a PostgreSQL connection and counts the messages of note."""
+
+    SSL_LIKE = (80877103, 80877104)  # SSLRequest, GSSENCRequest: a one-byte answer
+
+    def __init__(self, count: WireCount, client: bool, peer: WireParser | None = None) -> None:
+        self.count = count
+        self.client = client
+        self.peer = peer
+        self.buf = bytearray()
+        self.startup = client  # the client's first message(s) have no type byte
+        self.raw_bytes = 0  # server: unframed answer bytes to an SSL/GSS request
+        self.dead = False
+        self.statements: dict[str, str] = {}  # prepared statement name -> verb
+        self.portals: dict[str, str] = {}  # portal name -> verb
+
+    def feed(self, data: bytes) -> None:
+        if self.dead:
+            return
+        self.buf += data
+        while not self.dead:
+            if self.raw_bytes:
+                if not self.buf:
+                    return
+                answer = self.buf[0]
+                del self.buf[0]
+                self.raw_bytes -= 1
+                if answer in b"SG":  # encrypted from here on
+                    self.dead = True
+                    if self.peer is not None:
+                        self.peer.dead = True
+                    with self.count.lock:
+                        self.count.opaque += 1
+                continue
+            if self.startup:
+                if len(self.buf) < 8:
+                    return
+                (length, code) = struct.unpack("!ii", self.buf[:8])
+                if len(self.buf) < length:
+                    return
+                del self.buf[:length]
+                if code in self.SSL_LIKE and self.peer is not None:
+                    self.peer.raw_bytes += 1
+                else:
+                    self.startup = False
+                continue
+            if len(self.buf) < 5:
+                return
+            kind = chr(self.buf[0])
+            (length,) = struct.unpack("!i", self.buf[1:5])
+            if len(self.buf) < 1 + length:
+                return
+            body = bytes(self.buf[5 : 1 + length])
+            del self.buf[: 1 + length]
+            if self.client:
+                self.client_message(kind, body)
+            elif kind == "A":
+                with self.count.lock:
+                    self.count.notifications += 1
+
+    def client_message(self, kind: str, body: bytes) -> None:
+        if kind == "Q":
+            for verb in verbs_of(body.split(b"\0", 1)[0].decode(errors="replace")):
+                self.count.add(verb)
+        elif kind == "P":
+            name, query = body.split(b"\0", 2)[:2]
+            verbs = verbs_of(query.decode(errors="replace"))
+            self.statements[name.decode()] = verbs[0] if verbs else "?"
+        elif kind == "B":
+            portal_name, stmt_name = body.split(b"\0", 2)[:2]
+            self.portals[portal_name.decode()] = self.statements.get(stmt_name.decode(), "?")
+        elif kind == "E":
+            portal = body.split(b"\0", 1)[0].decode()
+            self.count.add(self.portals.get(portal, "?"))
+
+
+class Proxy:
+    """One listening port per child, forwarding to the real server and counting."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.counts: dict[str, WireCount] = {}
+        self.loop = asyncio.new_event_loop()
+        self.servers: list[asyncio.Server] = []
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def add(self, name: str) -> int:
+        count = self.counts[name] = WireCount()
+        fut = asyncio.run_coroutine_threadsafe(self._listen(count), self.loop)
+        return fut.result(10)
+
+    async def _listen(self, count: WireCount) -> int:
+        async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            await self._connection(count, cr, cw)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.servers.append(server)
+        port: int = server.sockets[0].getsockname()[1]
+        return port
+
+    async def _connection(
+        self, count: WireCount, cr: asyncio.StreamReader, cw: asyncio.StreamWriter
+    ) -> None:
+        with count.lock:
+            count.connections += 1
+        try:
+            sr, sw = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            cw.close()
+            return
+        self.writers |= {cw, sw}
+        server_side = WireParser(count, client=False)
+        client_side = WireParser(count, client=True, peer=server_side)
+        server_side.peer = client_side
+
+        async def pump(
+            r: asyncio.StreamReader, w: asyncio.StreamWriter, parser: WireParser
+        ) -> None:
+            try:
+                while data := await r.read(65536):
+                    parser.feed(data)
+                    w.write(data)
+                    await w.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                w.close()  # one side gone: close the other at once (a killed client's
+                # server session must end as it would without the proxy)
+
+        await asyncio.gather(pump(cr, sw, client_side), pump(sr, cw, server_side))
+        self.writers -= {cw, sw}
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: c.view() for name, c in self.counts.items()}
+
+    def close(self) -> None:
+        async def shut() -> None:
+            for s in self.servers:
+                s.close()
+            for w in list(self.writers):
+                w.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+# =========================================================================================
+# parent: a cluster of elector processes
+# =========================================================================================
+
+
+class BenchError(Exception):
+    pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[str]
+    ended_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Kind:
+    """How to run and time one elector kind."""
+
+    name: str
+    args: argparse.Namespace
+    prefix: str
+    env: dict[str, str]
+    admin: Any = None  # celery-election: the parent's backend, to read the lease
+    cycle: float = 1.0  # the longest regular wait of the kind (detection time)
+
+    @property
+    def wait_bound(self) -> float:
+        """How long any single transition may take before the run is declared failed."""
+        return 3 * self.cycle + 15
+
+
+class Cluster:
+    """N elector processes of one kind and the ordered stream of their reports."""
+
+    def __init__(self, kind: Kind, ns: str, proxy: Proxy | None = None) -> None:
+        self.kind = kind
+        self.ns = ns
+        self.proxy = proxy
+        self.procs: dict[str, Proc] = {}
+        self.events: list[dict[str, Any]] = []
+        self.q: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.leading: dict[str, str] = {}  # candidate -> process (here the same name)
+        self._seq = 0
+
+    def spawn(self) -> Proc:
+        self._seq += 1
+        name = f"{self.kind.name[:4]}-{self.ns}-p{self._seq}"
+        port = self.proxy.add(name) if self.proxy is not None else None
+        a = self.kind.args
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            name,
+            "--kind",
+            self.kind.name,
+            "--url",
+            child_url(a.pg_url, self.kind.name, port),
+            "--prefix",
+            self.kind.prefix,
+            "--ns",
+            self.ns,
+            "--ttl",
+            repr(a.ttl),
+            "--poll",
+            repr(a.poll),
+            "--ne-interval",
+            repr(a.ne_interval),
+            "--ne-timeout",
+            repr(a.ne_timeout),
+        ]
+        popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env={**os.environ, **self.kind.env},
+            start_new_session=True,  # Ctrl-C reaches the parent only; it cleans up
+        )
+        proc = Proc(name, popen)
+        self.procs[name] = proc
+
+        def read() -> None:
+            assert popen.stdout is not None
+            for line in popen.stdout:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    sys.stderr.write(f"[{name}] {line}")
+                    continue
+                event["proc"] = name
+                self.q.put(event)
+            self.q.put({"event": "eof", "proc": name, "at": boottime()})
+
+        threading.Thread(target=read, daemon=True).start()
+        return proc
+
+    def start(self, n: int) -> None:
+        started = [self.spawn() for _ in range(n)]
+        for proc in started:
+            self.wait_ready(proc)
+
+    def wait_ready(self, proc: Proc) -> None:
+        timeout = 30 + self.kind.cycle * 2
+        event = self.wait_for(
+            lambda e: e["event"] == "ready" and e["proc"] == proc.name, 0, timeout
+        )
+        if event is None:
+            raise BenchError(f"{proc.name} did not report ready within {timeout:.0f}s")
+
+    def replace(self) -> None:
+        self.wait_ready(self.spawn())
+
+    def signal(self, proc: Proc, sig: int) -> float:
+        self.drain()
+        at = boottime()
+        proc.popen.send_signal(sig)
+        return at
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.alive:
+                with contextlib.suppress(OSError):
+                    proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10 + self.kind.cycle
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            for pipe in (proc.popen.stdin, proc.popen.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+        self.drain()
+
+    def _take(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        kind, proc = event["event"], self.procs.get(event["proc"])
+        if kind == "elected":
+            self.leading[event["cand"]] = event["proc"]
+        elif kind == "revoked":
+            self.leading.pop(event["cand"], None)
+        elif kind in ("stopped", "eof"):
+            for cand, p in list(self.leading.items()):
+                if p == event["proc"]:
+                    self.leading.pop(cand)
+            if proc is not None and proc.ended_at is None:
+                proc.ended_at = event["at"]
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self._take(self.q.get_nowait())
+            except queue.Empty:
+                return
+
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool], since: int, timeout: float
+    ) -> dict[str, Any] | None:
+        """The first report from index ``since`` on that satisfies ``pred``, or None."""
+        deadline = time.monotonic() + timeout
+        i = since
+        while True:
+            while i < len(self.events):
+                if pred(self.events[i]):
+                    return self.events[i]
+                i += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(queue.Empty):
+                self._take(self.q.get(timeout=min(left, 0.5)))
+
+    def pump(self, seconds: float) -> None:
+        self.wait_for(lambda e: False, len(self.events), seconds)
+
+    def single_leader(self) -> tuple[Proc, str]:
+        """Wait until exactly one live process believes it leads."""
+        deadline = time.monotonic() + self.kind.wait_bound + self.kind.cycle
+        while True:
+            self.drain()
+            live = {c: p for c, p in self.leading.items() if self.procs[p].alive}
+            if len(live) == 1:
+                cand, pname = next(iter(live.items()))
+                return self.procs[pname], cand
+            if time.monotonic() > deadline:
+                raise BenchError(f"expected one leader, have {sorted(live)}")
+            self.pump(0.05)
+
+    def overlaps(self) -> list[dict[str, Any]]:
+        """Pairs of beliefs "I lead" of different processes that overlapped in time."""
+        spans: list[tuple[str, float, float]] = []
+        open_: dict[str, float] = {}
+        now = boottime()
+        for e in sorted(
+            (e for e in self.events if e["event"] in ("elected", "revoked")),
+            key=lambda e: float(e["at"]),
+        ):
+            if e["event"] == "elected":
+                open_[e["cand"]] = e["at"]
+            elif e["cand"] in open_:
+                spans.append((e["cand"], open_.pop(e["cand"]), e["at"]))
+        for cand, start in open_.items():
+            end = self.procs[cand].ended_at if cand in self.procs else None
+            spans.append((cand, start, end or now))
+        bad = []
+        spans.sort(key=lambda s: s[1])
+        for i, a in enumerate(spans):
+            for b in spans[i + 1 :]:
+                if b[1] >= a[2]:
+                    break
+                if a[0] != b[0]:
+                    bad.append({"a": a[0], "b": b[0], "seconds": min(a[2], b[2]) - b[1]})
+        return bad
+
+
+# =========================================================================================
+# trials
+# =========================================================================================
+
+
+def handoff_trial(cl: Cluster) -> dict[str, Any]:
+    """SIGTERM the leader (a clean stop); time until another process leads."""
+    cl.single_leader()
+    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))  # a random point of the cycle
+    proc, cand = cl.single_leader()
+    mark = len(cl.events)
+    t_sig = cl.signal(proc, signal.SIGTERM)
+    bound = cl.kind.wait_bound
+    new = cl.wait_for(
+        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_sig,
+        mark,
+        bound,
+    )
+    if new is None:
+        raise BenchError(f"no new leader within {bound:.0f}s after SIGTERM of {cand}")
+    revoked = cl.wait_for(lambda e: e["event"] == "revoked" and e["cand"] == cand, mark, 10)
+    stopped = cl.wait_for(lambda e: e["event"] == "stopped" and e["proc"] == proc.name, mark, bound)
+    proc.popen.wait(bound)
+    if revoked is None:
+        raise BenchError(f"{cand} reported no revoke after SIGTERM")
+    sample = {
+        "old": cand,
+        "new": new["cand"],
+        "from_revoke_ms": (new["at"] - revoked["at"]) * 1000,
+        "from_signal_ms": (new["at"] - t_sig) * 1000,
+        "stop_returned_ms": None if stopped is None else (stopped["at"] - t_sig) * 1000,
+    }
+    cl.replace()
+    return sample
+
+
+def crash_trial(cl: Cluster) -> dict[str, Any]:
+    """SIGKILL the leader; time until another process leads (and past lease expiry)."""
+    cl.single_leader()
+    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))
+    proc, cand = cl.single_leader()
+    mark = len(cl.events)
+    t_kill = cl.signal(proc, signal.SIGKILL)
+    remaining: float | None = None
+    if cl.kind.admin is not None:
+        lease = cl.kind.admin.current(cl.ns, timeout=5)
+        remaining = lease.remaining if lease is not None else 0.0
+    proc.popen.wait(10)
+    proc.ended_at = t_kill  # its belief ended with the process
+    bound = cl.kind.wait_bound
+    new = cl.wait_for(
+        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_kill,
+        mark,
+        bound,
+    )
+    if new is None:
+        raise BenchError(f"no new leader within {bound:.0f}s after SIGKILL of {cand}")
+    total = new["at"] - t_kill
+    sample: dict[str, Any] = {"old": cand, "new": new["cand"], "total_ms": total * 1000}
+    if remaining is not None:
+        sample["remaining_s"] = remaining
+        sample["past_expiry_ms"] = (total - remaining) * 1000
+    cl.replace()
+    return sample
+
+
+def steady_window(cl: Cluster, proxy: Proxy, seconds: float) -> dict[str, Any]:
+    """Statements per minute per process between two proxy snapshots."""
+    cl.single_leader()
+    cl.pump(3.0)  # past the first steps
+    cl.single_leader()
+    mark = len(cl.events)
+    t1, s1 = time.monotonic(), proxy.snapshot()
+    cl.pump(seconds)
+    t2, s2 = time.monotonic(), proxy.snapshot()
+    cl.drain()
+    changed = {e["cand"] for e in cl.events[mark:] if e["event"] in ("elected", "revoked")}
+    per_min = 60.0 / (t2 - t1)
+    rows = []
+    for name, b in s2.items():
+        a = s1.get(name)
+        if a is None or not cl.procs[name].alive:
+            continue
+        role = "changed" if name in changed else "leader" if name in cl.leading else "follower"
+        verbs = {k: round((v - a["verbs"].get(k, 0)) * per_min, 2) for k, v in b["verbs"].items()}
+        rows.append(
+            {
+                "proc": name,
+                "role": role,
+                "stmts_per_min": (b["stmts"] - a["stmts"]) * per_min,
+                "verbs_per_min": verbs,
+                "notifications_per_min": (b["notifications"] - a["notifications"]) * per_min,
+                "connections": b["connections"],
+                "unparsed_connections": b["opaque"],
+            }
+        )
+    return {"seconds": t2 - t1, "processes": rows}
+
+
+# =========================================================================================
+# one kind
+# =========================================================================================
+
+
+def make_kind(name: str, args: argparse.Namespace, notes: list[str]) -> Kind:
+    prefix = f"peers{os.getpid() % 100000}_{secrets.token_hex(3)}_"
+    kind = Kind(name, args, prefix, env={"LOGLEVEL": "WARNING"})
+    if name == "celery-election":
+        cfg = ElectionConfig.create(ttl=args.ttl)
+        kind.cycle = cfg.ttl
+        kind.admin = backend_from_url(child_url(args.pg_url, name, None), table_prefix=prefix)
+        kind.admin.install()
+    elif name == "advisory":
+        kind.cycle = args.poll
+    else:
+        kind.cycle = args.ne_interval + args.ne_timeout
+        kind.env["NOTIFELECT_PREFIX"] = prefix
+        with psycopg.connect(child_url(args.pg_url, "advisory", None), autocommit=True) as c:
+            c.execute(f"CREATE SEQUENCE {prefix}seq_notifelect START 1".encode())
+    return kind
+
+
+def drop_kind(kind: Kind) -> None:
+    """Drop what the kind created (tables, sequence); advisory locks end with sessions."""
+    if kind.admin is not None:
+        with contextlib.suppress(Exception):
+            kind.admin.uninstall()
+        kind.admin.close()
+    if kind.name == "notifelect":
+        with psycopg.connect(child_url(kind.args.pg_url, "advisory", None), autocommit=True) as c:
+            c.execute(f"DROP SEQUENCE IF EXISTS {kind.prefix}seq_notifelect".encode())
+
+
+def run_kind(name: str, args: argparse.Namespace, into: list[dict[str, Any]]) -> None:
+    """Measure one elector kind; its result is appended to ``into`` first, then filled."""
+    result: dict[str, Any] = {
+        "kind": name,
+        "status": "ok",
+        "notes": [],
+        "handoff": [],
+        "crash": [],
+        "steady": None,
+        "overlaps": [],
+        "failures": [],
+        "restarts_seen": 0,
+    }
+    into.append(result)
+    started = time.monotonic()
+    clusters: list[Cluster] = []
+    proxy: Proxy | None = None
+    kind: Kind | None = None
+    try:
+        kind = make_kind(name, args, result["notes"])
+        result["prefix"] = kind.prefix
+        result["cycle_s"] = kind.cycle
+        url = sa.make_url(args.pg_url)
+        proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+
+        log(f"[{name}] steady state, N={args.n}, {args.steady_seconds:g}s (through the proxy)")
+        for attempt in range(4):
+            before = server_started(args.pg_url)
+            counted = Cluster(kind, f"steady{attempt}", proxy)
+            clusters.append(counted)
+            try:
+                counted.start(args.n)
+                steady = steady_window(counted, proxy, args.steady_seconds)
+            except BenchError:
+                if server_started(args.pg_url) == before:
+                    raise
+                steady = None
+            disturbed = server_started(args.pg_url) != before
+            counted.close()
+            if disturbed or steady is None:
+                result["restarts_seen"] += 1
+                log("  the database server restarted during the window: measuring again")
+                continue
+            result["steady"] = steady
+            collect_notes(counted, result)
+            result["overlaps"] += counted.overlaps()
+            break
+        for row in result["steady"]["processes"] if result["steady"] else []:
+            log(f"  {row['proc']:<22} {row['role']:<9} {row['stmts_per_min']:6.1f} stmts/min")
+
+        log(f"[{name}] starting {args.n} elector processes")
+        cl = start_cluster(kind, "trials", args, result, clusters)
+        restarts = 0
+        for label, trial, key in (
+            ("clean stop (SIGTERM)", handoff_trial, "handoff"),
+            ("crash (SIGKILL)", crash_trial, "crash"),
+        ):
+            log(f"[{name}] {args.trials} x {label}")
+            i = 0
+            while len(result[key]) + result.get(f"{key}_failed", 0) < args.trials:
+                i += 1
+                before = server_started(args.pg_url)
+                error: BenchError | None = None
+                try:
+                    sample = trial(cl)
+                except BenchError as exc:
+                    error = exc
+                if server_started(args.pg_url) != before:
+                    # Sessions were cut under the cluster: discard the trial, start afresh.
+                    result["restarts_seen"] += 1
+                    log(f"  {i:>3}: the database server restarted during the trial: discarded")
+                    if result["restarts_seen"] > 4 * args.trials:
+                        raise BenchError("the database server keeps restarting")
+                elif error is not None:
+                    # One failed trial (no new leader in time) is a result, not the end of
+                    # the run: record it, start a fresh cluster, go on (at most twice).
+                    result["failures"].append(f"{key} trial {i}: {error}")
+                    result[f"{key}_failed"] = result.get(f"{key}_failed", 0) + 1
+                    log(f"  {i:>3}: FAILED: {error}")
+                    restarts += 1
+                    if restarts > 2:
+                        raise error
+                else:
+                    result[key].append(sample)
+                    log(f"  {i:>3}: {describe(key, sample)}")
+                    continue
+                collect_notes(cl, result)
+                result["overlaps"] += cl.overlaps()
+                cl.close()
+                cl = start_cluster(kind, f"trials{i}", args, result, clusters)
+        cl.drain()
+        collect_notes(cl, result)
+        result["overlaps"] += cl.overlaps()
+        cl.close()
+    except BenchError as exc:
+        result["status"] = "error"
+        result["failures"].append(str(exc))
+        log(f"[{name}] FAILED: {exc}")
+    except KeyboardInterrupt:
+        result["status"] = "interrupted"
+        raise
+    except Exception as exc:  # a missing peer library, say: the other kinds still run
+        result["status"] = "error"
+        result["failures"].append(f"{type(exc).__name__}: {exc}")
+        log(f"[{name}] FAILED: {type(exc).__name__}: {exc}")
+    finally:
+        for c in clusters:
+            c.close()
+        if proxy is not None:
+            proxy.close()
+        if kind is not None:
+            drop_kind(kind)
+        result["seconds"] = round(time.monotonic() - started, 1)
+
+
+def start_cluster(
+    kind: Kind, ns: str, args: argparse.Namespace, result: dict[str, Any], into: list[Cluster]
+) -> Cluster:
+    """N processes that all started while the server stayed up (a restart: start again)."""
+    for attempt in range(4):
+        before = server_started(args.pg_url)
+        cl = Cluster(kind, f"{ns}-{attempt}")
+        into.append(cl)
+        try:
+            cl.start(args.n)
+        except BenchError:
+            if server_started(args.pg_url) == before:
+                raise
+        if server_started(args.pg_url) == before:
+            return cl
+        result["restarts_seen"] += 1
+        log("  the database server restarted while the cluster started: starting again")
+        cl.close()
+    raise BenchError("the database server keeps restarting")
+
+
+def collect_notes(cl: Cluster, result: dict[str, Any]) -> None:
+    """Sessions the server ended under a child (the benchmark never does that itself)."""
+    cl.drain()
+    for e in cl.events:
+        if e["event"] == "conn_lost":
+            result["notes"].append(f"{e['cand']}: its database session was ended by the server")
+
+
+def describe(key: str, s: dict[str, Any]) -> str:
+    if key == "handoff":
+        return (
+            f"{s['old']} -> {s['new']}: {s['from_revoke_ms']:.1f} ms after the old leader "
+            f"stopped leading, {s['from_signal_ms']:.1f} ms after SIGTERM"
+        )
+    text = f"{s['old']} -> {s['new']}: {s['total_ms']:.1f} ms after SIGKILL"
+    if "past_expiry_ms" in s:
+        text += f", lease had {s['remaining_s']:.3f} s left: {s['past_expiry_ms']:.1f} ms past"
+    return text
+
+
+# =========================================================================================
+# summary
+# =========================================================================================
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    f = math.floor(k)
+    c = min(f + 1, len(s) - 1)
+    return s[f] + (s[c] - s[f]) * (k - f)
+
+
+def stats(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    return {"n": len(xs), "p50": pct(xs, 0.5), "p95": pct(xs, 0.95), "max": max(xs)}
+
+
+def summarize(r: dict[str, Any]) -> dict[str, Any]:
+    steady = r["steady"]["processes"] if r["steady"] else []
+    leader = [p["stmts_per_min"] for p in steady if p["role"] == "leader"]
+    followers = [p["stmts_per_min"] for p in steady if p["role"] == "follower"]
+    return {
+        "kind": r["kind"],
+        "status": r["status"],
+        "clean_stop_ms": stats([s["from_revoke_ms"] for s in r["handoff"]]),
+        "clean_stop_from_sigterm_ms": stats([s["from_signal_ms"] for s in r["handoff"]]),
+        "crash_ms": stats([s["total_ms"] for s in r["crash"]]),
+        "crash_past_expiry_ms": stats(
+            [s["past_expiry_ms"] for s in r["crash"] if "past_expiry_ms" in s]
+        ),
+        "leader_stmts_per_min": leader,
+        "follower_stmts_per_min": followers,
+        "notifications_per_min": [p["notifications_per_min"] for p in steady],
+        "failed_trials": r.get("handoff_failed", 0) + r.get("crash_failed", 0),
+        "discarded_for_server_restart": r.get("restarts_seen", 0),
+        "overlapping_beliefs": len(r["overlaps"]),
+        "overlap_seconds_max": max((o["seconds"] for o in r["overlaps"]), default=0.0),
+    }
+
+
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 1 else f"{x:.2f}"
+
+
+def triple(s: dict[str, float] | None, unit: str) -> str:
+    if s is None:
+        return "-"
+    return f"{num(s['p50'])} / {num(s['p95'])} / {num(s['max'])} {unit}"
+
+
+def rates(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    lo, hi = min(xs), max(xs)
+    return num(lo) if round(lo) == round(hi) else f"{num(lo)}-{num(hi)}"
+
+
+def format_table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    head = (
+        "| elector | clean stop -> new leader p50 / p95 / max | crash (SIGKILL) -> new leader "
+        "p50 / p95 / max | crash: past lease expiry p50 / p95 / max | stmts/min leader / "
+        "followers | notifications received/min | overlapping beliefs |"
+    )
+    lines = [head, "|" + " --- |" * 7]
+    for s in summaries:
+        if s["status"] != "ok" and s["clean_stop_ms"] is None:
+            lines.append(f"| {s['kind']} | {s['status']} | | | | | |")
+            continue
+        overl = str(s["overlapping_beliefs"])
+        if s["overlapping_beliefs"]:
+            overl += f" (longest {s['overlap_seconds_max']:.1f} s)"
+        label = s["kind"]
+        if s["failed_trials"]:
+            label += f" ({s['failed_trials']} trials without a new leader)"
+        lines.append(
+            f"| {label} | {triple(s['clean_stop_ms'], 'ms')} | {triple(s['crash_ms'], 'ms')} "
+            f"| {triple(s['crash_past_expiry_ms'], 'ms')} | "
+            f"{rates(s['leader_stmts_per_min'])} / {rates(s['follower_stmts_per_min'])} | "
+            f"{rates(s['notifications_per_min'])} | {overl} |"
+        )
+    return "\n".join(lines)
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for dist in ("celery-election", "notifelect", "asyncpg", "psycopg"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="celery-election against other PostgreSQL electors, side by side.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--electors", default=",".join(KINDS), help="comma list of " + ", ".join(KINDS))
+    p.add_argument("--n", type=int, default=3, help="elector processes per cluster")
+    p.add_argument("--trials", type=int, help="trials of each kind (SIGTERM, SIGKILL) [10]")
+    p.add_argument("--ttl", type=float, help="celery-election lease ttl, seconds [10]")
+    p.add_argument("--steady-seconds", type=float, help="statement-count window, seconds [60]")
+    p.add_argument("--poll", type=float, default=1.0, help="advisory: lock poll / liveness check")
+    p.add_argument(
+        "--ne-timeout", type=float, help="notifelect election_timeout [1, or 0.5 if ttl < 5]"
+    )
+    p.add_argument("--ne-interval", type=float, help="notifelect election_interval [ttl - timeout]")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: --trials 3 --ttl 2 --steady-seconds 10"
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    p.add_argument("--pg-url", default=os.environ.get("CELERY_ELECTION_TEST_PG_URL", PG_DEFAULT))
+    p.add_argument("--seed", type=int, default=None, help="random seed for the trial timing")
+    # child mode
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--kind", help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--prefix", help=argparse.SUPPRESS)
+    p.add_argument("--ns", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    defaults = (3, 2.0, 10.0) if args.quick else (10, 10.0, 60.0)
+    for name, default in zip(("trials", "ttl", "steady_seconds"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.ne_timeout is None:
+        args.ne_timeout = 1.0 if args.ttl >= 5 else 0.5
+    if args.ne_interval is None:
+        args.ne_interval = max(0.5, args.ttl - args.ne_timeout)
+    return args
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args)
+    if args.seed is not None:
+        random.seed(args.seed)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    kinds = [k.strip() for k in args.electors.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"unknown elector {unknown}; choose from {', '.join(KINDS)}")
+    if args.n < 2:
+        raise SystemExit("--n must be at least 2: a failover needs someone to fail over to")
+    with psycopg.connect(child_url(args.pg_url, "advisory", None)) as c:
+        row = c.execute("SELECT version()").fetchone()
+        db_version = str(row[0]) if row else "?"
+    cfg = ElectionConfig.create(ttl=args.ttl)
+    out: dict[str, Any] = {
+        "benchmark": "peers",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine_info(), "versions": versions(), "database": db_version},
+        "settings": {
+            "electors": kinds,
+            "n": args.n,
+            "trials": args.trials,
+            "ttl": args.ttl,
+            "steady_seconds": args.steady_seconds,
+            "advisory_poll": args.poll,
+            "notifelect_election_interval": args.ne_interval,
+            "notifelect_election_timeout": args.ne_timeout,
+            "celery_election_renew_interval": cfg.renew_interval,
+            "celery_election_poll_interval": cfg.poll_interval,
+            "quick": args.quick,
+            "seed": args.seed,
+        },
+        "method": __doc__,
+        "results": [],
+    }
+    log(
+        f"{db_version.split(',')[0]}; ttl {args.ttl:g}s, advisory poll {args.poll:g}s, "
+        f"notifelect interval {args.ne_interval:g}s + timeout {args.ne_timeout:g}s"
+    )
+    started = time.monotonic()
+    interrupted = False
+    try:
+        for k in kinds:
+            run_kind(k, args, out["results"])
+    except KeyboardInterrupt:
+        interrupted = True
+        log("interrupted: children stopped, tables dropped; writing what was measured")
+    out["interrupted"] = interrupted
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["machine"]["loadavg_at_end"] = os.getloadavg()
+    out["summary"] = [summarize(r) for r in out["results"]]
+    print(format_table(out["summary"], args))
+    for r in out["results"]:
+        for note in r["notes"] + r["failures"]:
+            print(f"{r['kind']}: {note}")
+        if r.get("restarts_seen"):
+            print(
+                f"{r['kind']}: {r['restarts_seen']} trials/windows discarded and redone: the "
+                f"database server was restarted by something else while they ran"
+            )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"raw results: {args.json} ({out['seconds']:.0f}s)")
+    ours = [r for r in out["results"] if r["kind"] == "celery-election"]
+    failed = any(r["status"] == "error" for r in out["results"]) or any(r["overlaps"] for r in ours)
+    return 130 if interrupted else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
