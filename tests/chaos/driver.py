@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +85,11 @@ class Settings:
     pg_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     mysql_url: str = "mysql+pymysql://root@127.0.0.1:3306/test"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Chaos:
-    """A randomized run over real processes; ``run(seconds)`` returns the checked Report."""
+class _Driver:
+    """The loop every run shares: start, step until the time is up (or, with ``cycle``,
+    each fault once), stop, then judge the history."""
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
         if settings.backend not in BACKENDS:
@@ -100,6 +100,43 @@ class Chaos:
         workdir.mkdir(parents=True, exist_ok=True)
         self.history = workdir / "history.jsonl"
         self.recorder = Recorder(self.history, role="driver")
+        self.faults = settings.faults or FAULTS[settings.backend]
+        self.log: list[dict[str, Any]] = []
+        self.steps = 0
+
+    def next_fault(self) -> str:
+        self.steps += 1
+        if self.s.cycle:
+            return self.faults[(self.steps - 1) % len(self.faults)]
+        return self.rng.choice(self.faults)
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
+        self.setup()
+        try:
+            end = time.monotonic() + seconds
+            while self.steps < len(self.faults) if self.s.cycle else time.monotonic() < end:
+                self.step()
+                if progress is not None:
+                    progress(json.dumps(self.log[-1]))
+        finally:
+            self.close()
+        return judge(self.history, settle=2 * self.s.ttl + 1)
+
+
+class Chaos(_Driver):
+    """A randomized run over real processes; ``run(seconds)`` returns the checked Report."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        super().__init__(settings, workdir)
         tag = uuid.uuid4().hex[:6]
         self.prefix = f"chaos{tag}_"
         self.ns = f"c{tag}"
@@ -109,10 +146,7 @@ class Chaos:
             "pg-poll": settings.pg_url,
             "mariadb": settings.mysql_url,
         }[settings.backend]
-        self.faults = settings.faults or FAULTS[settings.backend]
         self.nodes: list[Node] = []
-        self.log: list[dict[str, Any]] = []
-        self.steps = 0
         self.admin = backend_from_url(self.url, table_prefix=self.prefix, **self._listen(False))
         self.admin.install()
 
@@ -245,7 +279,7 @@ class Chaos:
     # -- faults -----------------------------------------------------------------------------
 
     def _pick(self) -> tuple[str, Node]:
-        fault = _next_fault(self)
+        fault = self.next_fault()
         role = self.rng.choice(sorted({n.role for n in self.nodes}))
         group = [n for n in self.nodes if n.role == role]
         leader = self.leader_pid(group[0].ns)
@@ -330,31 +364,6 @@ class Chaos:
                 ))  # fmt: skip
         time.sleep(rng.uniform(0.5, 2.0) * ttl)
 
-    def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
-        self.setup()
-        try:
-            end = time.monotonic() + seconds
-            while _more(self, end):
-                self.step()
-                if progress is not None:
-                    progress(json.dumps(self.log[-1]))
-        finally:
-            self.close()
-        return judge(self.history, settle=2 * self.s.ttl + 1)
-
-
-def _next_fault(run: Chaos | MemoryChaos) -> str:
-    run.steps += 1
-    if run.s.cycle:
-        return run.faults[(run.steps - 1) % len(run.faults)]
-    return run.rng.choice(run.faults)
-
-
-def _more(run: Chaos | MemoryChaos, end: float) -> bool:
-    if run.s.cycle:
-        return run.steps < len(run.faults)
-    return time.monotonic() < end
-
 
 def judge(history: Path, settle: float) -> Report:
     """Check one history file (plus the driver's own violation records)."""
@@ -413,22 +422,15 @@ class _Gate:
         return call
 
 
-class MemoryChaos:
+class MemoryChaos(_Driver):
     """The same driver for the in-memory backend: electors are threads of this process."""
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
-        self.s = settings
-        self.rng = random.Random(settings.seed)
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.history = workdir / "history.jsonl"
-        self.recorder = Recorder(self.history, role="driver")
+        super().__init__(settings, workdir)
         self.backend = MemoryBackend()
         self.ns = "memory"
-        self.faults = settings.faults or FAULTS["memory"]
         self.members: list[tuple[Elector, _Gate, threading.Event]] = []
         self.dead: list[tuple[Elector, _Gate, threading.Event]] = []
-        self.log: list[dict[str, Any]] = []
-        self.steps = 0
 
     def _spawn(self) -> tuple[Elector, _Gate, threading.Event]:
         gate = _Gate(self.backend)
@@ -468,7 +470,7 @@ class MemoryChaos:
 
     def step(self) -> None:
         ttl, rng = self.s.ttl, self.rng
-        fault = _next_fault(self)
+        fault = self.next_fault()
         idx = self.leader()
         if idx is None or rng.random() < 0.2:
             idx = rng.randrange(len(self.members))
@@ -501,24 +503,19 @@ class MemoryChaos:
             self.recorder.record("violation", message=f"no leader 30 ttl after {fault}")
         time.sleep(rng.uniform(0.5, 2.0) * ttl)
 
-    def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
+    def setup(self) -> None:
         # One pid for every elector here: faults name their target by candidate instead.
         self.members = [self._spawn() for _ in range(self.s.electors)]
-        try:
-            self.wait_leader(10)
-            end = time.monotonic() + seconds
-            while _more(self, end):
-                self.step()
-                if progress is not None:
-                    progress(json.dumps(self.log[-1]))
-        finally:
-            for elector, _, done in self.members:
-                done.set()
-                elector.stop(timeout=5)
-            for elector, gate, _ in self.dead:  # a crashed elector never comes back
-                gate.set("fail")
-                elector.stop(timeout=5)
-        return judge(self.history, settle=2 * self.s.ttl + 1)
+        if not self.wait_leader(10):
+            raise RuntimeError("no leader 10 s after start")
+
+    def close(self) -> None:
+        for elector, _, done in self.members:
+            done.set()
+            elector.stop(timeout=5)
+        for elector, gate, _ in self.dead:  # a crashed elector never comes back
+            gate.set("fail")
+            elector.stop(timeout=5)
 
 
 def make(settings: Settings, workdir: Path) -> Chaos | MemoryChaos:

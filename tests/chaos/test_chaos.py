@@ -44,7 +44,7 @@ def _faults(backend: str) -> tuple[str, ...]:
 @pytest.mark.parametrize("backend", list(RUNS))
 def test_every_fault_once(backend: str, tmp_path: Path) -> None:
     electors, workers, beats, seed = RUNS[backend]
-    urls = {}
+    urls: dict[str, str] = {}
     if backend.startswith("pg"):
         urls["pg_url"] = server_url("postgresql")
     if backend == "mariadb":

@@ -91,18 +91,29 @@ def make_scheduler(app: Celery, tmp_path: Path, name: str) -> Counting:
     return s
 
 
-def test_two_schedulers_one_stale_send_each_tick_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/election.db"
-    app = Celery("ledger", broker="memory://", set_as_current=False)
-    app.conf.update(
-        election_url=url,
+def ledger_conf(tmp_path: Path) -> dict[str, Any]:
+    """One entry every second, elected on a SQLite file in ``tmp_path``."""
+    return dict(
+        election_url=f"sqlite:///{tmp_path}/election.db",
         election_namespace=f"n{uuid.uuid4().hex[:6]}",
         election_ttl=2.0,
         beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
     )
-    a = make_scheduler(app, tmp_path, "a")
+
+
+def leading_scheduler(app: Celery, tmp_path: Path, name: str) -> Counting:
+    """A scheduler of ``app`` that has become the leader."""
+    s = make_scheduler(app, tmp_path, name)
+    assert s._election is not None and s._election.elector is not None
+    assert s._election.elector.wait_for_leadership(10)
+    return s
+
+
+def test_two_schedulers_one_stale_send_each_tick_once(tmp_path: Path) -> None:
+    app = Celery("ledger", broker="memory://", set_as_current=False)
+    app.conf.update(ledger_conf(tmp_path))
+    a = leading_scheduler(app, tmp_path, "a")
     assert a._election is not None and a._election.elector is not None
-    assert a._election.elector.wait_for_leadership(10)
     stale = a._election.leadership()
     assert stale is not None
     b = make_scheduler(app, tmp_path, "b")
@@ -149,15 +160,9 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     """Regression (chaos run, PostgreSQL restart): a failed claim lost its tick for good
     although the same process kept leading. Now it is retried, and sent exactly once."""
     app = Celery("ledger", broker="memory://", set_as_current=False)
-    app.conf.update(
-        election_url=f"sqlite:///{tmp_path}/election.db",
-        election_namespace=f"n{uuid.uuid4().hex[:6]}",
-        election_ttl=2.0,
-        beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
-    )
-    s = make_scheduler(app, tmp_path, "a")
-    assert s._election is not None and s._election.elector is not None
-    assert s._election.elector.wait_for_leadership(10)
+    app.conf.update(ledger_conf(tmp_path))
+    s = leading_scheduler(app, tmp_path, "a")
+    assert s._election is not None
     backend = s._election.backend
     real = backend.claim_tick
     failures: list[int] = []
@@ -184,28 +189,19 @@ def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(tmp_path: Path) -
     """Regression (chaos run, one process's clock an hour fast): due times come from the
     database's clock, so a fast beat neither claims ticks an hour ahead nor makes the
     next leader wait an hour."""
-    conf = dict(
-        election_url=f"sqlite:///{tmp_path}/election.db",
-        election_namespace=f"n{uuid.uuid4().hex[:6]}",
-        election_ttl=2.0,
-        beat_schedule={"job": {"task": "ledger.job", "schedule": 1.0}},
-    )
+    conf = ledger_conf(tmp_path)
     fast = Celery("fast", broker="memory://", set_as_current=False)
     fast.conf.update(conf)
     fast.now = lambda: datetime.now(timezone.utc) + timedelta(hours=1)  # type: ignore[method-assign]
-    a = make_scheduler(fast, tmp_path, "a")
-    assert a._election is not None and a._election.elector is not None
-    assert a._election.elector.wait_for_leadership(10)
+    a = leading_scheduler(fast, tmp_path, "a")
     _tick_until(a, lambda: len(a.sent) >= 2)
     a.close()  # resigns
     now_us = time.time() * 1_000_000
     assert all(abs(due - now_us) < 10_000_000 for _, due in a.sent), (a.sent, now_us)
     fine = Celery("fine", broker="memory://", set_as_current=False)
     fine.conf.update(conf)
-    b = make_scheduler(fine, tmp_path, "b")
+    b = leading_scheduler(fine, tmp_path, "b")
     try:
-        assert b._election is not None and b._election.elector is not None
-        assert b._election.elector.wait_for_leadership(10)
         _tick_until(b, lambda: len(b.sent) >= 2)
     finally:
         b.close()

@@ -16,4 +16,4 @@ def _sleep(seconds: float) -> None:
     threading.Event().wait(seconds)
 
 
-time.sleep = _sleep
+time.sleep = _sleep  # type: ignore[assignment]
