@@ -71,6 +71,40 @@ def write(result: dict[str, Any], out: Path) -> str:
     return md
 
 
+def matrix(results: list[dict[str, Any]]) -> str:
+    """Fault x backend from several reports: injected, overlap s / duplicate / lost ticks,
+    and the failover seen (p50 and max seconds, when the fault hit the leader)."""
+    kinds = sorted({k for r in results for k in r["report"]["faults"]})
+    head = "| fault | " + " | ".join(r["backend"] for r in results) + " |"
+    rows = [head, "| --- |" + " --- |" * len(results)]
+    for kind in kinds:
+        cells = []
+        for r in results:
+            rep = r["report"]
+            n = rep["faults"].get(kind)
+            if not n:
+                cells.append("n/a")
+                continue
+            found = rep["per_fault"].get(kind, {})
+            f = rep["failover_s"].get(kind) or {}
+            seen = f"{f['p50']:.2f} s (max {f['max']:.2f})" if f else "no failover"
+            cells.append(
+                f"{n}x: {found.get('overlap_s', 0):.3f} / {found.get('duplicate_ticks', 0):.0f}"
+                f" / {found.get('lost_ticks', 0):.0f}; {seen}"
+            )
+        rows.append(f"| {kind} | " + " | ".join(cells) + " |")
+    total = ["**all**"]
+    for r in results:
+        rep = r["report"]
+        total.append(
+            f"{sum(rep['faults'].values())}x: {rep['overlap_s']:.3f} / "
+            f"{rep['duplicate_ticks']} / {rep['lost_ticks']}; "
+            f"{rep['violation_count']} violations, {r['minutes']:.0f} min"
+        )
+    rows.append("| " + " | ".join(total) + " |")
+    return "\n".join(rows)
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -93,7 +127,17 @@ def main() -> int:
         metavar="REPORT.json",
         help="check --workdir's history again and rewrite this report",
     )
+    p.add_argument(
+        "--matrix",
+        nargs="+",
+        default=None,
+        metavar="REPORT.json",
+        help="print the fault x backend table of these reports",
+    )
     args = p.parse_args()
+    if args.matrix:
+        print(matrix([json.loads(Path(f).read_text()) for f in args.matrix]))
+        return 0
     if args.rejudge:
         result = json.loads(Path(args.rejudge).read_text())
         report = judge(Path(args.workdir) / "history.jsonl", settle=2 * result["ttl"] + 1)
