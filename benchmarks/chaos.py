@@ -99,7 +99,7 @@ def matrix(results: list[dict[str, Any]]) -> str:
         total.append(
             f"{sum(rep['faults'].values())}x: {rep['overlap_s']:.3f} / "
             f"{rep['duplicate_ticks']} / {rep['lost_ticks']}; "
-            f"{rep['violation_count']} violations, {r['minutes']:.0f} min"
+            f"{rep['violation_count']} violations, {r['minutes']:g} min"
         )
     rows.append("| " + " | ".join(total) + " |")
     return "\n".join(rows)

@@ -85,6 +85,8 @@ class Settings:
     pg_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     mysql_url: str = "mysql+pymysql://root@127.0.0.1:3306/test"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
+    #: The memory run's elector class (a deliberately broken one proves the checker bites).
+    elector: type[Elector] = Elector
 
 
 class _Driver:
@@ -435,7 +437,7 @@ class MemoryChaos(_Driver):
     def _spawn(self) -> tuple[Elector, _Gate, threading.Event]:
         gate = _Gate(self.backend)
         backend: Backend = gate
-        elector = Elector(backend, self.ns, ttl=self.s.ttl)
+        elector = self.s.elector(backend, self.ns, ttl=self.s.ttl)
         Recorder(self.history, role="elector").attach(elector)
         done = threading.Event()
 

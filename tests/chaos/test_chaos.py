@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_election import Elector
 from celery_election.history import load
 
 from ..conftest import server_url
@@ -68,3 +69,25 @@ def test_every_fault_once(backend: str, tmp_path: Path) -> None:
     if beats:
         assert report.sends > 0, detail
     assert report.leaderships >= 2  # leadership changed hands at least once
+
+
+class Careless(Elector):
+    """A broken elector: once elected, it believes it leads until it is elected again."""
+
+    _believed: int | None = None
+
+    @property
+    def term(self) -> int | None:
+        current = super().term
+        if current is not None:
+            self._believed = current
+        return self._believed
+
+
+def test_the_checker_catches_an_elector_that_ignores_its_trust_window(tmp_path: Path) -> None:
+    """The same run with a broken elector must fail: the harness is not vacuous."""
+    settings = Settings(backend="memory", seed=7, ttl=1.0, faults=("pause",) * 3, cycle=True,
+                        elector=Careless)  # fmt: skip
+    report = make(settings, tmp_path).run(0)
+    assert not report.ok
+    assert any("while term" in v for v in report.violations), report.violations[:5]
