@@ -40,6 +40,7 @@ from .clock import boottime
 __all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install"]
 
 ENV_VAR = "CELERY_ELECTION_SHM"
+_PREFIX = "celery-election-"
 _SIZE = 56
 _SEQ = struct.Struct("=Q")
 _PAYLOAD = struct.Struct("=Qqd16s")
@@ -84,7 +85,8 @@ class SharedLeadership:
     def create(cls) -> SharedLeadership:
         """A new record in /dev/shm (or the temp dir), published in the environment."""
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        path = os.path.join(base, f"celery-election-{os.getpid()}-{os.urandom(6).hex()}")
+        sweep(base)
+        path = os.path.join(base, f"{_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         record = cls(path, create=True)
         record.write(None, None)
         os.environ[ENV_VAR] = path
@@ -146,6 +148,36 @@ class SharedLeadership:
                 os.unlink(self.path)
             if os.environ.get(ENV_VAR) == self.path:
                 del os.environ[ENV_VAR]
+
+
+def sweep(base: str) -> int:
+    """Remove records left by workers that died without cleaning up (SIGKILL, OOM).
+
+    A record's name carries its creator's pid; one whose process is gone serves nobody
+    (forked children keep their own mapping). A reused pid only keeps a stale file.
+    """
+    removed = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            if not name.startswith(_PREFIX):
+                continue
+            pid = name[len(_PREFIX) :].split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(base, name))
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 _current: SharedLeadership | None = None

@@ -1137,3 +1137,16 @@ def test_leader_queue_selected_before_the_consumer_starts(step: Any) -> None:
     step._revoked(5, RevokeReason.LOST)
     consumer.run_soon()
     assert "election-leader.sig-ns" not in {q.name for q in queues.consume_from.values()}
+
+
+def test_records_of_dead_workers_are_swept(tmp_path: Path) -> None:
+    """A SIGKILLed worker cannot remove its record: the next worker on the host does."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"celery-election-{gone.pid}-0123456789ab"
+    alive = tmp_path / f"celery-election-{os.getpid()}-0123456789ab"
+    other = tmp_path / "celery-election-notapid-x"
+    for path in (dead, alive, other):
+        path.write_bytes(b"\0" * 56)
+    assert shared_state.sweep(str(tmp_path)) == 1
+    assert not dead.exists() and alive.exists() and other.exists()
