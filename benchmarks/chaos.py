@@ -67,6 +67,8 @@ def write(result: dict[str, Any], out: Path) -> str:
     )
     for v in summary["violations"]:
         md += f"\n- VIOLATION: {v}"
+    for e in summary.get("harness_errors", []):
+        md += f"\n- harness error (a fault not injected): {e}"
     out.with_suffix(".md").write_text(md + "\n")
     return md
 

@@ -195,6 +195,8 @@ class Report:
     faults: dict[str, int] = field(default_factory=dict)
     #: Per fault kind: overlap seconds and duplicate/lost/excused ticks in its windows.
     per_fault: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Faults a driver failed to inject (about the harness, not the system under test).
+    harness_errors: list[str] = field(default_factory=list)
     #: (mono, what, amount) of each overlap, duplicate, lost or excused tick.
     events: list[tuple[float, str, float]] = field(default_factory=list, repr=False)
 
@@ -230,6 +232,7 @@ class Report:
             "faults": self.faults,
             "failover_s": {k: stats(v) for k, v in sorted(self.failover.items())},
             "per_fault": self.per_fault,
+            "harness_errors": self.harness_errors,
             "gaps_s": {ns: stats([g for g, _ in v]) for ns, v in sorted(self.gaps.items())},
         }
 

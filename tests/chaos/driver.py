@@ -299,6 +299,34 @@ class Chaos(_Driver):
         start = boottime()
         self.recorder.record("fault", mono=start, kind=fault, ns=node.ns, target=node.name,
                              target_pid=pid, phase="start")  # fmt: skip
+        try:
+            detail = self._apply(fault, node)
+        except Exception as exc:  # the harness failed, not the system under test: say so
+            detail = {"harness_error": repr(exc)}
+            self.recorder.record("harness_error", kind=fault, message=repr(exc))
+            faults.cont(pid)
+            if node.proc.poll() is not None:
+                self._start(node)
+            for n in self.nodes:
+                if n.proxy is not None:
+                    n.proxy.resume()
+            if self.s.backend != "sqlite":
+                faults.wait_reachable(self.url, timeout=120)
+        self.recorder.record("fault", kind=fault, ns=node.ns, target=node.name,
+                             target_pid=pid, phase="end", **detail)  # fmt: skip
+        self.log.append({"fault": fault, "target": node.name, "role": node.role, **detail})
+        for ns in self.namespaces():
+            if not self.wait_leader(ns, 30 * ttl):
+                self.recorder.record("violation", message=(
+                    f"{ns}: no leader {30 * ttl:.0f}s after healing {fault} on {node.name}"
+                ))  # fmt: skip
+        time.sleep(rng.uniform(0.5, 2.0) * ttl)
+
+    def _apply(self, fault: str, node: Node) -> dict[str, Any]:
+        """Inject ``fault`` on ``node``, hold it, heal it; returns what was drawn."""
+        ttl, rng = self.s.ttl, self.rng
+        assert node.proc is not None
+        pid = node.proc.pid
         detail: dict[str, Any] = {}
         if fault == "kill":
             faults.kill(pid)
@@ -356,15 +384,7 @@ class Chaos(_Driver):
                 time.sleep(hold)
         else:
             raise ValueError(f"unknown fault {fault!r}")
-        self.recorder.record("fault", kind=fault, ns=node.ns, target=node.name,
-                             target_pid=pid, phase="end", **detail)  # fmt: skip
-        self.log.append({"fault": fault, "target": node.name, "role": node.role, **detail})
-        for ns in self.namespaces():
-            if not self.wait_leader(ns, 30 * ttl):
-                self.recorder.record("violation", message=(
-                    f"{ns}: no leader {30 * ttl:.0f}s after healing {fault} on {node.name}"
-                ))  # fmt: skip
-        time.sleep(rng.uniform(0.5, 2.0) * ttl)
+        return detail
 
 
 def judge(history: Path, settle: float) -> Report:
@@ -372,6 +392,8 @@ def judge(history: Path, settle: float) -> Report:
     records = load([history])
     rep = check(records, tick_every={"touch": 1.0}, tick_settle=settle)
     rep.violations += [r["message"] for r in records if r["k"] == "violation"]
+    errors = [r for r in records if r["k"] == "harness_error"]
+    rep.harness_errors = [f"{r['kind']}: {r['message']}" for r in errors]
     return rep
 
 

@@ -9,10 +9,12 @@ those, on PostgreSQL and on MariaDB alike.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -102,6 +104,19 @@ def restart_database(url: str) -> None:
     PostgreSQL stops in fast mode (sessions are terminated, nothing waits for clients);
     MariaDB is shut down and started again the way scripts/services-up starts it.
     """
+    # Runs side by side on one machine share the server: one restart at a time (a second
+    # pg_ctlcluster while one is restarting fails).
+    with open(_RESTART_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _restart(url)
+    wait_reachable(url)
+
+
+_RESTART_LOCK = os.path.join(tempfile.gettempdir(), "celery-election-chaos-restart.lock")
+
+
+def _restart(url: str) -> None:
+    wait_reachable(url)  # a restart by someone else may still be finishing
     dialect = sa.engine.make_url(url).get_backend_name()
     if dialect == "postgresql":
         version = sorted(os.listdir("/etc/postgresql"))[0]
@@ -132,7 +147,6 @@ def restart_database(url: str) -> None:
         )  # fmt: skip
     else:
         raise ValueError(f"cannot restart the server of {url!r}")
-    wait_reachable(url)
 
 
 def _running(name: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def _faults(backend: str) -> tuple[str, ...]:
 @pytest.mark.parametrize("backend", list(RUNS))
 def test_every_fault_once(backend: str, tmp_path: Path) -> None:
     electors, workers, beats, seed = RUNS[backend]
-    urls: dict[str, str] = {}
+    urls: dict[str, Any] = {}
     if backend.startswith("pg"):
         urls["pg_url"] = server_url("postgresql")
     if backend == "mariadb":
