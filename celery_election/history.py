@@ -424,8 +424,9 @@ def _attribute_failovers(
         hit = [i for i in group if i.start <= t <= i.end and i.pid == r.get("target_pid")]
         if not hit:
             continue
-        # The first leadership that began after the fault, before the next fault there.
-        bound = min((f["mono"] for f in faults[n + 1 :] if f.get("ns") == ns), default=1e18)
+        # The first leadership that began after the fault and before the next fault (one
+        # fault at a time; a restart or an unreachable database reaches every namespace).
+        bound = faults[n + 1]["mono"] if n + 1 < len(faults) else float("inf")
         after = [i for i in group if t < i.start < bound]
         if after:
             first = min(after, key=lambda i: i.start)

@@ -114,6 +114,9 @@ def test_failover_is_attributed_to_the_fault_that_hit_the_leader() -> None:
                  "target_pid": 11, "phase": "start"})  # fmt: skip
     rep = check(recs)
     assert rep.failover == {"kill": [3.0]} and rep.faults == {"kill": 1}
+    # A later fault elsewhere ends the kill's window: b's term is not the kill's doing.
+    other = {**recs[-1], "mono": 4.0, "ns": "elsewhere", "kind": "restart", "target_pid": 0}
+    assert check([*recs, other]).failover == {}
 
 
 def test_recorder_follows_an_elector(tmp_path: Path) -> None:
