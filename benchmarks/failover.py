@@ -78,15 +78,11 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import logging
-import math
 import os
-import queue
 import random
 import secrets
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -95,7 +91,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _events
 import sqlalchemy as sa
+from _events import BenchError, Child, Collector, emit, log, pct
 from _machine import machine_info
 
 from celery_election import Elector, backend_from_url
@@ -107,7 +105,6 @@ DEFAULT_JSON = HERE / "results" / "failover.json"
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
 ALL_CONFIGS = ("pg-notify", "pg-poll", "sqlite", "mariadb")
-TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}
 COUNTED_CALLS = (
     "elect",
     "renew",
@@ -118,16 +115,6 @@ COUNTED_CALLS = (
     "candidates",
     "prune",
 )
-
-
-_EMIT_LOCK = threading.Lock()
-
-
-def emit_json(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, separators=(",", ":")) + "\n"
-    with _EMIT_LOCK:
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 # =========================================================================================
@@ -150,10 +137,8 @@ class Counts:
 
     def view(self) -> dict[str, Any]:
         with self.lock:
-            verbs = dict(self.verbs)
             return {
-                "stmts": sum(n for v, n in verbs.items() if v not in TX_VERBS),
-                "verbs": verbs,
+                **_events.verb_view(dict(self.verbs)),
                 "tx": self.tx,
                 "calls": dict(self.calls),
                 "elected": self.elected,
@@ -186,7 +171,7 @@ class CountingBackend:
             _current.counts = previous
         # Handoff breakdown: when the resign ran, and when the winning elect was sent.
         if name == "resign" or (name == "elect" and getattr(result, "won", False)):
-            emit_json({"event": "call", "name": name, "start": start, "end": boottime()})
+            emit({"event": "call", "name": name, "start": start, "end": boottime()})
         return result
 
     def install(self) -> None:
@@ -248,12 +233,7 @@ def count_statements(engine: sa.Engine, unattributed: Counts) -> None:
 
 def child_main(args: argparse.Namespace) -> int:
     name = args.child
-    logging.basicConfig(
-        level=logging.WARNING, format=f"[{name}] %(levelname)s %(name)s: %(message)s"
-    )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = _events.start_child(name)
 
     options: dict[str, Any] = json.loads(args.backend_options)
     k = args.electors
@@ -279,7 +259,7 @@ def child_main(args: argparse.Namespace) -> int:
                         c.elected += 1
                     else:
                         c.revoked += 1
-                emit_json(
+                emit(
                     {
                         "event": tr.kind,
                         "idx": i,
@@ -297,7 +277,7 @@ def child_main(args: argparse.Namespace) -> int:
         readers.append(reader)
 
     def snapshot(req: str) -> None:
-        emit_json(
+        emit(
             {
                 "event": "snap",
                 "req": req,
@@ -313,14 +293,11 @@ def child_main(args: argparse.Namespace) -> int:
             }
         )
 
-    def commands() -> None:
-        for line in sys.stdin:
-            cmd, _, rest = line.strip().partition(" ")
-            if cmd == "snap":
-                snapshot(rest)
-        stop.set()  # EOF: the parent is gone
+    def command(cmd: str, rest: str) -> None:
+        if cmd == "snap":
+            snapshot(rest)
 
-    threading.Thread(target=commands, daemon=True).start()
+    _events.read_commands(stop, command)
     try:
         for elector in electors:
             elector.start()
@@ -330,7 +307,7 @@ def child_main(args: argparse.Namespace) -> int:
             if all(e.last_lease is not None or e.is_leader for e in electors):
                 break
             time.sleep(0.02)
-        emit_json(
+        emit(
             {
                 "event": "ready",
                 "at": boottime(),
@@ -347,7 +324,7 @@ def child_main(args: argparse.Namespace) -> int:
             t.start()
         for t in stoppers:
             t.join()
-        emit_json({"event": "stopped", "at": boottime()})
+        emit({"event": "stopped", "at": boottime()})
         for reader in readers:
             reader.join(5)
     finally:
@@ -360,35 +337,20 @@ def child_main(args: argparse.Namespace) -> int:
 # =========================================================================================
 
 
-class BenchError(Exception):
-    pass
-
-
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[str]
-    electors: int
+class Proc(Child):
+    electors: int = 1
     cands: list[str] = field(default_factory=list)
     ready: bool = False
-    ended_at: float | None = None  # boot time it was killed / exited
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
 
 
-class Cluster:
+class Cluster(Collector[Proc]):
     """Elector processes of one configuration, and the ordered stream of their reports."""
 
     def __init__(self, run: BackendRun, ns: str) -> None:
+        super().__init__()
         self.run = run
         self.ns = ns
-        self.procs: dict[str, Proc] = {}
-        self.events: list[dict[str, Any]] = []
-        self.q: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.leading: dict[str, tuple[str, int]] = {}  # candidate -> (proc, term)
-        self._seq = 0
         self._req = 0
 
     # -- processes ------------------------------------------------------------------------
@@ -396,11 +358,7 @@ class Cluster:
     def spawn(self, electors: int = 1) -> Proc:
         self._seq += 1
         name = f"{self.ns}-p{self._seq}"
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            name,
+        options = [
             "--url",
             self.run.url,
             "--prefix",
@@ -414,30 +372,8 @@ class Cluster:
             "--backend-options",
             json.dumps(self.run.options),
         ]
-        popen = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # Ctrl-C reaches the parent only; it cleans up
-        )
-        proc = Proc(name, popen, electors)
+        proc = Proc(name, self.launch(__file__, name, options), electors=electors)
         self.procs[name] = proc
-
-        def read() -> None:
-            assert popen.stdout is not None
-            for line in popen.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    sys.stderr.write(f"[{name}] {line}")
-                    continue
-                event["proc"] = name
-                self.q.put(event)
-            self.q.put({"event": "eof", "proc": name, "at": boottime()})
-
-        threading.Thread(target=read, daemon=True).start()
         return proc
 
     def start(self, n: int, max_procs: int | None = None) -> None:
@@ -457,88 +393,14 @@ class Cluster:
         if not event.get("ok", True):
             log(f"  warning: {proc.name} is ready but an elector had no answer yet")
 
-    def signal(self, proc: Proc, sig: int) -> float:
-        self.drain()
-        at = boottime()
-        proc.popen.send_signal(sig)
-        return at
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.alive:
-                with contextlib.suppress(OSError):
-                    proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
-            for pipe in (proc.popen.stdin, proc.popen.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
-        self.drain()
-
     # -- reports --------------------------------------------------------------------------
 
     def _take(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-        kind, proc = event["event"], self.procs.get(event["proc"])
-        if kind == "elected":
-            self.leading[event["cand"]] = (event["proc"], event["term"])
-        elif kind == "revoked":
-            self.leading.pop(event["cand"], None)
-        elif kind == "ready" and proc is not None:
+        super()._take(event)
+        proc = self.procs.get(event["proc"])
+        if event["event"] == "ready" and proc is not None:
             proc.ready = True
             proc.cands = event["cands"]
-        elif kind in ("stopped", "eof"):
-            for cand, (p, _term) in list(self.leading.items()):
-                if p == event["proc"]:
-                    self.leading.pop(cand)
-            if proc is not None and proc.ended_at is None:
-                proc.ended_at = event["at"]
-
-    def drain(self) -> None:
-        while True:
-            try:
-                self._take(self.q.get_nowait())
-            except queue.Empty:
-                return
-
-    def wait_for(
-        self, pred: Callable[[dict[str, Any]], bool], since: int, timeout: float
-    ) -> dict[str, Any] | None:
-        """The first report from index ``since`` on that satisfies ``pred``."""
-        deadline = time.monotonic() + timeout
-        i = since
-        while True:
-            while i < len(self.events):
-                if pred(self.events[i]):
-                    return self.events[i]
-                i += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            with contextlib.suppress(queue.Empty):
-                self._take(self.q.get(timeout=min(left, 0.5)))
-
-    def pump(self, seconds: float) -> None:
-        self.wait_for(lambda e: False, len(self.events), seconds)
-
-    def single_leader(self, timeout: float) -> tuple[Proc, str, int]:
-        """Wait until exactly one live elector leads; (its process, candidate, term)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.drain()
-            live = {c: pt for c, pt in self.leading.items() if self.procs[pt[0]].alive}
-            if len(live) == 1:
-                cand, (pname, term) = next(iter(live.items()))
-                return self.procs[pname], cand, term
-            if time.monotonic() > deadline:
-                raise BenchError(f"expected one leader, have {sorted(live)}")
-            self.pump(0.05)
 
     def snapshot(self, timeout: float = 15) -> dict[str, dict[str, Any]]:
         """One statement-count snapshot from every live process."""
@@ -564,39 +426,12 @@ class Cluster:
 
     def overlaps(self) -> list[str]:
         """Pairs of leadership beliefs from different electors that overlap in time."""
-        spans: list[tuple[str, int, float, float]] = []
-        open_: dict[str, tuple[int, float, str]] = {}
-        ended = {name: p.ended_at for name, p in self.procs.items()}
-        now = boottime()
-        for e in sorted(
-            (e for e in self.events if e["event"] in ("elected", "revoked")),
-            key=lambda e: e["at"],
-        ):
-            if e["event"] == "elected":
-                open_[e["cand"]] = (e["term"], e["at"], e["proc"])
-            elif e["cand"] in open_:
-                term, start, _p = open_.pop(e["cand"])
-                spans.append((e["cand"], term, start, e["at"]))
-        for cand, (term, start, pname) in open_.items():
-            spans.append((cand, term, start, ended.get(pname) or now))
-        bad = []
-        spans.sort(key=lambda s: s[2])
-        for i, a in enumerate(spans):
-            for b in spans[i + 1 :]:
-                if b[2] >= a[3]:
-                    break
-                if a[0] != b[0]:
-                    bad.append(f"{a[0]} term {a[1]} and {b[0]} term {b[1]}")
-        return bad
+        return [f"{a.cand} term {a.term} and {b.cand} term {b.term}" for a, b in self.overlapping()]
 
 
 # =========================================================================================
 # one configuration
 # =========================================================================================
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -651,11 +486,7 @@ def handoff_trial(cluster: Cluster, cfg: ElectionConfig) -> dict[str, Any]:
     proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
     mark = len(cluster.events)
     t_sig = cluster.signal(proc, signal.SIGTERM)
-    new = cluster.wait_for(
-        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_sig,
-        mark,
-        cfg.ttl * 2 + 10,
-    )
+    new = cluster.next_elected(proc, t_sig, mark, cfg.ttl * 2 + 10)
     if new is None:
         raise BenchError(f"no new leader after SIGTERM of {cand}")
     revoked = cluster.wait_for(lambda e: e["event"] == "revoked" and e["cand"] == cand, mark, 10)
@@ -713,11 +544,7 @@ def crash_trial(cluster: Cluster, cfg: ElectionConfig) -> dict[str, Any]:
     proc.popen.wait(10)
     proc.ended_at = t_kill  # its belief ended with the process
     remaining = lease.remaining if lease is not None else 0.0
-    new = cluster.wait_for(
-        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_kill,
-        mark,
-        remaining + cfg.ttl + 10,
-    )
+    new = cluster.next_elected(proc, t_kill, mark, remaining + cfg.ttl + 10)
     if new is None:
         raise BenchError(f"no new leader after SIGKILL of {cand}")
     total = new["at"] - t_kill
@@ -847,51 +674,49 @@ def run_config(
     clusters: list[Cluster] = []
     started = time.monotonic()
     try:
-        result["db_version"] = db_version(admin)
-        admin.install()
-        log(f"[{config}] {result['db_version']}; tables {prefix}*")
+        with _events.outcome(result, config):
+            result["db_version"] = db_version(admin)
+            admin.install()
+            log(f"[{config}] {result['db_version']}; tables {prefix}*")
 
-        cluster = Cluster(run, "bench")
-        clusters.append(cluster)
-        log(f"[{config}] starting {args.n} elector processes")
-        cluster.start(args.n)
-        wake = [w for e in cluster.events if e["event"] == "ready" for w in e.get("wakeups", [])]
-        result["children_have_wakeups"] = wake
-        if config == "pg-notify" and not all(wake):
-            result["notes"].append("listen=True accepted, but subscribe_wakeups gave None")
-        if args.n in args.steady_n:
-            log(f"[{config}] steady state, N={args.n}, {args.steady_seconds:g}s")
-            result["steady"][str(args.n)] = steady_window(cluster, cfg, args.steady_seconds)
-        for kind, trial, key in (
-            ("SIGTERM handoff", handoff_trial, "handoff"),
-            ("SIGKILL failover", crash_trial, "crash"),
-        ):
-            log(f"[{config}] {args.trials} x {kind}")
-            for i in range(args.trials):
-                sample = trial(cluster, cfg)
-                result[key].append(sample)
-                log(f"  {i + 1:>3}: {describe(key, sample)}")
-        result["overlaps"] += cluster.overlaps()
-        cluster.close()
+            cluster = Cluster(run, "bench")
+            clusters.append(cluster)
+            log(f"[{config}] starting {args.n} elector processes")
+            cluster.start(args.n)
+            wake = [
+                w for e in cluster.events if e["event"] == "ready" for w in e.get("wakeups", [])
+            ]
+            result["children_have_wakeups"] = wake
+            if config == "pg-notify" and not all(wake):
+                result["notes"].append("listen=True accepted, but subscribe_wakeups gave None")
+            if args.n in args.steady_n:
+                log(f"[{config}] steady state, N={args.n}, {args.steady_seconds:g}s")
+                result["steady"][str(args.n)] = steady_window(cluster, cfg, args.steady_seconds)
+            for kind, trial, key in (
+                ("SIGTERM handoff", handoff_trial, "handoff"),
+                ("SIGKILL failover", crash_trial, "crash"),
+            ):
+                log(f"[{config}] {args.trials} x {kind}")
+                for i in range(args.trials):
+                    sample = trial(cluster, cfg)
+                    result[key].append(sample)
+                    log(f"  {i + 1:>3}: {describe(key, sample)}")
+            result["overlaps"] += cluster.overlaps()
+            cluster.close()
 
-        for n in args.steady_n:
-            if n == args.n:
-                continue
-            big = Cluster(run, f"bench{n}")
-            clusters.append(big)
-            nprocs = min(n, args.max_procs)
-            log(f"[{config}] steady state, N={n} ({nprocs} processes), {args.steady_seconds:g}s")
-            big.start(n, max_procs=args.max_procs)
-            result["steady"][str(n)] = steady_window(big, cfg, args.steady_seconds)
-            result["overlaps"] += big.overlaps()
-            big.close()
-    except BenchError as exc:
-        result["status"] = "error"
-        result["failures"].append(str(exc))
-        log(f"[{config}] FAILED: {exc}")
-    except KeyboardInterrupt:
-        result["status"] = "interrupted"
-        raise
+            for n in args.steady_n:
+                if n == args.n:
+                    continue
+                big = Cluster(run, f"bench{n}")
+                clusters.append(big)
+                nprocs = min(n, args.max_procs)
+                log(
+                    f"[{config}] steady state, N={n} ({nprocs} processes), {args.steady_seconds:g}s"
+                )
+                big.start(n, max_procs=args.max_procs)
+                result["steady"][str(n)] = steady_window(big, cfg, args.steady_seconds)
+                result["overlaps"] += big.overlaps()
+                big.close()
     finally:
         for c in clusters:
             c.close()
@@ -918,14 +743,6 @@ def describe(key: str, s: dict[str, Any]) -> str:
 # =========================================================================================
 # summary
 # =========================================================================================
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    f = math.floor(k)
-    c = min(f + 1, len(s) - 1)
-    return s[f] + (s[c] - s[f]) * (k - f)
 
 
 @dataclass
@@ -1080,32 +897,16 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--electors", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--backend-options", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    defaults = (3, 2.0, 5.0) if args.quick else (20, 10.0, 60.0)
-    for name, default in zip(("trials", "ttl", "steady_seconds"), defaults, strict=True):
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
+    return _events.quick_defaults(
+        args, ("trials", "ttl", "steady_seconds"), (3, 2.0, 5.0), (20, 10.0, 60.0)
+    )
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args)
-    if args.seed is not None:
-        random.seed(args.seed)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    # Also when started in the background (SIGINT ignored) or stopped with kill: clean up.
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
-    configs = [c.strip() for c in args.backends.split(",") if c.strip()]
-    unknown = [c for c in configs if c not in ALL_CONFIGS]
-    if unknown:
-        raise SystemExit(f"unknown backend {unknown}; choose from {', '.join(ALL_CONFIGS)}")
-    if args.n < 2:
-        raise SystemExit("--n must be at least 2: a failover needs someone to fail over to")
+    configs = _events.start_parent(args, args.backends, ALL_CONFIGS, "backend")
     cfg = ElectionConfig.create(ttl=args.ttl)
     sqlite_path = Path(args.sqlite_path or f"/tmp/celery-election-failover-{os.getpid()}.db")
     urls = {

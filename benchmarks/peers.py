@@ -67,26 +67,24 @@ import contextlib
 import datetime
 import hashlib
 import json
-import logging
-import math
 import os
-import queue
 import random
 import secrets
 import signal
 import struct
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import _events
 import psycopg
 import sqlalchemy as sa
+from _events import BenchError, Child, Collector, emit, log, pct
 from _machine import machine_info
 
 from celery_election import Elector, backend_from_url
@@ -97,21 +95,6 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "peers.json"
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 KINDS = ("celery-election", "advisory", "notifelect")
-TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}
-
-_EMIT_LOCK = threading.Lock()
-
-
-def emit(obj: dict[str, Any]) -> None:
-    """One JSON line to the parent; lines from several threads must not interleave."""
-    line = json.dumps(obj, separators=(",", ":")) + "\n"
-    with _EMIT_LOCK:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def child_url(base: str, kind: str, port: int | None) -> str:
@@ -299,19 +282,8 @@ def run_notifelect(args: argparse.Namespace, stop: threading.Event, rep: Reporte
 
 
 def child_main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.WARNING, format=f"[{args.child}] %(levelname)s %(name)s: %(message)s"
-    )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def commands() -> None:
-        for _line in sys.stdin:
-            pass
-        stop.set()  # EOF: the parent is gone
-
-    threading.Thread(target=commands, daemon=True).start()
+    stop = _events.start_child(args.child)
+    _events.read_commands(stop)
     rep = Reporter(args.child)
     run = {
         "celery-election": run_celery_election,
@@ -355,10 +327,8 @@ class WireCount:
 
     def view(self) -> dict[str, Any]:
         with self.lock:
-            verbs = dict(self.verbs)
             return {
-                "stmts": sum(n for v, n in verbs.items() if v not in TX_VERBS),
-                "verbs": verbs,
+                **_events.verb_view(dict(self.verbs)),
                 "notifications": self.notifications,
                 "connections": self.connections,
                 "opaque": self.opaque,
@@ -520,21 +490,6 @@ class Proxy:
 # =========================================================================================
 
 
-class BenchError(Exception):
-    pass
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[str]
-    ended_at: float | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-
 @dataclass
 class Kind:
     """How to run and time one elector kind."""
@@ -552,29 +507,21 @@ class Kind:
         return 3 * self.cycle + 15
 
 
-class Cluster:
+class Cluster(Collector[Child]):
     """N elector processes of one kind and the ordered stream of their reports."""
 
     def __init__(self, kind: Kind, ns: str, proxy: Proxy | None = None) -> None:
+        super().__init__(grace=10 + kind.cycle)
         self.kind = kind
         self.ns = ns
         self.proxy = proxy
-        self.procs: dict[str, Proc] = {}
-        self.events: list[dict[str, Any]] = []
-        self.q: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.leading: dict[str, str] = {}  # candidate -> process (here the same name)
-        self._seq = 0
 
-    def spawn(self) -> Proc:
+    def spawn(self) -> Child:
         self._seq += 1
         name = f"{self.kind.name[:4]}-{self.ns}-p{self._seq}"
         port = self.proxy.add(name) if self.proxy is not None else None
         a = self.kind.args
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            name,
+        options = [
             "--kind",
             self.kind.name,
             "--url",
@@ -592,31 +539,8 @@ class Cluster:
             "--ne-timeout",
             repr(a.ne_timeout),
         ]
-        popen = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env={**os.environ, **self.kind.env},
-            start_new_session=True,  # Ctrl-C reaches the parent only; it cleans up
-        )
-        proc = Proc(name, popen)
-        self.procs[name] = proc
-
-        def read() -> None:
-            assert popen.stdout is not None
-            for line in popen.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    sys.stderr.write(f"[{name}] {line}")
-                    continue
-                event["proc"] = name
-                self.q.put(event)
-            self.q.put({"event": "eof", "proc": name, "at": boottime()})
-
-        threading.Thread(target=read, daemon=True).start()
+        popen = self.launch(__file__, name, options, env={**os.environ, **self.kind.env})
+        proc = self.procs[name] = Child(name, popen)
         return proc
 
     def start(self, n: int) -> None:
@@ -624,7 +548,7 @@ class Cluster:
         for proc in started:
             self.wait_ready(proc)
 
-    def wait_ready(self, proc: Proc) -> None:
+    def wait_ready(self, proc: Child) -> None:
         timeout = 30 + self.kind.cycle * 2
         event = self.wait_for(
             lambda e: e["event"] == "ready" and e["proc"] == proc.name, 0, timeout
@@ -635,109 +559,17 @@ class Cluster:
     def replace(self) -> None:
         self.wait_ready(self.spawn())
 
-    def signal(self, proc: Proc, sig: int) -> float:
-        self.drain()
-        at = boottime()
-        proc.popen.send_signal(sig)
-        return at
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.alive:
-                with contextlib.suppress(OSError):
-                    proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10 + self.kind.cycle
-        for proc in self.procs.values():
-            try:
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
-            for pipe in (proc.popen.stdin, proc.popen.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
-        self.drain()
-
-    def _take(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-        kind, proc = event["event"], self.procs.get(event["proc"])
-        if kind == "elected":
-            self.leading[event["cand"]] = event["proc"]
-        elif kind == "revoked":
-            self.leading.pop(event["cand"], None)
-        elif kind in ("stopped", "eof"):
-            for cand, p in list(self.leading.items()):
-                if p == event["proc"]:
-                    self.leading.pop(cand)
-            if proc is not None and proc.ended_at is None:
-                proc.ended_at = event["at"]
-
-    def drain(self) -> None:
-        while True:
-            try:
-                self._take(self.q.get_nowait())
-            except queue.Empty:
-                return
-
-    def wait_for(
-        self, pred: Callable[[dict[str, Any]], bool], since: int, timeout: float
-    ) -> dict[str, Any] | None:
-        """The first report from index ``since`` on that satisfies ``pred``, or None."""
-        deadline = time.monotonic() + timeout
-        i = since
-        while True:
-            while i < len(self.events):
-                if pred(self.events[i]):
-                    return self.events[i]
-                i += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            with contextlib.suppress(queue.Empty):
-                self._take(self.q.get(timeout=min(left, 0.5)))
-
-    def pump(self, seconds: float) -> None:
-        self.wait_for(lambda e: False, len(self.events), seconds)
-
-    def single_leader(self) -> tuple[Proc, str]:
+    def one_leader(self) -> tuple[Child, str]:
         """Wait until exactly one live process believes it leads."""
-        deadline = time.monotonic() + self.kind.wait_bound + self.kind.cycle
-        while True:
-            self.drain()
-            live = {c: p for c, p in self.leading.items() if self.procs[p].alive}
-            if len(live) == 1:
-                cand, pname = next(iter(live.items()))
-                return self.procs[pname], cand
-            if time.monotonic() > deadline:
-                raise BenchError(f"expected one leader, have {sorted(live)}")
-            self.pump(0.05)
+        proc, cand, _term = self.single_leader(self.kind.wait_bound + self.kind.cycle)
+        return proc, cand
 
     def overlaps(self) -> list[dict[str, Any]]:
         """Pairs of beliefs "I lead" of different processes that overlapped in time."""
-        spans: list[tuple[str, float, float]] = []
-        open_: dict[str, float] = {}
-        now = boottime()
-        for e in sorted(
-            (e for e in self.events if e["event"] in ("elected", "revoked")),
-            key=lambda e: float(e["at"]),
-        ):
-            if e["event"] == "elected":
-                open_[e["cand"]] = e["at"]
-            elif e["cand"] in open_:
-                spans.append((e["cand"], open_.pop(e["cand"]), e["at"]))
-        for cand, start in open_.items():
-            end = self.procs[cand].ended_at if cand in self.procs else None
-            spans.append((cand, start, end or now))
-        bad = []
-        spans.sort(key=lambda s: s[1])
-        for i, a in enumerate(spans):
-            for b in spans[i + 1 :]:
-                if b[1] >= a[2]:
-                    break
-                if a[0] != b[0]:
-                    bad.append({"a": a[0], "b": b[0], "seconds": min(a[2], b[2]) - b[1]})
-        return bad
+        return [
+            {"a": a.cand, "b": b.cand, "seconds": min(a.end, b.end) - b.start}
+            for a, b in self.overlapping()
+        ]
 
 
 # =========================================================================================
@@ -745,21 +577,35 @@ class Cluster:
 # =========================================================================================
 
 
+def signal_leader(cl: Cluster, sig: signal.Signals) -> tuple[Child, str, int, float]:
+    """At a random point of the cycle, ``sig`` to the leader's process.
+
+    Returns the process, its candidate, the index of the first report after the signal and
+    when the signal was sent.
+    """
+    cl.one_leader()
+    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))  # a random point of the cycle
+    proc, cand = cl.one_leader()
+    mark = len(cl.events)
+    return proc, cand, mark, cl.signal(proc, sig)
+
+
+def next_leader(
+    cl: Cluster, proc: Child, cand: str, sig: signal.Signals, at: float, mark: int
+) -> dict[str, Any]:
+    """The report of the next process that leads after ``sig`` (sent ``at``) to ``proc``."""
+    bound = cl.kind.wait_bound
+    new = cl.next_elected(proc, at, mark, bound)
+    if new is None:
+        raise BenchError(f"no new leader within {bound:.0f}s after {sig.name} of {cand}")
+    return new
+
+
 def handoff_trial(cl: Cluster) -> dict[str, Any]:
     """SIGTERM the leader (a clean stop); time until another process leads."""
-    cl.single_leader()
-    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))  # a random point of the cycle
-    proc, cand = cl.single_leader()
-    mark = len(cl.events)
-    t_sig = cl.signal(proc, signal.SIGTERM)
+    proc, cand, mark, t_sig = signal_leader(cl, signal.SIGTERM)
+    new = next_leader(cl, proc, cand, signal.SIGTERM, t_sig, mark)
     bound = cl.kind.wait_bound
-    new = cl.wait_for(
-        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_sig,
-        mark,
-        bound,
-    )
-    if new is None:
-        raise BenchError(f"no new leader within {bound:.0f}s after SIGTERM of {cand}")
     revoked = cl.wait_for(lambda e: e["event"] == "revoked" and e["cand"] == cand, mark, 10)
     stopped = cl.wait_for(lambda e: e["event"] == "stopped" and e["proc"] == proc.name, mark, bound)
     proc.popen.wait(bound)
@@ -778,25 +624,14 @@ def handoff_trial(cl: Cluster) -> dict[str, Any]:
 
 def crash_trial(cl: Cluster) -> dict[str, Any]:
     """SIGKILL the leader; time until another process leads (and past lease expiry)."""
-    cl.single_leader()
-    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))
-    proc, cand = cl.single_leader()
-    mark = len(cl.events)
-    t_kill = cl.signal(proc, signal.SIGKILL)
+    proc, cand, mark, t_kill = signal_leader(cl, signal.SIGKILL)
     remaining: float | None = None
     if cl.kind.admin is not None:
         lease = cl.kind.admin.current(cl.ns, timeout=5)
         remaining = lease.remaining if lease is not None else 0.0
     proc.popen.wait(10)
     proc.ended_at = t_kill  # its belief ended with the process
-    bound = cl.kind.wait_bound
-    new = cl.wait_for(
-        lambda e: e["event"] == "elected" and e["proc"] != proc.name and e["at"] > t_kill,
-        mark,
-        bound,
-    )
-    if new is None:
-        raise BenchError(f"no new leader within {bound:.0f}s after SIGKILL of {cand}")
+    new = next_leader(cl, proc, cand, signal.SIGKILL, t_kill, mark)
     total = new["at"] - t_kill
     sample: dict[str, Any] = {"old": cand, "new": new["cand"], "total_ms": total * 1000}
     if remaining is not None:
@@ -808,9 +643,9 @@ def crash_trial(cl: Cluster) -> dict[str, Any]:
 
 def steady_window(cl: Cluster, proxy: Proxy, seconds: float) -> dict[str, Any]:
     """Statements per minute per process between two proxy snapshots."""
-    cl.single_leader()
+    cl.one_leader()
     cl.pump(3.0)  # past the first steps
-    cl.single_leader()
+    cl.one_leader()
     mark = len(cl.events)
     t1, s1 = time.monotonic(), proxy.snapshot()
     cl.pump(seconds)
@@ -892,92 +727,83 @@ def run_kind(name: str, args: argparse.Namespace, into: list[dict[str, Any]]) ->
     proxy: Proxy | None = None
     kind: Kind | None = None
     try:
-        kind = make_kind(name, args, result["notes"])
-        result["prefix"] = kind.prefix
-        result["cycle_s"] = kind.cycle
-        url = sa.make_url(args.pg_url)
-        proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+        # any_error: a missing peer library, say, fails this kind; the other kinds still run
+        with _events.outcome(result, name, any_error=True):
+            kind = make_kind(name, args, result["notes"])
+            result["prefix"] = kind.prefix
+            result["cycle_s"] = kind.cycle
+            url = sa.make_url(args.pg_url)
+            proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
 
-        log(f"[{name}] steady state, N={args.n}, {args.steady_seconds:g}s (through the proxy)")
-        for attempt in range(4):
-            before = server_started(args.pg_url)
-            counted = Cluster(kind, f"steady{attempt}", proxy)
-            clusters.append(counted)
-            try:
-                counted.start(args.n)
-                steady = steady_window(counted, proxy, args.steady_seconds)
-            except BenchError:
-                if server_started(args.pg_url) == before:
-                    raise
-                steady = None
-            disturbed = server_started(args.pg_url) != before
-            counted.close()
-            if disturbed or steady is None:
-                result["restarts_seen"] += 1
-                log("  the database server restarted during the window: measuring again")
-                continue
-            result["steady"] = steady
-            collect_notes(counted, result)
-            result["overlaps"] += counted.overlaps()
-            break
-        for row in result["steady"]["processes"] if result["steady"] else []:
-            log(f"  {row['proc']:<22} {row['role']:<9} {row['stmts_per_min']:6.1f} stmts/min")
-
-        log(f"[{name}] starting {args.n} elector processes")
-        cl = start_cluster(kind, "trials", args, result, clusters)
-        restarts = 0
-        for label, trial, key in (
-            ("clean stop (SIGTERM)", handoff_trial, "handoff"),
-            ("crash (SIGKILL)", crash_trial, "crash"),
-        ):
-            log(f"[{name}] {args.trials} x {label}")
-            i = 0
-            while len(result[key]) + result.get(f"{key}_failed", 0) < args.trials:
-                i += 1
+            log(f"[{name}] steady state, N={args.n}, {args.steady_seconds:g}s (through the proxy)")
+            for attempt in range(4):
                 before = server_started(args.pg_url)
-                error: BenchError | None = None
+                counted = Cluster(kind, f"steady{attempt}", proxy)
+                clusters.append(counted)
                 try:
-                    sample = trial(cl)
-                except BenchError as exc:
-                    error = exc
-                if server_started(args.pg_url) != before:
-                    # Sessions were cut under the cluster: discard the trial, start afresh.
+                    counted.start(args.n)
+                    steady = steady_window(counted, proxy, args.steady_seconds)
+                except BenchError:
+                    if server_started(args.pg_url) == before:
+                        raise
+                    steady = None
+                disturbed = server_started(args.pg_url) != before
+                counted.close()
+                if disturbed or steady is None:
                     result["restarts_seen"] += 1
-                    log(f"  {i:>3}: the database server restarted during the trial: discarded")
-                    if result["restarts_seen"] > 4 * args.trials:
-                        raise BenchError("the database server keeps restarting")
-                elif error is not None:
-                    # One failed trial (no new leader in time) is a result, not the end of
-                    # the run: record it, start a fresh cluster, go on (at most twice).
-                    result["failures"].append(f"{key} trial {i}: {error}")
-                    result[f"{key}_failed"] = result.get(f"{key}_failed", 0) + 1
-                    log(f"  {i:>3}: FAILED: {error}")
-                    restarts += 1
-                    if restarts > 2:
-                        raise error
-                else:
-                    result[key].append(sample)
-                    log(f"  {i:>3}: {describe(key, sample)}")
+                    log("  the database server restarted during the window: measuring again")
                     continue
-                collect_notes(cl, result)
-                result["overlaps"] += cl.overlaps()
-                cl.close()
-                cl = start_cluster(kind, f"trials{i}", args, result, clusters)
-        cl.drain()
-        collect_notes(cl, result)
-        result["overlaps"] += cl.overlaps()
-        cl.close()
-    except BenchError as exc:
-        result["status"] = "error"
-        result["failures"].append(str(exc))
-        log(f"[{name}] FAILED: {exc}")
-    except KeyboardInterrupt:
-        result["status"] = "interrupted"
-        raise
-    except Exception as exc:  # a missing peer library, say: the other kinds still run
-        result["status"] = "error"
-        result["failures"].append(f"{type(exc).__name__}: {exc}")
-        log(f"[{name}] FAILED: {type(exc).__name__}: {exc}")
+                result["steady"] = steady
+                collect_notes(counted, result)
+                result["overlaps"] += counted.overlaps()
+                break
+            for row in result["steady"]["processes"] if result["steady"] else []:
+                log(f"  {row['proc']:<22} {row['role']:<9} {row['stmts_per_min']:6.1f} stmts/min")
+
+            log(f"[{name}] starting {args.n} elector processes")
+            cl = start_cluster(kind, "trials", args, result, clusters)
+            restarts = 0
+            for label, trial, key in (
+                ("clean stop (SIGTERM)", handoff_trial, "handoff"),
+                ("crash (SIGKILL)", crash_trial, "crash"),
+            ):
+                log(f"[{name}] {args.trials} x {label}")
+                i = 0
+                while len(result[key]) + result.get(f"{key}_failed", 0) < args.trials:
+                    i += 1
+                    before = server_started(args.pg_url)
+                    error: BenchError | None = None
+                    try:
+                        sample = trial(cl)
+                    except BenchError as exc:
+                        error = exc
+                    if server_started(args.pg_url) != before:
+                        # Sessions were cut under the cluster: discard the trial, start afresh.
+                        result["restarts_seen"] += 1
+                        log(f"  {i:>3}: the database server restarted during the trial: discarded")
+                        if result["restarts_seen"] > 4 * args.trials:
+                            raise BenchError("the database server keeps restarting")
+                    elif error is not None:
+                        # One failed trial (no new leader in time) is a result, not the end of
+                        # the run: record it, start a fresh cluster, go on (at most twice).
+                        result["failures"].append(f"{key} trial {i}: {error}")
+                        result[f"{key}_failed"] = result.get(f"{key}_failed", 0) + 1
+                        log(f"  {i:>3}: FAILED: {error}")
+                        restarts += 1
+                        if restarts > 2:
+                            raise error
+                    else:
+                        result[key].append(sample)
+                        log(f"  {i:>3}: {describe(key, sample)}")
+                        continue
+                    collect_notes(cl, result)
+                    result["overlaps"] += cl.overlaps()
+                    cl.close()
+                    cl = start_cluster(kind, f"trials{i}", args, result, clusters)
+            cl.drain()
+            collect_notes(cl, result)
+            result["overlaps"] += cl.overlaps()
+            cl.close()
     finally:
         for c in clusters:
             c.close()
@@ -1032,14 +858,6 @@ def describe(key: str, s: dict[str, Any]) -> str:
 # =========================================================================================
 # summary
 # =========================================================================================
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    f = math.floor(k)
-    c = min(f + 1, len(s) - 1)
-    return s[f] + (s[c] - s[f]) * (k - f)
 
 
 def stats(xs: list[float]) -> dict[str, float] | None:
@@ -1152,10 +970,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix", help=argparse.SUPPRESS)
     p.add_argument("--ns", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    defaults = (3, 2.0, 10.0) if args.quick else (10, 10.0, 60.0)
-    for name, default in zip(("trials", "ttl", "steady_seconds"), defaults, strict=True):
-        if getattr(args, name) is None:
-            setattr(args, name, default)
+    _events.quick_defaults(
+        args, ("trials", "ttl", "steady_seconds"), (3, 2.0, 10.0), (10, 10.0, 60.0)
+    )
     if args.ne_timeout is None:
         args.ne_timeout = 1.0 if args.ttl >= 5 else 0.5
     if args.ne_interval is None:
@@ -1167,20 +984,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args)
-    if args.seed is not None:
-        random.seed(args.seed)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
-    kinds = [k.strip() for k in args.electors.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise SystemExit(f"unknown elector {unknown}; choose from {', '.join(KINDS)}")
-    if args.n < 2:
-        raise SystemExit("--n must be at least 2: a failover needs someone to fail over to")
+    kinds = _events.start_parent(args, args.electors, KINDS, "elector")
     with psycopg.connect(child_url(args.pg_url, "advisory", None)) as c:
         row = c.execute("SELECT version()").fetchone()
         db_version = str(row[0]) if row else "?"
