@@ -656,7 +656,8 @@ def steady_window(cl: Cluster, proxy: Proxy, seconds: float) -> dict[str, Any]:
     rows = []
     for name, b in s2.items():
         a = s1.get(name)
-        if a is None or not cl.procs[name].alive:
+        # The proxy outlives a cluster redone after a restart: skip the old one's children.
+        if a is None or name not in cl.procs or not cl.procs[name].alive:
             continue
         role = "changed" if name in changed else "leader" if name in cl.leading else "follower"
         verbs = {k: round((v - a["verbs"].get(k, 0)) * per_min, 2) for k, v in b["verbs"].items()}
