@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -68,7 +67,6 @@ class Node:
     env: dict[str, str]
     proxy: Proxy | None = None
     proc: subprocess.Popen[bytes] | None = None
-    skewed: bool = False
 
 
 @dataclass
@@ -122,8 +120,8 @@ class _Driver:
         raise NotImplementedError
 
     def run(self, seconds: float, progress: Callable[[str], None] | None = None) -> Report:
-        self.setup()
         try:
+            self.setup()
             end = time.monotonic() + seconds
             while self.steps < len(self.faults) if self.s.cycle else time.monotonic() < end:
                 self.step()
@@ -179,7 +177,6 @@ class Chaos(_Driver):
         env = dict(node.env)
         if skew:
             env.update(faults.skew_env(skew))
-        node.skewed = bool(skew)
         log = open(self.workdir / f"{node.name}.log", "ab")  # noqa: SIM115 (child keeps it)
         node.proc = subprocess.Popen(
             node.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
@@ -546,7 +543,3 @@ def make(settings: Settings, workdir: Path) -> Chaos | MemoryChaos:
     return (
         MemoryChaos(settings, workdir) if settings.backend == "memory" else Chaos(settings, workdir)
     )
-
-
-def clean(workdir: Path) -> None:
-    shutil.rmtree(workdir, ignore_errors=True)
