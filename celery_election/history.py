@@ -59,7 +59,6 @@ class Recorder:
         self.monotonic = monotonic
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._pid = os.getpid()
-        self._threads: list[threading.Thread] = []
         self._max_err = 0.0
 
     def record(self, record_kind: str, /, mono: float | None = None, **fields: Any) -> None:
@@ -93,9 +92,7 @@ class Recorder:
                 self.record("transition", mono=t.at, ns=ns, cand=cand, term=t.term,
                             what=t.kind, reason=reason)  # fmt: skip
 
-        thread = threading.Thread(target=follow, name="history-recorder", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        threading.Thread(target=follow, name="history-recorder", daemon=True).start()
         return self
 
     def record_error(self, start: float) -> None:
