@@ -316,6 +316,8 @@ def check(
             continue
         near = index.get(r["ns"], empty).around(r["mono"], slack=1.0)
         t = r["mono"]
+        # The reading precedes the check, so it may precede the trust record a little (a
+        # thread descheduled in between); it may never pass the window's end.
         own = [i for i in near if i.term == r["term"] and i.start - 1.0 <= t <= i.end + eps]
         if not own:
             rep.violations.append(
