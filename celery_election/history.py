@@ -81,7 +81,7 @@ class Recorder:
             # and the time taken to write the line is kept as this record's reading error.
             start = self.monotonic()
             self.record("trust", mono=start, ns=ns, cand=cand, term=term, until=until)
-            self.record_error(start)
+            self._record_error(start)
 
         elector.watch_trust(on_trust)
         sub = elector.subscribe()
@@ -95,7 +95,7 @@ class Recorder:
         threading.Thread(target=follow, name="history-recorder", daemon=True).start()
         return self
 
-    def record_error(self, start: float) -> None:
+    def _record_error(self, start: float) -> None:
         # The largest gap between a clock reading and its line reaching the file bounds how
         # far any interval edge in this history can be off: the checker allows that much.
         err = self.monotonic() - start
