@@ -1,114 +1,81 @@
 """Leader-only beat: run ``celery beat -S celery_election.beat:LeaderScheduler`` everywhere.
 
-Every beat process is a candidate; only the leader sends. Each due tick is *claimed*
-before it is sent: a ledger row unique on (namespace, entry, nominal due time), inserted
-by one statement that share-locks the lease row and checks the claimer's token, term and
-unexpired lease (DESIGN.md, rule 6). The tick is sent only if the claim committed and the
-leader still trusts its lease afterwards. So a tick is sent at most once, even when a
-paused leader wakes up believing it still leads: its claim is refused.
+The wrapped scheduler stays the only authority on *whether and when* an entry is due:
+Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``reserve``,
+``schedules_equal`` and ``beat_cron_starting_deadline`` all run as they do in stock beat
+(or in django-celery-beat's ``DatabaseScheduler``). The election adds three things:
 
-Nominal due times. The ledger key is the time the schedule says the tick was due, computed
-from the last *claimed* due time (kept in the shared ``beat_state`` table), never from
-``last_run_at``: Celery sets that to the send time, so two schedulers would compute
-different keys. A fresh interval entry is anchored on the epoch (every beat computes the
-same first due time); crontab times are absolute; solar ones are rounded up to the second.
+* **Leadership gates the tick.** A follower sends nothing and looks again in 0.2 s (an
+  in-memory flag, no I/O).
+* **The shared state is loaded at promotion.** Each entry's run state (when it last ran,
+  how often) lives in the election database. A new leader adopts it before its first
+  tick, so it resumes where the old leader stopped; a run missed during the failover is
+  caught up once, exactly as stock Celery does after a restart.
+* **The send is fenced.** When Celery reserves a due entry, the leader claims "the run
+  after the state I saw" with a compare-and-set under its term, in one statement that
+  locks the lease row (DESIGN.md, rule 6). It sends only if that claim won and it still
+  trusts its lease; a refused claim adopts the stored state (another leader ran it).
+  Every leader that saw the same state claims the same run, whatever the schedule type
+  (crontab, interval, solar, clocked, custom), so a run is sent at most once, even in a
+  split brain. At most once, not exactly once: a leader that dies between its claim and
+  its send loses that run.
 
-Decisions:
+Times in the shared state are on the database's clock: each beat measures its offset
+from it (at promotion and every minute) and converts at the boundary, so a beat host
+with a wrong clock neither stalls nor repeats the schedule.
 
-* A tick claimed by a leader that died (or lost its trust) before sending is **not
-  resent** by default: at most once. ``election_beat_resend_unconfirmed = True`` makes a
-  new leader resend ticks claimed by earlier terms but never confirmed as sent (each
-  confirmation costs one more statement per tick).
-* Ticks that fell due while nobody led are sent **once** per entry on takeover (missed
-  ticks collapse into the latest one); ``election_beat_missed = "skip"`` skips them.
-* The shared state is loaded again at every promotion (not only at start-up), so a new
-  leader resumes where the old one stopped.
-* Under ``celery worker -B --election`` the embedded beat shares its worker's leadership
-  through the worker's shared record: it is not a second candidate.
-* Nothing blocks in ``beat_init``: the elector starts in the background, and ``tick()``
-  only reads an in-memory flag until this process leads.
+Under ``celery worker -B --election`` the embedded beat shares its worker's leadership
+through the worker's shared record: it is not a second candidate. Nothing blocks in
+``beat_init``: the elector starts in the background.
 
 ``LeaderSchedulerMixin`` gives the same to another scheduler class, e.g.::
 
     class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):
         pass
+
+Entries whose run state lives elsewhere than ``last_run_at``/``total_run_count`` (and
+django-celery-beat's model) can override :meth:`LeaderSchedulerMixin.adopt_run_state`.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from celery.beat import PersistentScheduler, event_t
-from celery.schedules import crontab
-from celery.schedules import schedule as interval
+from celery.beat import PersistentScheduler
 
 from . import shared_state
 from .app import ElectionSettings
 from .backends import backend_from_url
+from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
 from .config import validate_namespace
 from .elector import Elector
-from .errors import ConfigurationError, ElectionError
+from .errors import ElectionError
 from .history import Recorder
 
-__all__ = ["LeaderScheduler", "LeaderSchedulerMixin", "next_due"]
+__all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
 log = logging.getLogger("celery_election.beat")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 _FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
-_PRUNE_EVERY = 300.0
 _OFFSET_EVERY = 60.0
-
-
-def _us(dt: datetime) -> int:
-    return (dt - EPOCH) // _US
-
-
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
-
-
-def next_due(sched: Any, last: datetime) -> datetime:
-    """The nominal due time that follows ``last`` in ``sched``, exactly (no "now" in it)."""
-    last = _aware(last)
-    if isinstance(sched, crontab):
-        start, delta, _now = sched.remaining_delta(last)
-        following: datetime = start + delta
-        return _aware(following)
-    if type(sched) is interval:
-        step: timedelta = sched.run_every
-        return last + step
-    # Solar and custom schedules only offer "remaining from now", so round the event up to
-    # a whole second: every beat computes the same key, and the next event after a key is
-    # a later one (rounding down made the key precede its own event, which then came
-    # "next" forever).
-    after = last
-    for _ in range(3):
-        estimate: datetime = _aware(sched.now()) + sched.remaining_estimate(after)
-        key = estimate.replace(microsecond=0)
-        if key < estimate:
-            key += timedelta(seconds=1)
-        if key > last:
-            return key
-        after = last + timedelta(seconds=1)
-    return last + timedelta(seconds=1)
-
-
-def _anchor(sched: Any, now: datetime) -> datetime:
-    """Where a schedule with no shared state starts: the same for every beat process."""
-    if type(sched) is interval and sched.run_every.total_seconds() > 0:
-        step: int = sched.run_every // _US
-        return EPOCH + _US * ((_us(now) // step) * step)
-    return now
+#: Settings of the old ledger design; a run's fate now follows Celery's own rules.
+_RETIRED = {
+    "election_beat_missed": "a run missed during a failover is caught up once, as Celery "
+    "does after a restart (beat_cron_starting_deadline applies)",
+    "election_beat_resend_unconfirmed": "a run claimed by a leader that died before "
+    "sending is not resent (at most once)",
+    "election_beat_ledger_retention": "the shared state is one row per entry",
+}
 
 
 def beat_namespace(app: Any, settings: ElectionSettings, *, embedded: bool) -> str:
@@ -127,18 +94,14 @@ class _BeatElection:
         self.record = shared_state.current()
         self.settings = ElectionSettings.from_app(app)
         self.namespace = beat_namespace(app, self.settings, embedded=self.record is not None)
-        missed = conf.get("election_beat_missed", "once")
-        if missed not in ("once", "skip"):
-            raise ConfigurationError(
-                f"election_beat_missed must be 'once' or 'skip': got {missed!r}"
-            )
-        self.missed = missed
-        self.resend = conf.get("election_beat_resend_unconfirmed", False) is True
-        self.retention = float(conf.get("election_beat_ledger_retention", 86400.0))
-        # Embedded, this process only claims ticks (the worker runs the election): no LISTEN.
+        for key, why in _RETIRED.items():
+            if conf.get(key) is not None:
+                log.warning("beat election: %s is no longer used: %s", key, why)
+        # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
         listen = False if self.record is not None else None
         options = self.settings.backend_options(listen=listen)
-        self.backend: Any = backend_from_url(self.settings.url, **options)
+        self.backend: Backend = backend_from_url(self.settings.url, **options)
+        self.store: BeatStore = self.backend.beat
         if self.settings.auto_install:
             try:
                 self.backend.install()
@@ -170,6 +133,17 @@ class _BeatElection:
         term = self.elector.term
         return None if term is None else (term, self.elector.token)
 
+    def wait_for_leadership(self, timeout: float) -> bool:
+        """Block until this process leads (True) or ``timeout`` seconds pass (False)."""
+        if self.elector is not None:
+            return self.elector.wait_for_leadership(timeout)
+        deadline = boottime() + timeout
+        while self.leadership() is None:  # the worker's record has no waiter: poll it
+            if boottime() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def describe(self) -> str:
         mode = "embedded: the worker's leadership" if self.record is not None else "candidate"
         return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
@@ -178,11 +152,24 @@ class _BeatElection:
         if self.elector is not None:
             self.elector.stop()
             self.elector = None
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
         self.backend.close()
 
 
+@dataclass(frozen=True)
+class _Fence:
+    """A reserved run: sent only if ``won`` and the term still leads when sending."""
+
+    won: bool
+    term: int
+    run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
+    at: int  # its own last_run_at, as stored (database clock, epoch us)
+
+
 class LeaderSchedulerMixin:
-    """Make a Celery beat scheduler send only on the leader, each tick at most once."""
+    """Make a Celery beat scheduler send only on the leader, each run at most once."""
 
     app: Any
     schedule: Any
@@ -191,18 +178,22 @@ class LeaderSchedulerMixin:
 
     _election: _BeatElection | None = None
     _loaded_term: int | None = None
+    _lost_term: int | None = None
 
     # -- set-up and tear-down ---------------------------------------------------------------
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._runs: dict[str, RunState] = {}  # the shared state as this leader knows it
+        self._seen: dict[str, Any] = {}  # entry name -> the last_run_at matching _runs
+        self._pending: dict[str, _Fence] = {}  # reserved runs, by entry name
+        self._offset_us = 0  # database clock - this host's clock
+        self._next_offset = 0.0
+        super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
         super().setup_schedule()  # type: ignore[misc]
         if self._election is None:
             self._election = _BeatElection(self.app)
-            self._last_due: dict[str, datetime] = {}
-            self._claims: dict[str, tuple[bool, datetime]] = {}
-            self._next_prune = 0.0
-            self._clock_offset = timedelta(0)
-            self._next_offset = 0.0
             log.info("beat election: %s", self._election.describe())
 
     def close(self) -> None:
@@ -210,6 +201,11 @@ class LeaderSchedulerMixin:
         if election is not None:
             election.close()
         super().close()  # type: ignore[misc]
+
+    def wait_for_leadership(self, timeout: float) -> bool:
+        """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s."""
+        election = self._election
+        return election is not None and election.wait_for_leadership(timeout)
 
     @property
     def info(self) -> str:
@@ -223,227 +219,235 @@ class LeaderSchedulerMixin:
             line = f"    . election -> misconfigured: {exc}"
         return f"{base}\n{line}" if base else line
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- leadership -------------------------------------------------------------------------
 
-    def tick(self, *args: Any, **kwargs: Any) -> float:
+    def _leading(self) -> tuple[int, str] | None:
+        """(term, token) if this process leads and has loaded the shared state, else None."""
         election = self._election
         lead = election.leadership() if election is not None else None
-        if lead is None:
+        if lead is None or lead[0] == self._lost_term:
             self._loaded_term = None
-            return min(self.max_interval, _FOLLOWER_TICK)
-        if lead[0] != self._loaded_term:
-            self._next_offset = 0.0
-            self._measure_offset()
-            self._promote(*lead)
+            return None
+        if lead[0] != self._loaded_term and not self._promote(lead[0]):
+            return None
         self._measure_offset()
-        self._maybe_prune()
+        return lead
+
+    def _promote(self, term: int) -> bool:
+        """Newly leading: adopt the shared run state, not this process's memory."""
+        election = self._election
+        assert election is not None
+        self._next_offset = 0.0
+        self._measure_offset()
+        try:
+            self._runs = election.store.load_runs(election.namespace)
+        except ElectionError as exc:
+            log.error("beat election: cannot load the shared schedule state (%s)", exc)
+            return False  # _loaded_term stays unset: try again next tick
+        self._seen = {}
+        self._pending = {}
+        self._loaded_term = term
+        self._heap = None  # rebuilt by the wrapped scheduler, from the adopted state
+        log.info(
+            "beat election: leading namespace=%s term=%s; resumed %d entries from the shared state",
+            election.namespace,
+            term,
+            len(self._runs),
+        )
+        return True
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self._leading() is None:
+            return min(self.max_interval, _FOLLOWER_TICK)
         return float(super().tick(*args, **kwargs))  # type: ignore[misc]
 
-    def _now(self) -> datetime:
-        """Now on the database's clock: every beat computes the same due times from it."""
-        return _aware(self.app.now()).astimezone(timezone.utc) + self._clock_offset
+    def populate_heap(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's own heap, after the entries adopted the shared state they lack."""
+        for name, entry in list(self.schedule.items()):
+            state = self._runs.get(name)
+            if state is not None and self._seen.get(name, _UNSEEN) != entry.last_run_at:
+                self._adopt(entry, state)
+        super().populate_heap(*args, **kwargs)  # type: ignore[misc]
+
+    # -- the clock --------------------------------------------------------------------------
 
     def _measure_offset(self) -> None:
         """Read the database clock against this host's (one statement, leader only).
 
-        Due times and the shared state are nominal times every beat must agree on. With
-        the host clock a beat whose clock is an hour fast claimed the tick an hour ahead
-        and stored it, and the next leader then waited an hour (the chaos runs skew one
-        process's clock). The offset is good to half a round trip; it is measured again
-        at each promotion and every minute while leading.
+        The shared state holds times every beat must agree on. With host clocks a beat
+        whose clock was an hour fast stored runs an hour ahead, and the next leader then
+        waited an hour (the chaos runs skew one process's clock). The offset is good to
+        half a round trip; it is measured at each promotion and every minute.
         """
         election = self._election
         if election is None or boottime() < self._next_offset:
             return
         self._next_offset = boottime() + _OFFSET_EVERY
         try:
-            before = self.app.now().timestamp()
+            before = self.app.now().timestamp()  # the clock Celery's entries are read on
             lease = election.backend.current(election.namespace)
             after = self.app.now().timestamp()
         except ElectionError as exc:
             log.warning("beat election: could not read the database clock (%s)", exc)
             return
         if lease is not None:
-            offset = lease.db_now_us / 1_000_000 - (before + after) / 2
-            if abs(offset) > 1:
+            offset = lease.db_now_us - round((before + after) / 2 * 1_000_000)
+            if abs(offset) > 1_000_000:
                 log.warning("beat election: this host's clock is %+.3fs off the database's; "
-                            "due times follow the database", -offset)  # fmt: skip
-            self._clock_offset = timedelta(seconds=offset)
+                            "the shared state follows the database", -offset / 1e6)  # fmt: skip
+            self._offset_us = offset
 
-    def _promote(self, term: int, token: str) -> None:
-        """Newly leading: resume from the shared state, not from this process's memory."""
-        election = self._election
-        assert election is not None
-        try:
-            stored = election.backend.beat_entries(election.namespace)
-        except ElectionError as exc:
-            log.error("beat election: cannot load the shared schedule state (%s)", exc)
-            return  # _loaded_term stays unset: try again next tick
-        now = self._now()
-        self._last_due = {}
-        for name, entry in self.schedule.items():
-            if name in stored:
-                due = EPOCH + _US * stored[name][0]
-                entry.total_run_count = max(entry.total_run_count, stored[name][1])
-            else:
-                due = _anchor(entry.schedule, now)
-            if election.missed == "skip":
-                due = self._collapse(entry.schedule, due, now, include_last=True)
-            self._last_due[name] = due
-        self._loaded_term = term
-        self._heap = None  # rebuilt from the loaded state
-        log.info(
-            "beat election: leading (term %s); resumed %d entries from the shared state",
-            term,
-            len(stored),
-        )
-        if election.resend:
-            self._resend_unconfirmed(term, token)
+    def _to_db(self, when: datetime) -> int:
+        """A host-clock time as stored: database-clock epoch microseconds."""
+        aware = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        return (aware - EPOCH) // _US + self._offset_us
 
-    def _resend_unconfirmed(self, term: int, token: str) -> None:
-        election = self._election
-        assert election is not None
-        for name, due_us, old_term in election.backend.unconfirmed_ticks(election.namespace, term):
-            entry = self.schedule.get(name)
-            if entry is None:
-                continue
-            if election.backend.reclaim_tick(
-                election.namespace, token, term, name, due_us, old_term
-            ):
-                log.warning("beat election: resending %s due %s (never confirmed)", name, due_us)
-                super().apply_entry(entry, producer=getattr(self, "producer", None))  # type: ignore[misc]
-                election.backend.confirm_tick(election.namespace, name, due_us)
+    def _from_db(self, us: int, like: Any) -> datetime:
+        """A stored time on this host's clock, shaped like ``like`` (naive stays naive UTC)."""
+        when = EPOCH + _US * (us - self._offset_us)
+        if isinstance(like, datetime) and like.tzinfo is None:
+            return when.replace(tzinfo=None)
+        if isinstance(like, datetime):
+            return when.astimezone(like.tzinfo)
+        return when.astimezone(self.app.timezone)
 
-    def _maybe_prune(self) -> None:
-        election = self._election
-        if election is None or boottime() < self._next_prune:
-            return
-        self._next_prune = boottime() + _PRUNE_EVERY
-        cutoff = _us(self._now()) - int(election.retention * 1_000_000)
-        try:
-            election.backend.prune_ledger(election.namespace, cutoff)
-        except ElectionError as exc:
-            log.warning("beat election: could not prune the ledger (%s)", exc)
+    # -- adopting the shared state ----------------------------------------------------------
 
-    def _collapse(
-        self, sched: Any, due: datetime, now: datetime, *, include_last: bool = False
-    ) -> datetime:
-        """The latest nominal due time <= now, starting from ``due`` (missed ticks -> one)."""
-        if type(sched) is interval and sched.run_every.total_seconds() > 0:
-            step: int = sched.run_every // _US
-            first: datetime = due if include_last else due + sched.run_every
-            if first > now:
-                return due
-            return first + _US * (((_us(now) - _us(first)) // step) * step)
-        current = due if include_last else next_due(sched, due)
-        if current > now:
-            return due
-        for _ in range(100_000):
-            following = next_due(sched, current)
-            if following > now:
-                break
-            current = following
-        return current
+    def adopt_run_state(self, entry: Any, last_run_at: datetime, total_run_count: int) -> None:
+        """Give ``entry`` the shared run state; override where an entry keeps it elsewhere.
 
-    def _due(self, entry: Any) -> tuple[datetime, datetime]:
-        """(the due time to claim now or next, the one after it), from the shared state."""
-        last = self._last_due.get(entry.name)
-        if last is None:
-            last = self._last_due[entry.name] = _anchor(entry.schedule, self._now())
-        now = self._now()
-        due = self._collapse(entry.schedule, last, now)
-        if due == last:
-            due = next_due(entry.schedule, last)
-        return due, next_due(entry.schedule, due)
+        django-celery-beat's ``ModelEntry`` keeps it on its model too (one-off tasks check
+        ``model.total_run_count``), so the model gets it as well.
+        """
+        entry.last_run_at = last_run_at
+        entry.total_run_count = total_run_count
+        model = getattr(entry, "model", None)
+        if model is not None and hasattr(model, "last_run_at"):
+            model.last_run_at = last_run_at
+            model.total_run_count = total_run_count
 
-    def is_due(self, entry: Any) -> tuple[bool, float]:
-        due, following = self._due(entry)
-        now = self._now()
-        if due <= now:
-            return True, max(0.0, (following - now).total_seconds())
-        return False, (due - now).total_seconds()
+    def _adopt(self, entry: Any, state: RunState) -> None:
+        when = self._from_db(state.last_run_us, entry.last_run_at or entry.default_now())
+        self.adopt_run_state(entry, when, state.total_run_count)
+        self._runs[entry.name] = state
+        self._seen[entry.name] = entry.last_run_at
 
-    def populate_heap(self, event_t: Any = event_t, heapify: Any = heapq.heapify) -> None:
-        """As Celery's, but ordered by this scheduler's own due times."""
-        self._heap = []
-        for entry in self.schedule.values():
-            is_due, delay = self.is_due(entry)
-            when = self._when(entry, 0 if is_due else delay) or 0  # type: ignore[attr-defined]
-            self._heap.append(event_t(when, 5, entry))
-        heapify(self._heap)
+    # -- the fence --------------------------------------------------------------------------
 
     def reserve(self, entry: Any) -> Any:
-        """Claim the tick that is due (before anything is sent), then advance the entry."""
-        due, _ = self._due(entry)
-        election = self._election
-        lead = election.leadership() if election is not None else None
-        claimed = False
-        if lead is not None and election is not None:
-            claimed = self._claim(election, lead, entry.name, due)
-        self._last_due[entry.name] = due
-        self._claims[entry.name] = (claimed, due)
-        return super().reserve(entry)  # type: ignore[misc]
+        """Celery's reserve, fenced: claim the run in the shared state under this term."""
+        name = entry.name
+        was = (entry.last_run_at, entry.total_run_count)
+        new_entry = super().reserve(entry)  # type: ignore[misc]
+        lead = self._leading()
+        if lead is None:
+            self._pending[name] = _Fence(False, 0, 0, 0)
+            self.adopt_run_state(new_entry, *was)
+            return new_entry
+        expected = self._runs.get(name)
+        at = self._to_db(new_entry.last_run_at or new_entry.default_now())
+        claim = self._claim(lead, str(name), expected, at)
+        run = 0 if expected is None else expected.last_run_us
+        self._pending[name] = _Fence(claim.won, lead[0], run, at)
+        if claim.won:
+            assert claim.state is not None
+            self._runs[name] = claim.state
+            self._seen[name] = new_entry.last_run_at
+            return new_entry
+        if not claim.leading:
+            log.warning(
+                "beat election: namespace=%s term=%s is over in the database; %s not sent",
+                self._namespace,
+                lead[0],
+                name,
+            )
+            self._lost_term = lead[0]
+        if claim.state is not None and claim.state != expected:
+            log.info("beat election: %s already ran (term %s); not sent", name, claim.state.term)
+            self._adopt(new_entry, claim.state)
+        else:
+            self.adopt_run_state(new_entry, *was)
+        return new_entry
+
+    @property
+    def _namespace(self) -> str:
+        return self._election.namespace if self._election is not None else "?"
 
     def _claim(
-        self, election: _BeatElection, lead: tuple[int, str], name: str, due: datetime
-    ) -> bool:
+        self, lead: tuple[int, str], name: str, expected: RunState | None, at: int
+    ) -> RunClaim:
         """Claim, retrying a failed call while still trusted (up to one renew interval).
 
-        A claim that raised may have committed: the retry counts a claim already held by
-        this term as ours. Without the retry, a database blip at a tick's due time lost
-        that tick although this process went on leading (the chaos runs found it).
+        A claim that raised may have committed: a retry that finds exactly the state it
+        tried to write, under its own term, counts it as its own. Without the retry, a
+        database blip at a run's due time lost that run although this process went on
+        leading (the chaos runs found it).
         """
+        election = self._election
+        assert election is not None
         deadline = boottime() + election.settings.config.renew_interval
         delay = 0.05
-        retry = False
+        retried = False
         while True:
             try:
-                return bool(election.backend.claim_tick(
-                    election.namespace, lead[1], lead[0], name, _us(due), retry=retry
-                ))  # fmt: skip
+                claim = election.store.claim_run(
+                    election.namespace, lead[1], lead[0], name, expected, at
+                )
             except ElectionError as exc:
                 if boottime() + delay > deadline or election.leadership() != lead:
                     log.error("beat election: could not claim %s (%s); not sent", name, exc)
-                    return False
+                    return RunClaim(False, expected, True)
                 log.warning("beat election: claim of %s failed (%s); retrying", name, exc)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-            retry = True
-
-    def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        claimed, due = self._claims.pop(entry.name, (False, None))
-        election = self._election
-        if not claimed or election is None or due is None:
-            log.info("beat election: %s due %s was not claimed by this leader; not sent",
-                     entry.name, due)  # fmt: skip
-            return
-        checked = boottime()  # read before the check: the history's rule for an act
-        lead = election.leadership()
-        if lead is None:
-            log.warning(
-                "beat election: %s due %s claimed, but trust ended before sending; not sent",
-                entry.name,
-                due,
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                retried = True
+                continue
+            mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
+                lead[0],
+                at,
             )
-            return
-        # The task can see which tick it is (self.request.election_due, epoch us) and the
-        # term it was sent under, e.g. to fence its own writes.
+            if retried and not claim.won and mine:
+                return RunClaim(True, claim.state, True)
+            return claim
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        """Celery's send, only for a run this leader claimed (or, unreserved, while leading)."""
+        if advance:
+            entry = self.reserve(entry)
+        fence = self._pending.pop(entry.name, None)
+        election = self._election
+        checked = boottime()  # read before the check: the history's rule for an act
+        lead = self._leading()
+        if fence is not None and not fence.won:
+            log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
+            return None
+        if lead is None or election is None or (fence is not None and fence.term != lead[0]):
+            log.warning("beat election: %s: this process does not lead now; not sent", entry.name)
+            return None
         headers = dict(entry.options.get("headers") or {})
-        headers.update(election_due=_us(due), election_term=self._loaded_term)
+        headers["election_term"] = lead[0]
+        if fence is not None:
+            # The task can see which run it is (self.request.election_run), e.g. to
+            # deduplicate or fence its own writes.
+            headers["election_run"] = fence.run
         original = entry.options
         entry.options = {**original, "headers": headers}
         try:
-            super().apply_entry(entry, producer=producer)  # type: ignore[misc]
+            result = super().apply_async(entry, producer, advance=False, **kwargs)  # type: ignore[misc]
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
             entry.options = original
-        if election.recorder is not None:
+        if election.recorder is not None and fence is not None:
             election.recorder.record("send", mono=checked, ns=election.namespace,
-                                     term=lead[0], entry=entry.name, due=_us(due))  # fmt: skip
-        if election.resend:
-            assert due is not None
-            election.backend.confirm_tick(election.namespace, entry.name, _us(due))
+                                     term=lead[0], entry=entry.name, run=fence.run,
+                                     at=fence.at)  # fmt: skip
+        return result
+
+
+_UNSEEN = object()
 
 
 def backend_description(url: str) -> str:
@@ -459,4 +463,8 @@ def backend_description(url: str) -> str:
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
-    """PersistentScheduler that sends only on the elected beat, each tick at most once."""
+    """PersistentScheduler that sends only on the elected beat, each run at most once.
+
+    The local shelve still caches the schedule as in stock beat; the run state that
+    decides is the shared one in the election database.
+    """

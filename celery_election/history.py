@@ -15,7 +15,9 @@ Records (``k`` is the kind):
 * ``act``: something done as leader under ``term`` (a leader task, a write). ``mono`` is
   read *before* the leadership check that allowed it, so a correct process never records
   an act outside its own trust window.
-* ``send``: a beat tick sent (``entry``, ``due`` in epoch microseconds) under ``term``.
+* ``send``: a beat run sent under ``term``: ``entry``, ``run`` (the run's key: the stored
+  last run it follows, epoch microseconds, 0 for an entry's first) and ``at`` (the run's
+  own time as stored, on the database's clock).
 * ``fault``: written by a fault driver (kind, target, start and end).
 
 ``mono`` is CLOCK_BOOTTIME: every process on a host reads the same clock, and no wall
@@ -25,6 +27,7 @@ clock skew touches it. That is why intervals from different processes can be com
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import statistics
@@ -249,9 +252,10 @@ def check(
 
     Violations: two candidates trusted at once (beyond the measured clock error); a term
     that goes down, or one term held by two candidates; an act or a send outside a trust
-    window of its own term, or inside another term's; a beat tick sent twice; a due tick
-    never sent although one leader was trusted from its due time until ``tick_settle``
-    seconds after it (``tick_every`` maps an entry to its period in seconds).
+    window of its own term, or inside another term's; a beat run sent twice (two sends
+    with one key); a run never sent although one leader was trusted from its due time
+    (the previous run's time + its period) until ``tick_settle`` seconds after it
+    (``tick_every`` maps an entry to its period in seconds).
     """
     rep = Report()
     errs = [r["seconds"] for r in records if r["k"] == "clock_error"]
@@ -309,6 +313,7 @@ def check(
         rep.gaps[ns] = gaps
 
     sent: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    times: dict[tuple[str, str], list[int]] = defaultdict(list)
     index = {ns: _Index(group) for ns, group in by_ns.items()}
     empty = _Index([])
     for r in records:
@@ -334,14 +339,15 @@ def check(
             rep.acts += 1
         else:
             rep.sends += 1
-            sent[(r["ns"], r["entry"], r["due"])].append(t)
-    for (ns, entry, due), times in sent.items():
-        if len(times) > 1:
-            rep.duplicate_ticks += len(times) - 1
-            rep.events += [(t, "duplicate_ticks", 1) for t in times[1:]]
-            rep.violations.append(f"{ns}: tick {entry} due {due} sent {len(times)} times")
+            sent[(r["ns"], r["entry"], r["run"])].append(t)
+            times[(r["ns"], r["entry"])].append(r["at"])
+    for (ns, entry, run), monos in sent.items():
+        if len(monos) > 1:
+            rep.duplicate_ticks += len(monos) - 1
+            rep.events += [(t, "duplicate_ticks", 1) for t in monos[1:]]
+            rep.violations.append(f"{ns}: run {entry} after {run} sent {len(monos)} times")
     if tick_every:
-        _check_lost(rep, records, set(sent), by_ns, tick_every, tick_settle)
+        _check_lost(rep, records, times, by_ns, tick_every, tick_settle)
     _attribute_failovers(rep, records, by_ns)
     return rep
 
@@ -363,43 +369,47 @@ class _Index:
 def _check_lost(
     rep: Report,
     records: list[dict[str, Any]],
-    sent: set[tuple[str, str, int]],
+    times: dict[tuple[str, str], list[int]],
     by_ns: dict[str, list[Interval]],
     tick_every: dict[str, float],
     settle: float,
 ) -> None:
-    """A due tick never sent is lost unless leadership changed around its due time."""
-    # Due times are on the database's clock; map them onto the boot-time clock with the
+    """A run never sent is lost unless leadership changed around its due time.
+
+    Beat counts each run from the previous one (stock Celery's rule), so a run is missing
+    where two consecutive sends of an entry lie more than a period apart (plus
+    ``settle``); the runs in between fell due at the earlier run's time + k periods.
+    """
+    # Run times are on the database's clock; map them onto the boot-time clock with the
     # offset a driver with a true wall clock saw (else the senders', median).
     offsets = [r["wall"] - r["mono"] for r in records if r.get("role") == "driver"]
     offsets = offsets or [r["wall"] - r["mono"] for r in records if r["k"] == "send"]
     if not offsets:
         return
     offset = statistics.median(offsets)
-    per_entry: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for ns, entry, due in sent:
-        per_entry[(ns, entry)].append(due)
-    for (ns, entry), dues in per_entry.items():
+    for (ns, entry), ats in times.items():
         every = tick_every.get(entry)
         if not every:
             continue
         step = round(every * 1_000_000)
-        present = set(dues)
+        slack = round(settle * 1_000_000)
         group = by_ns.get(ns, [])
-        for due in range(min(dues), max(dues) + 1, step):
-            if due in present:
-                continue
-            at = due / 1_000_000 - offset
-            if any(i.start <= at and i.end >= at + settle for i in group):
-                rep.lost_ticks += 1
-                rep.events.append((at, "lost_ticks", 1))
-                rep.violations.append(
-                    f"{ns}: tick {entry} due {due} never sent, though one leader was "
-                    f"trusted from its due time for {settle}s"
-                )
-            else:
-                rep.excused_ticks += 1
-                rep.events.append((at, "excused_ticks", 1))
+        ats = sorted(ats)
+        for before, after in itertools.pairwise(ats):
+            due = before + step
+            while due + slack < after:
+                at = due / 1_000_000 - offset
+                if any(i.start <= at and i.end >= at + settle for i in group):
+                    rep.lost_ticks += 1
+                    rep.events.append((at, "lost_ticks", 1))
+                    rep.violations.append(
+                        f"{ns}: run {entry} due {due} never sent, though one leader was "
+                        f"trusted from its due time for {settle}s"
+                    )
+                else:
+                    rep.excused_ticks += 1
+                    rep.events.append((at, "excused_ticks", 1))
+                due += step
 
 
 def _attribute_failovers(

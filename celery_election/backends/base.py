@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from ..term import CandidateInfo, ElectResult, Lease
 
-__all__ = ["WAKEUP_KINDS", "Backend", "Wakeup", "WakeupHandle"]
+__all__ = ["WAKEUP_KINDS", "Backend", "BeatStore", "RunClaim", "RunState", "Wakeup", "WakeupHandle"]
 
 #: What a wakeup can report. "elected", "renewed" and "resigned" come from the row change
 #: that sent them; "lost" and "reconnected" from the listener itself (events may have been
@@ -43,6 +43,63 @@ class WakeupHandle(Protocol):
 
     def close(self) -> None:
         """Stop delivering wakeups to this registration."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A beat entry's shared run state, as the store holds it.
+
+    ``last_run_us`` is when the entry last ran, in epoch microseconds on the *database's*
+    clock (each beat converts at the boundary, so a host with a wrong clock neither
+    stalls nor repeats the schedule); ``term`` is the leader term that claimed that run.
+    """
+
+    last_run_us: int
+    total_run_count: int
+    term: int
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    """The answer to a claim: whether it won, and what the store holds afterwards.
+
+    ``leading`` is False when the lease no longer had the claimer's token and term: the
+    claimer has lost its term in the database, whatever its own trust window says.
+    """
+
+    won: bool
+    state: RunState | None
+    leading: bool
+
+
+class BeatStore(Protocol):
+    """Beat entries' shared run state, advanced only by the leader that holds the lease.
+
+    The fence of a beat send: ``claim_run`` is a compare-and-set of one entry's run
+    state under the claimer's (token, term), in one statement that also locks the lease
+    row (DESIGN.md, rule 6). Every leader that saw the same state claims the same run,
+    whatever the schedule type, so one run is sent at most once even in a split brain.
+    """
+
+    def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
+        """Every entry's run state in ``namespace``, by entry name."""
+
+    def claim_run(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        expected: RunState | None,
+        last_run_us: int,
+        *,
+        timeout: float | None = None,
+    ) -> RunClaim:
+        """Record the run after ``expected`` (None: the entry never ran) at ``last_run_us``.
+
+        Wins only if the stored state still equals ``expected`` and the lease still has
+        this token and term, unexpired; a lost claim reports the stored state as it is.
+        """
 
 
 @runtime_checkable
@@ -118,6 +175,10 @@ class Backend(Protocol):
         A wakeup is only a hint to look at the row now (or, for "renewed", that looking
         can wait): nothing is decided from it.
         """
+
+    @property
+    def beat(self) -> BeatStore:
+        """The beat entries' shared run state in this backend."""
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""

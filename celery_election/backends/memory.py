@@ -7,6 +7,7 @@ elector must survive: a call that hangs and a database that errors.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,9 +17,9 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
-from .base import Wakeup, WakeupHandle
+from .base import RunClaim, RunState, Wakeup, WakeupHandle
 
-__all__ = ["MemoryBackend"]
+__all__ = ["MemoryBackend", "MemoryBeatStore"]
 
 
 @dataclass
@@ -56,9 +57,8 @@ class MemoryBackend:
         self._lock = threading.Lock()
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
-        # beat: (namespace, entry) -> [last due, run count]; (ns, entry, due) -> [term, sent]
-        self._beat_state: dict[tuple[str, str], list[int]] = {}
-        self._ledger: dict[tuple[str, str, int], list[int | None]] = {}
+        #: beat: (namespace, entry) -> the entry's run state
+        self._runs: dict[tuple[str, str], RunState] = {}
         self._installed = True
         self._fault: BaseException | None = None
         self._gate = threading.Event()
@@ -122,8 +122,7 @@ class MemoryBackend:
             self._installed = False
             self._leases.clear()
             self._candidates.clear()
-            self._beat_state.clear()
-            self._ledger.clear()
+            self._runs.clear()
 
     # -- the lease --------------------------------------------------------------------------
 
@@ -272,91 +271,10 @@ class MemoryBackend:
 
     # -- beat -------------------------------------------------------------------------------
 
-    def _holds(self, namespace: str, token: str, term: int, now: int) -> bool:
-        row = self._leases.get(namespace)
-        return row is not None and (row.token, row.term) == (token, term) and row.expires_at > now
-
-    def claim_tick(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        due_us: int,
-        *,
-        retry: bool = False,
-        timeout: float | None = None,
-    ) -> bool:
-        self._enter("claim_tick")
-        with self._lock:
-            key = (namespace, entry_name, due_us)
-            if key in self._ledger:
-                return retry and self._ledger[key][0] == term
-            if not self._holds(namespace, token, term, self.clock.wall_us()):
-                return False
-            self._ledger[key] = [term, None]
-            state = self._beat_state.setdefault((namespace, entry_name), [due_us, 0])
-            state[0] = max(state[0], due_us)
-            state[1] += 1
-            return True
-
-    def confirm_tick(
-        self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None
-    ) -> None:
-        self._enter("confirm_tick")
-        with self._lock:
-            row = self._ledger.get((namespace, entry_name, due_us))
-            if row is not None:
-                row[1] = self.clock.wall_us()
-
-    def beat_entries(
-        self, namespace: str, *, timeout: float | None = None
-    ) -> dict[str, tuple[int, int]]:
-        self._enter("beat_entries")
-        with self._lock:
-            return {e: (s[0], s[1]) for (ns, e), s in self._beat_state.items() if ns == namespace}
-
-    def unconfirmed_ticks(
-        self, namespace: str, before_term: int, *, timeout: float | None = None
-    ) -> list[tuple[str, int, int]]:
-        self._enter("unconfirmed_ticks")
-        with self._lock:
-            return sorted(
-                ((e, due, int(row[0] or 0)) for (ns, e, due), row in self._ledger.items()
-                 if ns == namespace and row[1] is None and (row[0] or 0) < before_term),
-                key=lambda t: t[1],
-            )  # fmt: skip
-
-    def reclaim_tick(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        due_us: int,
-        old_term: int,
-        *,
-        timeout: float | None = None,
-    ) -> bool:
-        self._enter("reclaim_tick")
-        with self._lock:
-            row = self._ledger.get((namespace, entry_name, due_us))
-            if row is None or row[0] != old_term or row[1] is not None:
-                return False
-            if not self._holds(namespace, token, term, self.clock.wall_us()):
-                return False
-            row[0] = term
-            return True
-
-    def prune_ledger(
-        self, namespace: str, older_than_us: int, *, timeout: float | None = None
-    ) -> int:
-        self._enter("prune_ledger")
-        with self._lock:
-            old = [k for k in self._ledger if k[0] == namespace and k[2] < older_than_us]
-            for k in old:
-                del self._ledger[k]
-            return len(old)
+    @functools.cached_property
+    def beat(self) -> MemoryBeatStore:
+        """The beat entries' shared run state, with the SQL store's semantics."""
+        return MemoryBeatStore(self)
 
     # -- wakeups ----------------------------------------------------------------------------
 
@@ -380,3 +298,47 @@ class MemoryBackend:
     def close(self) -> None:
         with self._lock:
             self._wakeups.clear()
+
+
+class MemoryBeatStore:
+    """Beat run state in the memory backend: the same compare-and-set as on SQL."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.backend = backend
+
+    def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
+        """Every entry's run state in ``namespace``, by entry name."""
+        b = self.backend
+        b._enter("load_runs")
+        with b._lock:
+            return {entry: state for (ns, entry), state in b._runs.items() if ns == namespace}
+
+    def claim_run(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        expected: RunState | None,
+        last_run_us: int,
+        *,
+        timeout: float | None = None,
+    ) -> RunClaim:
+        """Record the run after ``expected`` if it is still stored and (token, term) leads."""
+        b = self.backend
+        b._enter("claim_run")
+        with b._lock:
+            row = b._leases.get(namespace)
+            leading = row is not None and (row.token, row.term) == (token, term)
+            leading = leading and row is not None and row.expires_at > b.clock.wall_us()
+            stored = b._runs.get((namespace, entry_name))
+            if not leading or _run_key(stored) != _run_key(expected):
+                return RunClaim(False, stored, leading)
+            count = 1 if expected is None else expected.total_run_count + 1
+            state = b._runs[(namespace, entry_name)] = RunState(last_run_us, count, term)
+            return RunClaim(True, state, True)
+
+
+def _run_key(state: RunState | None) -> tuple[int, int] | None:
+    """What a claim compares (the SQL store's WHERE): when it last ran, and how often."""
+    return None if state is None else (state.last_run_us, state.total_run_count)

@@ -36,7 +36,9 @@ from sqlalchemy.engine import URL, Engine, make_url
 from ..config import MAX_NAMESPACE_LENGTH
 from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
-from .sql import DEFAULT_TABLE_PREFIX, SQLBackend, _interrupt, db_now_us
+from .connection import interrupt as _interrupt
+from .schema import DEFAULT_TABLE_PREFIX, db_now_us
+from .sql import SQLBackend
 
 __all__ = ["MAX_PAYLOAD", "PostgresBackend", "parse_payload"]
 

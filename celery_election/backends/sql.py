@@ -19,40 +19,54 @@ How each step stays correct (DESIGN.md, "Rules found by experiment"):
 * Lock timeouts, deadlocks, duplicate keys and SQLite's busy errors mean "lost this
   round"; connection errors mean the backend is unavailable. Each call has a deadline:
   when it passes, the connection's socket is shut down and the connection discarded.
+
+The SQL backend in four files, one job each: ``schema.py`` (tables, the database clock),
+``connection.py`` (private engine, deadlines, error classes), this file (the lease and the
+candidates), ``sql_beat.py`` (beat run state, ``backend.beat``). ``postgres.py`` adds
+NOTIFY to the steps and a LISTEN thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import logging
-import os
-import re
-import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
 
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
 from .base import Wakeup, WakeupHandle
+from .connection import (
+    WATCHDOG,
+    Deadline,
+    LostRound,
+    classify,
+    fork_lock,
+    one_line,
+    private_engine,
+)
+from .schema import (
+    DEFAULT_TABLE_PREFIX,
+    TOKEN_LENGTH,
+    db_now_us,
+    greatest,
+    make_metadata,
+    validate_table_prefix,
+)
+from .sql_beat import SQLBeatStore
 
-__all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "make_metadata"]
+__all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "db_now_us", "make_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -60,415 +74,6 @@ T = TypeVar("T")
 
 #: Where a caller's own transaction can be passed: a Core Connection or an ORM Session.
 Caller = Connection | Session
-
-DEFAULT_TABLE_PREFIX = "celery_election_"
-_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
-_TOKEN_LENGTH = 32
-
-# -- database clock -------------------------------------------------------------------------
-
-
-class db_now_us(FunctionElement[int]):
-    """The database's clock in epoch microseconds, fixed for the whole statement."""
-
-    type = sa.BigInteger()
-    inherit_cache = True
-
-
-class greatest(FunctionElement[int]):
-    """GREATEST(a, b); SQLite spells it max(a, b)."""
-
-    type = sa.BigInteger()
-    inherit_cache = True
-
-
-def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
-    raise ConfigurationError(
-        f"celery_election supports SQLite, PostgreSQL and MySQL/MariaDB, "
-        f"not {compiler.dialect.name}"
-    )
-
-
-compiles(db_now_us)(_unsupported)
-
-# PostgreSQL's now() is frozen at transaction start; statement_timestamp() is not.
-compiles(db_now_us, "postgresql")(
-    lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
-)
-# UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
-_MYSQL_NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
-compiles(db_now_us, "mysql")(lambda e, c, **kw: _MYSQL_NOW_US)
-# SQLite's 'now' is the host clock, constant within one statement step.
-compiles(db_now_us, "sqlite")(
-    lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-)
-compiles(greatest)(lambda e, c, **kw: f"GREATEST({c.process(e.clauses, **kw)})")
-compiles(greatest, "sqlite")(lambda e, c, **kw: f"max({c.process(e.clauses, **kw)})")
-
-
-# -- schema ---------------------------------------------------------------------------------
-
-
-def _key(length: int) -> sa.types.TypeEngine[str]:
-    # MySQL's default collation folds case, accents and trailing spaces: 'prod', 'PROD '
-    # and 'PRÖD' would be one namespace. Binary collation keeps them apart.
-    return sa.String(length).with_variant(
-        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
-    )
-
-
-def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
-    """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env."""
-    metadata = sa.MetaData()
-    mysql_opts: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
-    sa.Table(
-        f"{table_prefix}lease",
-        metadata,
-        sa.Column("namespace", _key(190), primary_key=True),
-        sa.Column("term", sa.BigInteger, nullable=False, default=0),
-        sa.Column("token", _key(_TOKEN_LENGTH), nullable=True),
-        sa.Column("leader_id", sa.String(255), nullable=True),
-        sa.Column("acquired_at", sa.BigInteger, nullable=True),
-        sa.Column("renewed_at", sa.BigInteger, nullable=True),
-        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
-        **mysql_opts,
-    )
-    sa.Table(
-        f"{table_prefix}candidate",
-        metadata,
-        sa.Column("namespace", _key(190), primary_key=True),
-        sa.Column("token", _key(_TOKEN_LENGTH), primary_key=True),
-        sa.Column("candidate_id", sa.String(255), nullable=False),
-        sa.Column("hostname", sa.String(255), nullable=False),
-        sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("registered_at", sa.BigInteger, nullable=False),
-        sa.Column("heartbeat_at", sa.BigInteger, nullable=False),
-        sa.Column("expires_at", sa.BigInteger, nullable=False),
-        sa.Index(f"{table_prefix}candidate_expiry", "namespace", "expires_at"),
-        **mysql_opts,
-    )
-    # Beat: one row per (namespace, entry) with the last claimed nominal due time...
-    sa.Table(
-        f"{table_prefix}beat_state",
-        metadata,
-        sa.Column("namespace", _key(190), primary_key=True),
-        sa.Column("entry_key", _key(40), primary_key=True),  # sha1 of the entry name
-        sa.Column("entry_name", sa.String(500), nullable=False),
-        sa.Column("last_due", sa.BigInteger, nullable=False),
-        sa.Column("total_run_count", sa.BigInteger, nullable=False, default=0),
-        sa.Column("updated_at", sa.BigInteger, nullable=False),
-        **mysql_opts,
-    )
-    # ...and the ledger: a tick can be claimed once, by a leader whose lease still holds.
-    sa.Table(
-        f"{table_prefix}beat_ledger",
-        metadata,
-        sa.Column("namespace", _key(190), primary_key=True),
-        sa.Column("entry_key", _key(40), primary_key=True),
-        sa.Column("due", sa.BigInteger, primary_key=True),  # nominal, UTC epoch us
-        sa.Column("entry_name", sa.String(500), nullable=False),
-        sa.Column("term", sa.BigInteger, nullable=False),
-        sa.Column("claimed_at", sa.BigInteger, nullable=False),
-        sa.Column("sent_at", sa.BigInteger, nullable=True),
-        **mysql_opts,
-    )
-    return metadata
-
-
-def entry_key(name: str) -> str:
-    """The key of a beat entry: a hash, so any name fits a MySQL primary key."""
-    return hashlib.sha1(name.encode("utf-8")).hexdigest()
-
-
-# -- error classification -------------------------------------------------------------------
-
-_PG_CONTENTION = {"40P01", "55P03", "40001", "23505", "57014"}
-_PG_MISSING = {"42P01"}
-_MYSQL_CONTENTION = {1213, 1205, 1062, 1969, 3024}
-_MYSQL_MISSING = {1146}
-
-
-class _LostRound(Exception):
-    """The step lost to contention; nothing changed."""
-
-
-def _classify(exc: DBAPIError) -> str:
-    orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in _PG_CONTENTION:
-        return "contention"
-    if sqlstate in _PG_MISSING:
-        return "missing"
-    code = orig.args[0] if orig is not None and orig.args else None
-    if type(orig).__module__.startswith("pymysql"):
-        if code in _MYSQL_CONTENTION:
-            return "contention"
-        if code in _MYSQL_MISSING:
-            return "missing"
-    message = str(orig).lower()
-    if type(orig).__module__.startswith("sqlite3"):
-        if "locked" in message or "busy" in message:
-            return "contention"
-        if "no such table" in message:
-            return "missing"
-        if not any(w in message for w in ("interrupt", "unable to open", "disk", "readonly")):
-            return "other"  # a bad statement, not an unreachable file
-    if exc.connection_invalidated or isinstance(
-        exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
-    ):
-        return "unavailable"
-    return "other"
-
-
-# -- call deadlines -------------------------------------------------------------------------
-
-
-def _interrupt(dbapi_conn: Any) -> None:
-    """Make a call blocked on this DBAPI connection fail now, from another thread."""
-    if hasattr(dbapi_conn, "interrupt"):  # sqlite3
-        dbapi_conn.interrupt()
-        return
-    sock: socket.socket | None = None
-    pgconn = getattr(dbapi_conn, "pgconn", None)
-    if pgconn is not None:  # psycopg 3: the socket is libpq's fd
-        try:
-            sock = socket.socket(fileno=os.dup(pgconn.socket))
-        except Exception:  # already closed
-            return
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()
-        return
-    raw = getattr(dbapi_conn, "_sock", None)  # PyMySQL
-    if raw is not None:
-        with suppress(OSError):
-            raw.shutdown(socket.SHUT_RDWR)
-
-
-class _Deadline:
-    """One database call's deadline, watched by the process's watchdog thread."""
-
-    __slots__ = ("at", "dbapi_conn", "fired")
-
-    def __init__(self, dbapi_conn: Any, at: float | None) -> None:
-        self.dbapi_conn, self.at, self.fired = dbapi_conn, at, False
-
-    def cancel(self) -> None:
-        _WATCHDOG.disarm(self)
-
-
-class _Watchdog:
-    """One thread per process that interrupts calls outliving their deadline.
-
-    (A threading.Timer per call cost a thread start, ~0.1 ms of CPU, on every statement.)
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._armed: set[_Deadline] = set()
-        self._pid = 0
-        self._waiting_until: float | None = None
-
-    def arm(self, dbapi_conn: Any, timeout: float | None) -> _Deadline:
-        deadline = _Deadline(dbapi_conn, None if timeout is None else time.monotonic() + timeout)
-        if deadline.at is None:
-            return deadline
-        with self._cond:
-            if self._pid != os.getpid():  # first use, or a forked child: no thread yet
-                self._pid = os.getpid()
-                self._armed.clear()
-                threading.Thread(
-                    target=self._run, name="celery-election-watchdog", daemon=True
-                ).start()
-            self._armed.add(deadline)
-            if self._waiting_until is None or deadline.at < self._waiting_until:
-                self._cond.notify()
-        return deadline
-
-    def disarm(self, deadline: _Deadline) -> None:
-        if deadline.at is not None:
-            with self._cond:
-                self._armed.discard(deadline)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                for d in [d for d in self._armed if d.at is not None and d.at <= now]:
-                    self._armed.discard(d)
-                    d.fired = True
-                    try:
-                        _interrupt(d.dbapi_conn)
-                    except Exception:  # pragma: no cover - best effort
-                        log.debug("could not interrupt a stalled call", exc_info=True)
-                ats = [d.at for d in self._armed if d.at is not None]
-                self._waiting_until = min(ats) if ats else None
-                self._cond.wait(None if self._waiting_until is None else self._waiting_until - now)
-
-
-_WATCHDOG = _Watchdog()
-
-
-# -- engines --------------------------------------------------------------------------------
-
-_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "fuse.sshfs", "9p", "afs", "ceph"}
-
-
-def _filesystem_type(path: Path) -> str | None:
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    best, fstype = "", None
-    target = str(path)
-    for line in mounts:
-        parts = line.split()
-        if len(parts) >= 3:
-            mnt = parts[1].replace("\\040", " ")
-            inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
-            if inside and len(mnt) > len(best):
-                best, fstype = mnt, parts[2]
-    return fstype
-
-
-def _fork_lock() -> threading.Lock:
-    """A lock that ``os.fork()`` takes first, so no fork lands inside a guarded call."""
-    lock = threading.Lock()
-    ref = weakref.ref(lock)
-
-    def before() -> None:
-        held = ref()
-        if held is not None:
-            held.acquire()
-
-    def after() -> None:
-        held = ref()
-        if held is not None and held.locked():
-            held.release()
-
-    os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
-    return lock
-
-
-def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
-    def after_fork() -> None:
-        engine = ref()
-        if engine is not None:
-            # close=False: the parent still owns those sockets; closing them here would
-            # break the parent's connections (DESIGN.md, rule 12).
-            engine.dispose(close=False)
-
-    return after_fork
-
-
-def _private_engine(
-    url: URL,
-    *,
-    statement_timeout: float,
-    connect_timeout: float,
-    sqlite_busy_timeout: float,
-    allow_network_filesystem: bool,
-    engine_options: dict[str, Any],
-) -> Engine:
-    backend = url.get_backend_name()
-    options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
-    connect_args: dict[str, Any] = {}
-    if backend == "sqlite":
-        database = url.database or ""
-        is_uri = str(url.query.get("uri", "")).lower() in ("true", "1")
-        in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
-        if in_memory or (is_uri and "mode=memory" in str(url)):
-            raise ConfigurationError(
-                "an in-memory SQLite database cannot be shared between processes or "
-                "connections: give a file path (sqlite:////abs/path/election.db), or use "
-                "MemoryBackend for in-process tests"
-            )
-        if is_uri:
-            raise ConfigurationError(
-                f"SQLite URI filenames (uri=true) are not supported for the election "
-                f"database: give a plain path like sqlite:////abs/path/election.db, "
-                f"got {url.render_as_string(hide_password=True)}"
-            )
-        path = Path(database).expanduser().resolve()
-        url = url.set(database=str(path))
-        fstype = _filesystem_type(path.parent)
-        if fstype in _NETWORK_FILESYSTEMS and not allow_network_filesystem:
-            raise ConfigurationError(
-                f"SQLite election file {path} is on a network filesystem ({fstype}): its "
-                f"locks are not reliable there. Use PostgreSQL or MySQL, or pass "
-                f"allow_network_filesystem=True if you know its locking works"
-            )
-        connect_args["timeout"] = sqlite_busy_timeout
-        connect_args["check_same_thread"] = False
-    elif backend == "postgresql":
-        connect_args.update(
-            connect_timeout=max(1, round(connect_timeout)),
-            application_name="celery-election",
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=3,
-            tcp_user_timeout=int(statement_timeout * 1000),
-        )
-        options.update(pool_size=2, max_overflow=4)
-    elif backend in ("mysql", "mariadb"):
-        connect_args.update(
-            connect_timeout=max(1, round(connect_timeout)),
-            read_timeout=statement_timeout,
-            write_timeout=statement_timeout,
-        )
-        options.update(pool_size=2, max_overflow=4)
-    options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
-    options.update(engine_options)
-    engine = sa.create_engine(url, **options)
-
-    if backend == "sqlite":
-
-        @sa.event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn: Any, record: Any) -> None:
-            # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it).
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Connection) -> None:
-            # Writers take the write lock at BEGIN, where the busy timeout waits for it,
-            # instead of failing to upgrade a read lock midway.
-            mode = "DEFERRED" if conn.get_execution_options().get("_election_read") else "IMMEDIATE"
-            conn.exec_driver_sql(f"BEGIN {mode}")
-
-    elif backend == "postgresql":
-        ms = int(statement_timeout * 1000)
-
-        @sa.event.listens_for(engine, "connect")
-        def _pg_connect(dbapi_conn: Any, record: Any) -> None:
-            # Session settings, set once per connection (a SET LOCAL per transaction would
-            # double the statement count). Behind PgBouncer in transaction mode these may
-            # not stick; the client-side call deadline still bounds every call.
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {ms}")
-                cur.execute(f"SET lock_timeout = {ms}")
-                cur.execute(f"SET idle_in_transaction_session_timeout = {ms * 2}")
-            dbapi_conn.commit()
-
-    elif backend in ("mysql", "mariadb"):
-        secs = statement_timeout
-
-        @sa.event.listens_for(engine, "connect")
-        def _mysql_connect(dbapi_conn: Any, record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(secs))}")
-            cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')")
-            if "mariadb" in dbapi_conn.get_server_info().lower():
-                cur.execute(f"SET SESSION max_statement_time = {secs}")
-            cur.close()
-
-    os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
-    return engine
-
 
 # -- the backend ----------------------------------------------------------------------------
 
@@ -504,13 +109,8 @@ class SQLBackend:
                 url = make_url(url_or_engine)
             except Exception as exc:
                 raise ConfigurationError(f"not a database URL: {url_or_engine!r} ({exc})") from exc
-        if not isinstance(table_prefix, str) or not _PREFIX.fullmatch(table_prefix):
-            raise ConfigurationError(
-                f"table_prefix (election_table_prefix) must be 1-40 ASCII letters, digits "
-                f"and underscores, starting with a letter: got {table_prefix!r}"
-            )
-        self.table_prefix = table_prefix
-        self.engine = _private_engine(
+        self.table_prefix = validate_table_prefix(table_prefix)
+        self.engine = private_engine(
             url,
             statement_timeout=statement_timeout,
             connect_timeout=connect_timeout,
@@ -525,8 +125,7 @@ class SQLBackend:
         self.metadata = make_metadata(table_prefix)
         self.lease = self.metadata.tables[f"{table_prefix}lease"]
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
-        self.beat_state = self.metadata.tables[f"{table_prefix}beat_state"]
-        self.beat_ledger = self.metadata.tables[f"{table_prefix}beat_ledger"]
+        self.beat_run = self.metadata.tables[f"{table_prefix}beat_run"]
         self.supports_returning = bool(self.engine.dialect.update_returning)
         #: Whether a losing step reads the row in the same statement (PostgreSQL does).
         self.reads_in_step = False
@@ -536,7 +135,7 @@ class SQLBackend:
         self._fork_guard: threading.Lock | contextlib.nullcontext[None]
         self._fork_guard = contextlib.nullcontext()
         if self.dialect == "sqlite":
-            self._fork_guard = _fork_lock()
+            self._fork_guard = fork_lock()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description} prefix={self.table_prefix!r}>"
@@ -548,14 +147,14 @@ class SQLBackend:
         try:
             yield
         except DBAPIError as exc:
-            kind = _classify(exc)
+            kind = classify(exc)
             if kind == "missing":
                 raise SchemaMissingError(table.name, self.description) from exc
             if kind == "contention" and write:
-                raise _LostRound() from exc
+                raise LostRound() from exc
             if kind in ("unavailable", "contention"):
                 error = BackendUnavailableError(
-                    f"election database {self.description} is unavailable: {_one_line(exc)}"
+                    f"election database {self.description} is unavailable: {one_line(exc)}"
                 )
                 error.connection_invalidated = exc.connection_invalidated
                 raise error from (exc.orig or exc)
@@ -592,12 +191,12 @@ class SQLBackend:
         started = time.monotonic()
         for attempt in (1, 2):
             left = None if timeout is None else max(0.05, timeout - (time.monotonic() - started))
-            deadline: _Deadline | None = None
+            deadline: Deadline | None = None
             try:
                 with self._errors(table, write=write), self.engine.connect() as conn:
                     if not write:
                         conn.execution_options(_election_read=True)
-                    deadline = _WATCHDOG.arm(conn.connection.dbapi_connection, left)
+                    deadline = WATCHDOG.arm(conn.connection.dbapi_connection, left)
                     try:
                         with conn.begin():
                             return work(conn)
@@ -605,7 +204,7 @@ class SQLBackend:
                         deadline.cancel()
                         if deadline.fired:
                             conn.invalidate()
-            except (_LostRound, SchemaMissingError, BackendUnavailableError) as exc:
+            except (LostRound, SchemaMissingError, BackendUnavailableError) as exc:
                 if deadline is not None and deadline.fired:
                     raise BackendUnavailableError(
                         f"election database {self.description} did not answer within "
@@ -632,7 +231,7 @@ class SQLBackend:
         """A write whose loss to contention means ``lost``, not an error."""
         try:
             return self._run(work, table=table, write=True, timeout=timeout, connection=connection)
-        except _LostRound:
+        except LostRound:
             return lost
 
     def _lease_columns(self) -> list[sa.ColumnElement[Any]]:
@@ -779,9 +378,9 @@ class SQLBackend:
                     self.metadata.create_all(conn, checkfirst=True)
                 return
             except DBAPIError as exc:
-                if _classify(exc) == "unavailable" and "connect" in str(exc).lower():
+                if classify(exc) == "unavailable" and "connect" in str(exc).lower():
                     raise BackendUnavailableError(
-                        f"cannot reach election database {self.description}: {_one_line(exc)}"
+                        f"cannot reach election database {self.description}: {one_line(exc)}"
                     ) from (exc.orig or exc)
                 last = exc
         raise BackendUnavailableError(
@@ -864,7 +463,7 @@ class SQLBackend:
                     return lost
                 # else the row was vacant when read (a racer inserted it but has not
                 # taken it yet, or the leader just resigned): try again.
-        except _LostRound:
+        except LostRound:
             return self._lost(namespace, timeout, connection)
         return lost
 
@@ -915,7 +514,7 @@ class SQLBackend:
             result = self._step(
                 "renewed", params, namespace, timeout=timeout, connection=connection
             )
-        except _LostRound:
+        except LostRound:
             result = None
         return result if result is not None else self._lost(namespace, timeout, connection)
 
@@ -934,7 +533,7 @@ class SQLBackend:
             result = self._step(
                 "resigned", params, namespace, timeout=timeout, connection=connection
             )
-        except _LostRound:
+        except LostRound:
             return False
         return result is not None and result.won
 
@@ -1044,219 +643,21 @@ class SQLBackend:
         stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.expires_at <= db_now_us())
         return self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
-    # -- beat -------------------------------------------------------------------------------
-
-    def claim_tick(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        due_us: int,
-        *,
-        retry: bool = False,
-        timeout: float | None = None,
-    ) -> bool:
-        """Claim one tick of a beat entry for the leader (token, term); True if claimed.
-
-        One INSERT ... SELECT that reads the lease row with a share lock (FOR SHARE /
-        LOCK IN SHARE MODE; SQLite's write lock serialises everything) and inserts the
-        ledger row only if the token, term and unexpired lease still match, so a
-        takeover cannot commit in between; a duplicate key means someone claimed it
-        first. The entry's state (last due, run count) is updated in the same
-        transaction. Whoever gets True may send the tick, once.
-
-        ``retry=True`` after a claim that raised: the first attempt may have committed with
-        its answer lost, so a claim already held by this term (terms are never shared)
-        counts as ours. Only the caller that never sent the tick may retry it.
-        """
-        claim, record = self._claim_statements
-        returning = self.engine.dialect.insert_returning
-        params = {
-            "p_ns": namespace,
-            "p_key": entry_key(entry_name),
-            "p_due": due_us,
-            "p_name": entry_name[:500],
-            "p_token": token,
-            "p_term": term,
-        }
-
-        def work(conn: Connection) -> bool:
-            result = conn.execute(claim, params)
-            claimed = len(result.all()) if returning else result.rowcount
-            if claimed != 1:
-                return retry and self._claimed_term(conn, params) == term
-            conn.execute(record, params)
-            return True
-
-        return self._write(work, table=self.beat_ledger, lost=False, timeout=timeout)
-
-    def _claimed_term(self, conn: Connection, params: dict[str, Any]) -> int | None:
-        ledger = self.beat_ledger
-        return conn.execute(
-            sa.select(ledger.c.term).where(
-                ledger.c.namespace == params["p_ns"],
-                ledger.c.entry_key == params["p_key"],
-                ledger.c.due == params["p_due"],
-            )
-        ).scalar()
+    def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
+        """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
+        t = self.lease
+        stmt = sa.select(sa.func.count()).where(
+            t.c.namespace == namespace,
+            t.c.token == token,
+            t.c.term == term,
+            t.c.expires_at > db_now_us(),
+        )
+        return bool(conn.execute(stmt).scalar())
 
     @functools.cached_property
-    def _claim_statements(self) -> tuple[sa.Executable, sa.Executable]:
-        """The claim and the state update, built once (see ``_statements``)."""
-        lease, ledger, state = self.lease, self.beat_ledger, self.beat_state
-        now = db_now_us()
-        ns = sa.bindparam("p_ns", type_=_key(190))
-        key = sa.bindparam("p_key", type_=_key(40))
-        due = sa.bindparam("p_due", type_=sa.BigInteger)
-        name = sa.bindparam("p_name", type_=sa.String(500))
-        source = (
-            sa.select(
-                ns.label("namespace"),
-                key.label("entry_key"),
-                due.label("due"),
-                name.label("entry_name"),
-                lease.c.term,
-                now.label("claimed_at"),
-            )
-            .where(
-                lease.c.namespace == ns,
-                lease.c.token == sa.bindparam("p_token", type_=sa.String()),
-                lease.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
-                lease.c.expires_at > now,
-            )
-            .with_for_update(read=True)
-        )
-        columns = ["namespace", "entry_key", "due", "entry_name", "term", "claimed_at"]
-        claim: sa.Insert
-        if self.dialect == "postgresql":
-            claim = postgresql.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
-        elif self.dialect == "sqlite":
-            claim = sqlite.insert(ledger).from_select(columns, source).on_conflict_do_nothing()
-        else:
-            # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
-            # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
-            claim = sa.insert(ledger).from_select(columns, source).prefix_with("IGNORE")
-        if self.engine.dialect.insert_returning:
-            # INSERT ... SELECT reports rowcount -1 through psycopg: count RETURNING rows.
-            claim = claim.returning(ledger.c.due)
-        values = {
-            "namespace": ns,
-            "entry_key": key,
-            "entry_name": name,
-            "last_due": due,
-            "total_run_count": 1,
-            "updated_at": now,
-        }
-        record = self._upsert(
-            state,
-            values,
-            lambda new: {
-                "last_due": greatest(state.c.last_due, new.last_due),
-                "total_run_count": state.c.total_run_count + 1,
-                "updated_at": now,
-            },
-        )
-        return claim, record
-
-    def confirm_tick(
-        self, namespace: str, entry_name: str, due_us: int, *, timeout: float | None = None
-    ) -> None:
-        """Mark a claimed tick as sent (only needed for resending unconfirmed ticks)."""
-        g = self.beat_ledger
-        stmt = (
-            sa.update(g)
-            .where(
-                g.c.namespace == namespace,
-                g.c.entry_key == entry_key(entry_name),
-                g.c.due == due_us,
-            )
-            .values(sent_at=db_now_us())
-        )
-        self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout)
-
-    def beat_entries(
-        self, namespace: str, *, timeout: float | None = None
-    ) -> dict[str, tuple[int, int]]:
-        """Map each entry name to (last claimed nominal due time in us, run count)."""
-        s = self.beat_state
-        stmt = sa.select(s.c.entry_name, s.c.last_due, s.c.total_run_count).where(
-            s.c.namespace == namespace
-        )
-        return self._run(
-            lambda conn: {
-                r.entry_name: (int(r.last_due), int(r.total_run_count)) for r in conn.execute(stmt)
-            },
-            table=s,
-            write=False,
-            timeout=timeout,
-            connection=None,
-        )
-
-    def unconfirmed_ticks(
-        self, namespace: str, before_term: int, *, timeout: float | None = None
-    ) -> list[tuple[str, int, int]]:
-        """(entry name, due, term) of ticks claimed by earlier terms and never confirmed."""
-        g = self.beat_ledger
-        stmt = (
-            sa.select(g.c.entry_name, g.c.due, g.c.term)
-            .where(g.c.namespace == namespace, g.c.sent_at.is_(None), g.c.term < before_term)
-            .order_by(g.c.due)
-        )
-        return self._run(
-            lambda conn: [(r.entry_name, int(r.due), int(r.term)) for r in conn.execute(stmt)],
-            table=g,
-            write=False,
-            timeout=timeout,
-            connection=None,
-        )
-
-    def reclaim_tick(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        due_us: int,
-        old_term: int,
-        *,
-        timeout: float | None = None,
-    ) -> bool:
-        """Take over an unconfirmed tick of ``old_term`` for (token, term); True if taken."""
-        g, lease = self.beat_ledger, self.lease
-        now = db_now_us()
-        holds = (
-            sa.select(lease.c.term)
-            .where(
-                lease.c.namespace == namespace,
-                lease.c.token == token,
-                lease.c.term == term,
-                lease.c.expires_at > now,
-            )
-            .with_for_update(read=True)
-            .scalar_subquery()
-        )
-        stmt = (
-            sa.update(g)
-            .where(
-                g.c.namespace == namespace,
-                g.c.entry_key == entry_key(entry_name),
-                g.c.due == due_us,
-                g.c.term == old_term,
-                g.c.sent_at.is_(None),
-                holds == term,
-            )
-            .values(term=term, claimed_at=now)
-        )
-        return self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout) == 1
-
-    def prune_ledger(
-        self, namespace: str, older_than_us: int, *, timeout: float | None = None
-    ) -> int:
-        """Delete ledger rows whose nominal due time is before ``older_than_us``."""
-        g = self.beat_ledger
-        stmt = sa.delete(g).where(g.c.namespace == namespace, g.c.due < older_than_us)
-        return self._write(_rowcount(stmt), table=g, lost=0, timeout=timeout)
+    def beat(self) -> SQLBeatStore:
+        """The beat entries' shared run state (the fence of every beat send)."""
+        return SQLBeatStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]
@@ -1276,17 +677,12 @@ def _rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
     return lambda conn: int(conn.execute(stmt).rowcount)
 
 
-def _one_line(exc: DBAPIError) -> str:
-    """The driver's message on one line (libpq's spans several)."""
-    return "; ".join(line.strip() for line in str(exc.orig or exc).splitlines() if line.strip())
-
-
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
 def _check_token(token: object) -> None:
-    if not isinstance(token, str) or len(token) != _TOKEN_LENGTH:
+    if not isinstance(token, str) or len(token) != TOKEN_LENGTH:
         raise ConfigurationError(
-            f"token must be a {_TOKEN_LENGTH}-character string (uuid4().hex): got {token!r}"
+            f"token must be a {TOKEN_LENGTH}-character string (uuid4().hex): got {token!r}"
         )

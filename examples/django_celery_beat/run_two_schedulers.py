@@ -1,8 +1,10 @@
-"""Two LeaderDatabaseSchedulers on one database: only the leader sends, each tick once.
+"""Two LeaderDatabaseSchedulers on one database: only the leader sends, each run once, and
+django-celery-beat's own rules hold (start_time, expires, clocked one-off tasks).
 
 Prints a JSON report; used by tests/integration/test_examples.py.
 """
 
+import datetime
 import json
 import os
 import sys
@@ -16,20 +18,36 @@ import django
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
-from django_celery_beat.models import IntervalSchedule, PeriodicTask  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from django_celery_beat.models import (  # noqa: E402
+    ClockedSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+)
 from proj.celery import app  # noqa: E402
 from proj.schedulers import LeaderDatabaseScheduler  # noqa: E402
 
 call_command("migrate", verbosity=0)
+now = timezone.now()
+seconds = float(sys.argv[1] if len(sys.argv) > 1 else 5)
 every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
-PeriodicTask.objects.get_or_create(name="job", task="proj.celery.job", interval=every)
+# Tasks named here are not registered in this process, so beat sends them by name.
+PeriodicTask.objects.create(name="job", task="remote.job", interval=every)
+starts = now + datetime.timedelta(seconds=seconds / 2)
+PeriodicTask.objects.create(name="later", task="remote.later", interval=every, start_time=starts)
+PeriodicTask.objects.create(
+    name="expired", task="remote.expired", interval=every, expires=now - datetime.timedelta(1)
+)
+at = ClockedSchedule.objects.create(clocked_time=now + datetime.timedelta(seconds=1))
+PeriodicTask.objects.create(name="once", task="remote.once", clocked=at, one_off=True)
 
 
 class Recording(LeaderDatabaseScheduler):
-    def apply_async(self, entry, producer=None, advance=True, **kwargs):
-        if entry.name == "job":
-            self.sent.append((entry.options.get("headers") or {}).get("election_due"))
-        return None
+    """Records what it really sends: (task, run key, when)."""
+
+    def send_task(self, name, args=None, kwargs=None, **options):
+        run = (options.get("headers") or {}).get("election_run")
+        self.sent.append((name, run, time.time()))
 
 
 schedulers = []
@@ -37,7 +55,7 @@ for _ in range(2):
     s = Recording(app=app)
     s.sent = []
     schedulers.append(s)
-deadline = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 5)
+deadline = time.monotonic() + seconds
 while time.monotonic() < deadline:
     for s in schedulers:
         s.tick()
@@ -45,6 +63,8 @@ while time.monotonic() < deadline:
 report = {
     "leaders": [s._election.leadership() is not None for s in schedulers],
     "sent": [s.sent for s in schedulers],
+    "starts": starts.timestamp(),
+    "clocked": at.clocked_time.timestamp(),
 }
 for s in schedulers:
     s.close()

@@ -80,7 +80,7 @@ _ticks = sa.Table(
     _runs.metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("entry", sa.String(50)),
-    sa.Column("due", sa.BigInteger, nullable=True),  # nominal, from the beat's header
+    sa.Column("run", sa.BigInteger, nullable=True),  # the run's key, from the beat's header
     sa.Column("term", sa.BigInteger, nullable=True),
     sa.Column("worker", sa.String(200)),
 )
@@ -166,7 +166,7 @@ def tick(self, entry: str) -> None:
         conn.execute(
             sa.insert(_ticks).values(
                 entry=entry,
-                due=getattr(self.request, "election_due", None),
+                run=getattr(self.request, "election_run", None),
                 term=getattr(self.request, "election_term", None),
                 worker=self.request.hostname,
             )

@@ -52,7 +52,7 @@ def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen[str], str | None]:
         found = re.search(r"(/\S*celery-election-demo-[^/\s]+)/", line)
         if found:
             tmpdir = "/" + found.group(1).lstrip("/")  # from sqlite:////tmp/...
-        if "tick due" in line:  # three workers, pools and embedded beats are running
+        if "tick after" in line:  # three workers, pools and embedded beats are running
             break
     return proc, tmpdir
 

@@ -112,7 +112,7 @@ def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -
     assert out.exit_code == 0, out.output
     for fragment in expected:
         assert fragment.format(p=prefix) in out.output
-    for table in ("lease", "candidate", "beat_state", "beat_ledger"):
+    for table in ("lease", "candidate", "beat_run"):
         assert f"CREATE TABLE {prefix}{table}" in out.output
     drop = cli(urls[kind], prefix, "uninstall", "--dry-run")
     assert drop.exit_code == 0 and f"DROP TABLE IF EXISTS {prefix}lease" in drop.output

@@ -11,9 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_django_celery_beat_sends_only_on_the_leader_each_tick_once(tmp_path: Path) -> None:
+def test_django_celery_beat_sends_only_on_the_leader_each_run_once(tmp_path: Path) -> None:
+    """The mixin over DatabaseScheduler keeps django-celery-beat's rules: start_time,
+    expires and a clocked one-off task (sent exactly once, not every second)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples/django_celery_beat/run_two_schedulers.py"), "4"],
+        [sys.executable, str(ROOT / "examples/django_celery_beat/run_two_schedulers.py"), "5"],
         env={
             "PATH": "/usr/bin:/bin",
             "EXAMPLE_DB": str(tmp_path / "django.db"),
@@ -29,6 +31,14 @@ def test_django_celery_beat_sends_only_on_the_leader_each_tick_once(tmp_path: Pa
     leader = report["leaders"].index(True)
     sent = report["sent"]
     assert sent[1 - leader] == []  # the follower sent nothing
-    dues = sent[leader]
-    assert len(dues) >= 3 and len(set(dues)) == len(dues)
-    assert all(b - a == 1_000_000 for a, b in itertools.pairwise(dues))  # one per nominal second
+    by_task: dict[str, list[tuple[int, float]]] = {}
+    for task, run, at in sent[leader]:
+        by_task.setdefault(task, []).append((run, at))
+    jobs = [run for run, _ in by_task["remote.job"]]
+    assert len(jobs) >= 3 and len(set(jobs)) == len(jobs)  # each run once
+    assert all(a < b for a, b in itertools.pairwise(jobs))
+    assert "remote.expired" not in by_task  # expires in the past: never sent
+    assert len(by_task.get("remote.once", [])) == 1, by_task.get("remote.once")  # one-off
+    assert by_task["remote.once"][0][1] >= report["clocked"]
+    later = by_task.get("remote.later", [])
+    assert later and min(at for _, at in later) >= report["starts"]  # not before start_time

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
-from celery_election.backends import sql as sql_module
+from celery_election.backends import connection as connection_module
 from celery_election.backends.postgres import PostgresBackend
 from celery_election.errors import (
     BackendUnavailableError,
@@ -248,15 +248,14 @@ def test_good_table_prefix_names_the_tables(
     assert set(sa.inspect(backend.engine).get_table_names()) == {
         f"{prefix}lease",
         f"{prefix}candidate",
-        f"{prefix}beat_state",
-        f"{prefix}beat_ledger",
+        f"{prefix}beat_run",
     }
 
 
 def test_sqlite_on_a_network_filesystem_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closing: list[Any]
 ) -> None:
-    monkeypatch.setattr(sql_module, "_filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr(connection_module, "filesystem_type", lambda path: "nfs4")
     url = f"sqlite:///{tmp_path}/election.db"
     with pytest.raises(ConfigurationError) as info:
         backend_from_url(url)

@@ -1,0 +1,295 @@
+"""The beat fence on every backend: a run is claimed once, by the leader that holds the lease.
+
+A leader paused past its lease wakes up still holding (token, old term). By then another
+beat leads under a newer term. Whatever the stale one believes, its claims are refused by
+the database, so only the real leader's runs are sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_election.backends.base import RunState
+from celery_election.beat import LeaderScheduler
+from celery_election.clock import boottime
+from celery_election.errors import BackendUnavailableError
+
+from ..conftest import expire, token
+
+NS = "beat-runs"
+
+
+def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:
+    store = backend.beat
+    a, b = token(), token()
+    old = backend.elect(NS, a, "beat-a", 30.0).lease
+    first = store.claim_run(NS, a, old.term, "job", None, 1_000_000)
+    assert first.won and first.state == RunState(1_000_000, 1, old.term)
+    again = store.claim_run(NS, a, old.term, "job", None, 1_500_000)  # the first run: once
+    assert not again.won and again.state == first.state and again.leading
+    # a is paused past its lease; b takes over
+    expire(backend, NS)
+    stale = store.claim_run(NS, a, old.term, "job", first.state, 2_000_000)
+    assert not stale.won and not stale.leading and stale.state == first.state
+    new = backend.elect(NS, b, "beat-b", 30.0)
+    assert new.won and new.lease.term > old.term
+    # a resumes, still believing it leads: every claim it makes is refused
+    for at in (2_000_000, 3_000_000):
+        refused = store.claim_run(NS, a, old.term, "job", first.state, at)
+        assert not refused.won and not refused.leading
+    assert not store.claim_run(NS, a, new.lease.term, "job", first.state, 2_000_000).won
+    won = store.claim_run(NS, b, new.lease.term, "job", first.state, 2_000_000)
+    assert won.won and won.state == RunState(2_000_000, 2, new.lease.term)
+    # the same run once only: whoever saw the old state is refused and told the new one
+    late = store.claim_run(NS, b, new.lease.term, "job", first.state, 2_100_000)
+    assert not late.won and late.leading and late.state == won.state
+    assert store.load_runs(NS) == {"job": won.state}
+    assert store.load_runs("other") == {}
+
+
+def test_entries_and_namespaces_are_apart(backend: Any) -> None:
+    store = backend.beat
+    a = token()
+    lease = backend.elect(NS, a, "beat-a", 30.0).lease
+    long_name = "x" * 400  # hashed into the key: any name fits a MySQL primary key
+    for name in ("job", "Job", "job ", long_name):
+        assert store.claim_run(NS, a, lease.term, name, None, 5).won
+    assert set(store.load_runs(NS)) == {"job", "Job", "job ", long_name}
+    # another namespace's leader cannot advance this one's entries, nor see them
+    assert not store.claim_run("elsewhere", a, lease.term, "job", None, 6).won
+
+
+class Counting(LeaderScheduler):
+    """A LeaderScheduler that counts what it really sends (its tasks are sent by name)."""
+
+    sent: list[tuple[str, int]]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> None:
+        headers = kwargs.get("headers") or {}
+        self.sent.append((name, headers["election_run"]))
+
+
+def make_scheduler(app: Celery, tmp_path: Path, name: str) -> Counting:
+    s = Counting(app=app, schedule_filename=str(tmp_path / f"{name}-schedule"))
+    s.sent = []
+    return s
+
+
+def runs_conf(url: str) -> dict[str, Any]:
+    """One entry every second."""
+    return dict(
+        election_url=url,
+        election_table_prefix=f"t{uuid.uuid4().hex[:10]}_",
+        election_namespace=f"n{uuid.uuid4().hex[:6]}",
+        election_ttl=2.0,
+        beat_schedule={"job": {"task": "runs.job", "schedule": 1.0}},
+    )
+
+
+def leading_scheduler(app: Celery, tmp_path: Path, name: str) -> Counting:
+    """A scheduler of ``app`` that has become the leader."""
+    s = make_scheduler(app, tmp_path, name)
+    assert s.wait_for_leadership(10)
+    return s
+
+
+def app_for(url: str, name: str = "runs", conf: dict[str, Any] | None = None) -> Celery:
+    app = Celery(name, broker="memory://", set_as_current=False)
+    app.conf.update(conf or runs_conf(url))
+    return app
+
+
+def drop_tables(app: Celery) -> None:
+    from celery_election.backends import backend_from_url
+
+    b = backend_from_url(app.conf.election_url, table_prefix=app.conf.election_table_prefix)
+    b.uninstall()
+    b.close()
+
+
+def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
+    sql_url: str, tmp_path: Path
+) -> None:
+    app = app_for(sql_url)
+    a = leading_scheduler(app, tmp_path, "a")
+    assert a._election is not None
+    stale = a._election.leadership()
+    assert stale is not None
+    b = make_scheduler(app, tmp_path, "b")
+    assert b._election is not None and b._election.elector is not None
+    try:
+        _tick_until(a, lambda: len(a.sent) >= 1)
+
+        # a's elector is cut off from the database (as if paused) and b takes over; then
+        # a resumes, still believing it leads (here: for the whole test)
+        def cut(*args: Any, **kwargs: Any) -> Any:
+            raise BackendUnavailableError("cut off")
+
+        for step in ("elect", "renew", "resign"):
+            setattr(a._election.backend, step, cut)
+        expire(b._election.backend, b._election.namespace)
+        assert b._election.elector.wait_for_leadership(10)
+        a._election.leadership = lambda: stale  # type: ignore[method-assign]
+        before = len(a.sent)
+        _tick_until(b, lambda: len(b.sent) >= 3, also=a)
+        assert len(a.sent) == before, "the stale leader sent a run"
+        runs = [run for _, run in a.sent + b.sent]
+        assert len(runs) == len(set(runs)), f"a run was sent twice: {runs}"
+        assert a._lost_term == stale[0], "the stale leader did not notice its term ended"
+    finally:
+        b.close()
+        a.close()
+        drop_tables(app)
+
+
+def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) -> None:
+    """Regression (chaos run, PostgreSQL restart): a failed claim lost its run for good
+    although the same process kept leading. Now it is retried, and sent exactly once."""
+    app = app_for(f"sqlite:///{tmp_path}/election.db")
+    s = leading_scheduler(app, tmp_path, "a")
+    assert s._election is not None
+    store = s._election.store
+    real = store.claim_run
+    failures: list[int] = []
+
+    def commit_then_fail(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        if not failures:  # the first claim commits, then its answer is lost
+            failures.append(args[5])
+            raise BackendUnavailableError("connection lost after commit")
+        return result
+
+    store.claim_run = commit_then_fail  # type: ignore[method-assign]
+    try:
+        _tick_until(s, lambda: len(s.sent) >= 3)
+    finally:
+        s.close()
+    runs = [run for _, run in s.sent]
+    assert failures, "the claim was never made"
+    # the first run (key 0) was sent although its answer was lost; the next run follows
+    # the time that claim stored
+    assert runs[:2] == [0, failures[0]], (failures, runs)
+    assert len(runs) == len(set(runs)), runs
+
+
+def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (chaos run, one process's clock an hour fast): the shared state is on the
+    database's clock, so a fast beat neither stores runs an hour ahead nor makes the next
+    leader wait an hour."""
+    conf = runs_conf(f"sqlite:///{tmp_path}/election.db")
+    real_now = Celery.now
+    hour = timedelta(hours=1)
+    with monkeypatch.context() as m:  # every Celery clock of this process an hour fast
+        m.setattr(Celery, "now", lambda self: real_now(self) + hour)
+        a = leading_scheduler(app_for("", "fast", conf), tmp_path, "a")
+        _tick_until(a, lambda: len(a.sent) >= 2)
+        assert a._offset_us < -3_500_000_000, "the hour was not measured"
+        stored = a._runs["job"].last_run_us
+        a.close()  # resigns
+    now_us = datetime.now(timezone.utc).timestamp() * 1_000_000
+    assert abs(stored - now_us) < 10_000_000, "a fast host stored its own clock"
+    fine = app_for("", "fine", conf)
+    b = leading_scheduler(fine, tmp_path, "b")
+    try:
+        _tick_until(b, lambda: len(b.sent) >= 1)
+        assert b.sent[0][1] == stored, "the next leader did not resume from the shared state"
+    finally:
+        b.close()
+        drop_tables(fine)
+
+
+def _tick_until(
+    s: Counting, done: Callable[[], bool], also: Counting | None = None, timeout: float = 15
+) -> None:
+    """Drive beat's loop as ``celery beat`` does, until ``done()`` (bounded, not timed)."""
+    import time
+
+    deadline = boottime() + timeout
+    while not done():
+        assert boottime() < deadline, "timed out ticking"
+        delays = [sched.tick() for sched in ((s, also) if also is not None else (s,))]
+        time.sleep(max(0.0, min(0.05, *delays)))
+
+
+def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
+    from celery.schedules import crontab
+
+    app = Celery("banner", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/e.db",  # no init_app: the settings suffice
+        election_namespace="shop",
+        election_ttl=2.0,
+        beat_schedule={"one": {"task": "x.one", "schedule": 1.0}},
+    )
+    lazy = LeaderScheduler(app=app, lazy=True, schedule_filename=str(tmp_path / "lazy"))
+    assert "election ->" in lazy.info and "namespace='shop-beat'" in lazy.info
+    assert lazy._election is None  # the banner's lazy scheduler starts nothing
+    s = make_scheduler(app, tmp_path, "s")
+    try:
+        assert s.wait_for_leadership(10)
+        _tick_until(s, lambda: any(n == "x.one" for n, _ in s.sent))
+        # an entry added while running is picked up, claimed and sent
+        s.schedule["two"] = s.Entry(
+            name="two", task="x.two", schedule=1.0, app=app, last_run_at=None
+        )
+        s.schedule["cron"] = s.Entry(
+            name="cron", task="x.cron", schedule=crontab(minute="*"), app=app
+        )
+        _tick_until(s, lambda: any(n == "x.two" for n, _ in s.sent))
+        for task in ("x.one", "x.two"):
+            runs = [r for n, r in s.sent if n == task]
+            assert len(runs) == len(set(runs)), f"{task} sent twice"
+        assert s._election is not None
+        stored = s._election.store.load_runs("shop-beat")
+        assert {"one", "two"} <= set(stored)
+    finally:
+        s.close()
+        s.close()  # beat closes twice: idempotent
+
+
+def test_sending_does_not_make_every_tick_rebuild_the_heap(tmp_path: Path) -> None:
+    app = Celery("heap", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/e.db",
+        election_ttl=2.0,
+        beat_schedule={f"e{i}": {"task": "x.e", "schedule": 1.0} for i in range(5)},
+    )
+    s = make_scheduler(app, tmp_path, "s")
+    rebuilds = 0
+    populate = s.populate_heap
+
+    def counting(*args: Any, **kw: Any) -> None:
+        nonlocal rebuilds
+        rebuilds += 1
+        populate(*args, **kw)
+
+    s.populate_heap = counting  # type: ignore[method-assign]
+    try:
+        assert s.wait_for_leadership(10)
+        _tick_until(s, lambda: len(s.sent) >= 15)  # three rounds of five sends
+        # once at promotion (and at most once more if leadership changed hands)
+        assert rebuilds <= 2, f"the heap was rebuilt {rebuilds} times for {len(s.sent)} sends"
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("setting", ["election_beat_missed", "election_beat_resend_unconfirmed"])
+def test_retired_settings_say_what_happens_now(
+    tmp_path: Path, setting: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Celery("retired", broker="memory://", set_as_current=False)
+    app.conf.update(election_url="memory://", beat_schedule={})
+    app.conf[setting] = "skip"
+    s = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+    s.close()
+    assert any(setting in r.getMessage() and "no longer used" in r.getMessage()
+               for r in caplog.records)  # fmt: skip

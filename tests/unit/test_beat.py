@@ -1,0 +1,184 @@
+"""Beat keeps every schedule's own semantics; the election only fences the send.
+
+On the memory backend (no I/O): leadership is won for real by each scheduler's own
+elector, and the shared run state is seeded through the store as another leader would
+have left it. Each test ticks a fixed number of times: beat's ``tick()`` handles at most
+one due entry per call, so the count of ticks bounds the work, not a clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from celery import Celery
+from celery.beat import Scheduler
+from celery.schedules import BaseSchedule, crontab, schedstate, schedule
+
+from celery_election import beat as beat_module
+from celery_election.backends import MemoryBackend
+from celery_election.beat import LeaderSchedulerMixin
+
+NS = "default-beat"
+
+
+class Recording(LeaderSchedulerMixin, Scheduler):
+    """The mixin over Celery's plain Scheduler; records what it really sends."""
+
+    sent: list[str]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.sent.append(name)
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
+    """One memory "database" for every scheduler the test starts."""
+    backend = MemoryBackend()
+    monkeypatch.setattr(beat_module, "backend_from_url", lambda url, **kw: backend)
+    return backend
+
+
+@pytest.fixture
+def started() -> Iterator[list[Recording]]:
+    schedulers: list[Recording] = []
+    yield schedulers
+    for s in schedulers:
+        s.close()
+
+
+def leader(app: Celery, started: list[Recording]) -> Recording:
+    s = Recording(app=app)
+    started.append(s)
+    s.sent = []
+    assert s.wait_for_leadership(5)
+    return s
+
+
+def make_app(schedule_: dict[str, Any], **conf: Any) -> Celery:
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    app.conf.update(election_url="memory://", election_ttl=2.0, beat_schedule=schedule_, **conf)
+    return app
+
+
+def ticks(s: Recording, n: int = 10) -> None:
+    for _ in range(n):
+        s.tick()
+
+
+def seed(backend: MemoryBackend, entry: str, last_run_at: datetime, count: int = 1) -> None:
+    """Leave the run state another leader would have left, then step down."""
+    token = uuid.uuid4().hex
+    lease = backend.elect(NS, token, "old-leader", 30.0).lease
+    assert lease is not None
+    us = round(last_run_at.timestamp() * 1_000_000)
+    assert backend.beat.claim_run(NS, token, lease.term, entry, None, us).won
+    for n in range(1, count):
+        state = backend.beat.load_runs(NS)[entry]
+        assert backend.beat.claim_run(NS, token, lease.term, entry, state, us + n).won
+    assert backend.resign(NS, token, lease.term)
+
+
+class IsDueOnly(BaseSchedule):  # type: ignore[misc]
+    """Celery's whole contract for a custom schedule: ``is_due`` (no remaining_estimate)."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(True, 3600.0)
+
+
+class Broken(BaseSchedule):  # type: ignore[misc]
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        raise ValueError("cannot compute")
+
+
+def test_a_custom_schedule_with_only_is_due_runs(shared: MemoryBackend, started: list[Any]) -> None:
+    s = leader(make_app({"custom": {"task": "t.custom", "schedule": IsDueOnly()}}), started)
+    ticks(s)
+    assert s.sent == ["t.custom"]  # due once, then "next check in an hour"
+    assert shared.beat.load_runs(NS)["custom"].total_run_count == 1
+
+
+def test_a_failing_entry_does_not_stop_the_others(
+    shared: MemoryBackend, started: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(
+        {
+            "broken": {"task": "t.broken", "schedule": Broken()},
+            "good": {"task": "t.good", "schedule": IsDueOnly()},
+        }
+    )
+    s = leader(app, started)
+    ticks(s)
+    assert s.sent == ["t.good"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("Cannot calculate the next run of 'broken'" in m for m in logged)
+
+
+@pytest.mark.parametrize(("deadline", "sent"), [(None, ["t.daily"]), (60, [])])
+def test_a_missed_cron_run_on_takeover_follows_the_starting_deadline(
+    shared: MemoryBackend, started: list[Any], deadline: int | None, sent: list[str]
+) -> None:
+    """Stock Celery after a restart: one catch-up run, unless the missed run is older than
+    ``beat_cron_starting_deadline``. A new leader behaves the same with the shared state."""
+    now = datetime.now(timezone.utc)
+    hour = (now - timedelta(hours=2)).hour  # the run fell due two hours ago, unsent
+    daily = crontab(hour=hour, minute=0)
+    seed(shared, "daily", now - timedelta(hours=26))  # the old leader's last run: yesterday
+    app = make_app(
+        {"daily": {"task": "t.daily", "schedule": daily}}, beat_cron_starting_deadline=deadline
+    )
+    s = leader(app, started)
+    ticks(s)
+    assert s.sent == sent
+    ticks(s)
+    assert s.sent == sent  # once at most: the claim moved the shared state on
+
+
+def test_a_relative_daily_interval_follows_the_apps_timezone(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """``relative=True`` rounds to local midnight in the app's timezone, not UTC midnight.
+
+    Last run D-1 20:00 UTC; now D 10:00 UTC. The next run rounds down to the day of
+    D 20:00 UTC: in Tokyo (+9) that is D+1 00:00 Tokyo = D 15:00 UTC, five hours away;
+    read as UTC it would be D 00:00 UTC, due at once.
+    """
+    tokyo = ZoneInfo("Asia/Tokyo")
+    now = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+    every_day = schedule(timedelta(days=1), relative=True, nowfun=lambda: now.astimezone(tokyo))
+    seed(shared, "daily", datetime(2026, 11, 22, 20, 0, tzinfo=timezone.utc))
+    app = make_app({"daily": {"task": "t.daily", "schedule": every_day}}, timezone="Asia/Tokyo")
+    s = leader(app, started)
+    ticks(s)
+    assert s.sent == []
+    entry = s.schedule["daily"]
+    # the same instant (to the clock offset's precision), on the app's clock
+    last = datetime(2026, 11, 22, 20, 0, tzinfo=timezone.utc)
+    assert abs(entry.last_run_at - last) < timedelta(seconds=1)
+    assert entry.last_run_at.utcoffset() == timedelta(hours=9)  # adopted in local time
+    due, wait = entry.is_due()
+    assert not due and wait == pytest.approx(5 * 3600, abs=1)
+
+
+def test_a_follower_sends_nothing_and_a_new_leader_resumes_the_shared_state(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    app = make_app({"every": {"task": "t.every", "schedule": IsDueOnly()}})
+    a = leader(app, started)
+    b = Recording(app=app)  # the same database: a follower
+    started.append(b)
+    b.sent = []
+    ticks(a)
+    ticks(b)
+    assert (a.sent, b.sent) == (["t.every"], [])
+    a.close()  # resigns: b takes over at once (memory wakeups)
+    assert b.wait_for_leadership(5)
+    ticks(b)
+    # IsDueOnly is due whenever asked: b runs it once more, as the run after a's
+    assert b.sent == ["t.every"]
+    assert shared.beat.load_runs(NS)["every"].total_run_count == 2
+    assert b.schedule["every"].total_run_count == 2  # adopted, then advanced
