@@ -391,6 +391,9 @@ class SQLBackend:
         """Drop the tables if they exist. Terms stay increasing after a re-install."""
         with self.engine.begin() as conn:
             self.metadata.drop_all(conn, checkfirst=True)
+            legacy = sa.MetaData()  # the beat ledger of 0.1 (replaced by beat_run)
+            for name in ("beat_state", "beat_ledger"):
+                sa.Table(f"{self.table_prefix}{name}", legacy).drop(conn, checkfirst=True)
 
     def drop_ddl(self) -> list[str]:
         """The DROP statements uninstall() would run, for this database's dialect."""

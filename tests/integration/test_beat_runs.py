@@ -293,3 +293,23 @@ def test_retired_settings_say_what_happens_now(
     s.close()
     assert any(setting in r.getMessage() and "no longer used" in r.getMessage()
                for r in caplog.records)  # fmt: skip
+
+
+def test_uninstall_drops_the_ledger_tables_of_earlier_versions(sql_url: str) -> None:
+    import sqlalchemy as sa
+
+    from celery_election.backends import SQLBackend, backend_from_url
+
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    b = backend_from_url(sql_url, table_prefix=prefix)
+    assert isinstance(b, SQLBackend)
+    try:
+        b.install()
+        with b.engine.begin() as conn:  # what 0.1's install() left behind
+            for name in ("beat_state", "beat_ledger"):
+                conn.execute(sa.text(f"CREATE TABLE {prefix}{name} (x INTEGER)"))
+        b.uninstall()
+        left = [t for t in sa.inspect(b.engine).get_table_names() if t.startswith(prefix)]
+        assert left == []
+    finally:
+        b.close()
