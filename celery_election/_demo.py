@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .backends import backend_from_url
+from .backends import Backend, backend_from_url
 from .term import Lease
 
 __all__ = ["run"]
@@ -60,7 +60,7 @@ class Demo:
                 "CREATE TABLE events (id INTEGER PRIMARY KEY, kind TEXT, worker TEXT, "
                 "term INTEGER, due INTEGER, reason TEXT, at REAL)"
             )
-        self.backend: Any = backend_from_url(self.url, table_prefix=self.prefix)
+        self.backend: Backend = backend_from_url(self.url, table_prefix=self.prefix)
         self.backend.install()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.seen = 0

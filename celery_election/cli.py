@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from .app import is_postgres
-from .backends import backend_from_url
+from .backends import Backend, SQLBackend, backend_from_url
 from .backends.sql import DEFAULT_TABLE_PREFIX
 from .errors import ElectionError, SchemaMissingError
 from .term import CandidateInfo, Lease
@@ -37,8 +37,15 @@ __all__ = ["election", "main"]
 class Target:
     """Where the commands act: a backend and a default namespace."""
 
-    backend: Any
+    backend: Backend
     namespace: str
+
+    @property
+    def sql(self) -> SQLBackend:
+        """The backend, where a command needs SQL (DDL, a database file)."""
+        if not isinstance(self.backend, SQLBackend):
+            raise click.ClickException(f"{self.backend.description} is not a SQL database")
+        return self.backend
 
     def close(self) -> None:
         self.backend.close()
@@ -92,7 +99,7 @@ def _using(ctx: click.Context, namespace: str | None, *, known: bool = True) -> 
 
 def _check_exists(t: Target) -> None:
     """Reading a SQLite file that is not there would create it: refuse instead."""
-    if getattr(t.backend, "dialect", None) == "sqlite":
+    if isinstance(t.backend, SQLBackend) and t.backend.dialect == "sqlite":
         path = Path(t.backend.engine.url.database or "")
         if not path.exists():
             raise click.ClickException(
@@ -219,11 +226,11 @@ def install(ctx: click.Context, dry_run: bool) -> None:
     """Create the election tables (idempotent)."""
     with _using(ctx, None, known=False) as t:
         if dry_run:
-            for ddl in t.backend.create_ddl():
+            for ddl in t.sql.create_ddl():
                 click.echo(f"{ddl};\n")
             return
         t.backend.install()
-        names = ", ".join(sorted(t.backend.metadata.tables))
+        names = ", ".join(sorted(t.sql.metadata.tables))
         click.echo(f"installed in {t.backend.description}: {names}")
 
 
@@ -235,7 +242,7 @@ def uninstall(ctx: click.Context, dry_run: bool, yes: bool) -> None:
     """Drop the election tables (terms stay increasing after a re-install)."""
     with _using(ctx, None, known=False) as t:
         if dry_run:
-            for ddl in t.backend.drop_ddl():
+            for ddl in t.sql.drop_ddl():
                 click.echo(f"{ddl};\n")
             return
         if not yes:

@@ -145,6 +145,9 @@ class Backend(Protocol):
     def current(self, namespace: str, *, timeout: float | None = None) -> Lease | None:
         """The lease row as stored now, or None if the namespace never had one."""
 
+    def namespaces(self, *, timeout: float | None = None) -> list[str]:
+        """Every namespace with a lease or a candidate, sorted."""
+
     def register(
         self,
         namespace: str,
