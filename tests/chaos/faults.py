@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -113,6 +114,47 @@ def restart_database(url: str) -> None:
 
 
 _RESTART_LOCK = os.path.join(tempfile.gettempdir(), "celery-election-chaos-restart.lock")
+
+
+def restart_unsupported(url: str) -> str | None:
+    """Why :func:`restart_database` cannot restart the server behind ``url``; None if it can.
+
+    It restarts the loopback server the way scripts/services-up runs it: PostgreSQL's
+    first cluster under /etc/postgresql with pg_ctlcluster, MariaDB with mariadb-admin and
+    start-stop-daemon, as root. Any other server (a throwaway cluster in a temp dir, one
+    in a container, one on another host) would be left running, or the wrong one hit.
+    """
+    u = sa.engine.make_url(url)
+    dialect = u.get_backend_name()
+    if u.host not in (None, "", "localhost", "127.0.0.1", "::1"):
+        return f"the server is on {u.host}, not this host"
+    if dialect == "postgresql":
+        if shutil.which("pg_ctlcluster") is None:
+            return "pg_ctlcluster is not installed"
+        if not os.path.isdir("/etc/postgresql") or not os.listdir("/etc/postgresql"):
+            return "no cluster under /etc/postgresql"
+        version = sorted(os.listdir("/etc/postgresql"))[0]
+        conf = Path("/etc/postgresql", version, "main", "postgresql.conf")
+        try:
+            found = re.findall(r"(?m)^\s*port\s*=\s*(\d+)", conf.read_text())
+        except OSError as exc:
+            return f"cannot read {conf}: {exc}"
+        port = int(found[-1]) if found else 5432
+        if (u.port or 5432) != port:
+            return (
+                f"port {u.port or 5432} is not the port of the {version}/main cluster "
+                f"pg_ctlcluster restarts ({port}): a throwaway server?"
+            )
+        return None
+    if dialect in ("mysql", "mariadb"):
+        if os.geteuid() != 0:
+            return "MariaDB is restarted as root, and this is not root"
+        if not (shutil.which("mariadb-admin") or shutil.which("mysqladmin")):
+            return "neither mariadb-admin nor mysqladmin is installed"
+        if shutil.which("start-stop-daemon") is None or not os.path.exists("/usr/sbin/mariadbd"):
+            return "no start-stop-daemon and /usr/sbin/mariadbd to start MariaDB again"
+        return None
+    return f"no way to restart a {dialect} server"
 
 
 def _restart(url: str) -> None:

@@ -339,7 +339,8 @@ def argv(command: str | list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    yaml = pytest.importorskip("yaml")  # PyYAML: a dev dependency
+    import yaml  # PyYAML is a dev dependency: without it these tests error, never skip
+
     with open(DOCKER / "docker-compose.yml") as f:
         loaded: dict[str, Any] = yaml.safe_load(f)
     return loaded

@@ -4,6 +4,7 @@ remote control handlers and signals. No servers; a few tests fork or start a Pyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -883,6 +884,46 @@ def test_attached_reader_close_keeps_the_file(record: SharedLeadership) -> None:
     assert record.read().term == 3
 
 
+#: The torn-read tests: a writer writes (n, float(n)) for n = 1, 2, ... until the reader
+#: has made MIN_READS reads and seen MIN_TERMS different values: that many, however fast
+#: or slow the machine (RACE_TIMEOUT only stops a run that hangs).
+MIN_READS = 20_000
+MIN_TERMS = 1_000
+RACE_TIMEOUT = 60.0
+
+
+def read_while_written(record: SharedLeadership) -> tuple[int, set[int]]:
+    """Read until MIN_READS reads have seen MIN_TERMS values; return (reads, terms).
+
+    Every reading must be whole (leader, ``trusted_until == float(term)``) and none older
+    than one read before it.
+    """
+    torn: list[Leadership] = []
+    backwards: list[tuple[int, int]] = []
+    terms: set[int] = set()
+    reads, latest = 0, 0
+    deadline = time.monotonic() + RACE_TIMEOUT
+    while (reads < MIN_READS or len(terms) < MIN_TERMS) and time.monotonic() < deadline:
+        reading = record.read()
+        reads += 1
+        term = reading.term or 0
+        if not reading.leader or reading.trusted_until != float(term):
+            torn.append(reading)
+        elif term < latest:
+            backwards.append((latest, term))
+        else:
+            latest = term
+            terms.add(term)
+        if len(torn) + len(backwards) >= 10:
+            break
+    assert torn == []
+    assert backwards == []
+    assert reads >= MIN_READS and len(terms) >= MIN_TERMS, (
+        f"in {RACE_TIMEOUT}s the reader made {reads} reads and saw {len(terms)} values"
+    )
+    return reads, terms
+
+
 def test_no_torn_reads_between_threads(record: SharedLeadership) -> None:
     """A writer thread writes (n, float(n)); a reader must never see a mixed record."""
     record.write(1, 1.0)
@@ -893,65 +934,49 @@ def test_no_torn_reads_between_threads(record: SharedLeadership) -> None:
         n = 1
         while not stop.is_set():
             record.write(n, float(n))
+            written[0] = n
             n += 1
-        written[0] = n
 
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # switch threads often: mid-write switches happen
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    reads, torn, terms = 0, [], set()
-    deadline = time.monotonic() + 3.0
     try:
-        while reads < 200_000 and time.monotonic() < deadline:
-            reading = record.read()
-            reads += 1
-            if not reading.leader or reading.trusted_until != float(reading.term or 0):
-                torn.append(reading)
-            terms.add(reading.term)
+        _, terms = read_while_written(record)
     finally:
         stop.set()
         thread.join(5)
         sys.setswitchinterval(old_interval)
-    assert torn == []
-    assert reads >= 20_000
-    assert len(terms) > 100  # the reader really raced the writer
-    assert written[0] > 1000
+    assert not thread.is_alive()
+    assert written[0] >= max(terms)
 
 
 def test_no_torn_reads_across_processes(record: SharedLeadership) -> None:
     """The real layout: a writer process and a reader process on different CPUs."""
     record.write(1, 1.0)
-    r, w = os.pipe()
+    stop_r, stop_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: the writer
+    if pid == 0:  # child: the writer, until the reader is done (or gone)
         try:
-            os.close(r)
-            os.write(w, b"x")
-            n, end = 1, time.monotonic() + 2.0
+            os.close(stop_w)
+            os.set_blocking(stop_r, False)
+            n, end = 1, time.monotonic() + RACE_TIMEOUT
             while time.monotonic() < end:
-                record.write(n, float(n))
-                n += 1
+                for _ in range(1000):
+                    record.write(n, float(n))
+                    n += 1
+                with contextlib.suppress(BlockingIOError):
+                    os.read(stop_r, 1)
+                    break  # a byte, or end of file: the reader is done
         finally:
             os._exit(0)
-    os.close(w)
-    os.read(r, 1)
-    os.close(r)
-    reads, torn, terms = 0, [], set()
-    deadline = time.monotonic() + 1.0
+    os.close(stop_r)
     try:
-        while reads < 200_000 and time.monotonic() < deadline:
-            reading = record.read()
-            reads += 1
-            if not reading.leader or reading.trusted_until != float(reading.term or 0):
-                torn.append(reading)
-            terms.add(reading.term)
+        read_while_written(record)
     finally:
+        os.close(stop_w)  # the writer stops
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert torn == []
-    assert reads >= 20_000
-    assert len(terms) > 100
 
 
 # -- remote control -------------------------------------------------------------------------
@@ -1078,17 +1103,38 @@ def test_signals_deliver_term_and_namespace(step: Any) -> None:
     assert "signal" in elected  # Celery adds the signal itself
 
 
-def test_signal_receiver_errors_do_not_escape(step: Any) -> None:
+def test_signal_receiver_errors_do_not_escape(step: Any, caplog: pytest.LogCaptureFixture) -> None:
     """A failing receiver must not break the elector's event thread (Celery logs it)."""
+    raised: list[tuple[str, int]] = []
+    received: list[tuple[str, int]] = []
 
     def broken(sender: Any, **kwargs: Any) -> None:
+        raised.append((kwargs["signal"].name, kwargs["term"]))
         raise RuntimeError("receiver bug")
 
-    leader_elected.connect(broken, weak=False)
+    def healthy(sender: Any, **kwargs: Any) -> None:
+        received.append((kwargs["signal"].name, kwargs["term"]))
+
+    consumer = FakeConsumer(step.worker.app, started=True)
+    step.worker.consumer = consumer
+    signals = (leader_elected, leader_revoked)
+    for signal in signals:
+        signal.connect(broken, weak=False)  # first: a receiver after it must still run
+        signal.connect(healthy, weak=False)
     try:
+        # the event thread's callbacks: each returns, though a receiver raised inside
         step._elected(1)
+        step._revoked(1, RevokeReason.LOST)
     finally:
-        leader_elected.disconnect(broken)
+        for signal in signals:
+            signal.disconnect(broken)
+            signal.disconnect(healthy)
+    assert raised == [("leader_elected", 1), ("leader_revoked", 1)]
+    assert received == raised
+    consumer.run_soon()  # and the leader queue still followed leadership
+    assert consumer.added == consumer.cancelled == ["election-leader.sig-ns"]
+    logged = [r for r in caplog.records if "receiver bug" in r.getMessage()]
+    assert len(logged) == 2 and all(r.levelname == "ERROR" for r in logged)
 
 
 class FakeConsumer:
