@@ -51,14 +51,13 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from . import shared_state
-from .app import ElectionSettings
 from .backends import backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
-from .config import validate_namespace
 from .elector import Elector
 from .errors import ElectionError
 from .history import Recorder
+from .settings import ElectionSettings
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
@@ -68,35 +67,17 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 _FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
 _OFFSET_EVERY = 60.0
-#: Settings of the old ledger design; a run's fate now follows Celery's own rules.
-_RETIRED = {
-    "election_beat_missed": "a run missed during a failover is caught up once, as Celery "
-    "does after a restart (beat_cron_starting_deadline applies)",
-    "election_beat_resend_unconfirmed": "a run claimed by a leader that died before "
-    "sending is not resent (at most once)",
-    "election_beat_ledger_retention": "the shared state is one row per entry",
-}
-
-
-def beat_namespace(app: Any, settings: ElectionSettings, *, embedded: bool) -> str:
-    """Embedded beat shares its worker's namespace; standalone beats elect in their own."""
-    if embedded:  # `celery worker -B --election`: the worker's leadership
-        return settings.namespace
-    ns = app.conf.get("election_beat_namespace") or f"{settings.namespace}-beat"
-    return validate_namespace(ns)
 
 
 class _BeatElection:
     """The leadership a scheduler acts on: its own Elector, or the worker's record."""
 
     def __init__(self, app: Any) -> None:
-        conf = app.conf
         self.record = shared_state.current()
         self.settings = ElectionSettings.from_app(app)
-        self.namespace = beat_namespace(app, self.settings, embedded=self.record is not None)
-        for key, why in _RETIRED.items():
-            if conf.get(key) is not None:
-                log.warning("beat election: %s is no longer used: %s", key, why)
+        # Embedded (`celery worker -B --election`): the worker's leadership and namespace.
+        embedded = self.record is not None
+        self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
         # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
         listen = False if self.record is not None else None
         options = self.settings.backend_options(listen=listen)
@@ -213,7 +194,7 @@ class LeaderSchedulerMixin:
         try:
             s = ElectionSettings.from_app(self.app)
             where = backend_description(s.url)
-            ns = beat_namespace(self.app, s, embedded=shared_state.current() is not None)
+            ns = s.namespace if shared_state.current() is not None else s.beat_namespace
             line = f"    . election -> {where} namespace={ns!r}, ttl={s.config.ttl}s"
         except ElectionError as exc:
             line = f"    . election -> misconfigured: {exc}"

@@ -27,12 +27,12 @@ from typing import Any
 from celery import bootsteps
 
 from . import shared_state
-from .app import ElectionSettings
 from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ElectionError, SchemaMissingError
 from .history import Recorder
+from .settings import ElectionSettings
 from .shared_state import SharedLeadership
 from .signals import leader_elected, leader_revoked
 

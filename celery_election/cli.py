@@ -24,10 +24,10 @@ from typing import Any
 
 import click
 
-from .app import is_postgres
 from .backends import Backend, SQLBackend, backend_from_url
 from .backends.sql import DEFAULT_TABLE_PREFIX
 from .errors import ElectionError, SchemaMissingError
+from .settings import is_postgres
 from .term import CandidateInfo, Lease
 
 __all__ = ["election", "main"]
@@ -58,7 +58,7 @@ def _target(ctx: click.Context, namespace: str | None) -> Target:
     app = getattr(ctx.obj, "app", None)
     try:
         if app is not None:
-            from .app import ElectionSettings
+            from .settings import ElectionSettings
 
             settings = ElectionSettings.from_app(app)
             if url:  # --url wins over the app's election_url

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigurationError
 
@@ -52,9 +52,23 @@ def _seconds(name: str, value: object, problems: list[str]) -> float | None:
     return seconds
 
 
+class _Unset(float):
+    """The default of a timing that follows from ttl: filled in on construction."""
+
+    def __repr__(self) -> str:
+        return "<from ttl>"
+
+
+_UNSET: float = _Unset(0.0)
+
+
 @dataclass(frozen=True)
 class ElectionConfig:
-    """Validated election timings, in seconds.
+    """Validated election timings, in seconds. It cannot exist invalid.
+
+    Construction fills every default that follows from ttl and checks everything at once
+    (also through ``dataclasses.replace``): one ConfigurationError lists each problem
+    with its field, setting, value and rule. Values are seconds or a ``timedelta``.
 
     ttl: how long a lease lasts without renewal. Crash failover takes about this long;
         shorter means faster failover but less tolerance for a slow database. Default 10.
@@ -80,89 +94,61 @@ class ElectionConfig:
     """
 
     ttl: float = 10.0
-    renew_interval: float = 0.0
-    poll_interval: float = 0.0
+    renew_interval: float = _UNSET
+    poll_interval: float = _UNSET
     jitter: float = 0.1
-    safety_margin: float = 0.0
-    call_timeout: float = 0.0
-    resign_backoff: float = 0.0
-    candidate_ttl: float = 0.0
-    fallback_interval: float = 0.0
+    safety_margin: float = _UNSET
+    call_timeout: float = _UNSET
+    resign_backoff: float = _UNSET
+    candidate_ttl: float = _UNSET
+    fallback_interval: float = _UNSET
 
-    @classmethod
-    def create(
-        cls,
-        *,
-        ttl: Seconds = 10.0,
-        renew_interval: Seconds | None = None,
-        poll_interval: Seconds | None = None,
-        jitter: float = 0.1,
-        safety_margin: Seconds | None = None,
-        call_timeout: Seconds | None = None,
-        resign_backoff: Seconds | None = None,
-        candidate_ttl: Seconds | None = None,
-        fallback_interval: Seconds | None = None,
-    ) -> ElectionConfig:
-        """Fill the defaults that depend on ttl, then validate everything at once."""
+    def __post_init__(self) -> None:
         problems: list[str] = []
-        ttl_s = _seconds("ttl", ttl, problems)
+        given: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        ttl_s = _seconds("ttl", given["ttl"], problems)
         base = ttl_s if ttl_s is not None else 10.0
 
-        def opt(name: str, value: Seconds | None, default: float) -> float | None:
-            return default if value is None else _seconds(name, value, problems)
+        def opt(name: str, default: float) -> float | None:
+            value = given[name]
+            return default if value is _UNSET else _seconds(name, value, problems)
 
-        renew = opt("renew_interval", renew_interval, base * 0.4)
+        renew = opt("renew_interval", base * 0.4)
         renew_base = renew if renew is not None else base * 0.4
-        poll = opt("poll_interval", poll_interval, min(1.0, renew_base))
-        margin = opt("safety_margin", safety_margin, max(base / 5, min(1.0, base / 4)))
-        timeout = opt("call_timeout", call_timeout, renew_base)
-        backoff = opt("resign_backoff", resign_backoff, base)
-        cand = opt("candidate_ttl", candidate_ttl, max(60.0, 3 * base))
-        fallback = opt("fallback_interval", fallback_interval, max(60.0, base))
-
+        values = {
+            "ttl": ttl_s,
+            "renew_interval": renew,
+            "poll_interval": opt("poll_interval", min(1.0, renew_base)),
+            "safety_margin": opt("safety_margin", max(base / 5, min(1.0, base / 4))),
+            "call_timeout": opt("call_timeout", renew_base),
+            "resign_backoff": opt("resign_backoff", base),
+            "candidate_ttl": opt("candidate_ttl", max(60.0, 3 * base)),
+            "fallback_interval": opt("fallback_interval", max(60.0, base)),
+        }
+        jitter = given["jitter"]
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
             problems.append(f"jitter (election_jitter) must be a fraction: got {jitter!r}")
         elif not (math.isfinite(jitter) and 0 <= jitter < 0.5):
             problems.append(f"jitter (election_jitter) must be in [0, 0.5): got {jitter!r}")
-
-        if ttl_s is not None and renew is not None and not ttl_s > 2 * renew:
-            problems.append(
-                f"ttl (election_ttl) must exceed 2 x renew_interval (election_renew_interval): "
-                f"got ttl={ttl_s}s, renew_interval={renew}s"
-            )
-        if (
-            ttl_s is not None
-            and renew is not None
-            and margin is not None
-            and not (margin < ttl_s - renew)
-        ):
-            problems.append(
-                f"safety_margin (election_safety_margin) must be less than "
-                f"ttl - renew_interval, or the leader stops trusting its lease before "
-                f"it renews: got safety_margin={margin}s, ttl={ttl_s}s, "
-                f"renew_interval={renew}s"
-            )
-        if renew is not None and timeout is not None and timeout > renew:
-            problems.append(
-                f"call_timeout (election_call_timeout) must not exceed renew_interval: "
-                f"got call_timeout={timeout}s, renew_interval={renew}s"
-            )
+        else:
+            values["jitter"] = float(jitter)
+        problems += _linked(ttl_s, renew, values["safety_margin"], values["call_timeout"])
         if problems:
             raise ConfigurationError(problems)
-        assert ttl_s is not None and renew is not None and poll is not None
-        assert margin is not None and timeout is not None and backoff is not None
-        assert cand is not None and fallback is not None
-        return cls(
-            ttl=ttl_s,
-            renew_interval=renew,
-            poll_interval=poll,
-            jitter=float(jitter),
-            safety_margin=margin,
-            call_timeout=timeout,
-            resign_backoff=backoff,
-            candidate_ttl=cand,
-            fallback_interval=fallback,
-        )
+        for name, value in values.items():
+            assert value is not None  # else a problem was reported
+            object.__setattr__(self, name, float(value))
+
+    @classmethod
+    def create(cls, **timings: Seconds) -> ElectionConfig:
+        """Build from keyword timings (seconds or timedelta); unknown names are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(timings) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown election timing(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
+            )
+        return cls(**cast(Any, timings))
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], **overrides: Any) -> ElectionConfig:
@@ -184,6 +170,30 @@ class ElectionConfig:
     def heartbeat_interval(self) -> float:
         """How often a candidate refreshes its row."""
         return self.candidate_ttl / 3
+
+
+def _linked(
+    ttl: float | None, renew: float | None, margin: float | None, timeout: float | None
+) -> list[str]:
+    """The rules between timings (each checked only when its values are valid)."""
+    problems: list[str] = []
+    if ttl is not None and renew is not None and not ttl > 2 * renew:
+        problems.append(
+            f"ttl (election_ttl) must exceed 2 x renew_interval (election_renew_interval): "
+            f"got ttl={ttl}s, renew_interval={renew}s"
+        )
+    if ttl is not None and renew is not None and margin is not None and not margin < ttl - renew:
+        problems.append(
+            f"safety_margin (election_safety_margin) must be less than "
+            f"ttl - renew_interval, or the leader stops trusting its lease before "
+            f"it renews: got safety_margin={margin}s, ttl={ttl}s, renew_interval={renew}s"
+        )
+    if renew is not None and timeout is not None and timeout > renew:
+        problems.append(
+            f"call_timeout (election_call_timeout) must not exceed renew_interval: "
+            f"got call_timeout={timeout}s, renew_interval={renew}s"
+        )
+    return problems
 
 
 def _check_key(kind: str, value: object, limit: int) -> str:

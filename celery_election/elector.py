@@ -174,42 +174,21 @@ class Elector:
         candidate_id: str | None = None,
         *,
         config: ElectionConfig | None = None,
-        ttl: Seconds | None = None,
-        renew_interval: Seconds | None = None,
-        poll_interval: Seconds | None = None,
-        jitter: float | None = None,
-        safety_margin: Seconds | None = None,
-        call_timeout: Seconds | None = None,
-        resign_backoff: Seconds | None = None,
-        candidate_ttl: Seconds | None = None,
-        fallback_interval: Seconds | None = None,
         on_elected: Callable[[int], Any] | None = None,
         on_revoked: Callable[[int, RevokeReason], Any] | None = None,
         on_error: Callable[[BaseException], Any] | None = None,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         register: bool = True,
+        **timings: Seconds,
     ) -> None:
-        overrides: dict[str, Any] = {
-            k: v
-            for k, v in dict(
-                ttl=ttl,
-                renew_interval=renew_interval,
-                poll_interval=poll_interval,
-                jitter=jitter,
-                safety_margin=safety_margin,
-                call_timeout=call_timeout,
-                resign_backoff=resign_backoff,
-                candidate_ttl=candidate_ttl,
-                fallback_interval=fallback_interval,
-            ).items()
-            if v is not None
-        }
-        if config is not None and overrides:
+        # The timing arguments are ElectionConfig's fields (one definition, checked there).
+        timings = {k: v for k, v in timings.items() if v is not None}
+        if config is not None and timings:
             raise ConfigurationError(
-                f"pass either config= or timing arguments, not both: got {sorted(overrides)}"
+                f"pass either config= or timing arguments, not both: got {sorted(timings)}"
             )
-        self.config = config or ElectionConfig.create(**overrides)
+        self.config = config or ElectionConfig.create(**timings)
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise ConfigurationError(
                 f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"

@@ -28,8 +28,8 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore
 
 from . import shared_state
-from .app import leader_queue_name
 from .errors import ConfigurationError, NotLeaderError
+from .settings import ElectionSettings
 
 __all__ = ["ON_FOLLOWER", "LeaderTask", "current_term", "leader_task"]
 
@@ -80,11 +80,7 @@ class LeaderTask(Task):
         """Where this task is sent unless the caller routes it: the leader queue."""
         if self.election_queue:
             return self.election_queue
-        conf = self.app.conf
-        return str(
-            conf.get("election_leader_queue")
-            or leader_queue_name(conf.get("election_namespace") or "default")
-        )
+        return ElectionSettings.from_app(self.app).leader_queue
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Send to the leader queue unless the caller routed it (queue/exchange/key)."""

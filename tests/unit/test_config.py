@@ -629,3 +629,64 @@ def test_elector_refuses_a_bad_namespace(namespace: Any, problem: str) -> None:
 def test_elector_refuses_a_bad_candidate_id(candidate_id: Any) -> None:
     with pytest.raises(ConfigurationError, match=r"^candidate_id must "):
         Elector(MemoryBackend(), "ns", candidate_id)
+
+
+def test_a_config_cannot_exist_invalid() -> None:
+    """The constructor fills and checks (it once left derived fields at 0.0, and
+    candidate_ttl=0 made the elector heartbeat in a hot loop)."""
+    import dataclasses
+
+    assert ElectionConfig() == ElectionConfig.create()
+    assert ElectionConfig(ttl=30).renew_interval == 12.0
+    assert ElectionConfig().candidate_ttl == 60.0
+    with pytest.raises(ConfigurationError, match=r"candidate_ttl \(election_candidate_ttl\)"):
+        ElectionConfig(candidate_ttl=0)
+    with pytest.raises(ConfigurationError, match="candidate_ttl"):
+        dataclasses.replace(ElectionConfig(), candidate_ttl=0)
+    # replace() keeps the other values as given: a ttl too short for them is refused
+    with pytest.raises(ConfigurationError, match="must exceed 2 x renew_interval"):
+        dataclasses.replace(ElectionConfig(), ttl=5)
+    assert dataclasses.replace(ElectionConfig(ttl=5), jitter=0).jitter == 0.0
+
+
+def test_unknown_timing_names_are_one_clear_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown election timing.*tll.*use call_timeout"):
+        Elector(MemoryBackend(), tll=5)
+
+
+# -- the settings: one definition -----------------------------------------------------------
+
+
+def test_the_readme_settings_table_is_the_one_definition() -> None:
+    """README.md's table is ``settings.SETTINGS`` rendered: regenerate it with
+    ``python -c 'from celery_election.settings import settings_table; print(settings_table())'``."""
+    from pathlib import Path
+
+    from celery_election.settings import settings_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert settings_table() in readme
+
+
+def test_every_timing_is_a_documented_setting() -> None:
+    import dataclasses
+
+    from celery_election.settings import SETTINGS
+
+    arguments = {s.argument for s in SETTINGS if s.argument}
+    assert arguments == {f.name for f in dataclasses.fields(ElectionConfig)}
+
+
+def test_only_the_settings_module_reads_election_settings() -> None:
+    """An ``election_*`` key read anywhere else escapes validation (tasks.py once did)."""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "celery_election"
+    reads = re.compile(r"""conf(\.get\(|\[)\s*["']election_|conf\.election_""")
+    offenders = [
+        str(f.relative_to(package))
+        for f in package.rglob("*.py")
+        if f.name != "settings.py" and reads.search(f.read_text())
+    ]
+    assert offenders == []

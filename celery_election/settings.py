@@ -1,0 +1,302 @@
+"""Every ``election_*`` setting, defined, parsed and validated in this one place.
+
+``SETTINGS`` is the one definition: the README's settings table is checked against it by
+a test, and nothing else in the package reads an ``election_*`` key from ``app.conf``.
+``ElectionSettings.from_app(app)`` reads them all once per app (cached on the app, and
+read again only when an ``election_*`` value changes, as redbeat's ``ensure_conf``
+caches its config) and raises one ConfigurationError that lists every problem. An
+``election_*`` key that is not a setting (a typo) is logged once with the nearest names.
+
+This module reads a Celery app's ``conf`` but never imports Celery: the worker, the beat,
+the tasks and the CLI all come here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
+from .config import ElectionConfig, validate_namespace
+from .errors import ConfigurationError
+
+__all__ = [
+    "RETIRED",
+    "SETTINGS",
+    "ElectionSettings",
+    "Setting",
+    "default_election_url",
+    "is_postgres",
+    "leader_queue_name",
+]
+
+log = logging.getLogger("celery_election.settings")
+
+DEFAULT_SQLITE_FILE = "celery-election.sqlite3"
+_PREFIX = "election_"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``election_*`` setting as the README documents it."""
+
+    name: str
+    default: str
+    meaning: str
+    #: The Elector argument it maps to (the timings), if any.
+    argument: str | None = None
+
+
+_TIMINGS: dict[str, tuple[str, str]] = {
+    "ttl": ("10 s", "lease length; crash failover takes about this long"),
+    "renew_interval": ("0.4 x ttl", "how often the leader renews"),
+    "poll_interval": (
+        "min(1 s, renew)",
+        "follower retry without wakeups: bounds clean handoff off PostgreSQL",
+    ),
+    "safety_margin": (
+        "max(ttl/5, min(1 s, ttl/4))",
+        "the leader stops trusting its lease this long before it ends",
+    ),
+    "call_timeout": (
+        "renew_interval",
+        "deadline of one database call; a stalled connection is cut",
+    ),
+    "resign_backoff": ("ttl", "after `resign()`, stay out this long"),
+    "candidate_ttl": ("max(60 s, 3 ttl)", "a candidate is listed this long after its heartbeat"),
+    "fallback_interval": (
+        "max(60 s, ttl)",
+        "with NOTIFY, a follower still reads the row this often",
+    ),
+    "jitter": ("0.1", "each wait varies by up to this fraction"),
+}
+
+#: Every setting, in the README's order.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "election_url",
+        "the app's `db+`/`sqla+` PostgreSQL or MySQL URL, else `./celery-election.sqlite3`",
+        "the election database (never the broker's SQLite file)",
+    ),
+    Setting("election_namespace", "`default`", "who competes with whom"),
+    Setting("election_enabled", "`False`", "run an elector in every worker without `--election`"),
+    *(
+        Setting(_PREFIX + name, default, meaning, argument=name)
+        for name, (default, meaning) in _TIMINGS.items()
+    ),
+    Setting("election_table_prefix", f"`{DEFAULT_TABLE_PREFIX}`", "table names"),
+    Setting("election_auto_install", "`True`", "workers and beats create missing tables"),
+    Setting(
+        "election_listen",
+        "`True`",
+        "PostgreSQL LISTEN for wakeups (off behind PgBouncer in transaction mode)",
+    ),
+    Setting("election_listen_url", "-", "PostgreSQL: LISTEN through this (direct) URL"),
+    Setting("election_leader_queue", "`election-leader.<namespace>`", "the leader-only queue"),
+    Setting("election_beat_namespace", "`<namespace>-beat`", "standalone beats' election"),
+    Setting(
+        "election_history_file",
+        "-",
+        "append every trust change, transition and beat send here (JSON lines; "
+        "`celery_election.history` checks them)",
+    ),
+)
+
+#: Settings of earlier versions, with what happens now instead (logged when set).
+RETIRED: dict[str, str] = {
+    "election_beat_missed": "a run missed during a failover is caught up once, as Celery "
+    "does after a restart (beat_cron_starting_deadline applies)",
+    "election_beat_resend_unconfirmed": "a run claimed by a leader that died before "
+    "sending is not resent (at most once)",
+    "election_beat_ledger_retention": "the shared beat state is one row per entry",
+}
+
+_KNOWN = {s.name for s in SETTINGS}
+_CACHE = "_celery_election_settings"
+
+
+def leader_queue_name(namespace: str) -> str:
+    """The default leader-only queue of a namespace."""
+    return f"election-leader.{namespace}"
+
+
+def is_postgres(url: str) -> bool:
+    """Whether ``url`` (Celery prefixes allowed) names PostgreSQL: the only LISTEN backend."""
+    scheme = url.split(":", 1)[0]
+    for prefix in ("db+", "sqla+"):
+        scheme = scheme.removeprefix(prefix)
+    return scheme.startswith("postgres")
+
+
+def default_election_url(app_or_conf: Any) -> tuple[str, str]:
+    """(url, why): the database the app already has, or a SQLite file of its own."""
+    conf = getattr(app_or_conf, "conf", app_or_conf)
+    taken = set()
+    for setting, prefix in (("result_backend", "db+"), ("broker_url", "sqla+")):
+        # attributes, not conf.get(): they honour CELERY_RESULT_BACKEND/CELERY_BROKER_URL
+        url = getattr(conf, setting, None)
+        if isinstance(url, str) and url.startswith(prefix):
+            rest = url[len(prefix) :]
+            if rest.startswith(("postgresql", "postgres", "mysql", "mariadb")):
+                return rest, f"the app's {setting}"
+            if rest.startswith("sqlite:///"):
+                taken.add(os.path.abspath(rest[len("sqlite:///") :]))
+    # never the broker's or result backend's SQLite file (a broker write lock stalled
+    # renewals for the whole busy timeout)
+    stem, ext = os.path.splitext(DEFAULT_SQLITE_FILE)
+    path = os.path.abspath(DEFAULT_SQLITE_FILE)
+    n = 1
+    while path in taken:
+        path = os.path.abspath(f"{stem}-{n}{ext}")
+        n += 1
+    return f"sqlite:///{path}", "a SQLite file of its own (elects within this host only)"
+
+
+@dataclass(frozen=True)
+class ElectionSettings:
+    """The ``election_*`` settings of an app, validated."""
+
+    url: str
+    url_source: str
+    namespace: str
+    enabled: bool
+    table_prefix: str
+    auto_install: bool
+    listen: bool
+    listen_url: str | None
+    leader_queue: str
+    config: ElectionConfig
+    #: Standalone beats elect here (an embedded beat shares its worker's namespace).
+    beat_namespace: str = ""
+    #: Append every trust change and beat send here (celery_election.history), or None.
+    history_file: str | None = None
+
+    @classmethod
+    def from_app(
+        cls, app: Any, *, enabled: bool | None = None, namespace: str | None = None
+    ) -> ElectionSettings:
+        """The app's settings, read once; command-line values win over ``app.conf``."""
+        conf = app.conf
+        values = {k: v for k, v in conf.items() if k.startswith(_PREFIX)}
+        cached = app.__dict__.get(_CACHE)
+        if cached is None or cached[0] != values:
+            cached = (values, cls._parse(conf, values))
+            app.__dict__[_CACHE] = cached
+        settings: ElectionSettings = cached[1]
+        if enabled is None and namespace is None:
+            return settings
+        return cls._parse(conf, values, enabled=enabled, namespace=namespace)
+
+    @classmethod
+    def _parse(
+        cls,
+        conf: Any,
+        values: Mapping[str, Any],
+        *,
+        enabled: bool | None = None,
+        namespace: str | None = None,
+    ) -> ElectionSettings:
+        """Check every setting; one ConfigurationError with every problem."""
+        problems: list[str] = []
+        _warn_unknown(values)
+
+        def text(key: str) -> str | None:
+            value = values.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, str) or not value:
+                problems.append(f"{key} must be a non-empty string: got {value!r}")
+                return None
+            return value
+
+        def flag(key: str, default: bool, given: bool | None = None) -> bool:
+            value = values.get(key) if given is None else given
+            if value is None:
+                return default
+            if not isinstance(value, bool):
+                problems.append(f"{key} must be True or False: got {value!r}")
+                return default
+            return value
+
+        def check(fn: Any, value: Any, default: Any) -> Any:
+            try:
+                return fn(value)
+            except ConfigurationError as exc:
+                problems.extend(exc.problems)
+                return default
+
+        url = text("election_url")
+        source = "election_url"
+        if url is None:
+            url, source = default_election_url(conf)
+        # None means "not set"; an empty string is a mistake, not "default"
+        chosen = namespace if namespace is not None else values.get("election_namespace")
+        ns = check(validate_namespace, "default" if chosen is None else chosen, "default")
+        prefix = values.get("election_table_prefix")
+        table_prefix = check(
+            validate_table_prefix,
+            DEFAULT_TABLE_PREFIX if prefix is None else prefix,
+            DEFAULT_TABLE_PREFIX,
+        )
+        beat_ns = values.get("election_beat_namespace")
+        beat_namespace = check(
+            validate_namespace, f"{ns}-beat" if beat_ns is None else beat_ns, f"{ns}-beat"
+        )
+        config = check(ElectionConfig.from_settings, values, None)
+        auto_install = flag("election_auto_install", True)
+        listen = flag("election_listen", True)
+        on = flag("election_enabled", False, enabled)
+        listen_url = text("election_listen_url")
+        leader_queue = text("election_leader_queue") or leader_queue_name(ns)
+        history_file = text("election_history_file")
+        if problems:  # every problem at once
+            raise ConfigurationError(problems)
+        return cls(
+            url=url,
+            url_source=source,
+            namespace=ns,
+            enabled=on,
+            table_prefix=table_prefix,
+            auto_install=auto_install,
+            listen=listen,
+            listen_url=listen_url,
+            leader_queue=leader_queue,
+            config=config,
+            beat_namespace=beat_namespace,
+            history_file=history_file,
+        )
+
+    def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:
+        """Constructor options for backend_from_url; ``listen=False`` for one-shot users."""
+        options: dict[str, Any] = {"table_prefix": self.table_prefix}
+        if is_postgres(self.url):
+            options["listen"] = self.listen if listen is None else listen
+            if self.listen_url:
+                options["listen_url"] = self.listen_url
+        return options
+
+
+def _warn_unknown(values: Mapping[str, Any]) -> None:
+    for key in sorted(set(values) - _KNOWN):
+        if key in RETIRED:
+            log.warning("%s is no longer used: %s", key, RETIRED[key])
+            continue
+        near = difflib.get_close_matches(key, sorted(_KNOWN), n=3)
+        hint = f"did you mean {' or '.join(near)}?" if near else "see the README's settings"
+        log.warning("%s is not a celery-election setting (%s); it is ignored", key, hint)
+
+
+def settings_table() -> str:
+    """The README's settings table, rendered from ``SETTINGS``."""
+    rows = [
+        "| setting (`app.conf`) / Elector argument | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        name = f"`{s.name}` / `{s.argument}`" if s.argument else f"`{s.name}`"
+        rows.append(f"| {name} | {s.default} | {s.meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,90 @@
+"""The package's import graph: no cycles, and imports point down the layers of DESIGN.md.
+
+Read from the source with ``ast`` (function-level imports included: an import hidden in a
+function still makes a cycle, it only delays it), so a new cycle fails here with its path.
+Imports under ``if TYPE_CHECKING:`` never run and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
+#: Modules that may import Celery (DESIGN.md); every other module is the core.
+CELERY_SIDE = {"app", "bootstep", "shared_state", "beat", "tasks", "control", "signals", "cli"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(p for p in parts if p != "__init__")
+
+
+def imports_of(path: Path) -> set[str]:
+    """The package modules ``path`` imports (``from . import x`` counted as ``x``)."""
+    here = module_name(path).split(".") if module_name(path) else []
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    for node in runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - (node.level - 1)]
+            target = [*base, *(node.module.split(".") if node.module else [])]
+            for alias in node.names:
+                candidate = ".".join([*target, alias.name])
+                found.add(candidate if candidate in MODULES else ".".join(target))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            name = node.module if isinstance(node, ast.ImportFrom) else None
+            for n in [name] if name else [a.name for a in node.names]:  # type: ignore[union-attr]
+                if n and n.startswith("celery_election."):
+                    found.add(n.removeprefix("celery_election."))
+    return {m for m in found if m in MODULES and m != module_name(path)}
+
+
+def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node, less the bodies of ``if TYPE_CHECKING:``."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(f) for f in FILES}
+GRAPH = {module_name(f): imports_of(f) for f in FILES}
+
+
+def cycle_from(start: str) -> list[str] | None:
+    stack: list[tuple[str, list[str]]] = [(start, [start])]
+    seen: set[str] = set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in GRAPH[node]:
+            if nxt == start:
+                return [*path, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return None
+
+
+def test_the_graph_is_read() -> None:
+    assert GRAPH["beat"] >= {"settings", "elector", "backends.base"}
+    assert "backends.sql_beat" in GRAPH["backends.sql"]
+
+
+def test_no_import_cycles() -> None:
+    cycles = [c for m in sorted(MODULES) if (c := cycle_from(m))]
+    assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_core_never_imports_the_celery_side() -> None:
+    core = {m for m in MODULES if m.split(".")[0] not in CELERY_SIDE and m != "_demo"}
+    bad = {m: sorted(GRAPH[m] & CELERY_SIDE) for m in core if GRAPH[m] & CELERY_SIDE}
+    bad.pop("", None)  # the package's __init__ loads the Celery side lazily, by name
+    assert bad == {}
