@@ -1,6 +1,25 @@
 """Leader election for Celery, held in the SQL database the application already has.
 
-The core (Elector, backends, config) never imports Celery; the Celery-side names
+Where things are (imports point down; ``tests/unit/test_layers.py`` checks the graph)::
+
+    Celery side  app.py (init_app), bootstep.py (worker step), shared_state.py (record
+                 shared with pool children), beat.py (LeaderScheduler), tasks.py
+                 (leader_task), control.py, signals.py, cli.py   -- import celery
+    settings.py  every election_* setting, parsed and validated once per app
+    elector.py   the Elector; its docstring is the protocol (start there)
+    backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
+                 schema.py (tables, database clock), connection.py (engines, deadlines,
+                 error classes), sql.py (lease, candidates), sql_beat.py (beat runs),
+                 postgres.py (NOTIFY + LISTEN)
+    core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py
+
+To add a backend: implement ``backends.base.Backend`` (its ``beat`` property returns a
+``BeatStore``), run it through ``tests/integration/test_backend_suite.py`` and the
+``backend`` fixture in ``tests/conftest.py``, and name its URL scheme in
+``backends/__init__.py``. A new SQL dialect only needs ``schema.db_now_us``/``greatest``
+and its error codes in ``connection.classify``.
+
+The core (Elector, backends, config, settings) never imports Celery; the Celery-side names
 (``init_app``, ``leader_task``, ``LeaderTask``) load it on first use.
 """
 

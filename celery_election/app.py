@@ -24,8 +24,9 @@ def init_app(app: Celery) -> Celery:
     """Add leader election to a Celery app (idempotent); returns the app.
 
     Registers the worker options ``--election/--no-election`` and
-    ``--election-namespace``, the worker bootstep, and the remote control commands
-    (``celery inspect election``, ``celery control election_resign``).
+    ``--election-namespace``, the worker bootstep, the remote control commands
+    (``celery inspect election``, ``celery control election_resign``), and the router
+    that sends leader tasks to the leader queue however they are sent.
     """
     if getattr(app, "_celery_election_initialized", False):
         return app
@@ -49,5 +50,20 @@ def init_app(app: Celery) -> Celery:
         )
     )
     app.steps["worker"].add(ElectionStep)
+    _route_leader_tasks(app)
     app._celery_election_initialized = True
     return app
+
+
+def _route_leader_tasks(app: Celery) -> None:
+    """Install the LeaderRouter once the app's configuration is loaded.
+
+    Reading ``app.conf`` now would load the configuration before a later
+    ``config_from_object`` could, so an app not configured yet gets it on configuration.
+    """
+    from .tasks import install_router
+
+    if app.configured:
+        install_router(app)
+    else:
+        app.on_after_configure.connect(lambda sender, **kw: install_router(sender), weak=False)

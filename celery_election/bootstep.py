@@ -24,13 +24,14 @@ import threading
 import uuid
 from typing import Any
 
+import click
 from celery import bootsteps
 
 from . import shared_state
 from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
-from .errors import ElectionError, SchemaMissingError
+from .errors import ConfigurationError, ElectionError, SchemaMissingError
 from .history import Recorder
 from .settings import ElectionSettings
 from .shared_state import SharedLeadership
@@ -54,9 +55,17 @@ class ElectionStep(bootsteps.StartStopStep):
         election_namespace: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.settings = ElectionSettings.from_app(
-            worker.app, enabled=election, namespace=election_namespace
-        )
+        try:
+            self.settings = ElectionSettings.from_app(
+                worker.app, enabled=election, namespace=election_namespace
+            )
+        except ConfigurationError as exc:
+            # One line and exit 1, as Celery's own bad options end (not a 55-line
+            # traceback from inside the worker's construction).
+            raise click.ClickException(
+                "celery-election: " + "; ".join(exc.problems) + " (fix the election_* "
+                "settings or the --election options)"
+            ) from exc
         self.enabled = self.settings.enabled
         self.elector: Elector | None = None
         self.backend: Backend | None = None

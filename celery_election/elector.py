@@ -69,6 +69,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_ERROR_REPEAT = 60.0  # seconds between two ERROR lines for one persisting failure
+
 #: Delay (seconds) before retry number ``attempt`` (1, 2, ...) after consecutive errors.
 Backoff = Callable[[int], float]
 
@@ -225,7 +227,8 @@ class Elector:
         self._look_by = 0.0
         self._poke = False
         self._next_prune = 0.0
-        self._error_logged: type[BaseException] | None = None
+        #: (kind, when last logged, first failure) of the error being reported
+        self._error_logged: tuple[type[BaseException], float, float] | None = None
         # Each event goes to the subscriptions that existed when it was posted.
         self._events: collections.deque[tuple[Transition | BaseException, list[Subscription]]]
         self._events = collections.deque()
@@ -722,13 +725,24 @@ class Elector:
                 sub._put(item)
 
     def _log_error(self, exc: BaseException) -> None:
-        if self._error_logged is type(exc):
+        """ERROR at the first failure of a kind, then again every ``_ERROR_REPEAT`` s.
+
+        A worker that could not reach its election database at start said "ready" and
+        logged one line, then ran with nobody leading: the repeat keeps it visible until
+        the database answers (then one INFO line says so).
+        """
+        now = self._clock.monotonic()
+        logged = self._error_logged
+        if logged is not None and logged[0] is type(exc) and now - logged[1] < _ERROR_REPEAT:
             log.debug("election error (namespace %r): %s", self.namespace, exc)
             return
-        self._error_logged = type(exc)
+        first = logged[2] if logged is not None and logged[0] is type(exc) else now
+        self._error_logged = (type(exc), now, first)
         log.error(
-            "election error (namespace %r, %s): %s; retrying",
+            "election error (namespace %r, %s): %s; this process cannot lead until it "
+            "answers (failing for %.0fs; retrying)",
             self.namespace,
             self.backend.description,
             exc,
+            now - first,
         )

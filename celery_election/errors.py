@@ -44,15 +44,16 @@ class ConfigurationError(ElectionError, ValueError):
 
 
 class SchemaMissingError(ElectionError):
-    """The election tables do not exist: create them with `celery election install`."""
+    """The election tables do not exist: create them with `celery -A proj election install`."""
 
     def __init__(self, table: str | None = None, url: str | None = None) -> None:
         self.table = table
         where = f" in {url}" if url else ""
         what = f"table {table!r}" if table else "the election tables"
         super().__init__(
-            f"{what} does not exist{where}: create it with `celery election install` "
-            f"(or `celery-election install --url ...`, or call backend.install())"
+            f"{what} does not exist{where}: create it with `celery -A proj election "
+            f"install` (your app for proj), or `celery-election --url URL install`, or "
+            f"backend.install()"
         )
 
 

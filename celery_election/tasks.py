@@ -1,16 +1,22 @@
 """Tasks that only the leader runs: ``@leader_task`` and the ``LeaderTask`` base.
 
 A leader task is routed to the namespace's leader queue, which only the leading worker
-consumes. The check at the start of each run is the safety net for messages that were
-prefetched before a handoff or routed elsewhere: it reads the worker's shared leadership
-record (``shared_state``), so it costs a clock reading and a few memory loads, never a
-query. On a follower (or a leader past its trust window) the task:
+consumes, however it is sent: ``init_app`` installs ``LeaderRouter`` in Celery's
+``task_routes`` (after the app's own routes, which win, as does a queue given to the
+call), so ``send_task`` by name and ``celery call`` route it too. The check at the start
+of each run is the safety net for messages that were prefetched before a handoff or
+routed elsewhere: it reads the worker's shared leadership record (``shared_state``), so
+it costs a clock reading and a few memory loads, never a query. On a follower (or a
+leader past its trust window) the task:
 
-* ``skip``: ends as ignored (logged);
-* ``requeue``: goes back to the leader queue after ``requeue_delay`` seconds (the same
-  request republished with a countdown, this copy acked: never lost, never spinning hot,
-  and the task's own retry count and limits untouched);
+* ``requeue`` (the default): goes back to the leader queue after ``requeue_delay``
+  seconds (the same request republished with a countdown, this copy acked: never lost,
+  never spinning hot, and the task's own retry count and limits untouched);
+* ``skip``: ends as ignored;
 * ``raise``: fails with NotLeaderError.
+
+Each of them is logged at WARNING: a leader task on a follower means a handoff or a route
+that misses the leader queue.
 
 The check is made once, at start. A long task that writes somewhere should fence with the
 term it runs under (``self.election_term``, or ``current_term()``): store it with the
@@ -31,7 +37,14 @@ from . import shared_state
 from .errors import ConfigurationError, NotLeaderError
 from .settings import ElectionSettings
 
-__all__ = ["ON_FOLLOWER", "LeaderTask", "current_term", "leader_task"]
+__all__ = [
+    "ON_FOLLOWER",
+    "LeaderRouter",
+    "LeaderTask",
+    "current_term",
+    "install_router",
+    "leader_task",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +73,8 @@ def _check_mode(mode: object) -> str:
 class LeaderTask(Task):
     """Base class of tasks that only the leader runs (see the module docstring)."""
 
-    #: What a follower does with the task: "skip", "requeue" or "raise".
-    on_follower = "skip"
+    #: What a follower does with the task: "requeue" (never lost), "skip" or "raise".
+    on_follower = "requeue"
     #: Seconds before a requeued task is delivered again.
     requeue_delay = 1.0
     throws = (NotLeaderError,)
@@ -83,8 +96,13 @@ class LeaderTask(Task):
         return ElectionSettings.from_app(self.app).leader_queue
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        """Send to the leader queue unless the caller routed it (queue/exchange/key)."""
-        if not any(options.get(k) for k in ("queue", "exchange", "routing_key")):
+        """Send to the leader queue unless the caller or the app's routes route it.
+
+        With ``init_app`` the router does this; without it (an app that never called
+        ``init_app``), the task routes itself here.
+        """
+        routed = any(options.get(k) for k in ("queue", "exchange", "routing_key"))
+        if not routed and not _has_router(self.app):
             options["queue"] = self.leader_queue
         return super().apply_async(args, kwargs, **options)
 
@@ -102,11 +120,11 @@ class LeaderTask(Task):
             return
         mode = _check_mode(self.on_follower)
         if mode == "skip":
-            log.info("%s[%s] skipped: this worker is not the leader", self.name, task_id)
+            log.warning("%s[%s] skipped: this worker is not the leader", self.name, task_id)
             raise Ignore()
         if mode == "requeue":
             queue = self.leader_queue
-            log.info(
+            log.warning(
                 "%s[%s] requeued to %s: this worker is not the leader", self.name, task_id, queue
             )
             if self.request.is_eager:
@@ -121,7 +139,7 @@ class LeaderTask(Task):
         raise NotLeaderError(f"{self.name}[{task_id}] must run on the leader; this worker is not")
 
 
-def leader_task(*args: Any, on_follower: str = "skip", **options: Any) -> Any:
+def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:
     """Declare a task that only the leader runs: ``@leader_task`` or ``@leader_task(...)``.
 
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
@@ -142,3 +160,46 @@ def leader_task(*args: Any, on_follower: str = "skip", **options: Any) -> Any:
     if args:
         raise TypeError("leader_task takes keyword options only")
     return decorate
+
+
+class LeaderRouter:
+    """A Celery router: leader tasks go to their leader queue, however they are sent.
+
+    ``init_app`` appends it to ``task_routes``: the app's own routes come first and win,
+    and a queue given to the call wins over every route (Celery's rule). A task sent by
+    name is routed when this process has it registered (``celery call``, ``send_task``
+    from an app that imports its tasks).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(
+        self, name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+    ) -> dict[str, str] | None:
+        if task is None:
+            task = self.app.tasks.get(name)
+        if isinstance(task, LeaderTask):
+            return {"queue": task.leader_queue}
+        return None
+
+    def __repr__(self) -> str:
+        return "<celery_election.tasks.LeaderRouter>"
+
+
+def install_router(app: Any) -> None:
+    """Append a LeaderRouter to the app's ``task_routes`` (idempotent)."""
+    routes = app.conf.task_routes
+    if routes is None:
+        current: list[Any] = []
+    elif isinstance(routes, (list, tuple)):
+        current = list(routes)
+    else:
+        current = [routes]  # a dict, a router, or a router's dotted name
+    if not any(isinstance(r, LeaderRouter) for r in current):
+        app.conf.task_routes = [*current, LeaderRouter(app)]
+        app.amqp.flush_routes()
+
+
+def _has_router(app: Any) -> bool:
+    return any(isinstance(r, LeaderRouter) for r in app.amqp.routes)

@@ -142,7 +142,7 @@ def _record(task: str, label: str, term: int | None) -> None:
         )
 
 
-@leader_task(bind=True)
+@leader_task(bind=True, on_follower="skip")
 def skip(self, label: str) -> int | None:
     _record("skip", label, self.election_term)
     return self.election_term

@@ -33,7 +33,7 @@ from celery_election.elector import RevokeReason
 from celery_election.errors import ConfigurationError, NotLeaderError
 from celery_election.shared_state import ENV_VAR, Leadership, SharedLeadership
 from celery_election.signals import leader_elected, leader_revoked
-from celery_election.tasks import LeaderTask, current_term
+from celery_election.tasks import LeaderRouter, LeaderTask, current_term
 
 REPO = Path(__file__).resolve().parents[2]
 SQLITE = "sqlite:///"
@@ -463,7 +463,7 @@ def test_bare_leader_task_uses_the_leader_queue_of_the_namespace() -> None:
 
     task = app.tasks[bare_leader_noop.name]
     assert isinstance(task, LeaderTask)
-    assert task.on_follower == "skip"
+    assert task.on_follower == "requeue"  # the default: never lost
     assert task.leader_queue == "election-leader.bare-ns"
     assert bare_leader_noop.leader_queue == "election-leader.bare-ns"
 
@@ -1196,3 +1196,97 @@ def test_records_of_dead_workers_are_swept(tmp_path: Path) -> None:
         path.write_bytes(b"\0" * 56)
     assert shared_state.sweep(str(tmp_path)) == 1
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_a_worker_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:
+    """Not a 55-line traceback: one line, every problem, exit status 1."""
+    (tmp_path / "badapp.py").write_text(
+        textwrap.dedent(
+            """
+            from celery import Celery
+            from celery_election import init_app
+
+            app = Celery("badapp", broker="memory://")
+            app.conf.update(election_url="memory://", election_ttl=-1,
+                            election_namespace=" padded")
+            init_app(app)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "badapp", "worker", "--election", "-P", "solo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    # (as root, Celery's own SecurityWarning about running as root comes first)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and done.stderr.rstrip().endswith(lines[0]), done.stderr
+    assert lines[0].startswith("Error: celery-election: ")
+    assert "election_ttl" in lines[0] and "election_namespace" in lines[0]
+
+
+# -- routing however a leader task is sent ---------------------------------------------------
+
+
+def _queue_for(app: Celery, name: str, **options: Any) -> str:
+    """Where Celery's router sends ``name`` (what send_task and `celery call` use)."""
+    routed = app.amqp.router.route(options, name, (), {})
+    return str(routed["queue"].name)
+
+
+def test_leader_tasks_sent_by_name_go_to_the_leader_queue() -> None:
+    app = init_app(new_app(election_namespace="routed"))
+
+    @app.task(base=LeaderTask, shared=False, name="proj.nightly")
+    def nightly() -> None:
+        pass
+
+    @app.task(shared=False, name="proj.plain")
+    def plain() -> None:
+        pass
+
+    assert _queue_for(app, "proj.nightly") == "election-leader.routed"
+    assert _queue_for(app, "proj.plain") == "celery"  # untouched
+    assert _queue_for(app, "proj.nightly", queue="elsewhere") == "elsewhere"  # the call wins
+    # send_task by name publishes there too (no apply_async of ours involved)
+    with app.connection_for_write() as conn:
+        result = app.send_task("proj.nightly", connection=conn)
+        assert result.id
+
+
+def test_the_apps_own_routes_win_and_are_kept() -> None:
+    app = new_app(election_namespace="own", task_routes={"proj.nightly": {"queue": "mine"}})
+    init_app(app)
+    init_app(app)  # idempotent: one router
+
+    @app.task(base=LeaderTask, shared=False, name="proj.nightly")
+    def nightly() -> None:
+        pass
+
+    @app.task(base=LeaderTask, shared=False, name="proj.other")
+    def other() -> None:
+        pass
+
+    assert _queue_for(app, "proj.nightly") == "mine"
+    assert _queue_for(app, "proj.other") == "election-leader.own"
+    routers = [r for r in app.conf.task_routes if isinstance(r, LeaderRouter)]
+    assert len(routers) == 1
+
+
+def test_the_router_arrives_with_a_configuration_loaded_after_init_app() -> None:
+    app = Celery(f"t{uuid.uuid4().hex[:8]}", set_as_current=False)
+    init_app(app)  # before config_from_object: must not load the configuration early
+    assert not app.configured
+    app.config_from_object({"broker_url": "memory://", "election_namespace": "late"})
+
+    @app.task(base=LeaderTask, shared=False, name="proj.late")
+    def late() -> None:
+        pass
+
+    assert _queue_for(app, "proj.late") == "election-leader.late"

@@ -408,3 +408,29 @@ def test_context_manager_and_restart_draw_a_new_token(mem: MemoryBackend, clock:
     with e:
         assert e.wait_for_leadership(WAIT)
         assert e._token != first_token
+
+
+def test_an_unreachable_database_is_logged_again_every_minute_until_it_answers(
+    mem: MemoryBackend,
+    clock: FakeClock,
+    electors: list[Elector],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One ERROR line at start was easy to miss while a worker ran with nobody leading."""
+    caplog.set_level("INFO", logger="celery_election.elector")
+    e = make(electors, mem, clock)
+    sub = e.subscribe()
+    mem.fail(BackendUnavailableError("database down"))
+    e.start()
+    for _ in range(65):  # 130 s of fake time, failing all along
+        assert clock.settle(2)
+        clock.advance(2.0)
+    mem.fail(None)
+    clock.advance(5.0)
+    assert next_event(sub).kind == "elected"  # delivered after every earlier error
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 3, errors  # at once, after a minute, after two
+    assert "cannot lead until it answers (failing for 0s" in errors[0]
+    assert "memory://" in errors[0]  # where: the backend, password masked for SQL URLs
+    assert "failing for 6" in errors[1] and "failing for 12" in errors[2]
+    assert any("reachable again" in r.getMessage() for r in caplog.records)

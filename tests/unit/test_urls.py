@@ -316,7 +316,7 @@ def test_current_without_install_says_how_to_install(tmp_path: Path, closing: li
     with pytest.raises(SchemaMissingError) as info:
         backend.current("default")
     message = str(info.value)
-    assert "`celery election install`" in message
+    assert "`celery -A proj election install`" in message
     assert "'celery_election_lease'" in message
     assert str(tmp_path / "election.db") in message
     assert info.value.table == "celery_election_lease"
@@ -328,7 +328,7 @@ def test_other_steps_without_install_say_how_to_install(
     step: str, tmp_path: Path, closing: list[Any]
 ) -> None:
     backend = build(closing, f"sqlite:///{tmp_path}/election.db", table_prefix="app_")
-    with pytest.raises(SchemaMissingError, match="`celery election install`"):
+    with pytest.raises(SchemaMissingError, match="`celery -A proj election install`"):
         if step == "elect":
             backend.elect("default", uuid.uuid4().hex, "me", 10.0)
         else:
