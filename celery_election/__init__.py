@@ -25,9 +25,9 @@ The core (Elector, backends, config, settings) never imports Celery; the Celery-
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .backends import MemoryBackend, SQLBackend, backend_from_url
+from .backends import MemoryBackend, backend_from_url
 from .config import ElectionConfig
 from .elector import Elector, RevokeReason, State, Transition
 from .errors import (
@@ -64,11 +64,19 @@ __all__ = [
 
 _CELERY_SIDE = {"init_app": ".app", "leader_task": ".tasks", "LeaderTask": ".tasks"}
 # ``from celery_election import *`` therefore imports Celery: these names need it.
+# SQLBackend loads SQLAlchemy on first use (the pytest plugin imports this package in
+# every test run of a project that has it installed).
+_LAZY = {**_CELERY_SIDE, "SQLBackend": ".backends.sql"}
+
+if TYPE_CHECKING:
+    from .app import init_app
+    from .backends.sql import SQLBackend
+    from .tasks import LeaderTask, leader_task
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CELERY_SIDE:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_CELERY_SIDE[name], __name__), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'celery_election' has no attribute {name!r}")

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from .clock import boottime
 
-__all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install"]
+__all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install", "installed"]
 
 ENV_VAR = "CELERY_ELECTION_SHM"
 _PREFIX = "celery-election-"
@@ -187,6 +187,11 @@ def install(record: SharedLeadership | None) -> None:
     """Make ``record`` this process's (and its future children's) record."""
     global _current
     _current = record
+
+
+def installed() -> SharedLeadership | None:
+    """The record installed in this process, without attaching one from the environment."""
+    return _current
 
 
 def current() -> SharedLeadership | None:

@@ -115,8 +115,10 @@ class LeaderTask(Task):
         """Check leadership before the body runs: one shared-memory read, ~0.5 us."""
         record = shared_state._current or shared_state.current()  # (the hot path)
         term = record.leader_term() if record is not None else None
-        _TERM.set(term)
         if term is not None:
+            # Reset in after_return: a leader task run eagerly inside another must not
+            # leave its term to the outer one.
+            self.request._election_term_reset = _TERM.set(term)
             return
         mode = _check_mode(self.on_follower)
         if mode == "skip":
@@ -137,6 +139,13 @@ class LeaderTask(Task):
             self.signature_from_request(countdown=self.requeue_delay, queue=queue).apply_async()
             raise Ignore()
         raise NotLeaderError(f"{self.name}[{task_id}] must run on the leader; this worker is not")
+
+    def after_return(self, *args: Any, **kwargs: Any) -> None:
+        """Put back the term of whatever ran before this task (see before_start)."""
+        reset = getattr(self.request, "_election_term_reset", None)
+        if reset is not None:
+            _TERM.reset(reset)
+        super().after_return(*args, **kwargs)
 
 
 def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from .base import Backend
 from .memory import MemoryBackend
-from .sql import SQLBackend
+
+if TYPE_CHECKING:  # loaded on first use: SQLAlchemy costs ~0.4 s to import
+    from .postgres import PostgresBackend
+    from .sql import SQLBackend
 
 __all__ = ["Backend", "MemoryBackend", "PostgresBackend", "SQLBackend", "backend_from_url"]
 
@@ -32,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from .postgres import PostgresBackend
 
         return PostgresBackend
+    if name == "SQLBackend":
+        from .sql import SQLBackend
+
+        return SQLBackend
     raise AttributeError(name)
 
 
@@ -76,4 +83,6 @@ def backend_from_url(url: str, **options: Any) -> Backend:
         from .postgres import PostgresBackend
 
         return PostgresBackend(normalised, **options)
+    from .sql import SQLBackend
+
     return SQLBackend(normalised, **options)

@@ -745,6 +745,8 @@ def test_leader_task_sets_no_term_for_a_follower(app: Celery, record: SharedLead
     try:
         task.before_start("x", (), {})
         assert task.election_term == 3
+        task.after_return("SUCCESS", None, "x", (), {}, None)  # the run ends
+        assert task.election_term is None
         record.write(None, None)
         with pytest.raises(Ignore):
             task.before_start("x", (), {})

@@ -12,7 +12,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: Modules that may import Celery (DESIGN.md); every other module is the core.
-CELERY_SIDE = {"app", "bootstep", "shared_state", "beat", "tasks", "control", "signals", "cli"}
+CELERY_SIDE = {
+    *("app", "bootstep", "shared_state", "beat", "tasks", "control", "signals", "cli"),
+    *("testing", "pytest_plugin"),  # test tooling for Celery users
+}
 
 
 def module_name(path: Path) -> str:
