@@ -160,6 +160,7 @@ class LeaderSchedulerMixin:
     _election: _BeatElection | None = None
     _loaded_term: int | None = None
     _lost_term: int | None = None
+    _closed = False
 
     # -- set-up and tear-down ---------------------------------------------------------------
 
@@ -173,20 +174,28 @@ class LeaderSchedulerMixin:
 
     def setup_schedule(self) -> None:
         super().setup_schedule()  # type: ignore[misc]
-        if self._election is None:
-            self._election = _BeatElection(self.app)
-            log.info("beat election: %s", self._election.describe())
+        self._elect()
 
     def close(self) -> None:
+        self._closed = True
         election, self._election = self._election, None
         if election is not None:
             election.close()
         super().close()  # type: ignore[misc]
 
     def wait_for_leadership(self, timeout: float) -> bool:
-        """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s."""
-        election = self._election
-        return election is not None and election.wait_for_leadership(timeout)
+        """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s.
+
+        A lazy scheduler (``lazy=True``, set up for introspection) joins the election here.
+        """
+        return self._elect().wait_for_leadership(timeout)
+
+    def _elect(self) -> _BeatElection:
+        """The scheduler's election, started on first need (a lazy scheduler's too)."""
+        if self._election is None:
+            self._election = _BeatElection(self.app)
+            log.info("beat election: %s", self._election.describe())
+        return self._election
 
     @property
     def info(self) -> str:
@@ -204,8 +213,9 @@ class LeaderSchedulerMixin:
 
     def _leading(self) -> tuple[int, str] | None:
         """(term, token) if this process leads and has loaded the shared state, else None."""
-        election = self._election
-        lead = election.leadership() if election is not None else None
+        if self._closed:
+            return None
+        lead = self._elect().leadership()
         if lead is None or lead[0] == self._lost_term:
             self._loaded_term = None
             return None
@@ -228,7 +238,8 @@ class LeaderSchedulerMixin:
         self._seen = {}
         self._pending = {}
         self._loaded_term = term
-        self._heap = None  # rebuilt by the wrapped scheduler, from the adopted state
+        if self._reconcile():
+            self._heap = None  # rebuilt by the wrapped scheduler from the adopted state
         log.info(
             "beat election: leading namespace=%s term=%s; resumed %d entries from the shared state",
             election.namespace,
@@ -244,11 +255,23 @@ class LeaderSchedulerMixin:
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
         """Celery's own heap, after the entries adopted the shared state they lack."""
+        self._reconcile()
+        super().populate_heap(*args, **kwargs)  # type: ignore[misc]
+
+    def _reconcile(self) -> bool:
+        """Adopt the shared state into entries that do not hold it; True if any changed.
+
+        An entry holds it when its ``last_run_at`` is the one this leader matched with
+        the stored state; a new leader, or a schedule read again (django-celery-beat
+        reloads it from its models), gives entries that must adopt it.
+        """
+        changed = False
         for name, entry in list(self.schedule.items()):
             state = self._runs.get(name)
             if state is not None and self._seen.get(name, _UNSEEN) != entry.last_run_at:
                 self._adopt(entry, state)
-        super().populate_heap(*args, **kwargs)  # type: ignore[misc]
+                changed = True
+        return changed
 
     # -- the clock --------------------------------------------------------------------------
 
