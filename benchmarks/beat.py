@@ -17,10 +17,9 @@ Set-up (one scheduler at a time, in this process):
 * Configurations: ``stock`` (``celery.beat.PersistentScheduler``), ``sqlite``
   (``LeaderScheduler`` on a SQLite file in a temporary directory), ``postgresql``
   (``LeaderScheduler`` on PostgreSQL), and optionally ``mariadb``. Each leader run uses a
-  unique ``election_table_prefix``; its tables are dropped afterwards. Diagnostic only:
-  ``sqlite-norebuild``, ``postgresql-norebuild``, ``mariadb-norebuild`` run a benchmark
-  subclass that undoes the per-tick heap rebuild the leader triggers (see
-  ``LeaderNoRebuild``), to separate the claim's cost from that rebuild's.
+  unique ``election_table_prefix``; its tables are dropped afterwards. (The ``-norebuild``
+  diagnostics of the ledger design are gone: the mixin now restores a sent entry's
+  options itself, so a send never makes Celery rebuild its heap.)
 * For a leader, the scheduler's own elector is waited for (``wait_for_leadership``), then
   ``tick()`` runs in a tight loop with no sleeping (the shelve is synced when Celery's own
   ``should_sync()`` says so, as ``celery beat``'s loop does). The first ``--warmup``
@@ -31,8 +30,9 @@ Two send modes, both measured in every repetition:
 
 * ``send`` (the headline): the real ``apply_async``, i.e. Celery builds the message and
   publishes it to the (memory) broker.
-* ``count``: ``apply_async`` is overridden to count the send and return None (no message),
-  which leaves the scheduler's own cost and the claim.
+* ``count``: ``send_task`` (where the message goes out, after the leader's fence) counts
+  the send and returns None (no message), which leaves the scheduler's own cost and the
+  claim.
 
 Metrics, per run (the table shows the median over the repetitions; every run is in the
 JSON):
@@ -41,18 +41,15 @@ JSON):
 * ``capacity/s``: sends divided by the time spent inside ``tick()`` calls that sent (plus
   any heap rebuilds in ticks that did not), i.e. the rate it could sustain if always busy.
   When ``busy`` is near 100 % the scheduler is saturated and ``sends/s`` is its capacity.
-* ``late p95``: how long after its nominal due time each tick was sent (the leader's due
-  time is its ledger key; stock's is ``last_run_at + 1 s``). A scheduler that cannot keep
-  up falls behind: stock beat then drifts (each entry's next run is counted from its send
-  time), the leader collapses missed ticks into the latest one (in the JSON:
-  ``skipped_ticks``, counted from gaps between consecutive due times of one entry sent in
-  the window, so it undercounts when an entry is sent at most once in the window).
+* ``late p95``: how long after ``last_run_at + 1 s`` each tick was sent (the same rule for
+  stock and leader: both are Celery's own schedule now). A scheduler that cannot keep up
+  falls behind and drifts (each entry's next run is counted from its send time).
 * ``pair p50/p95/max``: the time of each ``reserve()`` + ``apply_entry()`` pair, the part
   of a tick that the leader extends with its claim. ``+p50`` is the leader's p50 minus
   stock's in the same repetition and mode: the added latency of the claim.
 * ``tick p50``: the whole ``tick()`` that sent (adds Celery's ``schedules_equal`` check,
   the heap, and any heap rebuild).
-* ``claim p50``: ``backend.claim_tick()`` alone (timed by wrapping the backend instance's
+* ``claim p50``: ``backend.beat.claim_run()`` alone (timed by wrapping the store's
   method).
 * ``stmt/tick``: SQL statements the scheduler thread sent per sent tick, counted with a
   SQLAlchemy ``before_cursor_execute`` listener on the backend's engine; BEGIN / COMMIT /
@@ -109,15 +106,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "beat.json"
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
-ALL_CONFIGS = (
-    "stock",
-    "sqlite",
-    "postgresql",
-    "mariadb",
-    "sqlite-norebuild",
-    "postgresql-norebuild",
-    "mariadb-norebuild",
-)
+ALL_CONFIGS = ("stock", "sqlite", "postgresql", "mariadb")
 DEFAULT_CONFIGS = "stock,sqlite,postgresql"
 MODES = ("send", "count")
 TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END", "SAVEPOINT", "RELEASE"}
@@ -152,9 +141,7 @@ class Probe:
     claims_refused: int = 0
     populate_calls: int = 0
     populate_time: float = 0.0
-    last_due: dict[str, float] = field(default_factory=dict)
-    skipped: int = 0
-    due_repeats: int = 0
+    _sending: Any = None
     stmts_main: int = 0
     stmts_other: int = 0
     tx_main: int = 0
@@ -195,26 +182,21 @@ class Instrumented:
                 p.unsent_pairs += 1
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kw: Any) -> Any:
+        # the entry Celery sends: its lateness is measured from last_run_at + interval
+        self.probe._sending = entry
+        return super().apply_async(entry, producer=producer, advance=advance, **kw)  # type: ignore[misc]
+
+    def send_task(self, *args: Any, **kwargs: Any) -> Any:
+        """Where the message really goes out: the leader's fence has already decided."""
         p = self.probe
         if p.active:
-            now = time.time()
-            headers = entry.options.get("headers") or {}
-            if "election_due" in headers:
-                due = headers["election_due"] / 1e6
-                prev = p.last_due.get(entry.name)
-                if prev is not None:
-                    gap = round((due - prev) / p.interval)
-                    if gap < 1:
-                        p.due_repeats += 1
-                    p.skipped += max(0, gap - 1)
-                p.last_due[entry.name] = due
-            else:
-                due = entry.last_run_at.timestamp() + entry.schedule.run_every.total_seconds()
-            p.lateness.append(now - due)
+            entry = p._sending
+            due = entry.last_run_at.timestamp() + entry.schedule.run_every.total_seconds()
+            p.lateness.append(time.time() - due)
             p.sends += 1
         if p.count_only:
             return None
-        return super().apply_async(entry, producer=producer, advance=advance, **kw)  # type: ignore[misc]
+        return super().send_task(*args, **kwargs)  # type: ignore[misc]
 
 
 class StockBench(Instrumented, PersistentScheduler):
@@ -225,26 +207,8 @@ class LeaderBench(Instrumented, LeaderScheduler):
     pass
 
 
-class LeaderNoRebuild(LeaderBench):
-    """Diagnostic only (``*-norebuild``): not how the library behaves.
-
-    ``LeaderSchedulerMixin.apply_entry`` gives the sent entry a new ``options`` dict (with
-    the ``election_due``/``election_term`` headers). That entry is still the one in
-    Celery's ``old_schedulers`` snapshot, so on the next tick ``schedules_equal`` sees a
-    change and ``populate_heap`` rebuilds the heap: O(entries) per tick. Putting the old
-    dict back after the send avoids that, which shows what the claim alone costs.
-    """
-
-    def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        options = entry.options
-        try:
-            super().apply_entry(entry, producer=producer)
-        finally:
-            entry.options = options
-
-
 def instrument_backend(backend: Any, probe: Probe) -> Any:
-    """Count statements on the backend's engine and time claim_tick. Returns a remover."""
+    """Count statements on the backend's engine and time claim_run. Returns a remover."""
     main = threading.get_ident()
     engine = backend.engine
 
@@ -267,18 +231,19 @@ def instrument_backend(backend: Any, probe: Probe) -> Any:
     sa.event.listen(engine, "before_cursor_execute", before)
     sa.event.listen(engine, "commit", on_commit)
 
-    original = backend.claim_tick
+    store = backend.beat
+    original = store.claim_run
 
-    def timed_claim(*args: Any, **kwargs: Any) -> bool:
+    def timed_claim(*args: Any, **kwargs: Any) -> Any:
         t0 = perf()
-        ok = bool(original(*args, **kwargs))
+        claim = original(*args, **kwargs)
         if probe.active:
             probe.claim.append(perf() - t0)
-            if not ok:
+            if not claim.won:
                 probe.claims_refused += 1
-        return ok
+        return claim
 
-    backend.claim_tick = timed_claim
+    store.claim_run = timed_claim
 
     def remove() -> None:
         with contextlib.suppress(Exception):
@@ -347,9 +312,7 @@ def run_once(cfg: str, mode: str, st: Settings, rep: int) -> dict[str, Any]:
     prefix = f"bb{os.getpid()}_{secrets.token_hex(3)}_"
     app = make_app(cfg, st, queue, prefix)
     probe = Probe(count_only=(mode == "count"), interval=st.interval)
-    cls: type[Any] = StockBench
-    if cfg != "stock":
-        cls = LeaderNoRebuild if cfg.endswith("-norebuild") else LeaderBench
+    cls: type[Any] = StockBench if cfg == "stock" else LeaderBench
     sched_file = st.tmpdir / f"schedule-{cfg}-{mode}-{rep}"
     s: Any = None
     remove_listeners = None
@@ -428,8 +391,6 @@ def run_once(cfg: str, mode: str, st: Settings, rep: int) -> dict[str, Any]:
             unsent_pairs=probe.unsent_pairs,
             claims=len(probe.claim),
             claims_refused=probe.claims_refused,
-            skipped_ticks=probe.skipped if cfg != "stock" else None,
-            due_repeats=probe.due_repeats if cfg != "stock" else None,
             heap_rebuilds=probe.populate_calls,
             heap_rebuild_time_s=probe.populate_time,
             still_leading=leading,
@@ -517,7 +478,6 @@ def summarise(runs: list[dict[str, Any]], configs: list[str]) -> list[dict[str, 
                     "capacity_per_s": med([r["capacity_per_s"] for r in rs]),
                     "busy_fraction": med([r["busy_fraction"] for r in rs]),
                     "late_p95_ms": med([r["lateness_ms"]["p95"] for r in rs]),
-                    "skipped_ticks": med([r["skipped_ticks"] for r in rs]),
                     "pair_p50_ms": med([r["pair_ms"]["p50"] for r in rs]),
                     "pair_p95_ms": med([r["pair_ms"]["p95"] for r in rs]),
                     "pair_max_ms": max(r["pair_ms"]["max"] or 0 for r in rs),
