@@ -104,7 +104,7 @@ def _check_exists(t: Target) -> None:
         if not path.exists():
             raise click.ClickException(
                 f"no election database at {path}: check the URL, or create it with "
-                f"`celery election install`"
+                f"`celery -A proj election install` (your app for proj)"
             )
 
 

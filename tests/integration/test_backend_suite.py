@@ -103,7 +103,7 @@ def test_terms_survive_uninstall_and_install(backend: Any) -> None:
     backend.uninstall()
     with pytest.raises(SchemaMissingError) as info:
         backend.current(NS)
-    assert "celery election install" in str(info.value)
+    assert "celery -A proj election install" in str(info.value)
     backend.install()
     assert backend.current(NS) is None
     second = backend.elect(NS, token(), "b", 30.0)

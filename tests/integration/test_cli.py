@@ -39,7 +39,7 @@ def cli(url: str, prefix: str, *args: str) -> Any:
 def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
     url, prefix = target
     result = cli(url, prefix, "status")
-    assert result.exit_code == 1 and "celery election install" in result.output  # no tables
+    assert result.exit_code == 1 and "celery -A proj election install" in result.output  # no tables
     result = cli(url, prefix, "install")
     assert result.exit_code == 0 and f"{prefix}lease" in result.output
     assert cli(url, prefix, "install").exit_code == 0  # idempotent

@@ -121,7 +121,13 @@ def test_three_electors_elect_one_and_hand_over_on_stop(
     first = group.wait_for("elected")
     leaders = [e for e in group.electors if e.is_leader]
     assert [e.candidate_id for e in leaders] == [first.candidate_id]
-    assert {c.candidate_id for c in group.backends[0].candidates("it")} == {"c0", "c1", "c2"}
+    # each registers from its own thread on start: the leader may win before the last one
+    # has registered
+    wait_until(
+        lambda: {c.candidate_id for c in group.backends[0].candidates("it")} == {"c0", "c1", "c2"},
+        10,
+        "three registered candidates",
+    )
     leaders[0].stop()
     second = group.wait_for("elected")
     assert second.candidate_id != first.candidate_id and second.term > first.term

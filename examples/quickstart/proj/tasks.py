@@ -39,7 +39,7 @@ def engine() -> sa.Engine:
 
 @leader_task(bind=True)
 def refresh_report(self) -> int:
-    """Rebuild the report. Only the leader runs it: a follower skips it."""
+    """Rebuild the report. Only the leader runs it: a follower sends it back to the leader."""
     term = self.election_term  # the fencing token: store it with what you write
     payload = json.dumps({"generated_at": time.time()})
     with engine().begin() as conn:
