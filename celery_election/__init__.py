@@ -6,7 +6,8 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  shared with pool children), beat.py (LeaderScheduler), tasks.py
                  (leader_task), control.py, signals.py, cli.py   -- import celery
     settings.py  every election_* setting, parsed and validated once per app
-    elector.py   the Elector; its docstring is the protocol (start there)
+    elector.py   the Elector; its docstring is the protocol (start there); aio.py wraps
+                 it for asyncio
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
                  schema.py (tables, database clock), connection.py (engines, deadlines,
                  error classes), sql.py (lease, candidates), sql_beat.py (beat runs),
@@ -42,6 +43,7 @@ from .term import Lease
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncElector",
     "BackendUnavailableError",
     "ConfigurationError",
     "ElectionConfig",
@@ -66,9 +68,10 @@ _CELERY_SIDE = {"init_app": ".app", "leader_task": ".tasks", "LeaderTask": ".tas
 # ``from celery_election import *`` therefore imports Celery: these names need it.
 # SQLBackend loads SQLAlchemy on first use (the pytest plugin imports this package in
 # every test run of a project that has it installed).
-_LAZY = {**_CELERY_SIDE, "SQLBackend": ".backends.sql"}
+_LAZY = {**_CELERY_SIDE, "SQLBackend": ".backends.sql", "AsyncElector": ".aio"}
 
 if TYPE_CHECKING:
+    from .aio import AsyncElector
     from .app import init_app
     from .backends.sql import SQLBackend
     from .tasks import LeaderTask, leader_task

@@ -20,6 +20,7 @@ CELERY_SIDE = ("celery", "kombu", "click", "billiard", "amqp", "vine")
 CORE_MODULES = [
     "celery_election",
     "celery_election.elector",
+    "celery_election.aio",
     "celery_election.backends",
     "celery_election.backends.base",
     "celery_election.backends.schema",

@@ -1,0 +1,184 @@
+"""AsyncElector: the backend suite's leadership scenarios through the async API, and a
+loop that is never blocked by the election, even while the database stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_election.aio import AsyncElector
+from celery_election.backends import backend_from_url
+from celery_election.elector import RevokeReason
+
+from ..conftest import server_url, unique_prefix
+from ..proxy import Proxy
+
+pytestmark = pytest.mark.timeout(120)
+FAST = dict(ttl=2.0, renew_interval=0.5, poll_interval=0.1, jitter=0)
+WAIT = 15.0  # seconds an expected change may take, at most
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_one_of_three_leads_and_hands_over(backend: Any) -> None:
+    ns = f"aio-{uuid.uuid4().hex[:6]}"
+    loop_thread: list[int] = []
+    elected: list[int] = []
+    revoked: list[tuple[int, RevokeReason]] = []
+
+    async def on_elected(term: int) -> None:  # a coroutine callback: runs on the loop
+        loop_thread.append(threading.get_ident())
+        elected.append(term)
+
+    def on_revoked(term: int, reason: RevokeReason) -> None:
+        revoked.append((term, reason))
+
+    async def scenario() -> None:
+        a = AsyncElector(backend, ns, "a", on_elected=on_elected, on_revoked=on_revoked, **FAST)
+        async with a:
+            assert await a.wait_for_leadership(WAIT)
+            b = AsyncElector(backend, ns, "b", **FAST)
+            c = AsyncElector(backend, ns, "c", **FAST)
+            async with b, c:
+                # a leads; the others wait in vain (a timeout is False, not an error)
+                assert not await b.wait_for_leadership(0.3)
+                assert [e.is_leader for e in (a, b, c)] == [True, False, False]
+                first = a.term
+                assert first is not None
+                stream = b.transitions()
+                # a resigns: one of the others takes a greater term
+                assert await a.resign()
+                done, _ = await asyncio.wait(
+                    [asyncio.ensure_future(e.wait_for_leadership(WAIT)) for e in (b, c)],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                assert any(t.result() for t in done)
+                leader = b if b.is_leader else c
+                assert not (b.is_leader and c.is_leader)
+                assert leader.term is not None and leader.term > first
+                if leader is b:
+                    nxt = await asyncio.wait_for(stream.__anext__(), WAIT)
+                    assert (nxt.kind, nxt.term) == ("elected", b.term)
+                await stream.aclose()
+                # the leader stops: the last one takes over
+                second = leader.term
+                await leader.stop()
+                other = c if leader is b else b
+                assert await other.wait_for_leadership(WAIT)
+                assert other.term is not None and other.term > second
+        assert elected and elected[0] == first
+        assert loop_thread and set(loop_thread) == {threading.get_ident()}
+        assert revoked and revoked[0][0] == first
+
+    run(scenario())
+
+
+def test_transitions_come_in_order(backend: Any) -> None:
+    ns = f"aio-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        a = AsyncElector(backend, ns, "a", **FAST)
+        stream = a.transitions()  # from now on: before start, so the first election is in
+        await a.start()
+        try:
+            first = await asyncio.wait_for(stream.__anext__(), WAIT)
+            seen.append((first.kind, first.term))
+            await a.resign()
+            second = await asyncio.wait_for(stream.__anext__(), WAIT)
+            seen.append((second.kind, second.term))
+        finally:
+            await stream.aclose()
+            await a.stop()
+        return seen
+
+    seen = run(scenario())
+    assert [k for k, _ in seen] == ["elected", "revoked"]
+    assert seen[0][1] == seen[1][1]
+
+
+def test_the_loop_is_never_blocked_while_the_database_stalls(tmp_path: Any) -> None:
+    """Ticks every 10 ms: none late by 50 ms or more, through a stall of every call, a
+    resign and the exit of ``async with`` during the stall."""
+    pg = server_url("postgresql")
+    proxy, url = Proxy.for_url(pg)
+    prefix = unique_prefix()
+    direct = backend_from_url(pg, table_prefix=prefix, listen=False)
+    direct.install()
+    backend = backend_from_url(url, table_prefix=prefix, listen=False)
+    lateness: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            before = loop.time()
+            await asyncio.sleep(0.01)
+            lateness.append(loop.time() - before - 0.01)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        ticks = asyncio.ensure_future(ticker(stop))
+        elector = AsyncElector(backend, "stall", "a", **FAST)
+        async with elector:
+            assert await elector.wait_for_leadership(WAIT)
+            proxy.stall()  # every call now hangs until its deadline cuts it
+            await asyncio.sleep(1.5)
+            assert not await elector.wait_for_leadership(0.1) or elector.is_leader
+            await elector.resign()  # its statement hangs: in the executor, not here
+        stop.set()
+        await ticks
+
+    try:
+        run(scenario())
+    finally:
+        proxy.resume()
+        proxy.close()
+        backend.close()
+        direct.uninstall()
+        direct.close()
+    assert len(lateness) > 50  # the ticker ran all along
+    assert max(lateness) < 0.05, f"the loop was blocked for {max(lateness):.3f}s"
+
+
+def test_an_asgi_lifespan_leads_and_shuts_down(tmp_path: Any, monkeypatch: Any) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "asgi_lifespan.py"
+    spec = importlib.util.spec_from_file_location("asgi_lifespan", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setenv("ELECTION_URL", f"sqlite:///{tmp_path}/election.db")
+    spec.loader.exec_module(module)
+
+    async def scenario() -> list[dict[str, Any]]:
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        outbox: list[dict[str, Any]] = []
+        await inbox.put({"type": "lifespan.startup"})
+
+        async def send(message: dict[str, Any]) -> None:
+            outbox.append(message)
+            if message["type"] == "lifespan.startup.complete":
+                assert await module.state["elector"].wait_for_leadership(WAIT)
+                for _ in range(200):  # the leader-only loop does its work at least once
+                    if module.state["runs"]:
+                        break
+                    await asyncio.sleep(0.02)
+                await inbox.put({"type": "lifespan.shutdown"})
+
+        app = module.app
+        await app({"type": "lifespan"}, inbox.get, send)
+        return outbox
+
+    outbox = run(scenario())
+    assert [m["type"] for m in outbox] == [
+        "lifespan.startup.complete",
+        "lifespan.shutdown.complete",
+    ]
+    assert module.state["runs"] > 0
