@@ -9,16 +9,13 @@ test's fixtures are torn down (Celery's ``threads_not_lingering`` checks for thr
 
 from __future__ import annotations
 
-from typing import Any
-
 import celery.beat as beat
-import pytest
+import leading
+from leading import Leading
 
 from celery_election.beat import LeaderScheduler, LeaderSchedulerMixin
 
-_made: list[Any] = []
 _stock_scheduler = beat.Scheduler
-LEAD_WITHIN = 5.0
 
 
 class _IsAScheduler(type):
@@ -31,34 +28,11 @@ class _IsAScheduler(type):
         return type.__subclasscheck__(cls, sub) or issubclass(sub, LeaderSchedulerMixin)
 
 
-class _Leading:
-    """Elect on the memory backend, and lead before the test uses the scheduler."""
-
-    app: Any
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        app = kwargs.get("app") or args[0]
-        if not app.conf.get("election_url"):
-            app.conf.election_url = "memory://"
-        super().__init__(*args, **kwargs)
-        _made.append(self)
-
-    def setup_schedule(self) -> None:
-        super().setup_schedule()  # type: ignore[misc]
-        assert self.wait_for_leadership(LEAD_WITHIN)  # type: ignore[attr-defined]
-
-    def tick(self, *args: Any, **kwargs: Any) -> Any:
-        assert self.wait_for_leadership(LEAD_WITHIN)  # type: ignore[attr-defined]
-        return super().tick(*args, **kwargs)  # type: ignore[misc]
-
-
-class LeaderBaseScheduler(
-    _Leading, LeaderSchedulerMixin, _stock_scheduler, metaclass=_IsAScheduler
-):
+class LeaderBaseScheduler(Leading, LeaderSchedulerMixin, _stock_scheduler, metaclass=_IsAScheduler):
     """``celery.beat.Scheduler`` with the election."""
 
 
-class LeaderPersistentScheduler(_Leading, LeaderScheduler):
+class LeaderPersistentScheduler(Leading, LeaderScheduler):
     """``celery.beat.PersistentScheduler`` with the election: our LeaderScheduler."""
 
 
@@ -66,16 +40,7 @@ beat.Scheduler = LeaderBaseScheduler  # type: ignore[misc]
 beat.PersistentScheduler = LeaderPersistentScheduler  # type: ignore[misc]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    # Stop only what the election started: the scheduler itself is the test's (a test
-    # may leave it half-mocked, e.g. a dict as its store, and never close it).
-    while _made:
-        scheduler = _made.pop()
-        election, scheduler._election = scheduler._election, None
-        if election is not None:
-            election.close()
-
+pytest_runtest_teardown = leading.pytest_runtest_teardown
 
 # Parametrized test ids show the class names: keep Celery's, so stock and leader runs
 # name the same tests alike.

@@ -7,12 +7,11 @@ memory backend, as in ``swap_celery``.
 
 from __future__ import annotations
 
-from typing import Any
-
+import leading
 import pytest
+from leading import Leading
 
-_made: list[Any] = []
-LEAD_WITHIN = 5.0
+pytest_runtest_teardown = leading.pytest_runtest_teardown
 
 
 @pytest.hookimpl(trylast=True)
@@ -26,31 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     stock = schedulers.DatabaseScheduler
 
-    class LeaderDatabaseScheduler(LeaderSchedulerMixin, stock):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            app = kwargs.get("app") or args[0]
-            if not app.conf.get("election_url"):
-                app.conf.election_url = "memory://"
-            super().__init__(*args, **kwargs)
-            _made.append(self)
-
-        def setup_schedule(self) -> None:
-            super().setup_schedule()
-            assert self.wait_for_leadership(LEAD_WITHIN)
-
-        def tick(self, *args: Any, **kwargs: Any) -> Any:
-            assert self.wait_for_leadership(LEAD_WITHIN)
-            return super().tick(*args, **kwargs)
+    class LeaderDatabaseScheduler(Leading, LeaderSchedulerMixin, stock):  # type: ignore[misc,valid-type]
+        """django-celery-beat's DatabaseScheduler with the election."""
 
     schedulers.DatabaseScheduler = LeaderDatabaseScheduler  # type: ignore[misc]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    # Stop only what the election started: the scheduler itself is the test's (a test
-    # may leave it half-mocked, e.g. a dict as its store, and never close it).
-    while _made:
-        scheduler = _made.pop()
-        election, scheduler._election = scheduler._election, None
-        if election is not None:
-            election.close()
