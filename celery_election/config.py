@@ -91,6 +91,14 @@ class ElectionConfig:
         least this often. Default max(60, ttl).
     candidate_ttl: a candidate row is listed as live this long after its last heartbeat;
         heartbeats go out every candidate_ttl / 3. Default max(60, 3 x ttl).
+    liveness: delta of the liveness session (seconds), or False for none. The leader
+        holds a lock on a connection of its own and pings it every delta / 4; the server
+        ends a session silent for delta, and followers waiting on the lock take over
+        delta after it is released: about delta after a crash, 2 x delta after a pause
+        or a cut link, instead of a whole lease. The leader's trust also ends delta after
+        its last good ping. Default min(1, (ttl - safety_margin) / 4), off when that is
+        under 0.2 (measured: benchmarks/RESULTS.md); at least 0.2 and less than the trust
+        window (ttl - safety_margin).
     """
 
     ttl: float = 10.0
@@ -102,6 +110,7 @@ class ElectionConfig:
     resign_backoff: float = _UNSET
     candidate_ttl: float = _UNSET
     fallback_interval: float = _UNSET
+    liveness: float | None = _UNSET
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -133,11 +142,19 @@ class ElectionConfig:
         else:
             values["jitter"] = float(jitter)
         problems += _linked(ttl_s, renew, values["safety_margin"], values["call_timeout"])
+        margin = values["safety_margin"]
+        if given["liveness"] is _UNSET:
+            window = base - (margin if margin is not None else 0.0)
+            default = min(1.0, window / 4)
+            liveness: float | None = default if default >= MIN_LIVENESS else None
+        else:
+            liveness = _liveness(given["liveness"], ttl_s, margin, problems)
         if problems:
             raise ConfigurationError(problems)
         for name, value in values.items():
             assert value is not None  # else a problem was reported
             object.__setattr__(self, name, float(value))
+        object.__setattr__(self, "liveness", liveness)
 
     @classmethod
     def create(cls, **timings: Seconds) -> ElectionConfig:
@@ -194,6 +211,33 @@ def _linked(
             f"got call_timeout={timeout}s, renew_interval={renew}s"
         )
     return problems
+
+
+#: Below this a liveness delta ends leadership at a GC pause (benchmarks/liveness.py).
+MIN_LIVENESS = 0.2
+
+
+def _liveness(
+    value: object, ttl: float | None, margin: float | None, problems: list[str]
+) -> float | None:
+    """The liveness delta in seconds, or None when off (False or None)."""
+    if value is None or value is False:
+        return None
+    delta = _seconds("liveness", value, problems)
+    if delta is None:
+        return None
+    if delta < MIN_LIVENESS:
+        problems.append(
+            f"liveness (election_liveness) must be at least {MIN_LIVENESS}s (or False to "
+            f"turn it off): a shorter delta ends leadership at a GC pause; got {value!r}"
+        )
+    elif ttl is not None and margin is not None and not delta < ttl - margin:
+        problems.append(
+            f"liveness (election_liveness) must be less than the trust window "
+            f"ttl - safety_margin ({ttl - margin:g}s), or the lease would end first: "
+            f"got {value!r}"
+        )
+    return delta
 
 
 def _check_key(kind: str, value: object, limit: int) -> str:

@@ -55,6 +55,7 @@ from .backends.base import Backend, Wakeup, WakeupHandle
 from .clock import Clock, RealClock
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .errors import ConfigurationError, ElectionError
+from .liveness import Liveness
 from .term import Lease, trusted_until
 
 __all__ = [
@@ -125,6 +126,10 @@ class Transition:
 class _Lead:
     term: int
     trusted_until: float
+    #: the lease's own bound (attempt start + ttl - margin)
+    lease_until: float = 0.0
+    #: whether the row says this term's trust is bound by the liveness session
+    tagged: bool = False
 
 
 class Subscription:
@@ -235,6 +240,7 @@ class Elector:
         self._subscriptions: list[Subscription] = []
         self._trust_watchers: list[Callable[[int | None, float | None], Any]] = []
         self._wakeup: WakeupHandle | None = None
+        self._live: Liveness | None = None
         self._sleeper = self._clock.sleeper()
         self._dispatch_sleeper = self._clock.sleeper()
         self._thread: threading.Thread | None = None
@@ -347,6 +353,7 @@ class Elector:
             self._token = self._token if self._thread is None else uuid.uuid4().hex
         self._follow_until = self._look_by = 0.0
         self._wakeup = self.backend.subscribe_wakeups(self.namespace, self._on_wakeup)
+        self._live = self._start_liveness()
         self._dispatcher = threading.Thread(
             target=self._dispatch, name=f"celery-election-events-{self.namespace}", daemon=True
         )
@@ -373,6 +380,9 @@ class Elector:
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
+        if self._live is not None and (self._thread is None or not self._thread.is_alive()):
+            self._live.close()  # normally closed by _shutdown, after the resign
+            self._live = None
         self._dispatch_sleeper.wake()
         if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
             self._dispatcher.join(timeout)
@@ -484,10 +494,16 @@ class Elector:
 
     def _follower_step(self) -> float:
         started = self._clock.monotonic()
+        tag = self._tag()
+        args = (self.namespace, self._token, self.candidate_id, self.config.ttl)
         try:
-            result = self._call(
-                self.backend.elect, self.namespace, self._token, self.candidate_id, self.config.ttl
-            )
+            seen, waited = self._takeover_due(started)
+            if seen is not None:
+                # Holding the liveness lock for longer than the leader's delta: its
+                # session ended before our grant, so its trust has ended (liveness.py).
+                result = self._call(self.backend.take_over, *args, seen, waited, liveness=tag)
+            else:
+                result = self._call(self.backend.elect, *args, liveness=tag)
         except Exception:
             return self._retry_delay()
         lease = result.lease
@@ -495,7 +511,11 @@ class Elector:
             self._last_lease = lease
         if result.won and lease is not None:
             self._held_term = lease.term
-            deadline = trusted_until(started, self.config.ttl, self.config.safety_margin)
+            lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
+            lead = self._new_lead(lease.term, lease_until, tag is not None)
+            deadline = lead.trusted_until
+            if self._live is not None:
+                self._live.want(True)  # a leader holds the lock: its grant tags the term
             with self._lock:
                 if self._stopping or self._resign_requested:
                     return 0.0  # the loop resigns this term
@@ -509,7 +529,7 @@ class Elector:
                     )
                     self._resign_requested = True
                     return 0.0
-                self._set_lead(_Lead(lease.term, deadline))
+                self._set_lead(lead)
                 self._post(self._transition("elected", lease.term))
                 self._changed.notify_all()
             self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
@@ -530,6 +550,12 @@ class Elector:
         ``poll_interval`` bounds how long a clean handoff can take.
         """
         now = self._clock.monotonic()
+        live = self._live
+        if live is not None:
+            if lease is not None and lease.held and lease.liveness_us is not None:
+                return self._liveness_wait(live, lease, now)
+            # Vacant, or a leader not bound by the lock (yet): let it have the lock.
+            live.want(False)
         healthy = self._wakeup is not None and self._wakeup.healthy
         if lease is None or not lease.held:
             wait = self._jittered(self.config.poll_interval)
@@ -542,6 +568,42 @@ class Elector:
             self._follow_until = now + wait
             self._look_by = now + max(wait, self.config.fallback_interval if healthy else 0.0)
         return wait
+
+    def _liveness_wait(self, live: Liveness, lease: Lease, now: float) -> float:
+        """Wait on the liveness lock for a leader whose trust the lock bounds.
+
+        Not granted: block on the lock (the liveness thread does; its grant pokes us), and
+        look at the row only every fallback_interval; where the lock does not bound
+        silence (SQLite: a paused holder keeps it), also when the lease ends. Granted:
+        take the term over once the leader's delta has passed since the grant.
+        """
+        assert lease.liveness_us is not None
+        live.want(True)
+        granted = live.granted_at
+        if granted is not None:
+            wait = max(0.0, granted + lease.liveness_us / 1_000_000 - now) + 0.001
+        elif live.bounds_silence:
+            wait = self.config.fallback_interval
+        else:
+            wait = min(self.config.fallback_interval, lease.remaining + random.uniform(0, 0.05))
+        with self._lock:
+            self._follow_until = self._look_by = now + wait
+        return wait
+
+    def _takeover_due(self, now: float) -> tuple[Lease | None, float]:
+        """The lease to take over now (with the seconds waited since the grant), if any."""
+        live, lease = self._live, self._last_lease
+        granted = None if live is None else live.granted_at
+        if (
+            granted is None
+            or lease is None
+            or not lease.held
+            or lease.liveness_us is None
+            or lease.token == self._token
+        ):
+            return None, 0.0
+        waited = now - granted
+        return (lease, waited) if waited * 1_000_000 >= lease.liveness_us else (None, 0.0)
 
     def _on_wakeup(self, wakeup: Wakeup) -> None:
         """A hint from the backend (listener thread). Only ever changes *when* we look."""
@@ -571,9 +633,22 @@ class Elector:
         term = self._held_term
         assert term is not None
         started = self._clock.monotonic()
+        if self._live is not None:
+            self._live.want(True)  # a leader holds the lock (if it can: tagged from then on)
+        tag = self._tag()
+        with self._lock:
+            lead = self._lead
+            if tag is not None and lead is not None and not lead.tagged:
+                # Belief tightens before the row says so, and loosens only after.
+                self._set_lead(self._new_lead(term, lead.lease_until, True))
         try:
             result = self._call(
-                self.backend.renew, self.namespace, self._token, term, self.config.ttl
+                self.backend.renew,
+                self.namespace,
+                self._token,
+                term,
+                self.config.ttl,
+                liveness=tag,
             )
         except Exception:
             with self._lock:
@@ -590,8 +665,8 @@ class Elector:
             lead = self._lead
             in_time = lead is not None and self._clock.monotonic() < lead.trusted_until
             if result.won and in_time:
-                deadline = trusted_until(started, self.config.ttl, self.config.safety_margin)
-                self._set_lead(_Lead(term, deadline))
+                lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
+                self._set_lead(self._new_lead(term, lease_until, tag is not None))
                 self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
                 return self._next_renew - self._clock.monotonic()
             if result.won:
@@ -619,6 +694,8 @@ class Elector:
                 self._call(self.backend.resign, self.namespace, self._token, term)
             except Exception:
                 log.debug("resign of term %s failed; it will expire", term, exc_info=True)
+        if self._live is not None:
+            self._live.want(False)  # after the resign: a granted follower finds it vacant
         with self._lock:
             self._held_term = None
             self._resign_requested = False
@@ -645,12 +722,84 @@ class Elector:
 
     def _shutdown(self) -> None:
         self._do_resign()
+        if self._live is not None:
+            self._live.close()
+            self._live = None
         if self._register:
             with contextlib.suppress(Exception):  # reported by _call
                 self._call(self.backend.unregister, self.namespace, self._token)
         with self._lock:
             self._changed.notify_all()
         self._dispatch_sleeper.wake()
+
+    # -- liveness -----------------------------------------------------------------------
+
+    def _start_liveness(self) -> Liveness | None:
+        """The liveness thread, if configured and the backend can hold a session."""
+        delta = self.config.liveness
+        make = getattr(self.backend, "liveness_session", None)
+        if delta is None or make is None:
+            return None
+        try:
+            session = make(self.namespace, delta, self.config.fallback_interval)
+        except Exception as exc:
+            log.warning("liveness is off for namespace %r: %s", self.namespace, exc)
+            return None
+        if session is None:
+            return None
+        return Liveness(
+            session,
+            delta,
+            self.config.fallback_interval,
+            self._clock,
+            self._on_liveness,
+            f"celery-election-liveness-{self.namespace}",
+        )
+
+    def _tag(self) -> float | None:
+        """The liveness delta to tag a step with: only while the lock is held."""
+        live = self._live
+        return live.delta if live is not None and live.held else None
+
+    def _new_lead(self, term: int, lease_until: float, tagged: bool) -> _Lead:
+        good = self._live.good_until if self._live is not None else None
+        deadline = lease_until
+        if tagged:
+            deadline = min(lease_until, good if good is not None else -1.0)
+        return _Lead(term, deadline, lease_until, tagged)
+
+    def _on_liveness(self, kind: str) -> None:
+        """From the liveness thread: a good ping, a grant, or a lost session."""
+        with self._lock:
+            lead = self._lead
+            if lead is not None and lead.tagged:
+                new = self._new_lead(lead.term, lead.lease_until, True)
+                if new.trusted_until != lead.trusted_until:
+                    self._set_lead(new)
+                    if new.trusted_until < lead.trusted_until:
+                        self._dispatch_sleeper.wake()  # announce the earlier end on time
+            if kind == "renewed":
+                return
+            # granted: a follower looks at the row now (a leader renews to tag its term);
+            # lost: a tagged leader renews untagged now, before its ping trust runs out.
+            self._poke = True
+            if self._held_term is not None:
+                self._next_renew = 0.0
+        self._sleeper.wake()
+
+    @property
+    def liveness(self) -> str:
+        """The liveness lock: "off", "holding" it, "waiting" for it, or "idle".
+
+        Idle: on, but nobody's trust is bound by the lock now (no leader, or one that
+        has not taken the lock yet), so this candidate neither holds nor waits.
+        """
+        live = self._live
+        if live is None:
+            return "off"
+        if live.held:
+            return "holding"
+        return "waiting" if live.wanted else "idle"
 
     def _jittered(self, seconds: float, *, up: bool = True) -> float:
         """``seconds`` stretched or shrunk by up to the jitter fraction (only shrunk if not up)."""

@@ -143,9 +143,12 @@ class Interval:
 def intervals(records: Iterable[dict[str, Any]]) -> list[Interval]:
     """Trusted-leadership intervals from ``trust`` records.
 
-    An interval starts at the record that first shows a term and ends at the earlier of
-    the last ``until`` seen for it and the record that ends it. A process killed or stopped
-    while leading therefore ends at its last ``until``: it could not act after that.
+    An interval starts at the record that first shows a term. Each record's ``until``
+    holds until the next record replaces it (a liveness session can bring the end
+    closer, not only push it back), so the interval ends at the latest of each record's
+    ``until`` cut at the next record, and at the record that ends the term. A process
+    killed or stopped while leading therefore ends at its last ``until``: it could not
+    act after that.
     """
     by_cand: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
@@ -155,18 +158,20 @@ def intervals(records: Iterable[dict[str, Any]]) -> list[Interval]:
     for (ns, cand), recs in by_cand.items():
         recs.sort(key=lambda r: r["mono"])
         cur: Interval | None = None
+        until = 0.0  # the newest record's until (cur.end: the latest end before it)
         for r in recs:
-            if cur is not None and (r["term"] is None or r["term"] != cur.term):
-                cur.end = min(cur.end, r["mono"])
-                out.append(cur)
-                cur = None
+            if cur is not None:
+                cur.end = max(cur.end, min(until, r["mono"]))
+                if r["term"] is None or r["term"] != cur.term:
+                    out.append(cur)
+                    cur = None
             if r["term"] is None:
                 continue
             if cur is None:
-                cur = Interval(ns, cand, r["term"], r["mono"], r["until"], r["pid"])
-            else:
-                cur.end = max(cur.end, r["until"])
+                cur = Interval(ns, cand, r["term"], r["mono"], r["mono"], r["pid"])
+            until = r["until"]
         if cur is not None:
+            cur.end = max(cur.end, until)
             out.append(cur)
     out.sort(key=lambda i: (i.ns, i.start))
     return out

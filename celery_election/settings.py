@@ -52,7 +52,7 @@ class Setting:
 
 
 _TIMINGS: dict[str, tuple[str, str]] = {
-    "ttl": ("10 s", "lease length; crash failover takes about this long"),
+    "ttl": ("10 s", "lease length; without liveness, crash failover takes about this long"),
     "renew_interval": ("0.4 x ttl", "how often the leader renews"),
     "poll_interval": (
         "min(1 s, renew)",
@@ -73,6 +73,11 @@ _TIMINGS: dict[str, tuple[str, str]] = {
         "with NOTIFY, a follower still reads the row this often",
     ),
     "jitter": ("0.1", "each wait varies by up to this fraction"),
+    "liveness": (
+        "min(1 s, (ttl - margin)/4)",
+        "liveness session delta (`False`: off): failover about delta after a crash, "
+        "2 delta after a pause or cut link",
+    ),
 }
 
 #: Every setting, in the README's order.

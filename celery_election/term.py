@@ -36,6 +36,9 @@ class Lease:
     renewed_at_us: int | None = None
     #: The holder's per-instance secret; renew and resign require it.
     token: str | None = field(default=None, repr=False)
+    #: The holder's liveness delta in microseconds when its trust is bound by a liveness
+    #: session (then a follower holding the lock may take the term over); else None.
+    liveness_us: int | None = None
 
     @property
     def held(self) -> bool:

@@ -60,7 +60,8 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     scheme = scheme.lower()
     if scheme == "memory":
         # In-process only: table and connection options have no meaning there.
-        return MemoryBackend(**{k: v for k, v in options.items() if k in ("clock", "notify")})
+        kept = ("clock", "notify", "liveness")
+        return MemoryBackend(**{k: v for k, v in options.items() if k in kept})
     if scheme not in _DRIVERS:
         hint = ""
         if scheme.startswith("postgres"):

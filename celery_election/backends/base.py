@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..term import CandidateInfo, ElectResult, Lease
+
+if TYPE_CHECKING:
+    from .liveness import LivenessSession
 
 __all__ = ["WAKEUP_KINDS", "Backend", "BeatStore", "RunClaim", "RunState", "Wakeup", "WakeupHandle"]
 
@@ -123,19 +126,60 @@ class Backend(Protocol):
         ttl: float,
         *,
         term: int | None = None,
+        liveness: float | None = None,
         timeout: float | None = None,
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew that term instead.
 
         ``won`` is True only if this step changed the row in the caller's favour; the
         lease is the row as stored after the step, or None if the step lost to contention
-        (a lock timeout or a busy database) and the row could not be read.
+        (a lock timeout or a busy database) and the row could not be read. ``liveness``
+        (seconds) tags the new term as trusted only within a liveness session's delta.
         """
 
     def renew(
-        self, namespace: str, token: str, term: int, ttl: float, *, timeout: float | None = None
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
     ) -> ElectResult:
-        """Extend the lease held by exactly (token, term), if it has not expired."""
+        """Extend the lease held by exactly (token, term), if it has not expired.
+
+        ``liveness`` sets the term's tag as in ``elect`` (None clears it).
+        """
+
+    def take_over(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        seen: Lease,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Take exactly the term ``seen``, even before it expires, if its tag allows.
+
+        The row must still hold the same term and holder, tagged with a liveness delta no
+        longer than ``waited``. Only the holder of the namespace's liveness lock calls
+        this, ``waited`` seconds after its grant: the old holder's session ended before
+        the grant, and its trust ended at most delta after its last good ping, so no two
+        leaders overlap.
+        """
+
+    def liveness_session(
+        self, namespace: str, delta: float, max_wait: float
+    ) -> LivenessSession | None:
+        """A liveness lock for ``namespace`` on a connection of its own.
+
+        None if this backend cannot hold one: then the lease protocol runs alone.
+        """
 
     def resign(
         self, namespace: str, token: str, term: int, *, timeout: float | None = None

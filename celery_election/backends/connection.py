@@ -336,6 +336,7 @@ def private_engine(
     return engine
 
 
-def one_line(exc: DBAPIError) -> str:
+def one_line(exc: BaseException) -> str:
     """The driver's message on one line (libpq's spans several)."""
-    return "; ".join(line.strip() for line in str(exc.orig or exc).splitlines() if line.strip())
+    text = str(getattr(exc, "orig", None) or exc)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
-from ..errors import SchemaMissingError
+from ..errors import BackendUnavailableError, SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
 from .base import RunClaim, RunState, Wakeup, WakeupHandle
 
@@ -30,6 +31,7 @@ class _Row:
     acquired_at: int | None = None
     renewed_at: int | None = None
     expires_at: int = 0
+    liveness_us: int | None = None
 
 
 class _Wakeup:
@@ -51,9 +53,13 @@ class MemoryBackend:
 
     description = "memory://"
 
-    def __init__(self, clock: Clock | None = None, *, notify: bool = True) -> None:
+    def __init__(
+        self, clock: Clock | None = None, *, notify: bool = True, liveness: bool = False
+    ) -> None:
         self.clock: Clock = clock or RealClock()
         self.notify = notify
+        self.liveness = liveness
+        self._locks = _Locks(self.clock)
         self._lock = threading.Lock()
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
@@ -136,6 +142,7 @@ class MemoryBackend:
             acquired_at_us=row.acquired_at,
             renewed_at_us=row.renewed_at,
             token=row.token,
+            liveness_us=row.liveness_us,
         )
 
     def elect(
@@ -146,29 +153,78 @@ class MemoryBackend:
         ttl: float,
         *,
         term: int | None = None,
+        liveness: float | None = None,
         timeout: float | None = None,
     ) -> ElectResult:
         if term is not None:
-            return self.renew(namespace, token, term, ttl, timeout=timeout)
+            return self.renew(namespace, token, term, ttl, liveness=liveness, timeout=timeout)
         validate_namespace(namespace)
         validate_candidate_id(candidate_id)
         self._enter("elect")
+
+        def can(row: _Row, now: int) -> bool:
+            return row.token is None or row.expires_at <= now
+
+        return self._take(namespace, token, candidate_id, ttl, liveness, can)
+
+    def take_over(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        seen: Lease,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Take exactly the term ``seen`` if its trust is session-bound within ``waited``."""
+        self._enter("take_over")
+
+        def can(row: _Row, now: int) -> bool:
+            return (
+                row.term == seen.term
+                and row.token == seen.token
+                and row.liveness_us is not None
+                and row.liveness_us <= round(waited * 1_000_000)
+            )
+
+        return self._take(namespace, token, candidate_id, ttl, liveness, can)
+
+    def _take(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        liveness: float | None,
+        can: Callable[[_Row, int], bool],
+    ) -> ElectResult:
         with self._lock:
             now = self.clock.wall_us()
             row = self._leases.setdefault(namespace, _Row())
-            won = row.token is None or row.expires_at <= now
+            won = can(row, now)
             if won:
                 row.term = max(row.term + 1, now)
                 row.token, row.leader_id = token, candidate_id
                 row.acquired_at = row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)
+                row.liveness_us = _live_us(liveness)
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
         return ElectResult(won, lease)
 
     def renew(
-        self, namespace: str, token: str, term: int, ttl: float, *, timeout: float | None = None
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
     ) -> ElectResult:
         self._enter("renew")
         with self._lock:
@@ -180,6 +236,7 @@ class MemoryBackend:
             if won:
                 row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)
+                row.liveness_us = _live_us(liveness)
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("renewed", term))
@@ -196,6 +253,7 @@ class MemoryBackend:
                 return False
             row.token = row.leader_id = None
             row.expires_at = now
+            row.liveness_us = None
         self._wake(namespace, Wakeup("resigned", term))
         return True
 
@@ -295,6 +353,29 @@ class MemoryBackend:
         for w in targets:
             w.callback(wakeup)
 
+    # -- liveness ---------------------------------------------------------------------------
+
+    def liveness_session(
+        self, namespace: str, delta: float, max_wait: float
+    ) -> MemorySession | None:
+        """An in-process liveness lock (None unless built with ``liveness=True``).
+
+        It behaves like the server's: a holder silent for ``delta`` on this backend's
+        clock loses the lock, and ``kill_liveness`` ends a holder's session from outside.
+        """
+        if not self.liveness:
+            return None
+        return MemorySession(self._locks, namespace, delta, self.clock)
+
+    def kill_liveness(self, namespace: str) -> bool:
+        """Test helper: end the session holding ``namespace``'s lock (pg_terminate_backend)."""
+        return self._locks.kill(namespace)
+
+    def liveness_holder(self, namespace: str) -> MemorySession | None:
+        """The session holding ``namespace``'s liveness lock now, if any."""
+        with self._locks.cond:
+            return self._locks.holder(namespace)
+
     def close(self) -> None:
         with self._lock:
             self._wakeups.clear()
@@ -337,6 +418,102 @@ class MemoryBeatStore:
             count = 1 if expected is None else expected.total_run_count + 1
             state = b._runs[(namespace, entry_name)] = RunState(last_run_us, count, term)
             return RunClaim(True, state, True)
+
+
+def _live_us(liveness: float | None) -> int | None:
+    return None if liveness is None else round(liveness * 1_000_000)
+
+
+class _Locks:
+    """The liveness locks of one MemoryBackend: holder, and when each holder last spoke."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.cond = threading.Condition()
+        self._holders: dict[str, MemorySession] = {}
+
+    def holder(self, namespace: str) -> MemorySession | None:
+        """The live holder (cond held); a holder silent for its delta loses the lock."""
+        session = self._holders.get(namespace)
+        if session is not None and self.clock.monotonic() - session.last_seen >= session.delta:
+            session.lost = True
+            del self._holders[namespace]
+            self.cond.notify_all()
+            return None
+        return session
+
+    def kill(self, namespace: str) -> bool:
+        with self.cond:
+            session = self._holders.pop(namespace, None)
+            if session is not None:
+                session.lost = True
+                self.cond.notify_all()
+            return session is not None
+
+    def take(self, namespace: str, session: MemorySession) -> bool:
+        if self.holder(namespace) is None:
+            self._holders[namespace] = session
+            session.lost = False
+            session.last_seen = self.clock.monotonic()
+            return True
+        return False
+
+    def drop(self, namespace: str, session: MemorySession) -> None:
+        if self._holders.get(namespace) is session:
+            del self._holders[namespace]
+            self.cond.notify_all()
+
+
+class MemorySession:
+    """The memory backend's liveness session (see ``MemoryBackend.liveness_session``)."""
+
+    bounds_silence = True
+
+    def __init__(self, locks: _Locks, namespace: str, delta: float, clock: Clock) -> None:
+        self._locks, self.namespace, self.delta, self._clock = locks, namespace, delta, clock
+        self.last_seen = 0.0
+        self.lost = True
+        self._interrupted = False
+
+    @property
+    def held(self) -> bool:
+        with self._locks.cond:
+            return not self.lost and self._locks.holder(self.namespace) is self
+
+    def acquire(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self._locks.cond:
+            while not self._locks.take(self.namespace, self):
+                if self._interrupted:
+                    self._interrupted = False
+                    raise InterruptedError("liveness wait interrupted")
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                # also wakes to notice a holder gone silent (the server's idle timeout)
+                self._locks.cond.wait(min(left, 0.01))
+            return True
+
+    def ping(self) -> None:
+        with self._locks.cond:
+            if self.lost or self._locks.holder(self.namespace) is not self:
+                self.lost = True
+                raise BackendUnavailableError("memory liveness session lost")
+            self.last_seen = self._clock.monotonic()
+
+    def release(self) -> None:
+        with self._locks.cond:
+            self.lost = True
+            self._locks.drop(self.namespace, self)
+
+    def interrupt(self) -> None:
+        with self._locks.cond:
+            self._interrupted = True
+            self._locks.cond.notify_all()
+
+    def close(self) -> None:
+        self.interrupt()
+        self.release()
 
 
 def _run_key(state: RunState | None) -> tuple[int, int] | None:

@@ -114,6 +114,9 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("acquired_at", sa.BigInteger, nullable=True),
         sa.Column("renewed_at", sa.BigInteger, nullable=True),
         sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
+        # The holder's liveness delta (us) when its trust is bound by a liveness session
+        # (backends/liveness.py): only such a term may be taken over before it expires.
+        sa.Column("liveness_us", sa.BigInteger, nullable=True),
         **mysql_opts,
     )
     sa.Table(

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -56,6 +57,7 @@ from .connection import (
     one_line,
     private_engine,
 )
+from .liveness import FileSession, LivenessSession, MySQLSession, PostgresSession, lock_key
 from .schema import (
     DEFAULT_TABLE_PREFIX,
     TOKEN_LENGTH,
@@ -110,6 +112,7 @@ class SQLBackend:
             except Exception as exc:
                 raise ConfigurationError(f"not a database URL: {url_or_engine!r} ({exc})") from exc
         self.table_prefix = validate_table_prefix(table_prefix)
+        self._connect_timeout = connect_timeout
         self.engine = private_engine(
             url,
             statement_timeout=statement_timeout,
@@ -245,6 +248,7 @@ class SQLBackend:
             t.c.acquired_at,
             t.c.renewed_at,
             t.c.token,
+            t.c.liveness_us,
         ]
 
     @staticmethod
@@ -260,6 +264,7 @@ class SQLBackend:
             acquired_at_us=None if row.acquired_at is None else int(row.acquired_at),
             renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
             token=row.token,
+            liveness_us=None if row.liveness_us is None else int(row.liveness_us),
         )
 
     def _select_lease(self, conn: Connection, namespace: str) -> Lease | None:
@@ -278,32 +283,49 @@ class SQLBackend:
         token = sa.bindparam("p_token", type_=sa.String())
         term = sa.bindparam("p_term", type_=sa.BigInteger)
         ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
+        live = sa.bindparam("p_live", type_=sa.BigInteger)  # None: trust not session-bound
+        taken = {
+            "term": greatest(t.c.term + 1, now),
+            "token": token,
+            "leader_id": sa.bindparam("p_cid"),
+            "acquired_at": now,
+            "renewed_at": now,
+            "expires_at": now + ttl,
+            "liveness_us": live,
+        }
         steps = {
             # vacant or expired -> a new, strictly greater term for this token
             "elected": sa.update(t)
             .where(t.c.namespace == ns, sa.or_(t.c.token.is_(None), t.c.expires_at <= now))
-            .values(
-                term=greatest(t.c.term + 1, now),
-                token=token,
-                leader_id=sa.bindparam("p_cid"),
-                acquired_at=now,
-                renewed_at=now,
-                expires_at=now + ttl,
-            ),
+            .values(taken),
+            # the exact term a liveness-lock holder saw, held by a leader whose trust is
+            # bound by a session delta it has waited out: taken even before it expires
+            "taken": sa.update(t)
+            .where(
+                t.c.namespace == ns,
+                t.c.term == term,
+                t.c.token == sa.bindparam("p_seen_token", type_=sa.String()),
+                t.c.liveness_us.is_not(None),
+                t.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),
+            )
+            .values(taken),
             # only the exact (token, term), only before it expired
             "renewed": sa.update(t)
             .where(t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now)
-            .values(renewed_at=now, expires_at=now + ttl),
+            .values(renewed_at=now, expires_at=now + ttl, liveness_us=live),
             # only the exact (token, term); the term stays: it never goes back
             "resigned": sa.update(t)
             .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
-            .values(token=None, leader_id=None, expires_at=now),
+            .values(token=None, leader_id=None, expires_at=now, liveness_us=None),
         }
         if not self.supports_returning:
             return dict(steps)
+        # what NOTIFY tells listeners each step did (a take-over is an election)
+        events = {"elected": "elected", "taken": "elected", "renewed": "renewed"}
+        events["resigned"] = "resigned"
         return {
-            event: self._returning_step(stmt.returning(*self._lease_columns()), event)
-            for event, stmt in steps.items()
+            step: self._returning_step(stmt.returning(*self._lease_columns()), events[step])
+            for step, stmt in steps.items()
         }
 
     def _step(
@@ -376,6 +398,7 @@ class SQLBackend:
                         key = sa.func.hashtext(f"celery_election:{self.table_prefix}")
                         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
                     self.metadata.create_all(conn, checkfirst=True)
+                    self._add_missing_columns(conn)
                 return
             except DBAPIError as exc:
                 if classify(exc) == "unavailable" and "connect" in str(exc).lower():
@@ -386,6 +409,19 @@ class SQLBackend:
         raise BackendUnavailableError(
             f"could not create the election tables in {self.description}: {last}"
         ) from last
+
+    def _add_missing_columns(self, conn: Connection) -> None:
+        """Add columns that tables made by an older version lack (``lease.liveness_us``).
+
+        They are nullable, so electors of the older version still running are unaffected.
+        """
+        have = {c["name"] for c in sa.inspect(conn).get_columns(self.lease.name)}
+        for column in self.lease.columns:
+            if column.name not in have:
+                type_ = column.type.compile(dialect=self.engine.dialect)
+                conn.exec_driver_sql(
+                    f"ALTER TABLE {self.lease.name} ADD COLUMN {column.name} {type_}"
+                )
 
     def uninstall(self) -> None:
         """Drop the tables if they exist. Terms stay increasing after a re-install."""
@@ -425,17 +461,35 @@ class SQLBackend:
         ttl: float,
         *,
         term: int | None = None,
+        liveness: float | None = None,
         timeout: float | None = None,
         connection: Caller | None = None,
     ) -> ElectResult:
-        """Take the lease if vacant or expired; with ``term``, renew it instead."""
+        """Take the lease if vacant or expired; with ``term``, renew it instead.
+
+        ``liveness``: this candidate's trust is bound by a liveness session with that
+        delta (seconds), so a lock holder may take the term over (see ``take_over``).
+        """
         if term is not None:
-            return self.renew(namespace, token, term, ttl, timeout=timeout, connection=connection)
+            return self.renew(
+                namespace,
+                token,
+                term,
+                ttl,
+                liveness=liveness,
+                timeout=timeout,
+                connection=connection,
+            )
         validate_namespace(namespace)
         validate_candidate_id(candidate_id)
         _check_token(token)
         t = self.lease
-        params = {"p_token": token, "p_cid": candidate_id, "p_ttl": _us(ttl)}
+        params = {
+            "p_token": token,
+            "p_cid": candidate_id,
+            "p_ttl": _us(ttl),
+            "p_live": _live_us(liveness),
+        }
         if not self.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
             # statement to report the row. So look first, and only try the UPDATE when
@@ -508,11 +562,15 @@ class SQLBackend:
         term: int,
         ttl: float,
         *,
+        liveness: float | None = None,
         timeout: float | None = None,
         connection: Caller | None = None,
     ) -> ElectResult:
-        """Extend the unexpired lease held by exactly (token, term)."""
-        params = {"p_token": token, "p_term": term, "p_ttl": _us(ttl)}
+        """Extend the unexpired lease held by exactly (token, term).
+
+        ``liveness`` tags the term as bound by a liveness session from now on (None: not).
+        """
+        params = {"p_token": token, "p_term": term, "p_ttl": _us(ttl), "p_live": _live_us(liveness)}
         try:
             result = self._step(
                 "renewed", params, namespace, timeout=timeout, connection=connection
@@ -539,6 +597,79 @@ class SQLBackend:
         except LostRound:
             return False
         return result is not None and result.won
+
+    def take_over(
+        self,
+        namespace: str,
+        token: str,
+        candidate_id: str,
+        ttl: float,
+        seen: Lease,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Take exactly the term ``seen``, even before it expires, if its tag allows.
+
+        The leader of ``seen`` must be bound by a liveness session whose delta is no
+        longer than ``waited``. Only a holder of the namespace's liveness lock may call
+        this, ``waited`` seconds after its grant (measured before the call): the old
+        session ended before the grant, so the old leader's trust (last good ping +
+        delta) has ended too.
+        """
+        _check_token(token)
+        params = {
+            "p_token": token,
+            "p_cid": candidate_id,
+            "p_ttl": _us(ttl),
+            "p_live": _live_us(liveness),
+            "p_term": seen.term,
+            "p_seen_token": seen.token,
+            "p_waited": _us(waited),
+        }
+        try:
+            result = self._step("taken", params, namespace, timeout=timeout, connection=None)
+        except LostRound:
+            result = None
+        if result is not None and result.won:
+            return result
+        return result or self._lost(namespace, timeout, None)
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
+        """A liveness lock for ``namespace`` on a connection of its own (liveness.py).
+
+        ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
+        """
+        key = lock_key(self.table_prefix, namespace)
+        if self.dialect == "sqlite":
+            db = Path(str(self.engine.url.database))
+            return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        connect_timeout = max(1, round(self._connect_timeout))
+        if self.dialect == "postgresql":
+            cparams.update(
+                connect_timeout=connect_timeout,
+                application_name="celery-election-liveness",
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+            return PostgresSession(
+                lambda: self.engine.dialect.connect(*cargs, **cparams),
+                delta,
+                self.description,
+                key,
+            )
+        cparams.update(
+            connect_timeout=connect_timeout,
+            read_timeout=max_wait + self._connect_timeout + 5,
+            write_timeout=self._connect_timeout + 5,
+        )
+        return MySQLSession(
+            lambda: self.engine.dialect.connect(*cargs, **cparams), delta, self.description, key
+        )
 
     def current(
         self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
@@ -682,6 +813,10 @@ def _rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
+
+
+def _live_us(liveness: float | None) -> int | None:
+    return None if liveness is None else _us(liveness)
 
 
 def _check_token(token: object) -> None:

@@ -1,0 +1,331 @@
+"""Liveness sessions: a lock per namespace whose holder's death the database reports.
+
+The lease alone makes followers wait out a whole lease after a crash, because a follower
+cannot tell a dead leader from a paused or cut-off one. A liveness session can: the leader
+holds a session-scoped lock on a connection of its own and pings it every ``delta / 4``;
+the server ends a session that stays silent for ``delta`` (PostgreSQL
+``idle_session_timeout``, MySQL/MariaDB ``wait_timeout``), and a dead process's socket
+closes at once, so the lock is released after a crash at once and after a pause, a
+stalled link or a partition about ``delta`` after the last ping. Followers block on the
+lock (no statements while they wait) and a granted follower may take the next term
+``delta`` after its grant, because by then the old leader's trust, bounded by its last
+good ping + delta, has ended. ``elector.py`` holds the rules; this module only holds
+locks.
+
+Three kinds, one protocol (``LivenessSession``):
+
+* PostgreSQL: ``pg_advisory_lock(key)`` with ``lock_timeout`` bounding a wait.
+* MySQL/MariaDB: ``GET_LOCK(name, seconds)``; ``wait_timeout`` is in whole seconds, so the
+  server ends a silent session after ``ceil(delta)``.
+* SQLite: ``flock`` on a file beside the database. The kernel drops it when the process
+  dies; nothing ends a paused holder's lock, so ``bounds_silence`` is False there and a
+  follower also waits for the lease, as without liveness.
+
+A session is made by ``backend.liveness_session(namespace, delta)``; None means the
+backend cannot hold one (an old server, a pooler): the elector then runs the lease
+protocol alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import BackendUnavailableError
+from .connection import WATCHDOG, interrupt, one_line
+
+__all__ = [
+    "FileSession",
+    "LivenessSession",
+    "MySQLSession",
+    "PostgresSession",
+    "lock_key",
+]
+
+log = logging.getLogger(__name__)
+
+
+def lock_key(table_prefix: str, namespace: str) -> bytes:
+    """The lock's identity: the table prefix and the namespace, hashed (any length fits)."""
+    return hashlib.sha1(f"celery_election:{table_prefix}:{namespace}".encode()).digest()
+
+
+class LivenessSession(Protocol):
+    """One namespace's liveness lock on a connection of its own.
+
+    Calls come from one thread (the elector's liveness thread); ``interrupt`` and
+    ``close`` may come from any thread.
+    """
+
+    #: Whether the server ends a silent holder's session within delta (False: only a
+    #: dead process releases the lock, so a paused holder keeps it).
+    bounds_silence: bool
+
+    @property
+    def held(self) -> bool:
+        """Whether this session holds the lock (as far as it knows)."""
+
+    def acquire(self, timeout: float) -> bool:
+        """Block until the lock is held (True) or ``timeout`` seconds pass (False).
+
+        Raises BackendUnavailableError when the session is lost (then it reconnects on
+        the next call) and InterruptedError when ``interrupt`` was called (during this
+        wait or before it: an interrupt is consumed by the wait it ends).
+        """
+
+    def ping(self) -> None:
+        """Show the server that the holder lives; raises BackendUnavailableError if lost."""
+
+    def release(self) -> None:
+        """Give the lock back (a lost session has given it back already)."""
+
+    def interrupt(self) -> None:
+        """Make a blocked ``acquire`` return now (from another thread)."""
+
+    def close(self) -> None:
+        """Release and disconnect (idempotent)."""
+
+
+_TIMED_OUT = object()
+
+
+class _DBSession:
+    """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
+
+    bounds_silence = True
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        delta: float,
+        description: str,
+    ) -> None:
+        self._connect = connect
+        self.delta = delta
+        self.description = description
+        self._conn: Any = None
+        self._held = False
+        self._interrupted = False
+        self._mutex = threading.Lock()
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            try:
+                conn = self._connect()
+                self._setup(conn)
+            except Exception as exc:
+                raise self._lost(exc) from exc
+            self._conn = conn
+        return self._conn
+
+    def _setup(self, conn: Any) -> None:
+        raise NotImplementedError
+
+    def _execute(self, sql: str, params: tuple[Any, ...] = (), *, wait: bool = False) -> Any:
+        """One statement; with ``wait``, a lock timeout returns ``_TIMED_OUT``."""
+        conn = self._connection()
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(sql, params)
+                row = cur.fetchone() if cur.description is not None else None
+            finally:
+                cur.close()
+        except Exception as exc:
+            if wait and not self._interrupted and getattr(exc, "sqlstate", None) == "55P03":
+                return _TIMED_OUT  # lock_timeout: the session is fine
+            self._drop()
+            if self._interrupted:
+                self._interrupted = False
+                raise InterruptedError("liveness wait interrupted") from exc
+            raise self._lost(exc) from exc
+        return None if row is None else row[0]
+
+    def _lost(self, exc: BaseException) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"liveness session to {self.description} lost: {one_line(exc)}"
+        )
+
+    def _drop(self) -> None:
+        self._held = False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing a lost liveness connection failed", exc_info=True)
+
+    def ping(self) -> None:
+        conn = self._connection()
+        deadline = WATCHDOG.arm(conn, self.delta)  # a stalled link must not hang the thread
+        try:
+            self._execute("SELECT 1")
+        finally:
+            deadline.cancel()
+
+    def interrupt(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            self._interrupted = True
+            interrupt(conn)
+
+    def close(self) -> None:
+        self.interrupt()
+        with self._mutex:
+            self._drop()
+
+
+class PostgresSession(_DBSession):
+    """``pg_advisory_lock`` on a psycopg connection with ``idle_session_timeout = delta``."""
+
+    def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
+        super().__init__(connect, delta, description)
+        self.key = int.from_bytes(key[:8], "big", signed=True)
+
+    def _setup(self, conn: Any) -> None:
+        conn.autocommit = True  # idle in a transaction is a different timeout
+        with conn.cursor() as cur:
+            # PostgreSQL 14+; an older server raises here and liveness stays off.
+            cur.execute(f"SET idle_session_timeout = {math.ceil(self.delta * 1000)}")
+            cur.execute("SET statement_timeout = 0")
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            self._execute(f"SET lock_timeout = {max(1, math.ceil(timeout * 1000))}")
+            got = self._execute("SELECT pg_advisory_lock(%s)", (self.key,), wait=True)
+            self._held = got is not _TIMED_OUT
+            return self._held
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._held:
+                self._held = False
+                with contextlib.suppress(BackendUnavailableError, InterruptedError):  # lost: freed
+                    self._execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+
+class MySQLSession(_DBSession):
+    """``GET_LOCK`` on a PyMySQL connection with ``wait_timeout = ceil(delta)``."""
+
+    def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
+        super().__init__(connect, delta, description)
+        self.name = "celery_election:" + key.hex()[:40]  # GET_LOCK names: 64 characters
+
+    def _setup(self, conn: Any) -> None:
+        conn.autocommit(True)
+        cur = conn.cursor()
+        try:
+            cur.execute(f"SET SESSION wait_timeout = {max(1, math.ceil(self.delta))}")
+        finally:
+            cur.close()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            got = self._execute("SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))))
+            self._held = got == 1
+            return self._held
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._held:
+                self._held = False
+                with contextlib.suppress(BackendUnavailableError, InterruptedError):
+                    self._execute("SELECT RELEASE_LOCK(%s)", (self.name,))
+
+
+# Open lock files, closed in a forked child: a child holding the parent's open file
+# description would keep the lock after the parent died.
+_FILES: weakref.WeakSet[FileSession] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for session in list(_FILES):
+        if session._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(session._fd)
+            session._fd = None
+            session._held = False
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class FileSession:
+    """``flock`` on a file beside the SQLite database; the kernel drops it at exit.
+
+    Nothing ends a stopped holder's lock, so ``bounds_silence`` is False: a follower's
+    wait is also bounded by the lease. A wait polls the lock every 5 ms: no statements.
+    """
+
+    bounds_silence = False
+    _POLL = 0.005
+
+    def __init__(self, path: Path, delta: float) -> None:
+        self.path = path
+        self.delta = delta
+        self._fd: int | None = None
+        self._held = False
+        self._wake = threading.Event()
+        _FILES.add(self)
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def acquire(self, timeout: float) -> bool:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise BackendUnavailableError(
+                    f"cannot open the liveness lock file {self.path}: {exc}"
+                ) from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._held = True
+                return True
+            except BlockingIOError:
+                pass
+            except OSError as exc:  # closed under us
+                raise BackendUnavailableError(f"liveness lock file {self.path}: {exc}") from exc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._wake.wait(min(self._POLL, left)) or self._fd is None:
+                self._wake.clear()
+                raise InterruptedError("liveness wait interrupted")
+
+    def ping(self) -> None:
+        if self._fd is None or not self._held:
+            raise BackendUnavailableError(f"liveness lock file {self.path} is not held")
+
+    def release(self) -> None:
+        if self._held and self._fd is not None:
+            self._held = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def interrupt(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        self.interrupt()
+        self._held = False
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops the lock

@@ -1,0 +1,29 @@
+"""A leader in a process of its own, for the liveness tests: prints each transition.
+
+``python -m tests.integration.liveness_child URL PREFIX NAMESPACE HISTORY TTL``
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from celery_election import Elector, backend_from_url
+from celery_election.history import Recorder
+
+
+def main(argv: list[str]) -> None:
+    url, prefix, namespace, history, ttl = argv
+    backend = backend_from_url(url, table_prefix=prefix)
+    elector = Elector(backend, namespace, candidate_id="child", ttl=float(ttl))
+    Recorder(history, role="child").attach(elector)
+    sub = elector.subscribe()
+    elector.start()
+    print("started", flush=True)
+    for t in sub:
+        print(t.kind, t.term, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,268 @@
+"""The liveness session on the real servers: who may lead when a lock holder dies,
+pauses or loses its session, and that two processes never believe they lead at once.
+
+A leader in a child process (``liveness_child.py``) and a follower in this one both
+write a history; ``celery_election.history.check`` judges every scenario (no two trust
+windows overlap). The lease is long (30 s) and every wait here far shorter, so a
+follower that leads before the lease would have ended got there through the lock: the
+new term's ``acquired_at`` is compared with the old lease's ``expires_at`` on the
+database's clock.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from celery_election import Elector, backend_from_url
+from celery_election.backends.liveness import lock_key
+from celery_election.history import Recorder, check, load
+from celery_election.term import Lease
+
+from ..conftest import unique_prefix, url_for
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_TTL = 30.0
+NS = "live"
+
+
+class Child:
+    """The leader's process; its stdout lines ("elected 7", "revoked 7") in a queue."""
+
+    def __init__(self, url: str, prefix: str, history: Path, ttl: float = LONG_TTL) -> None:
+        args = [sys.executable, "-m", "tests.integration.liveness_child"]
+        self.proc = subprocess.Popen(
+            [*args, url, prefix, NS, str(history), str(ttl)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def wait_for(self, kind: str, timeout: float) -> str:
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line.startswith(kind):
+                return line
+        raise AssertionError(f"the child did not report {kind!r} within {timeout}s")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    url = url_for(request.param, tmp_path)
+    prefix = unique_prefix()
+    backend = backend_from_url(url, table_prefix=prefix)
+    backend.install()
+    children: list[Child] = []
+    electors: list[Elector] = []
+    env = {"url": url, "prefix": prefix, "backend": backend, "history": tmp_path / "h.jsonl"}
+    env["children"], env["electors"] = children, electors
+    try:
+        yield env
+    finally:
+        for e in electors:
+            e.stop()
+        for c in children:
+            c.close()
+        backend.uninstall()
+        backend.close()
+
+
+def _follower(env: dict[str, Any], name: str, **kw: Any) -> Elector:
+    backend = backend_from_url(env["url"], table_prefix=env["prefix"], **kw)
+    elector = Elector(backend, NS, candidate_id=name, ttl=LONG_TTL)
+    Recorder(env["history"], role=name).attach(elector)
+    env["electors"].append(elector)
+    return elector.start()
+
+
+def _leader_child(env: dict[str, Any], ttl: float = LONG_TTL) -> tuple[Child, Lease]:
+    child = Child(env["url"], env["prefix"], env["history"], ttl)
+    env["children"].append(child)
+    term = int(child.wait_for("elected", 30).split()[1])
+    lease = _wait_tagged(env["backend"], term)
+    return child, lease
+
+
+def _wait_tagged(backend: Any, term: int, timeout: float = 10) -> Lease:
+    """The lease of ``term`` once its leader holds the lock (the row is tagged)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        lease = backend.current(NS)
+        if lease is not None and lease.term == term and lease.liveness_us is not None:
+            return lease
+        time.sleep(0.02)
+    raise AssertionError(f"term {term} was never tagged as bound by the liveness session")
+
+
+def _wait_liveness(elector: Elector, state: str = "waiting", timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while elector.liveness != state:
+        assert time.monotonic() < end, f"{elector!r} is not {state} on the lock"
+        time.sleep(0.02)
+
+
+def _no_overlap(env: dict[str, Any]) -> None:
+    report = check(load([env["history"]]))
+    assert report.violations == []
+    assert report.overlap_seconds == 0
+
+
+def _kill_lock_session(env: dict[str, Any]) -> None:
+    """End the lock holder's session from the server side (the leader lives on)."""
+    key = lock_key(env["prefix"], NS)
+    engine = sa.create_engine(env["url"])
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            k = int.from_bytes(key[:8], "big", signed=True) & 0xFFFFFFFFFFFFFFFF
+            pid = conn.execute(
+                sa.text(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND classid = :c AND objid = :o"
+                ),
+                {"c": k >> 32, "o": k & 0xFFFFFFFF},
+            ).scalar_one()
+            conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        else:
+            name = "celery_election:" + key.hex()[:40]
+            cid = conn.execute(sa.text("SELECT IS_USED_LOCK(:n)"), {"n": name}).scalar_one()
+            conn.execute(sa.text(f"KILL {int(cid)}"))
+    engine.dispose()
+
+
+@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
+    setup: dict[str, Any],
+) -> None:
+    env = setup
+    child, old = _leader_child(env)
+    follower = _follower(env, "follower")
+    _wait_liveness(follower)
+    child.proc.kill()
+    assert follower.wait_for_leadership(timeout=15), "no take-over through the lock"
+    new = env["backend"].current(NS)
+    assert new.term > old.term and new.leader_id == "follower"
+    assert new.acquired_at_us < old.expires_at_us  # before the old lease could expire
+    assert new.liveness_us is not None  # the new leader is bound by the lock in turn
+    _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_after(
+    setup: dict[str, Any],
+) -> None:
+    env = setup
+    child, old = _leader_child(env)
+    follower = _follower(env, "follower")
+    _wait_liveness(follower)
+    child.proc.send_signal(signal.SIGSTOP)
+    assert follower.wait_for_leadership(timeout=15), "the idle timeout never freed the lock"
+    new = env["backend"].current(NS)
+    assert new.acquired_at_us < old.expires_at_us
+    # The stale leader resumes: it must find out it lost, and take nothing back.
+    child.proc.send_signal(signal.SIGCONT)
+    line = child.wait_for("revoked", 15)
+    assert line.split()[1] == str(old.term)
+    assert follower.is_leader and env["backend"].current(NS).term == new.term
+    _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
+    setup: dict[str, Any],
+) -> None:
+    env = setup
+    _leader_child(env)
+    follower = _follower(env, "follower")
+    _wait_liveness(follower)
+    killed_at = env["backend"].current(NS).db_now_us
+    _kill_lock_session(env)
+    # The follower is granted the lock at once, but must wait the leader's delta; the
+    # leader, still alive, renews without the lock's tag before its ping trust ends. Either
+    # may lead afterwards: exactly one does, and never two at once.
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        lease = env["backend"].current(NS)
+        if lease.liveness_us is not None and lease.renewed_at_us > killed_at:
+            break  # someone holds the lock again and leads bound by it
+        time.sleep(0.05)
+    else:
+        raise AssertionError("nobody led under the lock again after the kill")
+    _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+def test_a_resign_wakes_a_follower_blocked_on_the_lock_at_once(setup: dict[str, Any]) -> None:
+    env = setup
+    leader = _follower(env, "first")
+    assert leader.wait_for_leadership(10)
+    _wait_tagged(env["backend"], leader.term or 0)
+    # No NOTIFY and a 60 s fallback: only the lock's release can wake the follower.
+    opts = {"listen": False} if "postgresql" in env["url"] else {}
+    follower = _follower(env, "second", **opts)
+    _wait_liveness(follower)
+    leader.resign()
+    assert follower.wait_for_leadership(timeout=10), "the released lock did not wake it"
+    assert env["backend"].current(NS).liveness_us is not None  # it won holding the lock
+    _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", ["sqlite"], indirect=True)
+def test_a_follower_that_cannot_get_the_lock_falls_back_to_the_lease(
+    setup: dict[str, Any],
+) -> None:
+    """SQLite: a stopped holder keeps its file lock; the lease still hands over."""
+    env = setup
+    ttl = 3.0
+    child, old = _leader_child(env, ttl=ttl)
+    follower = _follower(env, "follower")
+    _wait_liveness(follower)
+    child.proc.send_signal(signal.SIGSTOP)
+    assert follower.wait_for_leadership(timeout=15), "the lease did not hand over"
+    new = env["backend"].current(NS)
+    assert new.acquired_at_us >= old.expires_at_us  # waited out the lease, as without liveness
+    assert new.liveness_us is None  # the lock is still the stopped process's
+    assert follower.liveness == "waiting"
+    child.proc.send_signal(signal.SIGCONT)
+    child.wait_for("revoked", 15)
+    _no_overlap(env)
+
+
+def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
+    backend = backend_from_url(f"sqlite:///{tmp_path}/e.db")
+    session = backend.liveness_session("ns", 1.0, 5.0)
+    assert session is not None
+    assert session.acquire(0.1) and session.held
+    assert [p.name for p in tmp_path.glob("e.db.*.lock")] != []
+    other = backend.liveness_session("ns", 1.0, 5.0)
+    assert other is not None and not other.acquire(0.05)  # one holder per namespace
+    session.close()
+    assert other.acquire(1.0)  # closing the holder's descriptor released it
+    other.close()
+    backend.close()
