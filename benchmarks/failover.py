@@ -104,7 +104,10 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "failover.json"
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
-ALL_CONFIGS = ("pg-notify", "pg-poll", "sqlite", "mariadb")
+#: Each with the liveness session at its default; "<config>-lease" runs it with liveness
+#: off (the lease alone), side by side in the same run.
+BASE_CONFIGS = ("pg-notify", "pg-poll", "sqlite", "mariadb")
+ALL_CONFIGS = (*BASE_CONFIGS, *(f"{c}-lease" for c in BASE_CONFIGS))
 COUNTED_CALLS = (
     "elect",
     "renew",
@@ -170,7 +173,8 @@ class CountingBackend:
         finally:
             _current.counts = previous
         # Handoff breakdown: when the resign ran, and when the winning elect was sent.
-        if name == "resign" or (name == "elect" and getattr(result, "won", False)):
+        won = getattr(result, "won", False)
+        if name == "resign" or (name in ("elect", "take_over") and won):
             emit({"event": "call", "name": name, "start": start, "end": boottime()})
         return result
 
@@ -188,6 +192,9 @@ class CountingBackend:
 
     def resign(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("resign", *args, **kwargs)
+
+    def take_over(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("take_over", *args, **kwargs)
 
     def current(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("current", *args, **kwargs)
@@ -236,6 +243,9 @@ def child_main(args: argparse.Namespace) -> int:
     stop = _events.start_child(name)
 
     options: dict[str, Any] = json.loads(args.backend_options)
+    timings: dict[str, Any] = {"ttl": args.ttl}
+    if "liveness" in options:  # an Elector setting, carried with the backend's options
+        timings["liveness"] = options.pop("liveness")
     k = args.electors
     if k > 1:
         options["engine_options"] = {"pool_size": 2, "max_overflow": 2}
@@ -249,7 +259,7 @@ def child_main(args: argparse.Namespace) -> int:
     for i in range(k):
         cid = name if k == 1 else f"{name}.{i}"
         c = Counts()
-        elector = Elector(CountingBackend(backend, c), args.ns, cid, ttl=args.ttl)
+        elector = Elector(CountingBackend(backend, c), args.ns, cid, **timings)
         sub = elector.subscribe()
 
         def read(sub: Any = sub, i: int = i, cid: str = cid, c: Counts = c) -> None:
@@ -448,6 +458,9 @@ class BackendRun:
 def make_admin(config: str, url: str, prefix: str) -> tuple[Any, dict[str, Any], list[str]]:
     """The parent's backend, and the options the children must use; TypeError if n/a."""
     notes: list[str] = []
+    if config.endswith("-lease"):
+        admin, options, notes = make_admin(config.removesuffix("-lease"), url, prefix)
+        return admin, {**options, "liveness": False}, notes
     if config == "pg-notify":
         options: dict[str, Any] = {"listen": True}
         admin = backend_from_url(url, table_prefix=prefix, listen=False)  # TypeError: n/a
@@ -942,7 +955,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     interrupted = False
     try:
         for config in configs:
-            run_config(config, urls[config], args, cfg, out["results"])
+            run_config(config, urls[config.removesuffix("-lease")], args, cfg, out["results"])
     except KeyboardInterrupt:
         interrupted = True
         log("interrupted: children stopped, tables dropped; writing what was measured")

@@ -140,6 +140,10 @@ def _status(t: Target) -> dict[str, Any]:
         "acquired_at": lease.acquired_at.isoformat()
         if lease is not None and held and lease.acquired_at
         else None,
+        # the leader's liveness delta when its trust is bound by the lock, else None
+        "liveness": None
+        if lease is None or not held or lease.liveness_us is None
+        else lease.liveness_us / 1_000_000,
         "candidates": [_candidate_json(c, now) for c in candidates],
     }
 
@@ -174,6 +178,12 @@ def status(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
         click.echo(f"leader      {info['leader']}")
         click.echo(f"term        {info['term']}")
         click.echo(f"expires in  {info['expires_in']:.3f} s (database clock)")
+        live = info["liveness"]
+        click.echo(
+            f"liveness    on: replaced about {live:g} s after it dies"
+            if live is not None
+            else "liveness    off: replaced when its lease ends"
+        )
     else:
         click.echo(f"leader      none (last term {info['term']})")
     click.echo(f"candidates  {len(info['candidates'])}")

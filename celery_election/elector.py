@@ -27,6 +27,15 @@ stuck in a database call, and the dispatcher thread announces the revocation the
 success that returns after its own deadline counts as a failure: the term is resigned and
 a fresh one is sought, so every ``elected`` event has its own term.
 
+With a liveness session (``config.liveness``, ``liveness.py``) the leader also holds a lock
+on a connection of its own and pings it every delta / 4, and its trust ends at the
+earlier of the lease's bound and its last good ping + delta; the row says so
+(``lease.liveness_us``). Followers then wait on that lock instead of a timer: the
+database releases it when the leader dies (at once) or goes silent (after delta), and the
+follower it is granted to takes the term over delta later, before the lease ends. A term
+the row does not mark as bound by the lock is only ever taken when its lease ends. Belief
+tightens before the row says so and loosens only after.
+
 Failures never kill the thread. A follower retries with back-off; a leader keeps renewing
 until its trust window ends, then steps down. ``stop()`` drops the belief first, then
 resigns the term so a follower takes over at once, then unregisters the candidate.
@@ -795,7 +804,7 @@ class Elector:
         has not taken the lock yet), so this candidate neither holds nor waits.
         """
         live = self._live
-        if live is None:
+        if live is None or live.unsupported:
             return "off"
         if live.held:
             return "holding"

@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .backends.liveness import LivenessSession
+from .backends.liveness import LivenessSession, LivenessUnsupported
 from .clock import Clock
 from .errors import BackendUnavailableError
 
@@ -65,6 +65,8 @@ class Liveness:
         #: until when the last good ping proves the session alive (frozen after a loss)
         self.good_until: float | None = None
         self.failures = 0
+        #: the server cannot hold a liveness session: this thread stays idle
+        self.unsupported = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -126,7 +128,7 @@ class Liveness:
                         self._wait(self.ping_interval)
                         if self.wanted and not self._closed:
                             self._ping()
-                elif wanted:
+                elif wanted and not self.unsupported:
                     self._acquire()
                 else:
                     self._wait(None)
@@ -145,6 +147,10 @@ class Liveness:
         try:
             got = self.session.acquire(self.max_wait)
         except InterruptedError:
+            return
+        except LivenessUnsupported as exc:
+            log.warning("liveness is off: %s; the lease alone decides", exc)
+            self.unsupported = True
             return
         except BackendUnavailableError as exc:
             self.failures += 1

@@ -47,6 +47,7 @@ from .connection import WATCHDOG, interrupt, one_line
 __all__ = [
     "FileSession",
     "LivenessSession",
+    "LivenessUnsupported",
     "MySQLSession",
     "PostgresSession",
     "lock_key",
@@ -99,6 +100,10 @@ class LivenessSession(Protocol):
 _TIMED_OUT = object()
 
 
+class LivenessUnsupported(BackendUnavailableError):
+    """The server cannot end a silent session by itself (PostgreSQL before 14)."""
+
+
 class _DBSession:
     """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
 
@@ -126,8 +131,17 @@ class _DBSession:
         if self._conn is None:
             try:
                 conn = self._connect()
+            except Exception as exc:
+                raise self._lost(exc) from exc
+            try:
                 self._setup(conn)
             except Exception as exc:
+                conn.close()
+                if getattr(exc, "sqlstate", None) == "42704":  # unrecognized parameter
+                    raise LivenessUnsupported(
+                        f"{self.description} cannot end a silent session "
+                        f"(idle_session_timeout needs PostgreSQL 14+): {one_line(exc)}"
+                    ) from exc
                 raise self._lost(exc) from exc
             self._conn = conn
         return self._conn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,18 +54,25 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
         e.start()
         assert e.wait_for_leadership(10)
         term = e.term
+        deadline = time.monotonic() + 10
+        while backend.current("cli").liveness_us is None:  # until it holds the lock
+            assert time.monotonic() < deadline, "the leader never took the liveness lock"
+            time.sleep(0.02)
         out = cli(url, prefix, "status", "-N", "cli", "--json")
         assert out.exit_code == 0, out.output
         info = json.loads(out.output)
         assert set(info) == {
-            "namespace", "database", "leader", "term", "expires_in", "acquired_at", "candidates"
+            "namespace", "database", "leader", "term", "expires_in", "acquired_at", "candidates",
+            "liveness",
         }  # fmt: skip
+        assert info["liveness"] == e.config.liveness  # the delta its trust is bound by
         assert info["leader"] == "the-leader" and info["term"] == term
         assert 0 < info["expires_in"] <= 3
         assert [c["candidate_id"] for c in info["candidates"]] == ["the-leader"]
         assert set(info["candidates"][0]) == {"candidate_id", "hostname", "pid", "heartbeat_age"}
         human = cli(url, prefix, "status", "-N", "cli")
         assert "leader      the-leader" in human.output and f"term        {term}" in human.output
+        assert f"liveness    on: replaced about {e.config.liveness:g} s" in human.output
         listed = cli(url, prefix, "candidates", "-N", "cli", "--json")
         assert [c["pid"] for c in json.loads(listed.output)] == [os.getpid()]
         watched = cli(url, prefix, "watch", "-N", "cli", "--max-seconds", "0.5")
