@@ -452,6 +452,11 @@ class Elector:
             self._set_lead(None)
             self._post(self._transition("revoked", lead.term, reason))
             self._changed.notify_all()
+            if self._live is not None and reason in (RevokeReason.EXPIRED, RevokeReason.LOST):
+                # Let a follower have the lock now, even if this thread is stuck in a call
+                # (the dispatcher drops an expired lead): our belief has ended. A resign
+                # or stop releases it after the resign instead, so the row is vacant then.
+                self._live.want(False)
 
     # -- the election thread ----------------------------------------------------------------
 
@@ -642,7 +647,7 @@ class Elector:
         term = self._held_term
         assert term is not None
         started = self._clock.monotonic()
-        if self._live is not None:
+        if self._live is not None and self._lead is not None:
             self._live.want(True)  # a leader holds the lock (if it can: tagged from then on)
         tag = self._tag()
         with self._lock:

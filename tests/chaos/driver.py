@@ -448,7 +448,7 @@ class MemoryChaos(_Driver):
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
         super().__init__(settings, workdir)
-        self.backend = MemoryBackend()
+        self.backend = MemoryBackend(liveness=True)  # the in-process liveness lock too
         self.ns = "memory"
         self.members: list[tuple[Elector, _Gate, threading.Event]] = []
         self.dead: list[tuple[Elector, _Gate, threading.Event]] = []
