@@ -786,6 +786,11 @@ class Elector:
         """From the liveness thread: a good ping, a grant, or a lost session."""
         with self._lock:
             lead = self._lead
+            if lead is not None and self._clock.monotonic() >= lead.trusted_until:
+                # Trust ran out before this ping: leadership ended, and a late ping must
+                # not revive it (the dispatcher may not have announced it yet).
+                self._drop_lead(RevokeReason.EXPIRED)
+                lead = None
             if lead is not None and lead.tagged:
                 new = self._new_lead(lead.term, lead.lease_until, True)
                 if new.trusted_until != lead.trusted_until:
