@@ -49,23 +49,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import logging
 import os
 import random
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from .backends.base import Backend, Wakeup, WakeupHandle
 from .clock import Clock, RealClock
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .errors import ConfigurationError, ElectionError
-from .liveness import Liveness
+from .liveness import Liveness, LivenessRules
 from .term import Lease, trusted_until
+from .transitions import (
+    Backoff,
+    Lead,
+    RevokeReason,
+    State,
+    Subscription,
+    Transition,
+    exponential_backoff,
+)
 
 __all__ = [
     "Backoff",
@@ -81,102 +88,8 @@ log = logging.getLogger(__name__)
 
 _ERROR_REPEAT = 60.0  # seconds between two ERROR lines for one persisting failure
 
-#: Delay (seconds) before retry number ``attempt`` (1, 2, ...) after consecutive errors.
-Backoff = Callable[[int], float]
 
-
-def exponential_backoff(base: float = 0.1, cap: float = 5.0) -> Backoff:
-    """Doubling delays from ``base`` up to ``cap``, each jittered into its upper half."""
-
-    def delay(attempt: int) -> float:
-        ceiling = min(cap, base * 2.0 ** min(attempt - 1, 30))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
-
-    return delay
-
-
-class State(str, enum.Enum):
-    """What an elector is doing."""
-
-    STOPPED = "stopped"
-    FOLLOWER = "follower"
-    LEADER = "leader"
-    RESIGNING = "resigning"
-    STOPPING = "stopping"
-
-
-class RevokeReason(str, enum.Enum):
-    """Why leadership ended."""
-
-    #: The backend says the lease is no longer ours (taken after expiry, or gone).
-    LOST = "lost"
-    #: No renewal succeeded inside the trust window (database slow or unreachable).
-    EXPIRED = "expired"
-    #: ``resign()`` was called.
-    RESIGNED = "resigned"
-    #: ``stop()`` was called.
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One change of belief: ``kind`` is "elected" or "revoked"."""
-
-    kind: str
-    namespace: str
-    term: int
-    candidate_id: str
-    reason: RevokeReason | None = None
-    #: Boot-time clock reading when the belief changed.
-    at: float = 0.0
-
-
-@dataclass(frozen=True)
-class _Lead:
-    term: int
-    trusted_until: float
-    #: the lease's own bound (attempt start + ttl - margin)
-    lease_until: float = 0.0
-    #: whether the row says this term's trust is bound by the liveness session
-    tagged: bool = False
-
-
-class Subscription:
-    """An ordered stream of transitions; iterate it, or ``get()`` with a timeout."""
-
-    def __init__(self, owner: Elector) -> None:
-        self._owner = owner
-        self._items: collections.deque[Transition] = collections.deque()
-        self._cond = threading.Condition()
-        self.closed = False
-
-    def _put(self, item: Transition) -> None:
-        with self._cond:
-            self._items.append(item)
-            self._cond.notify_all()
-
-    def get(self, timeout: float | None = None) -> Transition | None:
-        """The next transition, or None after ``timeout`` seconds (real time) or close."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._items or self.closed, timeout)
-            return self._items.popleft() if self._items else None
-
-    def __iter__(self) -> Iterator[Transition]:
-        while True:
-            item = self.get()
-            if item is None:
-                return
-            yield item
-
-    def close(self) -> None:
-        """Stop receiving; a blocked ``get()`` returns None."""
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
-        self._owner._unsubscribe(self)
-
-
-class Elector:
+class Elector(LivenessRules):
     """Runs the election for one candidate in one namespace.
 
     Timings come from ``config`` or the keyword arguments (see ElectionConfig); a bad
@@ -225,7 +138,7 @@ class Elector:
 
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._lead: _Lead | None = None
+        self._lead: Lead | None = None
         self._held_term: int | None = None  # the term the row holds for our token
         self._last_lease: Lease | None = None
         self._started = False
@@ -438,7 +351,7 @@ class Elector:
             kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
         )
 
-    def _set_lead(self, lead: _Lead | None) -> None:
+    def _set_lead(self, lead: Lead | None) -> None:
         self._lead = lead
         for watcher in self._trust_watchers:
             try:
@@ -583,42 +496,6 @@ class Elector:
             self._look_by = now + max(wait, self.config.fallback_interval if healthy else 0.0)
         return wait
 
-    def _liveness_wait(self, live: Liveness, lease: Lease, now: float) -> float:
-        """Wait on the liveness lock for a leader whose trust the lock bounds.
-
-        Not granted: block on the lock (the liveness thread does; its grant pokes us), and
-        look at the row only every fallback_interval; where the lock does not bound
-        silence (SQLite: a paused holder keeps it), also when the lease ends. Granted:
-        take the term over once the leader's delta has passed since the grant.
-        """
-        assert lease.liveness_us is not None
-        live.want(True)
-        granted = live.granted_at
-        if granted is not None:
-            wait = max(0.0, granted + lease.liveness_us / 1_000_000 - now) + 0.001
-        elif live.bounds_silence:
-            wait = self.config.fallback_interval
-        else:
-            wait = min(self.config.fallback_interval, lease.remaining + random.uniform(0, 0.05))
-        with self._lock:
-            self._follow_until = self._look_by = now + wait
-        return wait
-
-    def _takeover_due(self, now: float) -> tuple[Lease | None, float]:
-        """The lease to take over now (with the seconds waited since the grant), if any."""
-        live, lease = self._live, self._last_lease
-        granted = None if live is None else live.granted_at
-        if (
-            granted is None
-            or lease is None
-            or not lease.held
-            or lease.liveness_us is None
-            or lease.token == self._token
-        ):
-            return None, 0.0
-        waited = now - granted
-        return (lease, waited) if waited * 1_000_000 >= lease.liveness_us else (None, 0.0)
-
     def _on_wakeup(self, wakeup: Wakeup) -> None:
         """A hint from the backend (listener thread). Only ever changes *when* we look."""
         with self._lock:
@@ -745,80 +622,6 @@ class Elector:
         with self._lock:
             self._changed.notify_all()
         self._dispatch_sleeper.wake()
-
-    # -- liveness -----------------------------------------------------------------------
-
-    def _start_liveness(self) -> Liveness | None:
-        """The liveness thread, if configured and the backend can hold a session."""
-        delta = self.config.liveness
-        make = getattr(self.backend, "liveness_session", None)
-        if delta is None or make is None:
-            return None
-        try:
-            session = make(self.namespace, delta, self.config.fallback_interval)
-        except Exception as exc:
-            log.warning("liveness is off for namespace %r: %s", self.namespace, exc)
-            return None
-        if session is None:
-            return None
-        return Liveness(
-            session,
-            delta,
-            self.config.fallback_interval,
-            self._clock,
-            self._on_liveness,
-            f"celery-election-liveness-{self.namespace}",
-        )
-
-    def _tag(self) -> float | None:
-        """The liveness delta to tag a step with: only while the lock is held."""
-        live = self._live
-        return live.delta if live is not None and live.held else None
-
-    def _new_lead(self, term: int, lease_until: float, tagged: bool) -> _Lead:
-        good = self._live.good_until if self._live is not None else None
-        deadline = lease_until
-        if tagged:
-            deadline = min(lease_until, good if good is not None else -1.0)
-        return _Lead(term, deadline, lease_until, tagged)
-
-    def _on_liveness(self, kind: str) -> None:
-        """From the liveness thread: a good ping, a grant, or a lost session."""
-        with self._lock:
-            lead = self._lead
-            if lead is not None and self._clock.monotonic() >= lead.trusted_until:
-                # Trust ran out before this ping: leadership ended, and a late ping must
-                # not revive it (the dispatcher may not have announced it yet).
-                self._drop_lead(RevokeReason.EXPIRED)
-                lead = None
-            if lead is not None and lead.tagged:
-                new = self._new_lead(lead.term, lead.lease_until, True)
-                if new.trusted_until != lead.trusted_until:
-                    self._set_lead(new)
-                    if new.trusted_until < lead.trusted_until:
-                        self._dispatch_sleeper.wake()  # announce the earlier end on time
-            if kind == "renewed":
-                return
-            # granted: a follower looks at the row now (a leader renews to tag its term);
-            # lost: a tagged leader renews untagged now, before its ping trust runs out.
-            self._poke = True
-            if self._held_term is not None:
-                self._next_renew = 0.0
-        self._sleeper.wake()
-
-    @property
-    def liveness(self) -> str:
-        """The liveness lock: "off", "holding" it, "waiting" for it, or "idle".
-
-        Idle: on, but nobody's trust is bound by the lock now (no leader, or one that
-        has not taken the lock yet), so this candidate neither holds nor waits.
-        """
-        live = self._live
-        if live is None or live.unsupported:
-            return "off"
-        if live.held:
-            return "holding"
-        return "waiting" if live.wanted else "idle"
 
     def _jittered(self, seconds: float, *, up: bool = True) -> float:
         """``seconds`` stretched or shrunk by up to the jitter fraction (only shrunk if not up)."""

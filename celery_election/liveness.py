@@ -19,14 +19,20 @@ lease, and every wait is interruptible so ``stop()`` is prompt.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from .backends.base import Backend
 from .backends.liveness import LivenessSession, LivenessUnsupported
-from .clock import Clock
+from .clock import Clock, Sleeper
+from .config import ElectionConfig
 from .errors import BackendUnavailableError
+from .term import Lease
+from .transitions import Lead, RevokeReason
 
-__all__ = ["RATE_ALLOWANCE", "Liveness"]
+__all__ = ["RATE_ALLOWANCE", "Liveness", "LivenessRules"]
 
 log = logging.getLogger(__name__)
 
@@ -194,3 +200,144 @@ class Liveness:
         except Exception:
             log.debug("liveness release failed; the session ends it", exc_info=True)
         self._on_change("lost")
+
+
+class LivenessRules:
+    """The Elector's part of the liveness protocol (see the module docstring).
+
+    A mixin of ``Elector``: what a follower does with the lock (wait on it, take over
+    delta after its grant) and how a leader's trust follows its pings. The rest of the
+    protocol, the lease, is in elector.py.
+    """
+
+    # The Elector's state these rules read and write (set in Elector.__init__).
+    config: ElectionConfig
+    backend: Backend
+    namespace: str
+    _clock: Clock
+    _lock: threading.Lock
+    _live: Liveness | None
+    _lead: Lead | None
+    _last_lease: Lease | None
+    _token: str
+    _poke: bool
+    _held_term: int | None
+    _next_renew: float
+    _follow_until: float
+    _look_by: float
+    _sleeper: Sleeper
+    _dispatch_sleeper: Sleeper
+
+    if TYPE_CHECKING:
+
+        def _set_lead(self, lead: Lead | None) -> None: ...
+
+        def _drop_lead(self, reason: RevokeReason) -> None: ...
+
+    def _liveness_wait(self, live: Liveness, lease: Lease, now: float) -> float:
+        """Wait on the liveness lock for a leader whose trust the lock bounds.
+
+        Not granted: block on the lock (the liveness thread does; its grant pokes us), and
+        look at the row only every fallback_interval; where the lock does not bound
+        silence (SQLite: a paused holder keeps it), also when the lease ends. Granted:
+        take the term over once the leader's delta has passed since the grant.
+        """
+        assert lease.liveness_us is not None
+        live.want(True)
+        granted = live.granted_at
+        if granted is not None:
+            wait = max(0.0, granted + lease.liveness_us / 1_000_000 - now) + 0.001
+        elif live.bounds_silence:
+            wait = self.config.fallback_interval
+        else:
+            wait = min(self.config.fallback_interval, lease.remaining + random.uniform(0, 0.05))
+        with self._lock:
+            self._follow_until = self._look_by = now + wait
+        return wait
+
+    def _takeover_due(self, now: float) -> tuple[Lease | None, float]:
+        """The lease to take over now (with the seconds waited since the grant), if any."""
+        live, lease = self._live, self._last_lease
+        granted = None if live is None else live.granted_at
+        if (
+            granted is None
+            or lease is None
+            or not lease.held
+            or lease.liveness_us is None
+            or lease.token == self._token
+        ):
+            return None, 0.0
+        waited = now - granted
+        return (lease, waited) if waited * 1_000_000 >= lease.liveness_us else (None, 0.0)
+
+    def _start_liveness(self) -> Liveness | None:
+        """The liveness thread, if configured and the backend can hold a session."""
+        delta = self.config.liveness
+        make = getattr(self.backend, "liveness_session", None)
+        if delta is None or make is None:
+            return None
+        try:
+            session = make(self.namespace, delta, self.config.fallback_interval)
+        except Exception as exc:
+            log.warning("liveness is off for namespace %r: %s", self.namespace, exc)
+            return None
+        if session is None:
+            return None
+        return Liveness(
+            session,
+            delta,
+            self.config.fallback_interval,
+            self._clock,
+            self._on_liveness,
+            f"celery-election-liveness-{self.namespace}",
+        )
+
+    def _tag(self) -> float | None:
+        """The liveness delta to tag a step with: only while the lock is held."""
+        live = self._live
+        return live.delta if live is not None and live.held else None
+
+    def _new_lead(self, term: int, lease_until: float, tagged: bool) -> Lead:
+        good = self._live.good_until if self._live is not None else None
+        deadline = lease_until
+        if tagged:
+            deadline = min(lease_until, good if good is not None else -1.0)
+        return Lead(term, deadline, lease_until, tagged)
+
+    def _on_liveness(self, kind: str) -> None:
+        """From the liveness thread: a good ping, a grant, or a lost session."""
+        with self._lock:
+            lead = self._lead
+            if lead is not None and self._clock.monotonic() >= lead.trusted_until:
+                # Trust ran out before this ping: leadership ended, and a late ping must
+                # not revive it (the dispatcher may not have announced it yet).
+                self._drop_lead(RevokeReason.EXPIRED)
+                lead = None
+            if lead is not None and lead.tagged:
+                new = self._new_lead(lead.term, lead.lease_until, True)
+                if new.trusted_until != lead.trusted_until:
+                    self._set_lead(new)
+                    if new.trusted_until < lead.trusted_until:
+                        self._dispatch_sleeper.wake()  # announce the earlier end on time
+            if kind == "renewed":
+                return
+            # granted: a follower looks at the row now (a leader renews to tag its term);
+            # lost: a tagged leader renews untagged now, before its ping trust runs out.
+            self._poke = True
+            if self._held_term is not None:
+                self._next_renew = 0.0
+        self._sleeper.wake()
+
+    @property
+    def liveness(self) -> str:
+        """The liveness lock: "off", "holding" it, "waiting" for it, or "idle".
+
+        Idle: on, but nobody's trust is bound by the lock now (no leader, or one that
+        has not taken the lock yet), so this candidate neither holds nor waits.
+        """
+        live = self._live
+        if live is None or live.unsupported:
+            return "off"
+        if live.held:
+            return "holding"
+        return "waiting" if live.wanted else "idle"

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy.engine import Engine
+
 from ..errors import BackendUnavailableError
 from .connection import WATCHDOG, interrupt, one_line
 
@@ -51,6 +53,7 @@ __all__ = [
     "MySQLSession",
     "PostgresSession",
     "lock_key",
+    "sql_session",
 ]
 
 log = logging.getLogger(__name__)
@@ -343,3 +346,38 @@ class FileSession:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor drops the lock
+
+
+def sql_session(
+    engine: Engine,
+    table_prefix: str,
+    namespace: str,
+    delta: float,
+    max_wait: float,
+    connect_timeout: float,
+) -> LivenessSession:
+    """The liveness lock of ``namespace`` for an SQL backend's database.
+
+    A connection of its own, built from the engine's URL (never from its pool: a pooled
+    connection is shared, and a session lock must die with this candidate alone).
+    ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
+    """
+    key = lock_key(table_prefix, namespace)
+    description = engine.url.render_as_string(hide_password=True)
+    dialect = engine.dialect
+    if dialect.name == "sqlite":
+        db = Path(str(engine.url.database))
+        return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
+    cargs, cparams = dialect.create_connect_args(engine.url)
+    cparams["connect_timeout"] = max(1, round(connect_timeout))
+    if dialect.name == "postgresql":
+        cparams.update(
+            application_name="celery-election-liveness",
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+        )
+        return PostgresSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)
+    cparams.update(read_timeout=max_wait + connect_timeout + 5, write_timeout=connect_timeout + 5)
+    return MySQLSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)

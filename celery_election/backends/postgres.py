@@ -27,7 +27,8 @@ import logging
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,6 +38,7 @@ from ..config import MAX_NAMESPACE_LENGTH
 from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt
+from .dialects import StepStyle
 from .schema import DEFAULT_TABLE_PREFIX, db_now_us
 from .sql import SQLBackend
 
@@ -270,6 +272,57 @@ class _Listener:
         return False
 
 
+@dataclass(frozen=True)
+class NotifyStyle(StepStyle):
+    """PostgreSQL: one statement per step that also reads a losing row and sends NOTIFY."""
+
+    channel: str = ""
+    lease: sa.Table | None = None
+    returning: bool = True
+    reads_in_step: bool = True
+
+    def statement(
+        self, update: sa.Update, columns: Sequence[sa.ColumnElement[Any]], event: str
+    ) -> sa.Executable:
+        returning = update.returning(*columns)
+        # WITH changed AS (UPDATE ... RETURNING ...)
+        # SELECT changed.*, true AS won, pg_notify(...)::text FROM changed
+        # UNION ALL
+        # SELECT lease.*, false, NULL FROM lease WHERE namespace = :ns
+        #     AND NOT EXISTS (SELECT 1 FROM changed)
+        changed = returning.cte("changed")
+        payload = sa.func.json_build_object(
+            sa.literal_column("'ns'"),
+            changed.c.namespace,
+            sa.literal_column("'ev'"),
+            sa.literal_column(f"'{event}'"),
+            sa.literal_column("'term'"),
+            changed.c.term,
+        )
+        notify = sa.func.pg_notify(self.channel, sa.cast(payload, sa.Text))
+        names = [c.name for c in returning.exported_columns]
+        first = sa.select(
+            *[changed.c[n] for n in names],
+            sa.true().label("won"),
+            sa.cast(notify, sa.Text).label("notified"),
+        )
+        t = self.lease
+        assert t is not None, "NotifyStyle needs the lease table"
+        current = {
+            "db_now": db_now_us().label("db_now"),
+            **{c.name: c for c in t.c},
+        }
+        second = sa.select(
+            *[current[n] for n in names],
+            sa.false().label("won"),
+            sa.cast(sa.null(), sa.Text).label("notified"),
+        ).where(
+            t.c.namespace == sa.bindparam("p_ns"),
+            ~sa.exists(sa.select(sa.literal(1)).select_from(changed)),
+        )
+        return sa.union_all(first, second)
+
+
 class PostgresBackend(SQLBackend):
     """SQLBackend on PostgreSQL through psycopg 3, with NOTIFY wakeups.
 
@@ -295,7 +348,7 @@ class PostgresBackend(SQLBackend):
                 f"PostgresBackend needs a postgresql+psycopg:// URL: got {self.description}"
             )
         self.channel = f"{table_prefix}ev".lower()
-        self.reads_in_step = True
+        self.style = NotifyStyle(channel=self.channel, lease=self.lease)
         self.listen = listen
         lurl = make_url(listen_url) if listen_url is not None else self.engine.url
         conninfo = lurl.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -316,43 +369,6 @@ class PostgresBackend(SQLBackend):
     def listener_statements(self) -> int:
         """Statements sent on the LISTEN connection so far (LISTEN and probes)."""
         return self._listener.statements
-
-    def _returning_step(self, returning: sa.Update, event: str) -> sa.Executable:
-        # WITH changed AS (UPDATE ... RETURNING ...)
-        # SELECT changed.*, true AS won, pg_notify(...)::text FROM changed
-        # UNION ALL
-        # SELECT lease.*, false, NULL FROM lease WHERE namespace = :ns
-        #     AND NOT EXISTS (SELECT 1 FROM changed)
-        changed = returning.cte("changed")
-        payload = sa.func.json_build_object(
-            sa.literal_column("'ns'"),
-            changed.c.namespace,
-            sa.literal_column("'ev'"),
-            sa.literal_column(f"'{event}'"),
-            sa.literal_column("'term'"),
-            changed.c.term,
-        )
-        notify = sa.func.pg_notify(self.channel, sa.cast(payload, sa.Text))
-        names = [c.name for c in returning.exported_columns]
-        first = sa.select(
-            *[changed.c[n] for n in names],
-            sa.true().label("won"),
-            sa.cast(notify, sa.Text).label("notified"),
-        )
-        t = self.lease
-        current = {
-            "db_now": db_now_us().label("db_now"),
-            **{c.name: c for c in t.c},
-        }
-        second = sa.select(
-            *[current[n] for n in names],
-            sa.false().label("won"),
-            sa.cast(sa.null(), sa.Text).label("notified"),
-        ).where(
-            t.c.namespace == sa.bindparam("p_ns"),
-            ~sa.exists(sa.select(sa.literal(1)).select_from(changed)),
-        )
-        return sa.union_all(first, second)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -57,7 +56,8 @@ from .connection import (
     one_line,
     private_engine,
 )
-from .liveness import FileSession, LivenessSession, MySQLSession, PostgresSession, lock_key
+from .dialects import RETURNING, ROWCOUNT, StepStyle
+from .liveness import LivenessSession, sql_session
 from .schema import (
     DEFAULT_TABLE_PREFIX,
     TOKEN_LENGTH,
@@ -91,7 +91,8 @@ class SQLBackend:
     the caller's work, and is not bounded by a deadline here.
     """
 
-    supports_returning: bool
+    #: how this dialect runs a step (dialects.py; PostgresBackend brings its own)
+    style: StepStyle
 
     def __init__(
         self,
@@ -129,9 +130,7 @@ class SQLBackend:
         self.lease = self.metadata.tables[f"{table_prefix}lease"]
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
         self.beat_run = self.metadata.tables[f"{table_prefix}beat_run"]
-        self.supports_returning = bool(self.engine.dialect.update_returning)
-        #: Whether a losing step reads the row in the same statement (PostgreSQL does).
-        self.reads_in_step = False
+        self.style = RETURNING if self.engine.dialect.update_returning else ROWCOUNT
         self._closed = False
         # SQLite runs inside this process: a fork while one of our calls holds its
         # allocator mutex leaves the child stuck on the copy. Forks wait for the call.
@@ -318,14 +317,12 @@ class SQLBackend:
             .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
             .values(token=None, leader_id=None, expires_at=now, liveness_us=None),
         }
-        if not self.supports_returning:
-            return dict(steps)
         # what NOTIFY tells listeners each step did (a take-over is an election)
         events = {"elected": "elected", "taken": "elected", "renewed": "renewed"}
         events["resigned"] = "resigned"
+        columns = self._lease_columns()
         return {
-            step: self._returning_step(stmt.returning(*self._lease_columns()), events[step])
-            for step, stmt in steps.items()
+            step: self.style.statement(stmt, columns, events[step]) for step, stmt in steps.items()
         }
 
     def _step(
@@ -345,7 +342,7 @@ class SQLBackend:
         """
         statement = self._statements[event]
         params = {"p_ns": namespace, **params}
-        if self.supports_returning:
+        if self.style.returning:
 
             def work(conn: Connection) -> sa.Row[Any] | None:
                 return conn.execute(statement, params).first()
@@ -370,10 +367,6 @@ class SQLBackend:
         lease = self.current(namespace, timeout=timeout, connection=connection)
         assert lease is not None
         return ElectResult(True, lease)
-
-    def _returning_step(self, returning: sa.Update, event: str) -> sa.Executable:
-        """The statement that runs a step; PostgreSQL adds its NOTIFY and a read here."""
-        return returning
 
     def _lost(
         self, namespace: str, timeout: float | None, connection: Caller | None
@@ -490,7 +483,7 @@ class SQLBackend:
             "p_ttl": _us(ttl),
             "p_live": _live_us(liveness),
         }
-        if not self.reads_in_step:
+        if not self.style.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
             # statement to report the row. So look first, and only try the UPDATE when
             # the lease looks vacant or expired: the UPDATE still decides, and a stale
@@ -641,34 +634,8 @@ class SQLBackend:
 
         ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
         """
-        key = lock_key(self.table_prefix, namespace)
-        if self.dialect == "sqlite":
-            db = Path(str(self.engine.url.database))
-            return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
-        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
-        connect_timeout = max(1, round(self._connect_timeout))
-        if self.dialect == "postgresql":
-            cparams.update(
-                connect_timeout=connect_timeout,
-                application_name="celery-election-liveness",
-                keepalives=1,
-                keepalives_idle=5,
-                keepalives_interval=2,
-                keepalives_count=3,
-            )
-            return PostgresSession(
-                lambda: self.engine.dialect.connect(*cargs, **cparams),
-                delta,
-                self.description,
-                key,
-            )
-        cparams.update(
-            connect_timeout=connect_timeout,
-            read_timeout=max_wait + self._connect_timeout + 5,
-            write_timeout=self._connect_timeout + 5,
-        )
-        return MySQLSession(
-            lambda: self.engine.dialect.connect(*cargs, **cparams), delta, self.description, key
+        return sql_session(
+            self.engine, self.table_prefix, namespace, delta, max_wait, self._connect_timeout
         )
 
     def current(
