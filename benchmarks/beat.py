@@ -79,7 +79,6 @@ import contextlib
 import datetime
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -95,12 +94,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _root  # noqa: F401  (the repository root on sys.path: harness)
 import sqlalchemy as sa
 from _machine import machine_info
 from celery import Celery
 from celery.beat import PersistentScheduler
 
 from celery_election.beat import LeaderScheduler
+from harness import stats
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "beat.json"
@@ -295,16 +296,7 @@ def make_app(cfg: str, st: Settings, queue: str, prefix: str) -> Celery:
 
 def percentiles(xs: list[float], scale: float = 1000.0) -> dict[str, float | None]:
     """Percentiles (ms by default) of a sample, plus max, mean and n."""
-    if not xs:
-        return {"n": 0, **{f"p{p:g}": None for p in PCTS}, "max": None, "mean": None}
-    s = sorted(xs)
-    out: dict[str, float | None] = {"n": len(s)}
-    for p in PCTS:
-        k = min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))
-        out[f"p{p:g}"] = s[k] * scale
-    out["max"] = s[-1] * scale
-    out["mean"] = statistics.fmean(s) * scale
-    return out
+    return stats.percentiles(xs, PCTS, scale)
 
 
 def run_once(cfg: str, mode: str, st: Settings, rep: int) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Starts electors, ``celery worker --election`` processes and LeaderScheduler beat
 the memory backend), applies seeded random faults one after another for the given time,
 then checks the combined history (celery_election.history) and writes a report:
 ``benchmarks/results/chaos-<backend>.json`` and a markdown table beside it. Exit status 1
-if any invariant was violated. The driver is tests/chaos/driver.py; the faults are in
-tests/chaos/faults.py. ``restart`` restarts the loopback database server: do not run this
+if any invariant was violated. The driver is harness/chaos/driver.py; the faults are in
+harness/chaos/faults.py. ``restart`` restarts the loopback database server: do not run this
 next to other work that needs the same server.
 """
 
@@ -22,11 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _root
+from _machine import machine_info
 
-from benchmarks._machine import machine_info  # noqa: E402
-from tests.chaos.driver import BACKENDS, FAULTS, Settings, judge, make  # noqa: E402
+from harness.chaos.driver import BACKENDS, FAULTS, Settings, judge, make
+
+ROOT = _root.ROOT
 
 
 def table(summary: dict[str, Any]) -> str:

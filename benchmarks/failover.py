@@ -91,14 +91,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _events
+import _root  # noqa: F401  (the repository root on sys.path: harness)
 import sqlalchemy as sa
-from _events import BenchError, Child, Collector, emit, log, pct
 from _machine import machine_info
 
 from celery_election import Elector, backend_from_url
 from celery_election.clock import boottime
 from celery_election.config import ElectionConfig
+from harness import events as _events
+from harness.events import BenchError, Child, Collector, emit, log
+from harness.stats import percentile as pct
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "failover.json"

@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _root  # noqa: F401  (the repository root on sys.path: harness)
+
+from celery_election import Elector, backend_from_url
+from celery_election.clock import boottime
+from harness.stats import percentile as pct
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from _events import pct  # noqa: E402
-
-from celery_election import Elector, backend_from_url  # noqa: E402
-from celery_election.clock import boottime  # noqa: E402
 
 URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",

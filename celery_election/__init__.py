@@ -6,19 +6,25 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  shared with pool children), beat.py (LeaderScheduler), tasks.py
                  (leader_task), control.py, signals.py, cli.py   -- import celery
     settings.py  every election_* setting, parsed and validated once per app
-    elector.py   the Elector; its docstring is the protocol (start there); aio.py wraps
-                 it for asyncio
+    elector.py   the Elector; its docstring is the protocol (start there); liveness.py
+                 the liveness rules and thread (failover in about a second);
+                 transitions.py what an elector reports; aio.py wraps it for asyncio
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
                  schema.py (tables, database clock), connection.py (engines, deadlines,
-                 error classes), sql.py (lease, candidates), sql_beat.py (beat runs),
-                 postgres.py (NOTIFY + LISTEN)
+                 error classes), dialects.py (how each database runs a step), sql.py
+                 (lease, candidates), sql_beat.py (beat runs), liveness.py (the lock
+                 sessions), postgres.py (NOTIFY + LISTEN)
     core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py
+
+Outside the package: ``harness/`` runs processes for the e2e tests, the chaos matrix and
+the benchmarks (not installed).
 
 To add a backend: implement ``backends.base.Backend`` (its ``beat`` property returns a
 ``BeatStore``), run it through ``tests/integration/test_backend_suite.py`` and the
 ``backend`` fixture in ``tests/conftest.py``, and name its URL scheme in
-``backends/__init__.py``. A new SQL dialect only needs ``schema.db_now_us``/``greatest``
-and its error codes in ``connection.classify``.
+``backends/__init__.py``. A new SQL dialect needs ``schema.db_now_us``/``greatest``, its
+error codes in ``connection.classify``, a ``dialects.StepStyle``, and (for liveness) a
+session in ``backends/liveness.py``.
 
 The core (Elector, backends, config, settings) never imports Celery; the Celery-side names
 (``init_app``, ``leader_task``, ``LeaderTask``) load it on first use.

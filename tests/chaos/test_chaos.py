@@ -16,11 +16,11 @@ import pytest
 
 from celery_election import Elector
 from celery_election.history import load
+from harness.chaos.driver import FAULTS, Settings, make
+from harness.chaos.faults import FAKETIME_LIB, restart_unsupported
 
 from ..conftest import server_url
 from ..services import REQUIRE
-from .driver import FAULTS, Settings, make
-from .faults import FAKETIME_LIB, restart_unsupported
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -24,6 +22,7 @@ from celery.result import AsyncResult
 from celery_election.app import leader_queue_name
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.term import Lease
+from harness.processes import Proc, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -69,7 +68,7 @@ class Cluster:
             "E2E_BEAT": "1" if beat else "",
             "E2E_QUEUE": f"q.{self.namespace}",
         }
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, Proc] = {}
         self.backend = backend_from_url(election_url, table_prefix=self.prefix)
         assert isinstance(self.backend, SQLBackend)
         self.backend.install()
@@ -117,41 +116,22 @@ class Cluster:
         self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule")])
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         cmd = [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args, "--loglevel", "INFO"]
-        # Own session: a SIGKILLed worker's orphans (pool, embedded beat) die with it below.
-        self.workers[name] = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.tmp,
-            start_new_session=True,
-        )
+        log = self.tmp / f"{name}.log"
+        self.workers[name] = Proc(name, cmd, env=self.env, cwd=self.tmp, log=log).start()
 
     def signal(self, name: str, sig: int) -> None:
-        self.workers[name].send_signal(sig)
+        self.workers[name].signal(sig)
 
     def wait_exit(self, name: str, timeout: float = 20) -> int:
         return self.workers[name].wait(timeout)
 
     def alive(self) -> list[str]:
-        return [n for n, p in self.workers.items() if p.poll() is None]
+        return [n for n, p in self.workers.items() if p.alive]
 
     def close(self) -> None:
-        for p in self.workers.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in self.workers.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for p in self.workers.values():  # orphaned children of killed processes
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
+        # SIGTERM, then SIGKILL to each group: a killed worker's orphans die here too.
+        stop_all(self.workers.values(), grace=15)
         if self.app.conf.broker_url.startswith("amqp"):
             with self.app.connection_for_write() as conn:
                 names = [f"q.{self.namespace}", self.leader_queue]

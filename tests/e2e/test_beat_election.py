@@ -13,28 +13,17 @@ import collections
 import itertools
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-from ..conftest import failed, server_url
 from .cluster import Cluster, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("cluster", [{"beat": True}], indirect=True, ids=["beat"]),
+]
 ENTRIES = ("every-second-a", "every-second-b")
-
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    db = server_url("postgresql")
-    c = Cluster(tmp_path, server_url("amqp"), db, f"db+{db}", beat=True)
-    try:
-        yield c
-    finally:
-        if failed(request):
-            print(c.logs())
-        c.close()
 
 
 def wait_ticks(c: Cluster, more: int, timeout: float = 30) -> None:

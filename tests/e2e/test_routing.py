@@ -11,28 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from ..conftest import failed, server_url
 from .cluster import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 N = 20
-
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    db = server_url("postgresql")
-    c = Cluster(tmp_path, server_url("amqp"), db, f"db+{db}")
-    try:
-        yield c
-    finally:
-        if failed(request):
-            print(c.logs())
-        c.close()
 
 
 def python(code: str, env: dict[str, str]) -> None:

@@ -13,35 +13,18 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from ..conftest import failed, server_url
 from .cluster import ROOT, Cluster, wait_until
+from .conftest import KINDS
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["rabbitmq+postgresql", "sqla+sqlite"])
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    if request.param == "rabbitmq+postgresql":
-        broker = server_url("amqp")
-        db = server_url("postgresql")
-        results = f"db+{db}"
-    else:
-        broker = f"sqla+sqlite:///{tmp_path}/broker.db"
-        db = f"sqlite:///{tmp_path}/election.db"
-        results = f"db+sqlite:///{tmp_path}/results.db"
-    c = Cluster(tmp_path, broker, db, results)
-    c.kind = request.param  # type: ignore[attr-defined]
-    try:
-        yield c
-    finally:
-        if failed(request):
-            print(c.logs())
-        c.close()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize(
+        "cluster", [{"kind": k} for k in KINDS], indirect=True, ids=list(KINDS)
+    ),
+]
 
 
 def celery_cli(*args: str, env: dict[str, str]) -> str:

@@ -13,9 +13,9 @@ import pytest
 from celery_election.aio import AsyncElector
 from celery_election.backends import backend_from_url
 from celery_election.elector import RevokeReason
+from harness.proxy import Proxy
 
 from ..conftest import server_url, unique_prefix
-from ..proxy import Proxy
 
 pytestmark = pytest.mark.timeout(120)
 FAST = dict(ttl=2.0, renew_interval=0.5, poll_interval=0.1, jitter=0)

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import queue
 import random
 import signal
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from celery_election.clock import boottime
+from harness.processes import Proc, stop_all
 
 TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}
 
@@ -50,14 +50,6 @@ def verb_view(verbs: dict[str, int]) -> dict[str, Any]:
     return {"stmts": sum(n for v, n in verbs.items() if v not in TX_VERBS), "verbs": verbs}
 
 
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    f = math.floor(k)
-    c = min(f + 1, len(s) - 1)
-    return s[f] + (s[c] - s[f]) * (k - f)
-
-
 # =========================================================================================
 # child
 # =========================================================================================
@@ -76,7 +68,8 @@ def start_child(name: str) -> threading.Event:
 
 def read_commands(stop: threading.Event, command: Callable[[str, str], None] | None = None) -> None:
     """A thread that passes each stdin line (command, rest) on; at EOF (the parent is
-    gone) it sets ``stop``."""
+    gone) it sets ``stop``.
+    """
 
     def commands() -> None:
         for line in sys.stdin:
@@ -103,7 +96,8 @@ def start_parent(
     """Check the command line, seed the trial timing, and make SIGINT and SIGTERM raise
     KeyboardInterrupt (also when started in the background, where SIGINT is ignored, or
     stopped with kill), so that children and tables are cleaned up. Returns the ``chosen``
-    comma list."""
+    comma list.
+    """
     if args.seed is not None:
         random.seed(args.seed)
 
@@ -125,7 +119,8 @@ def quick_defaults(
     args: argparse.Namespace, names: tuple[str, ...], quick: tuple[Any, ...], full: tuple[Any, ...]
 ) -> argparse.Namespace:
     """``args``, each option in ``names`` that was not set given its ``--quick`` or full-run
-    value."""
+    value.
+    """
     for name, default in zip(names, quick if args.quick else full, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -135,7 +130,8 @@ def quick_defaults(
 @contextlib.contextmanager
 def outcome(result: dict[str, Any], label: str, any_error: bool = False) -> Iterator[None]:
     """Record in ``result`` how its measurement ended. A BenchError (with ``any_error``:
-    any exception) ends the measurement but not the run; Ctrl-C ends both."""
+    any exception) ends the measurement but not the run; Ctrl-C ends both.
+    """
     try:
         yield
     except BenchError as exc:
@@ -192,6 +188,7 @@ class Collector(Generic[C]):
         self.events: list[dict[str, Any]] = []
         self.q: queue.Queue[dict[str, Any]] = queue.Queue()
         self.leading: dict[str, tuple[str, int]] = {}
+        self._children: dict[str, Proc] = {}  # every process launched, by name
         self._seq = 0
 
     # -- processes ------------------------------------------------------------------------
@@ -200,15 +197,11 @@ class Collector(Generic[C]):
         self, script: str, name: str, options: list[str], env: dict[str, str] | None = None
     ) -> subprocess.Popen[str]:
         """``script --child name *options`` in its own session, its reports read."""
-        popen = subprocess.Popen(
-            [sys.executable, str(Path(script).resolve()), "--child", name, *options],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches the parent only; it cleans up
-        )
+        cmd = [sys.executable, str(Path(script).resolve()), "--child", name, *options]
+        proc = Proc(name, cmd, env=env, pipes=True).start()
+        self._children[name] = proc
+        popen = proc.popen
+        assert popen is not None
 
         def read() -> None:
             assert popen.stdout is not None
@@ -232,21 +225,7 @@ class Collector(Generic[C]):
         return at
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.alive:
-                with contextlib.suppress(OSError):
-                    proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        for proc in self.procs.values():
-            try:
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
-            for pipe in (proc.popen.stdin, proc.popen.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
+        stop_all(self._children.values(), self.grace)
         self.drain()
 
     # -- reports --------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,23 +23,6 @@ import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-
-
-def kill(pid: int) -> None:
-    """SIGKILL the process group: a crash with no goodbye (no resign, no socket FIN first)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def stop(pid: int) -> None:
-    """SIGSTOP the group: a process paused (GC, swap, VM freeze) that will wake up later."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGSTOP)
-
-
-def cont(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGCONT)
 
 
 def kill_sessions(url: str, client_ports: Iterable[int]) -> int:

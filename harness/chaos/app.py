@@ -41,7 +41,7 @@ app.conf.update(
     beat_max_loop_interval=1,
     beat_schedule={
         "touch": {
-            "task": "tests.chaos.app.touch",
+            "task": "harness.chaos.app.touch",
             "schedule": TICK_EVERY,
             "options": {"expires": 30},
         },

@@ -1,6 +1,6 @@
 """The randomized fault driver: a seed picks faults, targets and timings; the history decides.
 
-A run starts electors (``tests.chaos.node``), ``celery worker --election`` processes and
+A run starts electors (``harness.chaos.node``), ``celery worker --election`` processes and
 ``celery beat`` LeaderScheduler processes, each talking to the database through its own
 TCP proxy, then applies one fault at a time, heals it, waits for every role to have a
 leader again, and pauses. Every process appends to one history file; the driver adds a
@@ -35,9 +35,9 @@ from celery_election.backends.base import Backend
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder, Report, check, load
-
-from ..proxy import Proxy
-from . import faults
+from harness.chaos import faults
+from harness.processes import Proc, stop_all
+from harness.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("memory", "sqlite", "pg-notify", "pg-poll", "mariadb")
@@ -66,7 +66,7 @@ class Node:
     cmd: list[str]
     env: dict[str, str]
     proxy: Proxy | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Proc | None = None
 
 
 @dataclass
@@ -89,7 +89,8 @@ class Settings:
 
 class _Driver:
     """The loop every run shares: start, step until the time is up (or, with ``cycle``,
-    each fault once), stop, then judge the history."""
+    each fault once), stop, then judge the history.
+    """
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
         if settings.backend not in BACKENDS:
@@ -164,25 +165,20 @@ class Chaos(_Driver):
         proxy, url = self._proxied()
         env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
         if role == "elector":
-            cmd = [sys.executable, "-m", "tests.chaos.node", url, ns, str(self.history),
+            cmd = [sys.executable, "-m", "harness.chaos.node", url, ns, str(self.history),
                    "--ttl", str(self.s.ttl), "--prefix", self.prefix]  # fmt: skip
             if self.s.backend == "pg-poll":
                 cmd.append("--no-listen")
         else:
             env["CHAOS_ELECTION"] = url
-            cmd = [sys.executable, "-m", "celery", "-A", "tests.chaos.app", *args]
-        self.nodes.append(Node(name, role, ns, cmd, env, proxy))
+            cmd = [sys.executable, "-m", "celery", "-A", "harness.chaos.app", *args]
+        node = Node(name, role, ns, cmd, env, proxy)
+        node.proc = Proc(name, cmd, env=env, cwd=self.workdir, log=self.workdir / f"{name}.log")
+        self.nodes.append(node)
 
     def _start(self, node: Node, skew: float = 0.0) -> None:
-        env = dict(node.env)
-        if skew:
-            env.update(faults.skew_env(skew))
-        log = open(self.workdir / f"{node.name}.log", "ab")  # noqa: SIM115 (child keeps it)
-        node.proc = subprocess.Popen(
-            node.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-            start_new_session=True,
-        )  # fmt: skip
-        log.close()
+        assert node.proc is not None
+        node.proc.start(faults.skew_env(skew) if skew else None)
 
     def setup(self) -> None:
         celery_env = {
@@ -213,7 +209,7 @@ class Chaos(_Driver):
     def _check_exits(self) -> None:
         """A process that exited without a fault is a finding: record it, start it again."""
         for node in self.nodes:
-            if node.proc is not None and node.proc.poll() is not None:
+            if node.proc is not None and node.proc.returncode is not None:
                 self.recorder.record("violation", message=(
                     f"{node.name} exited by itself (status {node.proc.returncode}); "
                     f"see {self.workdir / (node.name + '.log')}"
@@ -224,20 +220,8 @@ class Chaos(_Driver):
         return sorted({n.ns for n in self.nodes})
 
     def close(self) -> None:
+        stop_all([n.proc for n in self.nodes if n.proc is not None], grace=20)
         for node in self.nodes:
-            if node.proc is not None and node.proc.poll() is None:
-                faults.cont(node.proc.pid)
-                node.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for node in self.nodes:
-            if node.proc is None:
-                continue
-            try:
-                node.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                faults.kill(node.proc.pid)
-                node.proc.wait()
-            faults.kill(node.proc.pid)  # leftovers of the group (pool children)
             if node.proxy is not None:
                 node.proxy.close()
         if self.s.workers or self.s.beats:
@@ -301,8 +285,8 @@ class Chaos(_Driver):
         except Exception as exc:  # the harness failed, not the system under test: say so
             detail = {"harness_error": repr(exc)}
             self.recorder.record("harness_error", kind=fault, message=repr(exc))
-            faults.cont(pid)
-            if node.proc.poll() is not None:
+            node.proc.resume()
+            if not node.proc.alive:
                 self._start(node)
             for n in self.nodes:
                 if n.proxy is not None:
@@ -323,30 +307,29 @@ class Chaos(_Driver):
         """Inject ``fault`` on ``node``, hold it, heal it; returns what was drawn."""
         ttl, rng = self.s.ttl, self.rng
         assert node.proc is not None
-        pid = node.proc.pid
         detail: dict[str, Any] = {}
         if fault == "kill":
-            faults.kill(pid)
+            node.proc.kill()
             node.proc.wait()
             time.sleep(rng.uniform(0, 2) * ttl)
             self._start(node)
         elif fault == "pause":
-            faults.stop(pid)
+            node.proc.pause()
             detail["seconds"] = hold = rng.uniform(1.2, 2.5) * ttl
             time.sleep(hold)
-            faults.cont(pid)
+            node.proc.resume()
         elif fault == "resign":
-            node.proc.send_signal(signal.SIGTERM)
+            node.proc.signal(signal.SIGTERM)
             try:
                 node.proc.wait(30)
             except subprocess.TimeoutExpired:
-                faults.kill(pid)
+                node.proc.kill()
                 node.proc.wait()
                 detail["stuck"] = True
             self._start(node)
         elif fault == "skew":
             detail["seconds"] = skew = rng.choice((-3600.0, 3600.0))
-            faults.kill(pid)
+            node.proc.kill()
             node.proc.wait()
             self._start(node, skew=skew)
         elif fault == "conn_kill":

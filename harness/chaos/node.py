@@ -1,6 +1,6 @@
 """One bare elector process for the chaos runs: elects, records, and acts while trusted.
 
-    python -m tests.chaos.node URL NAMESPACE HISTORY [--ttl S] [--prefix P] [--no-listen]
+    python -m harness.chaos.node URL NAMESPACE HISTORY [--ttl S] [--prefix P] [--no-listen]
 
 It acts as leader every 20 ms: read the clock, check ``elector.term`` (trust, no I/O), and
 record the act under that term with the reading taken *before* the check. A paused process

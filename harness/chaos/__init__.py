@@ -1,0 +1,1 @@
+"""The chaos driver: real electors, workers and beats, with faults injected at random."""
