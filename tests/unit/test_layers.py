@@ -91,3 +91,24 @@ def test_the_core_never_imports_the_celery_side() -> None:
     bad = {m: sorted(GRAPH[m] & CELERY_SIDE) for m in core if GRAPH[m] & CELERY_SIDE}
     bad.pop("", None)  # the package's __init__ loads the Celery side lazily, by name
     assert bad == {}
+
+
+def test_the_harness_and_the_benchmarks_never_import_the_tests() -> None:
+    """Benchmarks and the harness they share stand on the package alone (issue 12)."""
+    root = PACKAGE.parent
+    offenders = []
+    for path in [
+        *root.joinpath("harness").rglob("*.py"),
+        *root.joinpath("benchmarks").glob("*.py"),
+    ]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            offenders += [
+                f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] == "tests"
+            ]
+    assert len(list(root.joinpath("harness").rglob("*.py"))) > 5  # the harness was read
+    assert offenders == []
