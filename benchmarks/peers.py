@@ -72,6 +72,7 @@ import random
 import secrets
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -96,7 +97,8 @@ from harness.stats import percentile as pct
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "peers.json"
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
-KINDS = ("celery-election", "advisory", "notifelect")
+KINDS = ("celery-election", "advisory", "tooz", "notifelect")
+FAULT_TRIALS = ("pause", "conn_kill")
 
 
 def child_url(base: str, kind: str, port: int | None) -> str:
@@ -176,6 +178,14 @@ def run_celery_election(args: argparse.Namespace, stop: threading.Event, rep: Re
     elector = Elector(backend, args.ns, args.child, ttl=args.ttl)
     sub = elector.subscribe()
 
+    def trust(term: int | None, until: float | None) -> None:
+        # Its belief ends at this deadline even if the process is stopped before it can
+        # say so (boot-time clock, as every report): the parent cuts its span there.
+        if until is not None:
+            emit({"event": "trust", "cand": args.child, "until": until})
+
+    elector.watch_trust(trust)
+
     def read() -> None:
         for tr in sub:
             if tr.kind == "elected":
@@ -231,6 +241,39 @@ def run_advisory(args: argparse.Namespace, stop: threading.Event, rep: Reporter)
         with contextlib.suppress(psycopg.Error):
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         conn.close()
+
+
+def run_tooz(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
+    """tooz's PostgreSQL driver as its users run it: block on the lock, lead while held.
+
+    Its lock is a session advisory lock on a psycopg2 connection of its own; tooz offers
+    no way to learn that the session ended, so a leader leads until it stops.
+    """
+    import warnings
+
+    from tooz import coordination
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # "PostgreSQL driver is deprecated"
+    url = args.url.replace("postgresql+psycopg://", "postgresql://")
+    coord = coordination.get_coordinator(url, args.child.encode())
+    coord.start()
+    lock = coord.get_lock(f"{args.prefix}leader".encode())
+
+    def hold() -> None:
+        try:
+            if lock.acquire(blocking=True):
+                rep.elected(boottime())
+        except Exception as exc:  # the connection died while waiting: tooz raises
+            rep.revoked(boottime(), f"lock wait failed: {type(exc).__name__}")
+
+    threading.Thread(target=hold, daemon=True).start()
+    emit({"event": "ready", "at": boottime()})
+    while not stop.wait(args.poll):
+        coord.heartbeat()  # what a tooz user calls periodically (a no-op on PostgreSQL)
+    rep.stop(boottime())
+    with contextlib.suppress(Exception):
+        lock.release()
+    coord.stop()
 
 
 def run_notifelect(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
@@ -290,6 +333,7 @@ def child_main(args: argparse.Namespace) -> int:
     run = {
         "celery-election": run_celery_election,
         "advisory": run_advisory,
+        "tooz": run_tooz,
         "notifelect": run_notifelect,
     }[args.kind]
     run(args, stop, rep)
@@ -643,6 +687,67 @@ def crash_trial(cl: Cluster) -> dict[str, Any]:
     return sample
 
 
+def overlap_since(cl: Cluster, t0: float) -> float:
+    """Seconds, from ``t0`` on, during which two processes believed they led."""
+    total = 0.0
+    for a, b in cl.overlapping():
+        total += max(0.0, min(a.end, b.end) - max(a.start, b.start, t0))
+    return total
+
+
+def client_ports(pid: int, server_port: int) -> list[int]:
+    """The local ports of ``pid``'s TCP connections to ``server_port`` (from ``ss``)."""
+    out = subprocess.run(
+        ["ss", "-tnpH", "state", "established"], capture_output=True, text=True, check=True
+    ).stdout
+    ports = []
+    for line in out.splitlines():
+        fields = line.split()
+        if f"pid={pid}," not in line or len(fields) < 4:
+            continue
+        local, peer = fields[2], fields[3]
+        if peer.rsplit(":", 1)[1] == str(server_port):
+            ports.append(int(local.rsplit(":", 1)[1]))
+    return ports
+
+
+def fault_trial(cl: Cluster, fault: str) -> dict[str, Any]:
+    """``pause`` (SIGSTOP for --pause-seconds, then SIGCONT) or ``conn_kill`` (the server
+    ends every session of the leader's process, which lives on): when another process
+    leads (if one does within the window), and how long two believed they led."""
+    window = cl.kind.args.pause_seconds
+    cl.one_leader()
+    cl.pump(random.uniform(0.05, min(cl.kind.cycle, 4.0)))
+    proc, cand = cl.one_leader()
+    mark = len(cl.events)
+    cl.drain()
+    at = boottime()
+    sample: dict[str, Any] = {"old": cand}
+    if fault == "pause":
+        proc.popen.send_signal(signal.SIGSTOP)
+    else:
+        url = sa.make_url(cl.kind.args.pg_url)
+        ports = client_ports(proc.popen.pid, url.port or 5432)
+        with psycopg.connect(child_url(cl.kind.args.pg_url, "advisory", None)) as c:
+            c.autocommit = True
+            row = c.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE client_port = ANY(%s)",
+                (ports,),
+            ).fetchone()
+        sample["sessions_killed"] = row[0] if row else 0
+    new = cl.next_elected(proc, at, mark, window)
+    if fault == "pause":
+        cl.pump(max(0.0, at + window - boottime()))
+        proc.popen.send_signal(signal.SIGCONT)
+    cl.pump(2.0 + cl.kind.cycle / 2)  # the old leader finds out (or does not)
+    sample["new"] = None if new is None else new["cand"]
+    sample["failover_ms"] = None if new is None else (new["at"] - at) * 1000
+    sample["overlap_s"] = overlap_since(cl, at)
+    sample["old_still_leads"] = cand in cl.leading
+    return sample
+
+
 def steady_window(cl: Cluster, proxy: Proxy, seconds: float) -> dict[str, Any]:
     """Statements per minute per process between two proxy snapshots."""
     cl.one_leader()
@@ -690,7 +795,7 @@ def make_kind(name: str, args: argparse.Namespace, notes: list[str]) -> Kind:
         kind.cycle = cfg.ttl
         kind.admin = backend_from_url(child_url(args.pg_url, name, None), table_prefix=prefix)
         kind.admin.install()
-    elif name == "advisory":
+    elif name in ("advisory", "tooz"):
         kind.cycle = args.poll
     else:
         kind.cycle = args.ne_interval + args.ne_timeout
@@ -807,6 +912,23 @@ def run_kind(name: str, args: argparse.Namespace, into: list[dict[str, Any]]) ->
             collect_notes(cl, result)
             result["overlaps"] += cl.overlaps()
             cl.close()
+            for fault in FAULT_TRIALS:
+                log(f"[{name}] {args.fault_trials} x {fault}")
+                result[fault] = []
+                for i in range(1, args.fault_trials + 1):
+                    # A fresh cluster each time: a fault may leave two leaders behind.
+                    cl = start_cluster(kind, f"{fault}{i}", args, result, clusters)
+                    try:
+                        sample = fault_trial(cl, fault)
+                    except BenchError as exc:
+                        result["failures"].append(f"{fault} trial {i}: {exc}")
+                        log(f"  {i:>3}: FAILED: {exc}")
+                        continue
+                    finally:
+                        collect_notes(cl, result)
+                        cl.close()
+                    result[fault].append(sample)
+                    log(f"  {i:>3}: {describe(fault, sample)}")
     finally:
         for c in clusters:
             c.close()
@@ -847,6 +969,12 @@ def collect_notes(cl: Cluster, result: dict[str, Any]) -> None:
 
 
 def describe(key: str, s: dict[str, Any]) -> str:
+    if key in ("pause", "conn_kill"):
+        after = "none in the window" if s["new"] is None else f"{s['failover_ms']:.0f} ms"
+        return (
+            f"{s['old']}: new leader {after}; two believed they led for "
+            f"{s['overlap_s']:.2f} s; old one still leads: {s['old_still_leads']}"
+        )
     if key == "handoff":
         return (
             f"{s['old']} -> {s['new']}: {s['from_revoke_ms']:.1f} ms after the old leader "
@@ -887,6 +1015,15 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "notifications_per_min": [p["notifications_per_min"] for p in steady],
         "failed_trials": r.get("handoff_failed", 0) + r.get("crash_failed", 0),
         "discarded_for_server_restart": r.get("restarts_seen", 0),
+        **{
+            f"{f}_ms": stats([s["failover_ms"] for s in r.get(f, []) if s["new"] is not None])
+            for f in FAULT_TRIALS
+        },
+        **{f"{f}_none": sum(s["new"] is None for s in r.get(f, [])) for f in FAULT_TRIALS},
+        **{
+            f"{f}_overlap_s": max((s["overlap_s"] for s in r.get(f, [])), default=None)
+            for f in FAULT_TRIALS
+        },
         "overlapping_beliefs": len(r["overlaps"]),
         "overlap_seconds_max": max((o["seconds"] for o in r["overlaps"]), default=0.0),
     }
@@ -912,10 +1049,12 @@ def rates(xs: list[float]) -> str:
 def format_table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = (
         "| elector | clean stop -> new leader p50 / p95 / max | crash (SIGKILL) -> new leader "
-        "p50 / p95 / max | crash: past lease expiry p50 / p95 / max | stmts/min leader / "
+        "p50 / p95 / max | crash: past lease expiry p50 / p95 / max | pause -> new leader "
+        "p50 / p95 / max | killed connection -> new leader p50 / p95 / max | seconds two "
+        "believed they led (pause / killed connection, max) | stmts/min leader / "
         "followers | notifications received/min | overlapping beliefs |"
     )
-    lines = [head, "|" + " --- |" * 7]
+    lines = [head, "|" + " --- |" * 10]
     for s in summaries:
         if s["status"] != "ok" and s["clean_stop_ms"] is None:
             lines.append(f"| {s['kind']} | {s['status']} | | | | | |")
@@ -926,9 +1065,18 @@ def format_table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> s
         label = s["kind"]
         if s["failed_trials"]:
             label += f" ({s['failed_trials']} trials without a new leader)"
+        faults = []
+        for f in FAULT_TRIALS:
+            text = triple(s[f"{f}_ms"], "ms")
+            if s[f"{f}_none"]:
+                text += f" ({s[f'{f}_none']} with none in {args.pause_seconds:g} s)"
+            faults.append(text)
+        both = [s[f"{f}_overlap_s"] for f in FAULT_TRIALS]
+        believed = " / ".join("-" if x is None else f"{x:.2f} s" for x in both)
         lines.append(
             f"| {label} | {triple(s['clean_stop_ms'], 'ms')} | {triple(s['crash_ms'], 'ms')} "
-            f"| {triple(s['crash_past_expiry_ms'], 'ms')} | "
+            f"| {triple(s['crash_past_expiry_ms'], 'ms')} | {faults[0]} | {faults[1]} | "
+            f"{believed} | "
             f"{rates(s['leader_stmts_per_min'])} / {rates(s['follower_stmts_per_min'])} | "
             f"{rates(s['notifications_per_min'])} | {overl} |"
         )
@@ -956,6 +1104,15 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, help="celery-election lease ttl, seconds [10]")
     p.add_argument("--steady-seconds", type=float, help="statement-count window, seconds [60]")
     p.add_argument("--poll", type=float, default=1.0, help="advisory: lock poll / liveness check")
+    p.add_argument(
+        "--fault-trials", type=int, default=3, help="trials of pause and of killed connection"
+    )
+    p.add_argument(
+        "--pause-seconds",
+        type=float,
+        default=5.0,
+        help="how long a paused leader stays stopped, and the window to see a new leader",
+    )
     p.add_argument(
         "--ne-timeout", type=float, help="notifelect election_timeout [1, or 0.5 if ttl < 5]"
     )

@@ -299,19 +299,27 @@ class Collector(Generic[C]):
         """Every belief "I lead" so far; one still held ends when its process ended, or now."""
         spans: list[Span] = []
         open_: dict[str, tuple[int, float, str]] = {}
+        # A child that reports its trust deadline ("trust" events, in the order written)
+        # believes at most until the last one: a stopped process cannot say it stopped.
+        until: dict[str, float] = {}
         now = boottime()
-        for e in sorted(
-            (e for e in self.events if e["event"] in ("elected", "revoked")),
-            key=lambda e: float(e["at"]),
-        ):
+
+        def end(cand: str, at: float) -> float:
+            return min(at, until.get(cand, at))
+
+        for e in self.events:
             if e["event"] == "elected":
                 open_[e["cand"]] = (e["term"], e["at"], e["proc"])
-            elif e["cand"] in open_:
+                until.pop(e["cand"], None)
+            elif e["event"] == "trust" and e["cand"] in open_:
+                until[e["cand"]] = float(e["until"])
+            elif e["event"] == "revoked" and e["cand"] in open_:
                 term, start, _p = open_.pop(e["cand"])
-                spans.append(Span(e["cand"], term, start, e["at"]))
+                spans.append(Span(e["cand"], term, start, end(e["cand"], e["at"])))
         for cand, (term, start, pname) in open_.items():
             proc = self.procs.get(pname)
-            spans.append(Span(cand, term, start, (proc.ended_at if proc else None) or now))
+            stop = (proc.ended_at if proc else None) or now
+            spans.append(Span(cand, term, start, end(cand, stop)))
         return spans
 
     def overlapping(self) -> list[tuple[Span, Span]]:
