@@ -186,6 +186,15 @@ class _DBSession:
             except Exception:
                 log.debug("closing a lost liveness connection failed", exc_info=True)
 
+    def release(self) -> None:
+        """End the session: the server frees its lock at once.
+
+        The server would end an idle session after delta anyway, so keeping it open for
+        the next wait gains nothing.
+        """
+        with self._mutex:
+            self._drop()
+
     def ping(self) -> None:
         conn = self._connection()
         deadline = WATCHDOG.arm(conn, self.delta)  # a stalled link must not hang the thread
@@ -227,13 +236,6 @@ class PostgresSession(_DBSession):
             self._held = got is not _TIMED_OUT
             return self._held
 
-    def release(self) -> None:
-        with self._mutex:
-            if self._held:
-                self._held = False
-                with contextlib.suppress(BackendUnavailableError, InterruptedError):  # lost: freed
-                    self._execute("SELECT pg_advisory_unlock(%s)", (self.key,))
-
 
 class MySQLSession(_DBSession):
     """``GET_LOCK`` on a PyMySQL connection with ``wait_timeout = ceil(delta)``."""
@@ -255,13 +257,6 @@ class MySQLSession(_DBSession):
             got = self._execute("SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))))
             self._held = got == 1
             return self._held
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._held:
-                self._held = False
-                with contextlib.suppress(BackendUnavailableError, InterruptedError):
-                    self._execute("SELECT RELEASE_LOCK(%s)", (self.name,))
 
 
 # Open lock files, closed in a forked child: a child holding the parent's open file
