@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .backends.base import Backend
+from .backends.base import Backend, WakeupHandle
 from .backends.liveness import LivenessSession, LivenessUnsupported
 from .clock import Clock, Sleeper
 from .config import ElectionConfig
@@ -80,11 +80,6 @@ class Liveness:
     def held(self) -> bool:
         """Whether the lock is held and has been pinged since the grant."""
         return self.granted_at is not None
-
-    @property
-    def bounds_silence(self) -> bool:
-        """Whether the server ends a silent holder's session (else only death does)."""
-        return self.session.bounds_silence
 
     @property
     def wanted(self) -> bool:
@@ -227,6 +222,7 @@ class LivenessRules:
     _look_by: float
     _sleeper: Sleeper
     _dispatch_sleeper: Sleeper
+    _wakeup: WakeupHandle | None
 
     if TYPE_CHECKING:
 
@@ -237,22 +233,25 @@ class LivenessRules:
     def _liveness_wait(self, live: Liveness, lease: Lease, now: float) -> float:
         """Wait on the liveness lock for a leader whose trust the lock bounds.
 
-        Not granted: block on the lock (the liveness thread does; its grant pokes us), and
-        look at the row only every fallback_interval; where the lock does not bound
-        silence (SQLite: a paused holder keeps it), also when the lease ends. Granted:
-        take the term over once the leader's delta has passed since the grant.
+        Granted: take the term over once the leader's delta has passed since the grant.
+        Not granted: the liveness thread blocks on the lock and its grant pokes us (a
+        resign releases it, so no poll is needed for a clean handoff); the lease stays
+        the net: we still look when it would end (a lock wait can hang on a link that
+        died without a word, and on SQLite a stopped holder keeps its file lock), later
+        when a NOTIFY says the leader renewed, at the latest every fallback_interval.
         """
         assert lease.liveness_us is not None
         live.want(True)
         granted = live.granted_at
+        healthy = self._wakeup is not None and self._wakeup.healthy
         if granted is not None:
             wait = max(0.0, granted + lease.liveness_us / 1_000_000 - now) + 0.001
-        elif live.bounds_silence:
-            wait = self.config.fallback_interval
+            look_by = now + wait
         else:
             wait = min(self.config.fallback_interval, lease.remaining + random.uniform(0, 0.05))
+            look_by = now + max(wait, self.config.fallback_interval if healthy else 0.0)
         with self._lock:
-            self._follow_until = self._look_by = now + wait
+            self._follow_until, self._look_by = now + wait, look_by
         return wait
 
     def _takeover_due(self, now: float) -> tuple[Lease | None, float]:

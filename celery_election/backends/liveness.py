@@ -18,8 +18,8 @@ Three kinds, one protocol (``LivenessSession``):
 * MySQL/MariaDB: ``GET_LOCK(name, seconds)``; ``wait_timeout`` is in whole seconds, so the
   server ends a silent session after ``ceil(delta)``.
 * SQLite: ``flock`` on a file beside the database. The kernel drops it when the process
-  dies; nothing ends a paused holder's lock, so ``bounds_silence`` is False there and a
-  follower also waits for the lease, as without liveness.
+  dies; nothing ends a paused holder's lock, so there a pause is survived by the lease
+  alone, as without liveness (followers keep looking at the lease while they wait).
 
 A session is made by ``backend.liveness_session(namespace, delta)``; None means the
 backend cannot hold one (an old server, a pooler): the elector then runs the lease
@@ -71,10 +71,6 @@ class LivenessSession(Protocol):
     ``close`` may come from any thread.
     """
 
-    #: Whether the server ends a silent holder's session within delta (False: only a
-    #: dead process releases the lock, so a paused holder keeps it).
-    bounds_silence: bool
-
     @property
     def held(self) -> bool:
         """Whether this session holds the lock (as far as it knows)."""
@@ -109,8 +105,6 @@ class LivenessUnsupported(BackendUnavailableError):
 
 class _DBSession:
     """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
-
-    bounds_silence = True
 
     def __init__(
         self,
@@ -279,11 +273,10 @@ os.register_at_fork(after_in_child=_forget_in_child)
 class FileSession:
     """``flock`` on a file beside the SQLite database; the kernel drops it at exit.
 
-    Nothing ends a stopped holder's lock, so ``bounds_silence`` is False: a follower's
-    wait is also bounded by the lease. A wait polls the lock every 5 ms: no statements.
+    Nothing ends a stopped holder's lock: after a pause, the lease hands over (followers
+    look at it while they wait). A wait polls the lock every 5 ms: no statements.
     """
 
-    bounds_silence = False
     _POLL = 0.005
 
     def __init__(self, path: Path, delta: float) -> None:

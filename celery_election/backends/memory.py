@@ -467,8 +467,6 @@ class _Locks:
 class MemorySession:
     """The memory backend's liveness session (see ``MemoryBackend.liveness_session``)."""
 
-    bounds_silence = True
-
     def __init__(self, locks: _Locks, namespace: str, delta: float, clock: Clock) -> None:
         self._locks, self.namespace, self.delta, self._clock = locks, namespace, delta, clock
         self.last_seen = 0.0

@@ -1,0 +1,138 @@
+"""The liveness rules on the in-process backend (real time, short timings).
+
+The same rules run against the real servers in tests/integration/test_liveness.py; here
+faults that a server cannot be made to show on demand: a lock wait that hangs on a dead
+link, and a leader whose lease calls hang while its lock session stays healthy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_election import Elector
+from celery_election.backends import MemoryBackend
+from celery_election.backends.memory import MemorySession
+from celery_election.history import Recorder, check, load
+
+TTL = 2.0  # liveness delta 0.375 s by default
+
+
+class Freezable:
+    """A backend view whose lease calls hang while frozen; its lock session is untouched."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.open = threading.Event()
+        self.open.set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in ("liveness_session", "subscribe_wakeups") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.open.wait()
+            return attr(*args, **kwargs)
+
+        return call
+
+
+class HungLocks:
+    """A backend view whose lock waits never return a grant: a wait on a link that died."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+        class Hung(MemorySession):
+            def acquire(self, timeout: float) -> bool:
+                threading.Event().wait(timeout)
+                return False
+
+        return Hung(self.inner._locks, namespace, delta, self.inner.clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[MemoryBackend, Callable[..., Elector], Path]]:
+    backend = MemoryBackend(liveness=True)
+    history = tmp_path / "history.jsonl"
+    electors: list[Elector] = []
+
+    def make(view: Any, name: str) -> Elector:
+        e = Elector(view, "ns", candidate_id=name, ttl=TTL)
+        Recorder(history, role=name).attach(e)
+        electors.append(e)
+        return e.start()
+
+    yield backend, make, history
+    for e in electors:
+        e.stop()
+
+
+def wait(condition: Callable[[], bool], timeout: float) -> bool:
+    done = threading.Event()
+    end = threading.Timer(timeout, done.set)
+    end.start()
+    try:
+        while not condition():
+            if done.wait(0.01):
+                return condition()
+        return True
+    finally:
+        end.cancel()
+
+
+def test_a_follower_whose_lock_wait_hangs_still_takes_over_when_the_lease_ends(
+    world: tuple[MemoryBackend, Callable[..., Elector], Path],
+) -> None:
+    backend, make, history = world
+    leader_view = Freezable(backend)
+    leader = make(leader_view, "leader")
+    assert leader.wait_for_leadership(5)
+    assert wait(lambda: leader.liveness == "holding", 5)
+    follower = make(HungLocks(backend), "follower")
+    assert wait(lambda: follower.liveness == "waiting", 5)
+    leader_view.open.clear()  # its renewals hang: its trust ends with its lease
+    try:
+        # The follower's lock wait never returns (60 s bound): the lease must hand over.
+        assert follower.wait_for_leadership(4 * TTL), "waited on a dead lock, not the lease"
+        assert backend.current("ns").liveness_us is None  # won on the lease, not the lock
+    finally:
+        leader_view.open.set()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
+
+
+def test_a_leader_whose_lease_calls_hang_lets_go_of_the_lock_for_a_follower(
+    world: tuple[MemoryBackend, Callable[..., Elector], Path],
+) -> None:
+    """Its belief ends with its lease trust; the lock (still pinged) must be released then,
+    so the follower takes over through the lock, before the lease has expired."""
+    backend, make, history = world
+    leader_view = Freezable(backend)
+    leader = make(leader_view, "leader")
+    assert leader.wait_for_leadership(5)
+    assert wait(lambda: backend.current("ns").liveness_us is not None, 5)
+    follower = make(backend, "follower")
+    assert wait(lambda: follower.liveness == "waiting", 5)
+    leader_view.open.clear()
+    old = backend.current("ns")  # its last renewal: no more come
+    try:
+        assert follower.wait_for_leadership(4 * TTL)
+        new = backend.current("ns")
+        assert new.term > old.term and new.liveness_us is not None  # through the lock,
+        assert new.acquired_at_us < old.expires_at_us  # before the lease could expire
+    finally:
+        leader_view.open.set()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
