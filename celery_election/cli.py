@@ -1,6 +1,6 @@
 """``celery election ...`` (with ``-A proj``) and ``celery-election ...`` (with ``--url``).
 
-    celery -A proj election status [--namespace NS] [--json]
+    celery -A proj election status [--namespace NS | --all] [--json]
     celery -A proj election candidates | resign | watch
     celery -A proj election install [--dry-run] | uninstall [--dry-run] [--yes]
     celery-election --url postgresql+psycopg://... status
@@ -164,15 +164,33 @@ _namespace = click.option("--namespace", "-N", help="Election namespace (default
 
 @election.command()
 @_namespace
+@click.option(
+    "--all", "every", is_flag=True, help="Every namespace in the database (beats: <ns>-beat)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def status(ctx: click.Context, namespace: str | None, as_json: bool) -> None:
+def status(ctx: click.Context, namespace: str | None, every: bool, as_json: bool) -> None:
     """Show the leader, its term, when its lease expires, and the live candidates."""
-    with _using(ctx, namespace) as t:
-        info = _status(t)
+    if every and namespace:
+        raise click.UsageError("give --all or --namespace, not both")
+    with _using(ctx, namespace, known=not every) as t:
+        if every:
+            _check_exists(t)
+            infos = [_status(replace(t, namespace=ns)) for ns in t.backend.namespaces()]
+        else:
+            infos = [_status(t)]
     if as_json:
-        click.echo(json.dumps(info))
+        click.echo(json.dumps(infos if every else infos[0]))
         return
+    if every and not infos:
+        click.echo(f"no election has run in {t.backend.description} yet")
+    for n, info in enumerate(infos):
+        if n:
+            click.echo("")
+        _print_status(info)
+
+
+def _print_status(info: dict[str, Any]) -> None:
     click.echo(f"namespace   {info['namespace']}  ({info['database']})")
     if info["leader"]:
         click.echo(f"leader      {info['leader']}")

@@ -669,24 +669,22 @@ class Elector(LivenessRules):
                 if on_error is not None:
                     on_error(item)
                 return
+            # One line per change, every field in it, for a log search
+            # ("election leader elected namespace=jobs").
+            reason = item.reason.value if item.reason is not None else "won"
+            log.info(
+                "election leader %s namespace=%s term=%s candidate=%s reason=%s",
+                item.kind,
+                self.namespace,
+                item.term,
+                self.candidate_id,
+                reason,
+            )
             if item.kind == "elected":
-                log.info(
-                    "%s elected leader of namespace %r, term %s",
-                    self.candidate_id,
-                    self.namespace,
-                    item.term,
-                )
                 if on_elected is not None:
                     on_elected(item.term)
             else:
                 assert item.reason is not None
-                log.info(
-                    "%s no longer leads namespace %r (term %s, %s)",
-                    self.candidate_id,
-                    self.namespace,
-                    item.term,
-                    item.reason.value,
-                )
                 if on_revoked is not None:
                     on_revoked(item.term, item.reason)
         except Exception:

@@ -101,6 +101,35 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
     engine.dispose()
 
 
+def test_status_all_lists_every_namespace(target: tuple[str, str]) -> None:
+    """``status --all``: every election in the database, a worker's and a beat's alike."""
+    url, prefix = target
+    assert cli(url, prefix, "install").exit_code == 0
+    empty = cli(url, prefix, "status", "--all")
+    assert empty.exit_code == 0 and "no election has run" in empty.output
+    assert json.loads(cli(url, prefix, "status", "--all", "--json").output) == []
+    backend = backend_from_url(url, table_prefix=prefix)
+    electors = [Elector(backend, ns, f"c-{ns}", ttl=3) for ns in ("jobs", "jobs-beat")]
+    try:
+        for e in electors:
+            e.start()
+        assert all(e.wait_for_leadership(10) for e in electors)
+        listed = cli(url, prefix, "status", "--all", "--json")
+        assert listed.exit_code == 0, listed.output
+        infos = json.loads(listed.output)
+        assert [i["namespace"] for i in infos] == ["jobs", "jobs-beat"]
+        assert [i["leader"] for i in infos] == ["c-jobs", "c-jobs-beat"]
+        assert [i["term"] for i in infos] == [e.term for e in electors]
+        human = cli(url, prefix, "status", "--all").output
+        assert "namespace   jobs  (" in human and "namespace   jobs-beat  (" in human
+        both = cli(url, prefix, "status", "--all", "-N", "jobs")
+        assert both.exit_code == 2 and "--all or --namespace" in both.output
+    finally:
+        for e in electors:
+            e.stop()
+        backend.close()
+
+
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [

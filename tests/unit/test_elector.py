@@ -434,3 +434,25 @@ def test_an_unreachable_database_is_logged_again_every_minute_until_it_answers(
     assert "memory://" in errors[0]  # where: the backend, password masked for SQL URLs
     assert "failing for 6" in errors[1] and "failing for 12" in errors[2]
     assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+def test_each_leadership_change_is_one_searchable_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="celery_election.elector")
+    e = Elector(MemoryBackend(), "jobs", candidate_id="w1", ttl=2)
+    sub = e.subscribe()
+    try:
+        e.start()
+        assert e.wait_for_leadership(5)
+        term = e.term
+        assert e.resign()
+        kinds = [t.kind for t in (sub.get(5), sub.get(5)) if t is not None]
+        assert kinds == ["elected", "revoked"]  # logged before they were delivered here
+    finally:
+        e.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"election leader elected namespace=jobs term={term} candidate=w1 reason=won" in lines
+    assert (
+        f"election leader revoked namespace=jobs term={term} candidate=w1 reason=resigned" in lines
+    )
