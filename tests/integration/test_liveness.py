@@ -156,21 +156,29 @@ def _kill_lock_session(env: dict[str, Any]) -> None:
     engine.dispose()
 
 
+def _fault_under_a_leader(
+    env: dict[str, Any], fault: str, why: str
+) -> tuple[Child, Lease, Lease, Elector]:
+    """A leader child and a follower waiting on the lock; ``fault`` (kill / pause) hits
+    the child; the follower must take over before the old lease could have ended."""
+    child, old = _leader_child(env)
+    follower = _follower(env, "follower")
+    _wait_liveness(follower)
+    child.proc.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    assert follower.wait_for_leadership(timeout=15), why
+    new = env["backend"].current(NS)
+    assert new.acquired_at_us < old.expires_at_us  # through the lock, not the lease
+    return child, old, new, follower
+
+
 @pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
 def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     setup: dict[str, Any],
 ) -> None:
-    env = setup
-    child, old = _leader_child(env)
-    follower = _follower(env, "follower")
-    _wait_liveness(follower)
-    child.proc.kill()
-    assert follower.wait_for_leadership(timeout=15), "no take-over through the lock"
-    new = env["backend"].current(NS)
+    _, old, new, _ = _fault_under_a_leader(setup, "kill", "no take-over through the lock")
     assert new.term > old.term and new.leader_id == "follower"
-    assert new.acquired_at_us < old.expires_at_us  # before the old lease could expire
     assert new.liveness_us is not None  # the new leader is bound by the lock in turn
-    _no_overlap(env)
+    _no_overlap(setup)
 
 
 @pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
@@ -178,13 +186,9 @@ def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_
     setup: dict[str, Any],
 ) -> None:
     env = setup
-    child, old = _leader_child(env)
-    follower = _follower(env, "follower")
-    _wait_liveness(follower)
-    child.proc.send_signal(signal.SIGSTOP)
-    assert follower.wait_for_leadership(timeout=15), "the idle timeout never freed the lock"
-    new = env["backend"].current(NS)
-    assert new.acquired_at_us < old.expires_at_us
+    child, old, new, follower = _fault_under_a_leader(
+        env, "pause", "the idle timeout never freed the lock"
+    )
     # The stale leader resumes: it must find out it lost, and take nothing back.
     child.proc.send_signal(signal.SIGCONT)
     line = child.wait_for("revoked", 15)
