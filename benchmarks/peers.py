@@ -61,20 +61,15 @@ advisory locks go with the children's sessions.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import random
 import secrets
 import signal
-import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -86,12 +81,14 @@ import _root  # noqa: F401  (the repository root on sys.path: harness)
 import psycopg
 import sqlalchemy as sa
 from _machine import machine_info
+from peer_electors import child_main
 
-from celery_election import Elector, backend_from_url
+from celery_election import backend_from_url
 from celery_election.clock import boottime
 from celery_election.config import ElectionConfig
 from harness import events as _events
-from harness.events import BenchError, Child, Collector, emit, log
+from harness.events import BenchError, Child, Collector, log
+from harness.pgwire import Proxy
 from harness.stats import percentile as pct
 
 HERE = Path(__file__).resolve().parent
@@ -108,12 +105,6 @@ def child_url(base: str, kind: str, port: int | None) -> str:
         url = url.set(host="127.0.0.1", port=port)
     url = url.set(drivername="postgresql+psycopg" if kind == "celery-election" else "postgresql")
     return url.render_as_string(hide_password=False)
-
-
-def advisory_key(prefix: str) -> int:
-    """A signed 64-bit advisory lock key of this run, so runs never share a lock."""
-    digest = hashlib.blake2b(prefix.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def server_started(base: str, timeout: float = 60.0) -> str:
@@ -134,401 +125,6 @@ def server_started(base: str, timeout: float = 60.0) -> str:
             if time.monotonic() > deadline:
                 raise BenchError(f"the database did not come back within {timeout:.0f}s") from None
             time.sleep(0.2)  # the server is down: try again until the deadline
-
-
-# =========================================================================================
-# child: one elector
-# =========================================================================================
-
-
-class Reporter:
-    """Reports changes of this process's belief ("I lead" / "I do not") to the parent."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.lock = threading.Lock()
-        self.leading = False
-        self.stopping = False
-        self.term = 0
-
-    def elected(self, at: float, term: int | None = None) -> None:
-        with self.lock:
-            if self.leading or self.stopping:
-                return
-            self.leading = True
-            self.term = term if term is not None else self.term + 1
-            emit({"event": "elected", "cand": self.name, "term": self.term, "at": at})
-
-    def revoked(self, at: float, reason: str) -> None:
-        with self.lock:
-            if not self.leading:
-                return
-            self.leading = False
-            emit({"event": "revoked", "cand": self.name, "reason": reason, "at": at})
-
-    def stop(self, at: float) -> None:
-        """The process was asked to stop: its belief ends now, whatever the library does."""
-        self.revoked(at, "stopped")
-        with self.lock:
-            self.stopping = True
-
-
-def run_celery_election(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
-    backend = backend_from_url(args.url, table_prefix=args.prefix, listen=True)
-    elector = Elector(backend, args.ns, args.child, ttl=args.ttl)
-    sub = elector.subscribe()
-
-    def trust(term: int | None, until: float | None) -> None:
-        # Its belief ends at this deadline even if the process is stopped before it can
-        # say so (boot-time clock, as every report): the parent cuts its span there.
-        if until is not None:
-            emit({"event": "trust", "cand": args.child, "until": until})
-
-    elector.watch_trust(trust)
-
-    def read() -> None:
-        for tr in sub:
-            if tr.kind == "elected":
-                rep.elected(tr.at, tr.term)
-            else:
-                rep.revoked(tr.at, tr.reason.value if tr.reason else "?")
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        elector.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not stop.is_set():
-            if elector.last_lease is not None or elector.is_leader:
-                break
-            stop.wait(0.02)
-        emit({"event": "ready", "at": boottime()})
-        stop.wait()
-        # Elector.stop() drops the belief (the revoke the reader reports), then resigns.
-        elector.stop()
-        reader.join(5)
-        rep.stop(boottime())
-    finally:
-        backend.close()
-
-
-def run_advisory(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
-    key = advisory_key(args.prefix)
-    conn: psycopg.Connection[Any] | None = None
-    ready = False
-    while not stop.is_set():
-        try:
-            if conn is None:
-                conn = psycopg.connect(args.url, autocommit=True, connect_timeout=5)
-            if not rep.leading:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-                if row is not None and row[0]:
-                    rep.elected(boottime())
-            else:
-                conn.execute("SELECT 1")  # a leader that lost its session must step down
-        except psycopg.Error as exc:
-            rep.revoked(boottime(), f"connection lost: {type(exc).__name__}")
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            conn = None
-        if not ready:
-            ready = True
-            emit({"event": "ready", "at": boottime()})
-        stop.wait(args.poll)
-    rep.stop(boottime())
-    if conn is not None:
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-        conn.close()
-
-
-def run_tooz(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
-    """tooz's PostgreSQL driver as its users run it: block on the lock, lead while held.
-
-    Its lock is a session advisory lock on a psycopg2 connection of its own; tooz offers
-    no way to learn that the session ended, so a leader leads until it stops.
-    """
-    import warnings
-
-    from tooz import coordination
-
-    warnings.simplefilter("ignore", DeprecationWarning)  # "PostgreSQL driver is deprecated"
-    url = args.url.replace("postgresql+psycopg://", "postgresql://")
-    coord = coordination.get_coordinator(url, args.child.encode())
-    coord.start()
-    lock = coord.get_lock(f"{args.prefix}leader".encode())
-
-    def hold() -> None:
-        try:
-            if lock.acquire(blocking=True):
-                rep.elected(boottime())
-        except Exception as exc:  # the connection died while waiting: tooz raises
-            rep.revoked(boottime(), f"lock wait failed: {type(exc).__name__}")
-
-    threading.Thread(target=hold, daemon=True).start()
-    emit({"event": "ready", "at": boottime()})
-    while not stop.wait(args.poll):
-        coord.heartbeat()  # what a tooz user calls periodically (a no-op on PostgreSQL)
-    rep.stop(boottime())
-    with contextlib.suppress(Exception):
-        lock.release()
-    coord.stop()
-
-
-def run_notifelect(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
-    import asyncpg  # type: ignore[import-untyped]
-    from notifelect.election_manager import Coordinator, Outcome
-
-    ready = threading.Event()
-
-    class ReportingOutcome(Outcome):
-        """notifelect's Outcome, reporting each assignment of ``winner`` as it happens."""
-
-        def __setattr__(self, name: str, value: Any) -> None:
-            super().__setattr__(name, value)
-            if name == "winner" and getattr(self, "watch", False):
-                if value:
-                    rep.elected(boottime())
-                else:
-                    rep.revoked(boottime(), "outranked")
-                if not ready.is_set():
-                    ready.set()
-                    emit({"event": "ready", "at": boottime()})
-
-    async def main() -> None:
-        conn = await asyncpg.connect(args.url)
-
-        # notifelect does not reconnect: a session the server ends leaves this process
-        # deaf for good. Say so, so that the parent can tell it from a slow election.
-        def lost(*_: Any) -> None:
-            if not rep.stopping:  # also called when we close it ourselves
-                emit({"event": "conn_lost", "at": boottime(), "cand": args.child})
-
-        conn.add_termination_listener(lost)
-        try:
-            coordinator = Coordinator(
-                conn,
-                namespace=args.ns,
-                election_interval=datetime.timedelta(seconds=args.ne_interval),
-                election_timeout=datetime.timedelta(seconds=args.ne_timeout),
-            )
-            outcome = ReportingOutcome()
-            object.__setattr__(outcome, "watch", True)
-            coordinator.outcome = outcome
-            async with coordinator:
-                await asyncio.to_thread(stop.wait)
-                rep.stop(boottime())
-            # __aexit__ waits for the current election round to end before returning.
-        finally:
-            await conn.close()
-
-    asyncio.run(main())
-
-
-def child_main(args: argparse.Namespace) -> int:
-    stop = _events.start_child(args.child)
-    _events.read_commands(stop)
-    rep = Reporter(args.child)
-    run = {
-        "celery-election": run_celery_election,
-        "advisory": run_advisory,
-        "tooz": run_tooz,
-        "notifelect": run_notifelect,
-    }[args.kind]
-    run(args, stop, rep)
-    emit({"event": "stopped", "at": boottime()})
-    return 0
-
-
-# =========================================================================================
-# parent: a PostgreSQL wire-protocol proxy that counts statements per child
-# =========================================================================================
-
-
-def verbs_of(sql: str) -> list[str]:
-    """The first word of each statement in ``sql`` (a simple Query may hold several)."""
-    out = []
-    for part in sql.split(";"):
-        lines = [ln for ln in part.strip().splitlines() if not ln.strip().startswith("--")]
-        text = " ".join(lines).strip()
-        if text:
-            out.append(text.split(None, 1)[0].upper())
-    return out
-
-
-class WireCount:
-    """What one child's connections asked the server to execute, and what it was sent."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.verbs: collections.Counter[str] = collections.Counter()
-        self.notifications = 0
-        self.connections = 0
-        self.opaque = 0  # connections that switched to TLS/GSS: not parsed
-
-    def add(self, verb: str) -> None:
-        with self.lock:
-            self.verbs[verb] += 1
-
-    def view(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                **_events.verb_view(dict(self.verbs)),
-                "notifications": self.notifications,
-                "connections": self.connections,
-                "opaque": self.opaque,
-            }
-
-
-class WireParser:
-    """Frames one direction of a PostgreSQL connection and counts the messages of note."""
-
-    SSL_LIKE = (80877103, 80877104)  # SSLRequest, GSSENCRequest: a one-byte answer
-
-    def __init__(self, count: WireCount, client: bool, peer: WireParser | None = None) -> None:
-        self.count = count
-        self.client = client
-        self.peer = peer
-        self.buf = bytearray()
-        self.startup = client  # the client's first message(s) have no type byte
-        self.raw_bytes = 0  # server: unframed answer bytes to an SSL/GSS request
-        self.dead = False
-        self.statements: dict[str, str] = {}  # prepared statement name -> verb
-        self.portals: dict[str, str] = {}  # portal name -> verb
-
-    def feed(self, data: bytes) -> None:
-        if self.dead:
-            return
-        self.buf += data
-        while not self.dead:
-            if self.raw_bytes:
-                if not self.buf:
-                    return
-                answer = self.buf[0]
-                del self.buf[0]
-                self.raw_bytes -= 1
-                if answer in b"SG":  # encrypted from here on
-                    self.dead = True
-                    if self.peer is not None:
-                        self.peer.dead = True
-                    with self.count.lock:
-                        self.count.opaque += 1
-                continue
-            if self.startup:
-                if len(self.buf) < 8:
-                    return
-                (length, code) = struct.unpack("!ii", self.buf[:8])
-                if len(self.buf) < length:
-                    return
-                del self.buf[:length]
-                if code in self.SSL_LIKE and self.peer is not None:
-                    self.peer.raw_bytes += 1
-                else:
-                    self.startup = False
-                continue
-            if len(self.buf) < 5:
-                return
-            kind = chr(self.buf[0])
-            (length,) = struct.unpack("!i", self.buf[1:5])
-            if len(self.buf) < 1 + length:
-                return
-            body = bytes(self.buf[5 : 1 + length])
-            del self.buf[: 1 + length]
-            if self.client:
-                self.client_message(kind, body)
-            elif kind == "A":
-                with self.count.lock:
-                    self.count.notifications += 1
-
-    def client_message(self, kind: str, body: bytes) -> None:
-        if kind == "Q":
-            for verb in verbs_of(body.split(b"\0", 1)[0].decode(errors="replace")):
-                self.count.add(verb)
-        elif kind == "P":
-            name, query = body.split(b"\0", 2)[:2]
-            verbs = verbs_of(query.decode(errors="replace"))
-            self.statements[name.decode()] = verbs[0] if verbs else "?"
-        elif kind == "B":
-            portal_name, stmt_name = body.split(b"\0", 2)[:2]
-            self.portals[portal_name.decode()] = self.statements.get(stmt_name.decode(), "?")
-        elif kind == "E":
-            portal = body.split(b"\0", 1)[0].decode()
-            self.count.add(self.portals.get(portal, "?"))
-
-
-class Proxy:
-    """One listening port per child, forwarding to the real server and counting."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.counts: dict[str, WireCount] = {}
-        self.loop = asyncio.new_event_loop()
-        self.servers: list[asyncio.Server] = []
-        self.writers: set[asyncio.StreamWriter] = set()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def add(self, name: str) -> int:
-        count = self.counts[name] = WireCount()
-        fut = asyncio.run_coroutine_threadsafe(self._listen(count), self.loop)
-        return fut.result(10)
-
-    async def _listen(self, count: WireCount) -> int:
-        async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-            await self._connection(count, cr, cw)
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        self.servers.append(server)
-        port: int = server.sockets[0].getsockname()[1]
-        return port
-
-    async def _connection(
-        self, count: WireCount, cr: asyncio.StreamReader, cw: asyncio.StreamWriter
-    ) -> None:
-        with count.lock:
-            count.connections += 1
-        try:
-            sr, sw = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            cw.close()
-            return
-        self.writers |= {cw, sw}
-        server_side = WireParser(count, client=False)
-        client_side = WireParser(count, client=True, peer=server_side)
-        server_side.peer = client_side
-
-        async def pump(
-            r: asyncio.StreamReader, w: asyncio.StreamWriter, parser: WireParser
-        ) -> None:
-            try:
-                while data := await r.read(65536):
-                    parser.feed(data)
-                    w.write(data)
-                    await w.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                w.close()  # one side gone: close the other at once (a killed client's
-                # server session must end as it would without the proxy)
-
-        await asyncio.gather(pump(cr, sw, client_side), pump(sr, cw, server_side))
-        self.writers -= {cw, sw}
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: c.view() for name, c in self.counts.items()}
-
-    def close(self) -> None:
-        async def shut() -> None:
-            for s in self.servers:
-                s.close()
-            for w in list(self.writers):
-                w.close()
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 # =========================================================================================
@@ -926,6 +522,7 @@ def run_kind(name: str, args: argparse.Namespace, into: list[dict[str, Any]]) ->
                         continue
                     finally:
                         collect_notes(cl, result)
+                        result["overlaps"] += cl.overlaps()
                         cl.close()
                     result[fault].append(sample)
                     log(f"  {i:>3}: {describe(fault, sample)}")
