@@ -99,7 +99,6 @@ import signal
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -111,7 +110,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import _root  # noqa: F401  (the repository root on sys.path: harness)
 from _machine import machine_info  # benchmarks/ is on sys.path
+
+from harness.processes import Proc, stop_all
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -384,14 +386,6 @@ class Shm:
             os.unlink(self.path)
 
 
-def _die_with_parent() -> None:
-    """In the worker (before exec): get SIGTERM if the benchmark dies (Linux)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class Worker:
     """One ``celery worker`` subprocess in its own session."""
 
@@ -424,16 +418,13 @@ class Worker:
             "--without-mingle",
             "--without-heartbeat",
         ]
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        # Its own session and --logfile; SIGTERM reaches it if the benchmark dies.
+        self.worker = Proc(
+            f"worker-{pool}", argv, env=env, cwd=workdir, log=workdir / f"{pool}.out",
+            die_with_parent=True,
+        ).start()  # fmt: skip
+        assert self.worker.popen is not None
+        self.proc = self.worker.popen
 
     def pids(self) -> list[int]:
         """The worker's processes: its process group (main process and pool children)."""
@@ -477,19 +468,8 @@ class Worker:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # Children left behind by a killed main process (prefork pool processes).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # SIGTERM, 30 s, then SIGKILL to the group (prefork children left behind too).
+        stop_all([self.worker], grace=30)
 
 
 class Bench:

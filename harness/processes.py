@@ -31,6 +31,7 @@ class Proc:
         cwd: str | os.PathLike[str] | None = None,
         log: Path | None = None,
         pipes: bool = False,
+        die_with_parent: bool = False,
     ) -> None:
         self.name = name
         self.cmd = list(cmd)
@@ -38,6 +39,7 @@ class Proc:
         self.cwd = cwd
         self.log = log  # output appended here (None with ``pipes``: the caller reads it)
         self.pipes = pipes
+        self.die_with_parent = die_with_parent  # SIGTERM it if this process dies (Linux)
         self.popen: subprocess.Popen[Any] | None = None
 
     def start(self, env: Mapping[str, str] | None = None) -> Proc:
@@ -59,6 +61,7 @@ class Proc:
                 text=self.pipes,
                 bufsize=1 if self.pipes else -1,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         finally:
             if not self.pipes and out is not None and not isinstance(out, int):
@@ -104,6 +107,14 @@ class Proc:
     def wait(self, timeout: float | None = None) -> int:
         assert self.popen is not None, f"{self.name} was never started"
         return self.popen.wait(timeout)
+
+
+def _die_with_parent() -> None:
+    """In the child (before exec): get SIGTERM when the parent dies (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop_all(procs: Iterable[Proc], grace: float) -> None:
