@@ -654,7 +654,7 @@ def format_table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> s
     lines = [head, "|" + " --- |" * 10]
     for s in summaries:
         if s["status"] != "ok" and s["clean_stop_ms"] is None:
-            lines.append(f"| {s['kind']} | {s['status']} | | | | | |")
+            lines.append(f"| {s['kind']} | {s['status']} |" + " |" * 8)
             continue
         overl = str(s["overlapping_beliefs"])
         if s["overlapping_beliefs"]:
