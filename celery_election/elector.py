@@ -614,7 +614,10 @@ class Elector(LivenessRules):
     def _shutdown(self) -> None:
         self._do_resign()
         if self._live is not None:
-            self._live.close()
+            try:
+                self._live.close()
+            except Exception:  # the session ends with this process anyway
+                log.exception("closing the liveness session failed")
             self._live = None
         if self._register:
             with contextlib.suppress(Exception):  # reported by _call

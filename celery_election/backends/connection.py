@@ -102,7 +102,8 @@ def interrupt(dbapi_conn: Any) -> None:
         except Exception:  # already closed
             return
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            with suppress(OSError):  # already disconnected: nothing left to interrupt
+                sock.shutdown(socket.SHUT_RDWR)
         finally:
             sock.close()
         return

@@ -136,3 +136,22 @@ def test_a_leader_whose_lease_calls_hang_lets_go_of_the_lock_for_a_follower(
         leader_view.open.set()
     report = check(load([history]))
     assert report.violations == [] and report.overlap_seconds == 0
+
+
+def test_interrupting_a_connection_that_is_already_gone_is_quiet() -> None:
+    """Closing a liveness session whose socket the server already dropped (ENOTCONN) must
+    not raise: it ran in the election thread's shutdown, which then died (found by CI)."""
+    import socket
+    import types
+
+    from celery_election.backends.connection import interrupt
+
+    never_connected = socket.socket()  # shutdown() on it raises ENOTCONN
+    try:
+        with pytest.raises(OSError):
+            never_connected.shutdown(socket.SHUT_RDWR)
+        interrupt(
+            types.SimpleNamespace(pgconn=types.SimpleNamespace(socket=never_connected.fileno()))
+        )
+    finally:
+        never_connected.close()
