@@ -318,8 +318,12 @@ class SQLBackend:
             .values(token=None, leader_id=None, expires_at=now, liveness_us=None),
         }
         # what NOTIFY tells listeners each step did (a take-over is an election)
-        events = {"elected": "elected", "taken": "elected", "renewed": "renewed"}
-        events["resigned"] = "resigned"
+        events = {
+            "elected": "elected",
+            "taken": "elected",
+            "renewed": "renewed",
+            "resigned": "resigned",
+        }
         columns = self._lease_columns()
         return {
             step: self.style.statement(stmt, columns, events[step]) for step, stmt in steps.items()
