@@ -33,7 +33,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 
-from . import shared_state
+from . import metrics, shared_state
 from .errors import ConfigurationError, NotLeaderError
 from .settings import ElectionSettings
 
@@ -115,6 +115,8 @@ class LeaderTask(Task):
         """Check leadership before the body runs: one shared-memory read, ~0.5 us."""
         record = shared_state._current or shared_state.current()  # (the hot path)
         term = record.leader_term() if record is not None else None
+        if metrics._store is not None:
+            _count(self.name, "run" if term is not None else _OUTCOME.get(self.on_follower, "?"))
         if term is not None:
             # Reset in after_return: a leader task run eagerly inside another must not
             # leave its term to the outer one.
@@ -146,6 +148,18 @@ class LeaderTask(Task):
         if reset is not None:
             _TERM.reset(reset)
         super().after_return(*args, **kwargs)
+
+
+_OUTCOME = {"skip": "skipped", "requeue": "requeued", "raise": "raised"}
+_KEYS: dict[tuple[str, str], str] = {}
+
+
+def _count(name: str, outcome: str) -> None:
+    """Count a leader task's start (metrics on): run, or skipped/requeued/raised."""
+    k = _KEYS.get((name, outcome))
+    if k is None:
+        k = _KEYS[(name, outcome)] = metrics.key(metrics.TASK, name, outcome)
+    metrics.count(k)
 
 
 def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:
