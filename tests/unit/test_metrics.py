@@ -129,3 +129,34 @@ def test_missing_client_is_one_line(monkeypatch) -> None:
         metrics.require_client()
     assert "pip install 'celery-election[metrics]'" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_the_port_setting_is_checked() -> None:
+    from celery import Celery
+
+    from celery_election.settings import ElectionSettings
+
+    app = Celery("m", set_as_current=False)
+    app.conf.election_metrics_port = "9808"
+    with pytest.raises(metrics.ConfigurationError, match="must be a port number"):
+        ElectionSettings.from_app(app)
+    app.conf.election_metrics_port = 9808
+    assert ElectionSettings.from_app(app).metrics_port == 9808
+    assert ElectionSettings.from_app(app, metrics_port=1234).metrics_port == 1234
+
+
+def test_a_port_without_the_client_names_the_extra(monkeypatch) -> None:
+    import importlib.util
+
+    from celery import Celery
+
+    from celery_election.settings import ElectionSettings
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    app = Celery("m", set_as_current=False)
+    app.conf.election_metrics_port = 9808
+    with pytest.raises(metrics.ConfigurationError) as info:
+        ElectionSettings.from_app(app)
+    assert info.value.problems == [
+        "election_metrics_port needs prometheus_client: pip install 'celery-election[metrics]'"
+    ]
