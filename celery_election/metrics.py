@@ -148,7 +148,7 @@ class SharedCounters:
         self._index: dict[str, int] = {}
         self._row: int | None = None  # word offset of this process's row
         self._warned = False
-        self._pid = os.getpid()
+        _tables.add(self)
 
     @classmethod
     def create(cls) -> SharedCounters:
@@ -200,7 +200,6 @@ class SharedCounters:
                     continue
                 self._words[at] = pid
                 self._row = at + 1
-                self._pid = pid
                 return self._row
         self._warn("all %d metric rows are taken by live processes; not counted", _ROWS)
         return None
@@ -212,22 +211,20 @@ class SharedCounters:
 
     def add(self, k: str, n: int = 1) -> None:
         """Add ``n`` to counter ``k`` in this process's row (the only writer of it)."""
-        row = self._row
-        if row is None or self._pid != os.getpid():
-            row = self._claim()
-            if row is None:
-                return
         i = self._index.get(k)
-        if i is None:
-            i = self._register(k)
-            if i is None:
-                return
+        row = self._row  # reset in a forked child (_forget_rows)
+        if i is None or row is None:
+            self._slow(k, n, add=True)
+            return
         self._words[row + i] += n
 
     def set(self, k: str, value: int) -> None:
         """Set gauge ``k`` (a ``g:`` key) in this process's row."""
+        self._slow(k, max(0, value), add=False)
+
+    def _slow(self, k: str, n: int, *, add: bool) -> None:
         row = self._row
-        if row is None or self._pid != os.getpid():
+        if row is None:
             row = self._claim()
             if row is None:
                 return
@@ -236,7 +233,10 @@ class SharedCounters:
             i = self._register(k)
             if i is None:
                 return
-        self._words[row + i] = max(0, value)
+        if add:
+            self._words[row + i] += n
+        else:
+            self._words[row + i] = n
 
     def snapshot(self) -> dict[str, int]:
         """Counters summed over rows, gauges the largest over rows."""
@@ -268,6 +268,18 @@ class SharedCounters:
                 os.unlink(self.path)
             if os.environ.get(ENV_VAR) == self.path:
                 del os.environ[ENV_VAR]
+
+
+_tables: weakref.WeakSet[SharedCounters] = weakref.WeakSet()
+
+
+def _forget_rows() -> None:
+    """In a forked child: the parent's rows are not ours; claim one at the first count."""
+    for table in list(_tables):
+        table._row = None
+
+
+os.register_at_fork(after_in_child=_forget_rows)
 
 
 def _alive(pid: int) -> bool:

@@ -115,14 +115,17 @@ class LeaderTask(Task):
         """Check leadership before the body runs: one shared-memory read, ~0.5 us."""
         record = shared_state._current or shared_state.current()  # (the hot path)
         term = record.leader_term() if record is not None else None
-        if metrics._store is not None:
-            _count(self.name, "run" if term is not None else _OUTCOME.get(self.on_follower, "?"))
         if term is not None:
+            store = metrics._store
+            if store is not None:  # metrics on: one dict lookup and one shared-memory add
+                store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
             # Reset in after_return: a leader task run eagerly inside another must not
             # leave its term to the outer one.
             self.request._election_term_reset = _TERM.set(term)
             return
         mode = _check_mode(self.on_follower)
+        if metrics._store is not None:
+            metrics.count(_count_key(self.name, _OUTCOME[mode]))
         if mode == "skip":
             log.warning("%s[%s] skipped: this worker is not the leader", self.name, task_id)
             raise Ignore()
@@ -151,15 +154,15 @@ class LeaderTask(Task):
 
 
 _OUTCOME = {"skip": "skipped", "requeue": "requeued", "raise": "raised"}
-_KEYS: dict[tuple[str, str], str] = {}
+_RUN_KEYS: dict[str, str] = {}  # task name -> its "run" key (the hot path)
 
 
-def _count(name: str, outcome: str) -> None:
-    """Count a leader task's start (metrics on): run, or skipped/requeued/raised."""
-    k = _KEYS.get((name, outcome))
-    if k is None:
-        k = _KEYS[(name, outcome)] = metrics.key(metrics.TASK, name, outcome)
-    metrics.count(k)
+def _count_key(name: str, outcome: str) -> str:
+    """The metrics key of a leader task's outcome: run, skipped, requeued or raised."""
+    k = metrics.key(metrics.TASK, name, outcome)
+    if outcome == "run":
+        _RUN_KEYS[name] = k
+    return k
 
 
 def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:
