@@ -49,6 +49,15 @@ def init_app(app: Celery) -> Celery:
             "(default: the election_namespace setting, or 'default').",
         )
     )
+    app.user_options["worker"].add(
+        click.Option(
+            ["--election-metrics-port"],
+            type=int,
+            default=None,
+            help="Serve /metrics, /healthz and /readyz on this port (default: the "
+            "election_metrics_port setting; needs celery-election[metrics]).",
+        )
+    )
     app.steps["worker"].add(ElectionStep)
     _route_leader_tasks(app)
     app._celery_election_initialized = True

@@ -50,7 +50,7 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from . import shared_state
+from . import metrics, shared_state
 from .backends import backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
@@ -98,10 +98,24 @@ class _BeatElection:
             )
         history = self.settings.history_file
         self.recorder = Recorder(history, role="beat") if history else None
+        self.server: metrics.MetricsServer | None = None
         if self.elector is not None:
             if self.recorder is not None:
                 self.recorder.attach(self.elector)
             self.elector.start()
+            if self.settings.metrics_port is not None:
+                self._serve(self.settings.metrics_port, self.elector)
+
+    def _serve(self, port: int, elector: Elector) -> None:
+        """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
+        if metrics.store() is None:
+            metrics.install(metrics.LocalCounters())
+        beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
+        metrics.allow_start(self.namespace, 60.0)
+        self.server = metrics.MetricsServer(
+            port, probe=lambda: metrics.health([elector], beats)
+        ).start()
+        log.info("beat election: /metrics, /healthz and /readyz on port %d", self.server.port)
 
     def leadership(self) -> tuple[int, str] | None:
         """(term, token) while this process may act as leader, else None. No I/O."""
@@ -130,6 +144,9 @@ class _BeatElection:
         return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
 
     def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         if self.elector is not None:
             self.elector.stop()
             self.elector = None
@@ -250,8 +267,12 @@ class LeaderSchedulerMixin:
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if self._leading() is None:
-            return min(self.max_interval, _FOLLOWER_TICK)
-        return float(super().tick(*args, **kwargs))  # type: ignore[misc]
+            next_in = min(self.max_interval, _FOLLOWER_TICK)
+        else:
+            next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        # the health probe's clock: a tick loop wedged in a send stops moving it
+        metrics.mark_tick(self._namespace, next_in)
+        return next_in
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
         """Celery's own heap, after the entries adopted the shared state they lack."""
@@ -354,6 +375,7 @@ class LeaderSchedulerMixin:
         run = 0 if expected is None else expected.last_run_us
         self._pending[name] = _Fence(claim.won, lead[0], run, at)
         if claim.won:
+            metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "claimed"))
             assert claim.state is not None
             self._runs[name] = claim.state
             self._seen[name] = new_entry.last_run_at
@@ -368,6 +390,7 @@ class LeaderSchedulerMixin:
             self._lost_term = lead[0]
         if claim.state is not None and claim.state != expected:
             log.info("beat election: %s already ran (term %s); not sent", name, claim.state.term)
+            metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "refused"))
             self._adopt(new_entry, claim.state)
         else:
             self.adopt_run_state(new_entry, *was)
@@ -438,8 +461,14 @@ class LeaderSchedulerMixin:
             headers["election_run"] = fence.run
         original = entry.options
         entry.options = {**original, "headers": headers}
+        sent = metrics.key(metrics.BEAT, election.namespace, str(entry.name), "sent")
         try:
             result = super().apply_async(entry, producer, advance=False, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            metrics.count(sent[: -len("sent")] + "publish_failed")
+            raise
+        else:
+            metrics.count(sent)
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.

@@ -27,7 +27,7 @@ from typing import Any
 import click
 from celery import bootsteps
 
-from . import shared_state
+from . import metrics, shared_state
 from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
@@ -41,6 +41,8 @@ __all__ = ["ElectionStep"]
 
 log = logging.getLogger("celery_election.worker")
 
+_BEAT_START = 60.0  # seconds an embedded beat has for its first tick (health probe)
+
 
 class ElectionStep(bootsteps.StartStopStep):
     """Runs an Elector in the worker's main process for the worker's lifetime."""
@@ -53,11 +55,15 @@ class ElectionStep(bootsteps.StartStopStep):
         worker: Any,
         election: bool | None = None,
         election_namespace: str | None = None,
+        election_metrics_port: int | None = None,
         **kwargs: Any,
     ) -> None:
         try:
             self.settings = ElectionSettings.from_app(
-                worker.app, enabled=election, namespace=election_namespace
+                worker.app,
+                enabled=election,
+                namespace=election_namespace,
+                metrics_port=election_metrics_port,
             )
         except ConfigurationError as exc:
             # One line and exit 1, as Celery's own bad options end (not a 55-line
@@ -70,6 +76,9 @@ class ElectionStep(bootsteps.StartStopStep):
         self.elector: Elector | None = None
         self.backend: Backend | None = None
         self.shared: SharedLeadership | None = None
+        self.counters: metrics.SharedCounters | None = None
+        self.server: metrics.MetricsServer | None = None
+        self.beats: list[metrics.BeatProbe] = []
         self._install_lock = threading.Lock()
         super().__init__(worker, **kwargs)
         if not self.enabled:
@@ -81,6 +90,22 @@ class ElectionStep(bootsteps.StartStopStep):
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
         shared_state.install(self.shared)
+        if self.settings.metrics_port is not None:
+            self._share_counters(bool(kwargs.get("beat")))
+
+    def _share_counters(self, beat: bool) -> None:
+        """One counter table for this process, its pool children and its embedded beat."""
+        from celery.signals import worker_process_init
+
+        self.counters = metrics.SharedCounters.create()
+        metrics.install(self.counters)
+        # a spawned child attaches by path (a forked one inherits the mapping)
+        worker_process_init.connect(lambda **kw: metrics.store(), weak=False)
+        if beat:
+            ns = self.settings.namespace
+            # late if the embedded beat has not ticked within a minute of starting
+            metrics.allow_start(ns, _BEAT_START)
+            self.beats = [metrics.BeatProbe(ns, grace=self.settings.config.ttl)]
 
     def _gate_embedded_beat(self, worker: Any) -> None:
         """``worker -B --election``: the embedded beat must send only on the leader."""
@@ -145,6 +170,11 @@ class ElectionStep(bootsteps.StartStopStep):
         if s.history_file:
             Recorder(s.history_file, role="worker").attach(elector)
         self.elector.start()
+        if s.metrics_port is not None:
+            self.server = metrics.MetricsServer(
+                s.metrics_port, probe=lambda: metrics.health([elector], self.beats)
+            ).start()
+            log.info("election: /metrics, /healthz and /readyz on port %d", self.server.port)
 
     def stop(self, worker: Any) -> None:
         """Resign, publish "not leader", release everything (idempotent).
@@ -153,9 +183,16 @@ class ElectionStep(bootsteps.StartStopStep):
         steps, never ``shutdown``: so everything is released here, the /dev/shm record
         included (children that still map it keep a valid mapping that says "not leader").
         """
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         if self.elector is not None:
             self.elector.stop()
             self.elector = None
+        if self.counters is not None:
+            metrics.install(None)
+            self.counters.close()
+            self.counters = None
         if self.shared is not None:
             self.shared.write(None, None)
             self.shared.close()

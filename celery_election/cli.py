@@ -3,6 +3,7 @@
     celery -A proj election status [--namespace NS | --all] [--json]
     celery -A proj election candidates | resign | watch
     celery -A proj election install [--dry-run] | uninstall [--dry-run] [--yes]
+    celery -A proj election health [--ready] [--port N]     (exit 0/1: an exec probe)
     celery-election --url postgresql+psycopg://... status
     celery-election demo [--url ...]
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -245,6 +248,39 @@ def resign(ctx: click.Context, namespace: str | None) -> None:
         if not t.backend.resign(t.namespace, lease.token, lease.term):
             raise click.ClickException("the lease changed hands meanwhile; nothing resigned")
     click.echo(f"resigned term {lease.term} of {lease.leader_id}")
+
+
+@election.command()
+@click.option("--port", type=int, help="The metrics port (default: election_metrics_port).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where it listens.")
+@click.option("--ready", is_flag=True, help="Readiness (/readyz) instead of liveness.")
+@click.option("--timeout", default=3.0, show_default=True, help="Seconds to wait.")
+@click.pass_context
+def health(ctx: click.Context, port: int | None, host: str, ready: bool, timeout: float) -> None:
+    """Exit 0 if this host's worker or beat is healthy (or ready), else 1: an exec probe.
+
+    Asks the process's own /healthz (/readyz) on localhost, so the verdict is the HTTP
+    probe's: remote control would not reach a worker on the SQLAlchemy broker.
+    """
+    if port is None:
+        app = getattr(ctx.obj, "app", None)
+        if app is not None:
+            from .settings import ElectionSettings
+
+            port = ElectionSettings.from_app(app).metrics_port
+    if port is None:
+        raise click.UsageError("give --port, or set election_metrics_port in the app")
+    url = f"http://{host}:{port}/{'readyz' if ready else 'healthz'}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read().decode()
+            ok = response.status == 200
+    except urllib.error.HTTPError as exc:
+        body, ok = exc.read().decode(), False
+    except OSError as exc:
+        body, ok = f"no answer from {url}: {exc}", False
+    click.echo(body.strip())
+    sys.exit(0 if ok else 1)
 
 
 @election.command()

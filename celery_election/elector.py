@@ -54,15 +54,17 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from .backends.base import Backend, Wakeup, WakeupHandle
-from .clock import Clock, RealClock
+from .clock import Clock, RealClock, boottime
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .errors import ConfigurationError, ElectionError
 from .liveness import Liveness, LivenessRules
+from .metrics import ElectorStats, track
 from .term import Lease, trusted_until
 from .transitions import (
     Backoff,
@@ -167,6 +169,9 @@ class Elector(LivenessRules):
         self._dispatch_sleeper = self._clock.sleeper()
         self._thread: threading.Thread | None = None
         self._dispatcher: threading.Thread | None = None
+        #: counters for metrics and the health probe (celery_election.metrics)
+        self.stats = ElectorStats()
+        track(self)
 
     def __repr__(self) -> str:
         return (
@@ -347,6 +352,7 @@ class Elector(LivenessRules):
         self._dispatch_sleeper.wake()
 
     def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:
+        self.stats.transition(kind, reason.value if reason is not None else "won")
         return Transition(
             kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
         )
@@ -375,7 +381,9 @@ class Elector(LivenessRules):
 
     def _run(self) -> None:
         next_heartbeat = self._clock.monotonic()
+        stats = self.stats
         while not self._stopping:
+            stats.busy_since = boottime()  # the health probe's "wedged" clock
             now = self._clock.monotonic()
             if self._resign_requested:
                 self._do_resign()
@@ -397,19 +405,25 @@ class Elector(LivenessRules):
                 wait = self._next_renew - now
             if self._register:
                 wait = min(wait, next_heartbeat - self._clock.monotonic())
+            stats.busy_since = None
             if wait > 0 and not self._stopping:
                 self._sleeper.wait(wait)
+        stats.busy_since = None
         self._shutdown()
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One backend call with the attempt deadline; errors are reported, then raised."""
+        op = getattr(fn, "__name__", "call")
+        began = time.perf_counter()
         try:
             result = fn(*args, timeout=self.config.call_timeout, **kwargs)
         except Exception as exc:
+            self.stats.call(op, time.perf_counter() - began, False)
             self._failures += 1
             with self._lock:
                 self._post(exc)
             raise
+        self.stats.call(op, time.perf_counter() - began, True)
         if self._failures:
             log.info("election database reachable again (namespace %r)", self.namespace)
             self._error_logged = None

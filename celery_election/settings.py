@@ -109,6 +109,12 @@ SETTINGS: tuple[Setting, ...] = (
         "append every trust change, transition and beat send here (JSON lines; "
         "`celery_election.history` checks them)",
     ),
+    Setting(
+        "election_metrics_port",
+        "-",
+        "serve /metrics, /healthz and /readyz on this port (worker main process, "
+        "standalone beat; needs `celery-election[metrics]`)",
+    ),
 )
 
 #: Settings of earlier versions, with what happens now instead (logged when set).
@@ -179,10 +185,17 @@ class ElectionSettings:
     beat_namespace: str = ""
     #: Append every trust change and beat send here (celery_election.history), or None.
     history_file: str | None = None
+    #: Serve /metrics, /healthz and /readyz here (celery_election.metrics), or None.
+    metrics_port: int | None = None
 
     @classmethod
     def from_app(
-        cls, app: Any, *, enabled: bool | None = None, namespace: str | None = None
+        cls,
+        app: Any,
+        *,
+        enabled: bool | None = None,
+        namespace: str | None = None,
+        metrics_port: int | None = None,
     ) -> ElectionSettings:
         """The app's settings, read once; command-line values win over ``app.conf``."""
         conf = app.conf
@@ -192,8 +205,10 @@ class ElectionSettings:
             cached = (values, cls._parse(conf, values))
             app.__dict__[_CACHE] = cached
         settings: ElectionSettings = cached[1]
-        if enabled is None and namespace is None:
+        if enabled is None and namespace is None and metrics_port is None:
             return settings
+        if metrics_port is not None:
+            values = {**values, "election_metrics_port": metrics_port}
         return cls._parse(conf, values, enabled=enabled, namespace=namespace)
 
     @classmethod
@@ -258,6 +273,19 @@ class ElectionSettings:
         listen_url = text("election_listen_url")
         leader_queue = text("election_leader_queue") or leader_queue_name(ns)
         history_file = text("election_history_file")
+        metrics_port = values.get("election_metrics_port")
+        if metrics_port is not None:
+            if (
+                isinstance(metrics_port, bool)
+                or not isinstance(metrics_port, int)
+                or not (0 <= metrics_port <= 65535)
+            ):
+                problems.append(
+                    f"election_metrics_port must be a port number: got {metrics_port!r}"
+                )
+                metrics_port = None
+            else:
+                check(_require_metrics_client, None, None)
         if problems:  # every problem at once
             raise ConfigurationError(problems)
         return cls(
@@ -273,6 +301,7 @@ class ElectionSettings:
             config=config,
             beat_namespace=beat_namespace,
             history_file=history_file,
+            metrics_port=metrics_port,
         )
 
     def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:
@@ -283,6 +312,12 @@ class ElectionSettings:
             if self.listen_url:
                 options["listen_url"] = self.listen_url
         return options
+
+
+def _require_metrics_client(_: object) -> None:
+    from .metrics import require_client
+
+    require_client()
 
 
 def _warn_unknown(values: Mapping[str, Any]) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 
-from . import shared_state
+from . import metrics, shared_state
 from .errors import ConfigurationError, NotLeaderError
 from .settings import ElectionSettings
 
@@ -116,11 +116,16 @@ class LeaderTask(Task):
         record = shared_state._current or shared_state.current()  # (the hot path)
         term = record.leader_term() if record is not None else None
         if term is not None:
+            store = metrics._store
+            if store is not None:  # metrics on: one dict lookup and one shared-memory add
+                store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
             # Reset in after_return: a leader task run eagerly inside another must not
             # leave its term to the outer one.
             self.request._election_term_reset = _TERM.set(term)
             return
         mode = _check_mode(self.on_follower)
+        if metrics._store is not None:
+            metrics.count(_count_key(self.name, _OUTCOME[mode]))
         if mode == "skip":
             log.warning("%s[%s] skipped: this worker is not the leader", self.name, task_id)
             raise Ignore()
@@ -146,6 +151,18 @@ class LeaderTask(Task):
         if reset is not None:
             _TERM.reset(reset)
         super().after_return(*args, **kwargs)
+
+
+_OUTCOME = {"skip": "skipped", "requeue": "requeued", "raise": "raised"}
+_RUN_KEYS: dict[str, str] = {}  # task name -> its "run" key (the hot path)
+
+
+def _count_key(name: str, outcome: str) -> str:
+    """The metrics key of a leader task's outcome: run, skipped, requeued or raised."""
+    k = metrics.key(metrics.TASK, name, outcome)
+    if outcome == "run":
+        _RUN_KEYS[name] = k
+    return k
 
 
 def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:

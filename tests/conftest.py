@@ -45,6 +45,20 @@ def server_url(name: str) -> str:
     return url
 
 
+def tool(path: str, hint: str) -> str:
+    """An installed program, or skip loudly (fail under CELERY_ELECTION_REQUIRE_SERVICES=1)."""
+    import shutil
+
+    found = shutil.which(path)
+    if found is None:
+        why = f"{path} is missing ({hint})"
+        services().missing[os.path.basename(path)] = why
+        if REQUIRE:
+            pytest.fail(f"{path} is required (CELERY_ELECTION_REQUIRE_SERVICES=1): {why}")
+        pytest.skip(why)
+    return found
+
+
 @pytest.fixture
 def pg_url() -> str:
     return server_url("postgresql")

@@ -177,3 +177,16 @@ def tick(self, entry: str) -> None:
 def plain(label: str) -> int | None:
     _record("plain", label, current_term())
     return current_term()
+
+
+_HANG = os.environ.get("E2E_HANG_FILE")
+if _HANG:
+    from celery.signals import before_task_publish
+
+    @before_task_publish.connect(weak=False)
+    def _hang_while_file(sender: str | None = None, **kw: object) -> None:
+        """A send that hangs while the test's file exists (wedges beat's tick loop)."""
+        import time
+
+        while sender == "tests.e2e.proj.tick" and os.path.exists(_HANG):
+            time.sleep(0.05)

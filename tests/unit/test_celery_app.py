@@ -105,7 +105,7 @@ def test_init_app_is_idempotent_and_returns_the_app() -> None:
     assert len(steps) == 1
     assert len(election_options(app)) == 1
     names = [o.name for o in app.user_options["worker"] if isinstance(o, click.Option)]
-    assert sorted(names) == ["election", "election_namespace"]
+    assert sorted(names) == ["election", "election_metrics_port", "election_namespace"]
 
 
 def test_init_app_is_per_app() -> None:

@@ -1,0 +1,127 @@
+"""Metrics and probes of real workers: prefork children's counts add up, the beat's tick
+loop drives /healthz, a follower is ready, and ``celery election health`` agrees."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .cluster import ROOT, Cluster, wait_until
+
+pytest.importorskip("prometheus_client")
+
+pytestmark = [pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def sample(body: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a /metrics body."""
+    for line in body.splitlines():
+        m = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            return float(m.group(2))
+    return None
+
+
+def health(c: Cluster, port: int, *flags: str) -> int:
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "health",
+         "--port", str(port), *flags],
+        env=c.env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return proc.returncode
+
+
+@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite"}], indirect=True)
+def test_prefork_children_counts_add_up_and_a_follower_is_ready(cluster: Cluster) -> None:
+    c = cluster
+    ports = {"w1": free_port(), "w2": free_port()}
+    opts = ("--max-tasks-per-child", "1")
+    c.start("w1", *opts, "--election-metrics-port", str(ports["w1"]))
+    c.wait_candidates(1)  # the sqla transport creates its queue rows without a lock
+    c.start("w2", *opts, "--election-metrics-port", str(ports["w2"]))
+    c.wait_candidates(2)
+    leader = c.wait_leader(30)
+    follower = "w2" if leader == "w1" else "w1"
+    wait_until(lambda: get(ports[follower], "/readyz")[0] == 200, 30, "the follower ready")
+    assert health(c, ports[follower], "--ready") == 0
+    assert health(c, ports[follower]) == 0
+
+    # each task in a fresh child (--max-tasks-per-child 1): 6 skipped on the follower,
+    # 3 run on the leader
+    for i in range(6):
+        c.send("skip", f"s{i}", queue=f"only.{follower}")
+    for i in range(3):
+        c.send("skip", f"r{i}", queue=f"only.{leader}")
+    task = "tests.e2e.proj.skip"
+
+    def counted(port: int, outcome: str, n: int) -> bool:
+        body = get(port, "/metrics")[1]
+        return sample(body, "celery_election_leader_tasks_total", task=task, outcome=outcome) == n
+
+    wait_until(lambda: counted(ports[follower], "skipped", 6), 60, "6 skips counted")
+    wait_until(lambda: counted(ports[leader], "run", 3), 60, "3 runs counted")
+    body = get(ports[leader], "/metrics")[1]
+    assert sample(body, "celery_election_leading") == 1
+    assert sample(get(ports[follower], "/metrics")[1], "celery_election_leading") == 0
+    assert sample(body, "celery_election_transitions_total", kind="elected") == 1
+    # nothing listens there: the exec probe says so
+    assert health(c, free_port()) == 1
+
+
+@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite", "beat": True}], indirect=True)
+def test_healthz_fails_while_the_tick_loop_hangs_and_recovers(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    c = cluster
+    hang = tmp_path / "hang"
+    c.env["E2E_HANG_FILE"] = str(hang)
+    port = free_port()
+    c.start("w1", "-B", "--election-metrics-port", str(port))
+    c.wait_leader(30)
+    ns = c.namespace
+
+    def sent() -> float:
+        body = get(port, "/metrics")[1]
+        return sample(body, "celery_election_beat_runs_sent_total", namespace=ns) or 0
+
+    wait_until(lambda: sent() >= 1, 30, "the embedded beat sending")
+    assert get(port, "/healthz")[0] == 200
+    assert health(c, port) == 0
+
+    hang.touch()  # the next send of a tick hangs, and with it the tick loop
+    _, body = wait_until(
+        lambda: (r := get(port, "/healthz"))[0] == 503 and r, 30, "/healthz failing"
+    )
+    assert "beat tick loop" in json.loads(body)["problems"][0]
+    assert health(c, port) == 1
+    age = sample(get(port, "/metrics")[1], "celery_election_beat_tick_age_seconds")
+    assert age is not None and age > c.ttl
+
+    hang.unlink()
+    wait_until(lambda: get(port, "/healthz")[0] == 200, 30, "/healthz back to 200")
+    assert health(c, port) == 0
+    assert get(port, "/readyz")[0] == 200

@@ -1,0 +1,118 @@
+"""A real Prometheus scrapes three ``celery worker --election -B``: one leader in the sum,
+and after SIGKILL of the leader, one again under a greater term. The alert rules load."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..conftest import tool
+from .cluster import ROOT, Cluster, wait_until
+from .test_metrics import free_port
+
+pytest.importorskip("prometheus_client")
+pytestmark = [pytest.mark.slow]
+
+HINT = "apt-get install prometheus; scripts/services-up does it"
+RULES = ROOT / "examples/prometheus/alerts.yml"
+
+
+def test_promtool_loads_the_alert_rules() -> None:
+    promtool = tool("/usr/bin/promtool", HINT)
+    proc = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 6 rules found" in proc.stdout
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, targets: list[int]) -> None:
+        binary = tool("/usr/bin/prometheus", HINT)
+        self.port = free_port()
+        config = tmp / "prometheus.yml"
+        addresses = json.dumps([f"127.0.0.1:{p}" for p in targets])
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{json.dumps(str(RULES))}]\n"
+            "scrape_configs:\n"
+            "  - job_name: workers\n"
+            "    scrape_timeout: 900ms\n"
+            f"    static_configs: [{{targets: {addresses}}}]\n"
+        )
+        self.log = (tmp / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{self.port}",
+             f"--storage.tsdb.path={tmp / 'tsdb'}"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def query(self, expr: str) -> float | None:
+        """The value of a scalar-like instant query, or None (no result yet)."""
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr}
+        )
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                result = json.load(r)["data"]["result"]
+        except OSError:
+            return None
+        return float(result[0]["value"][1]) if result else None
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def ports() -> list[int]:
+    return [free_port() for _ in range(3)]
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, ports: list[int]) -> Iterator[Prometheus]:
+    p = Prometheus(tmp_path, ports)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite", "beat": True}], indirect=True)
+def test_prometheus_sees_one_leader_before_and_after_a_kill(
+    cluster: Cluster, prometheus: Prometheus, ports: list[int]
+) -> None:
+    c, prom = cluster, prometheus
+    names = ["w1", "w2", "w3"]
+    for n, (name, port) in enumerate(zip(names, ports, strict=True)):
+        c.start(name, "-B", "--election-metrics-port", str(port))
+        if n == 0:
+            c.wait_candidates(1)  # the sqla transport creates its queue rows without a lock
+    c.wait_candidates(3)
+    leader = c.wait_leader(30)
+    ns = c.namespace
+    wait_until(lambda: prom.query('sum(up{job="workers"})') == 3, 60, "three targets up")
+    leading = f'sum(celery_election_leading{{namespace="{ns}"}})'
+    leader_term = f'max(celery_election_term{{namespace="{ns}"}} * celery_election_leading)'
+    wait_until(lambda: prom.query(leading) == 1, 60, "sum(celery_election_leading) == 1")
+    first = wait_until(lambda: prom.query(leader_term), 30, "the leader's term")
+
+    c.workers[leader].signal_group(signal.SIGKILL)
+    new = c.wait_leader(60, other_than=leader)
+    assert new != leader
+    wait_until(lambda: prom.query('sum(up{job="workers"})') == 2, 60, "the killed target down")
+    wait_until(
+        lambda: prom.query(leading) == 1 and (prom.query(leader_term) or 0) > first,
+        60,
+        "one leader again under a greater term",
+    )
