@@ -14,7 +14,8 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  error classes), dialects.py (how each database runs a step), sql.py
                  (lease, candidates), sql_beat.py (beat runs), liveness.py (the lock
                  sessions), postgres.py (NOTIFY + LISTEN)
-    core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py
+    core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py;
+                 shm.py (the /dev/shm file a worker shares with its pool children)
 
 Outside the package: ``harness/`` runs processes for the e2e tests, the chaos matrix and
 the benchmarks (not installed).

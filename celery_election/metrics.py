@@ -25,16 +25,15 @@ import fcntl
 import importlib.util
 import json
 import logging
-import mmap
 import os
 import struct
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from . import shm
 from .clock import boottime
 from .errors import ConfigurationError
 
@@ -135,13 +134,7 @@ class SharedCounters:
         self._rows_at = self._keys_at + _KEYS * _KEY_SIZE
         self._row_size = 8 * (1 + _KEYS)
         size = self._rows_at + _ROWS * self._row_size
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED)
-        finally:
-            os.close(fd)  # no fd for embedded beat's close_open_fds() to sweep
+        self._map = shm.map_file(path, size, create=create)
         if create:
             _HEADER.pack_into(self._map, 0, _MAGIC, _KEYS, _ROWS)
         self._words = memoryview(self._map).cast("Q")
@@ -153,8 +146,8 @@ class SharedCounters:
     @classmethod
     def create(cls) -> SharedCounters:
         """A new table in /dev/shm (or the temp dir), its path in the environment."""
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        path = os.path.join(base, f"celery-election-metrics-{os.getpid()}-{os.urandom(6).hex()}")
+        name = f"celery-election-metrics-{os.getpid()}-{os.urandom(6).hex()}"
+        path = os.path.join(shm.directory(), name)
         table = cls(path, create=True)
         os.environ[ENV_VAR] = path
         return table
@@ -261,13 +254,7 @@ class SharedCounters:
     def close(self) -> None:
         """Unmap; the creating process also removes the file."""
         self._words.release()
-        with contextlib.suppress(BufferError, ValueError):
-            self._map.close()
-        if self.owner:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            if os.environ.get(ENV_VAR) == self.path:
-                del os.environ[ENV_VAR]
+        shm.unmap(self._map, self.path, owner=self.owner, env_var=ENV_VAR)
 
 
 _tables: weakref.WeakSet[SharedCounters] = weakref.WeakSet()

@@ -28,13 +28,12 @@ spawned children attach by the path in ``CELERY_ELECTION_SHM``.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import struct
-import tempfile
 import time
 from typing import NamedTuple
 
+from . import shm
 from .clock import boottime
 
 __all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install", "installed"]
@@ -70,21 +69,14 @@ class SharedLeadership:
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, _SIZE)
-            self._map = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED)
-        finally:
-            os.close(fd)  # the mapping stays: no fd for beat's close_open_fds() to sweep
+        self._map = shm.map_file(path, _SIZE, create=create)
         self._seq = 0
         self.owner = create
 
     @classmethod
     def create(cls) -> SharedLeadership:
         """A new record in /dev/shm (or the temp dir), published in the environment."""
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        base = shm.directory()
         sweep(base)
         path = os.path.join(base, f"{_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         record = cls(path, create=True)
@@ -141,13 +133,7 @@ class SharedLeadership:
 
     def close(self) -> None:
         """Unmap; the creating process also removes the file."""
-        with contextlib.suppress(BufferError, ValueError):
-            self._map.close()
-        if self.owner:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            if os.environ.get(ENV_VAR) == self.path:
-                del os.environ[ENV_VAR]
+        shm.unmap(self._map, self.path, owner=self.owner, env_var=ENV_VAR)
 
 
 def sweep(base: str) -> int:
