@@ -127,6 +127,7 @@ CHECK_TARGET_NS = 1000.0
 #: issue 15: the check with metrics on (it also counts the run in the shared table)
 CHECK_METRICS_TARGET_NS = 1500.0
 WITH_METRICS = "LeaderTask.before_start() + metrics"
+ROUNDS = 15  # interleaved rounds of the micro timings
 
 # The shared-memory file the worker's tasks report to (see BENCH_APP).
 HEADER = 64  # [0:8] go generation, [8:16] slots claimed, [16:24] tracing, [24:32] traced
@@ -268,19 +269,40 @@ def log(message: str) -> None:
 # -- (a) micro ------------------------------------------------------------------------------
 
 
-def time_call(fn: Callable[[], Any], repeat: int = 7, target_s: float = 0.2) -> dict[str, float]:
-    """ns per call of ``fn``: median and minimum over ``repeat`` runs of ~target_s each."""
-    timer = timeit.Timer(fn)
-    number, elapsed = timer.autorange()
-    number = max(1000, int(number * target_s / max(elapsed, 1e-9)))
-    runs = [t / number * 1e9 for t in timer.repeat(repeat=repeat, number=number)]
-    return {"median_ns": statistics.median(runs), "min_ns": min(runs), "calls": number}
+def time_calls(
+    fns: dict[str, Callable[[], Any]],
+    around: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] | None = None,
+    rounds: int = ROUNDS,
+    target_s: float = 0.1,
+) -> dict[str, dict[str, float]]:
+    """ns per call of each function: median and minimum over ``rounds`` interleaved rounds.
+
+    Each round times every function once (about ``target_s`` each), so a machine that
+    slows down for a while (this VM's speed varies by up to 2x from minute to minute)
+    slows every row alike instead of the ones that happened to run then. ``around[name]``
+    is entered around that function's timing (metrics on).
+    """
+    around = around or {}
+    timers = {name: timeit.Timer(fn) for name, fn in fns.items()}
+    numbers = {}
+    for name, timer in timers.items():
+        number, elapsed = timer.autorange()
+        numbers[name] = max(1000, int(number * target_s / max(elapsed, 1e-9)))
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            with around.get(name, contextlib.nullcontext)():
+                runs[name].append(timer.timeit(numbers[name]) / numbers[name] * 1e9)
+    return {
+        name: {"median_ns": statistics.median(r), "min_ns": min(r), "calls": numbers[name]}
+        for name, r in runs.items()
+    }
 
 
 def micro() -> dict[str, dict[str, float]]:
     from celery import Celery
 
-    from celery_election import leader_task, shared_state
+    from celery_election import leader_task, metrics, shared_state
     from celery_election.clock import boottime
     from celery_election.shared_state import ENV_VAR, SharedLeadership
     from celery_election.tasks import current_term
@@ -295,6 +317,17 @@ def micro() -> dict[str, dict[str, float]]:
     task = app.tasks["micro.noop"]
     record = SharedLeadership.create()
     shared_state.install(record)
+    table = metrics.SharedCounters.create()
+
+    @contextlib.contextmanager
+    def metrics_on() -> Iterator[None]:
+        # a worker with election_metrics_port: each run is counted in the shared table
+        old = metrics.install(table)
+        try:
+            yield
+        finally:
+            metrics.install(old)
+
     try:
         record.write(12345, boottime() + 3600)
         assert current_term() == 12345
@@ -303,33 +336,26 @@ def micro() -> dict[str, dict[str, float]]:
             task.before_start("micro", (), {})
             assert task.election_term == 12345
             before_start = task.before_start
-            read = record.read
-            results = {
-                "time.monotonic()": time_call(time.monotonic),
-                "boottime()": time_call(boottime),
-                "SharedLeadership.read()": time_call(read),
-                "current_term()": time_call(current_term),
-                "LeaderTask.before_start()": time_call(lambda: before_start("micro", (), {})),
-                "empty call (timeit overhead)": time_call(lambda: None),
-            }
-            # metrics on: a worker with election_metrics_port counts each run in the table
-            from celery_election import metrics
-
-            table = metrics.SharedCounters.create()
-            old = metrics.install(table)
-            try:
-                results[WITH_METRICS] = time_call(lambda: before_start("micro", (), {}))
-            finally:
-                metrics.install(old)
-                table.close()
+            return time_calls(
+                {
+                    "time.monotonic()": time.monotonic,
+                    "boottime()": boottime,
+                    "SharedLeadership.read()": record.read,
+                    "current_term()": current_term,
+                    "LeaderTask.before_start()": lambda: before_start("micro", (), {}),
+                    WITH_METRICS: lambda: before_start("micro", (), {}),
+                    "empty call (timeit overhead)": lambda: None,
+                },
+                around={WITH_METRICS: metrics_on},
+            )
         finally:
             task.pop_request()
     finally:
         shared_state.install(None)
         record.close()
+        table.close()
         if saved is not None:
             os.environ[ENV_VAR] = saved
-    return results
 
 
 # -- (b) throughput -------------------------------------------------------------------------
@@ -781,7 +807,7 @@ def in_worker_verdict(c: dict[str, Any]) -> str:
 
 def print_report(result: dict[str, Any]) -> None:
     out = sys.stdout
-    out.write("\n(a) in-task check, ns per call (median of 7 runs; min)\n")
+    out.write(f"\n(a) in-task check, ns per call (median of {ROUNDS} interleaved rounds; min)\n")
     for name, m in result["micro"].items():
         target = ""
         if name == "LeaderTask.before_start()":

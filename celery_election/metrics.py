@@ -140,6 +140,7 @@ class SharedCounters:
         self._words = memoryview(self._map).cast("Q")
         self._index: dict[str, int] = {}
         self._row: int | None = None  # word offset of this process's row
+        self._slots: dict[str, int] = {}  # key -> word offset of its value in that row
         self._warned = False
         _tables.add(self)
 
@@ -204,12 +205,11 @@ class SharedCounters:
 
     def add(self, k: str, n: int = 1) -> None:
         """Add ``n`` to counter ``k`` in this process's row (the only writer of it)."""
-        i = self._index.get(k)
-        row = self._row  # reset in a forked child (_forget_rows)
-        if i is None or row is None:
+        at = self._slots.get(k)  # emptied in a forked child (_forget_rows)
+        if at is None:
             self._slow(k, n, add=True)
             return
-        self._words[row + i] += n
+        self._words[at] += n
 
     def set(self, k: str, value: int) -> None:
         """Set gauge ``k`` (a ``g:`` key) in this process's row."""
@@ -226,6 +226,7 @@ class SharedCounters:
             i = self._register(k)
             if i is None:
                 return
+        self._slots[k] = row + i
         if add:
             self._words[row + i] += n
         else:
@@ -264,6 +265,7 @@ def _forget_rows() -> None:
     """In a forked child: the parent's rows are not ours; claim one at the first count."""
     for table in list(_tables):
         table._row = None
+        table._slots = {}
 
 
 os.register_at_fork(after_in_child=_forget_rows)

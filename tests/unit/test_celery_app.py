@@ -745,9 +745,7 @@ def test_leader_task_sets_no_term_for_a_follower(app: Celery, record: SharedLead
     try:
         task.before_start("x", (), {})
         assert task.election_term == 3
-        task.after_return("SUCCESS", None, "x", (), {}, None)  # the run ends
-        assert task.election_term is None
-        record.write(None, None)
+        record.write(None, None)  # the next run, on a follower, runs under no term
         with pytest.raises(Ignore):
             task.before_start("x", (), {})
         assert task.election_term is None
@@ -871,9 +869,13 @@ def test_close_unlinks_the_file(clean_env: None) -> None:
     path = rec.path
     assert os.path.exists(path)
     assert os.environ[ENV_VAR] == path
+    rec.write(4, boottime() + 10)
+    assert rec.leader_term() == 4
     rec.close()
     assert not os.path.exists(path)
     assert ENV_VAR not in os.environ
+    assert rec.leader_term() is None  # a task that checks during shutdown: not leading
+    assert not rec.read().leader
     rec.close()  # idempotent
 
 
@@ -886,31 +888,55 @@ def test_attached_reader_close_keeps_the_file(record: SharedLeadership) -> None:
     assert record.read().term == 3
 
 
-#: The torn-read tests: a writer writes (n, float(n)) for n = 1, 2, ... until the reader
-#: has made MIN_READS reads and seen MIN_TERMS different values: that many, however fast
-#: or slow the machine (RACE_TIMEOUT only stops a run that hangs).
+#: The torn-read tests: a writer writes (n, BASE + n) for odd n and (n, 1.0), a trust that
+#: has ended, for even n, n = 1, 2, ... until the reader has made MIN_READS reads and seen
+#: MIN_TERMS different terms: that many, however fast or slow the machine (RACE_TIMEOUT
+#: only stops a run that hangs). Both readers are checked: ``read()`` and the per-task
+#: ``leader_term()``, which reads word by word and must never pair an even term with a
+#: trust that has not ended.
 MIN_READS = 20_000
 MIN_TERMS = 1_000
 RACE_TIMEOUT = 60.0
+BASE = 1e7  # trust deadlines far in the future of the boot-time clock
+
+READERS = {
+    "read": lambda record: _whole(record.read()),
+    "leader_term": lambda record: _odd(record.leader_term()),
+}
 
 
-def read_while_written(record: SharedLeadership) -> tuple[int, set[int]]:
-    """Read until MIN_READS reads have seen MIN_TERMS values; return (reads, terms).
+def _whole(r: Leadership) -> tuple[bool, int | None]:
+    term = r.term or 0
+    until = BASE + term if term % 2 else 1.0
+    return r.leader and r.trusted_until == until, r.term
 
-    Every reading must be whole (leader, ``trusted_until == float(term)``) and none older
-    than one read before it.
+
+def _odd(term: int | None) -> tuple[bool, int | None]:
+    return term is None or term % 2 == 1, term
+
+
+def write_step(record: SharedLeadership, n: int) -> None:
+    record.write(n, BASE + n if n % 2 else 1.0)
+
+
+def read_while_written(record: SharedLeadership, reader: str) -> tuple[int, set[int]]:
+    """Read until MIN_READS reads have seen MIN_TERMS terms; return (reads, terms).
+
+    Every reading must be whole and no term older than one read before it.
     """
-    torn: list[Leadership] = []
+    read = READERS[reader]
+    torn: list[int | None] = []
     backwards: list[tuple[int, int]] = []
     terms: set[int] = set()
     reads, latest = 0, 0
     deadline = time.monotonic() + RACE_TIMEOUT
     while (reads < MIN_READS or len(terms) < MIN_TERMS) and time.monotonic() < deadline:
-        reading = record.read()
+        whole, term = read(record)
         reads += 1
-        term = reading.term or 0
-        if not reading.leader or reading.trusted_until != float(term):
-            torn.append(reading)
+        if not whole:
+            torn.append(term)
+        elif term is None:
+            pass
         elif term < latest:
             backwards.append((latest, term))
         else:
@@ -921,21 +947,22 @@ def read_while_written(record: SharedLeadership) -> tuple[int, set[int]]:
     assert torn == []
     assert backwards == []
     assert reads >= MIN_READS and len(terms) >= MIN_TERMS, (
-        f"in {RACE_TIMEOUT}s the reader made {reads} reads and saw {len(terms)} values"
+        f"in {RACE_TIMEOUT}s the reader made {reads} reads and saw {len(terms)} terms"
     )
     return reads, terms
 
 
-def test_no_torn_reads_between_threads(record: SharedLeadership) -> None:
-    """A writer thread writes (n, float(n)); a reader must never see a mixed record."""
-    record.write(1, 1.0)
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_no_torn_reads_between_threads(record: SharedLeadership, reader: str) -> None:
+    """A writer thread writes records; a reader must never see a mixed one."""
+    write_step(record, 1)
     stop = threading.Event()
     written = [0]
 
     def writer() -> None:
         n = 1
         while not stop.is_set():
-            record.write(n, float(n))
+            write_step(record, n)
             written[0] = n
             n += 1
 
@@ -944,7 +971,7 @@ def test_no_torn_reads_between_threads(record: SharedLeadership) -> None:
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        _, terms = read_while_written(record)
+        _, terms = read_while_written(record, reader)
     finally:
         stop.set()
         thread.join(5)
@@ -953,9 +980,10 @@ def test_no_torn_reads_between_threads(record: SharedLeadership) -> None:
     assert written[0] >= max(terms)
 
 
-def test_no_torn_reads_across_processes(record: SharedLeadership) -> None:
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_no_torn_reads_across_processes(record: SharedLeadership, reader: str) -> None:
     """The real layout: a writer process and a reader process on different CPUs."""
-    record.write(1, 1.0)
+    write_step(record, 1)
     stop_r, stop_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: the writer, until the reader is done (or gone)
@@ -965,7 +993,7 @@ def test_no_torn_reads_across_processes(record: SharedLeadership) -> None:
             n, end = 1, time.monotonic() + RACE_TIMEOUT
             while time.monotonic() < end:
                 for _ in range(1000):
-                    record.write(n, float(n))
+                    write_step(record, n)
                     n += 1
                 with contextlib.suppress(BlockingIOError):
                     os.read(stop_r, 1)
@@ -974,7 +1002,7 @@ def test_no_torn_reads_across_processes(record: SharedLeadership) -> None:
             os._exit(0)
     os.close(stop_r)
     try:
-        read_while_written(record)
+        read_while_written(record, reader)
     finally:
         os.close(stop_w)  # the writer stops
         _, status = os.waitpid(pid, 0)
