@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from .backends import backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
 from .elector import Elector
-from .errors import ElectionError
+from .errors import ConfigurationError, ElectionError, one_line
 from .history import Recorder
 from .settings import ElectionSettings
 
@@ -100,22 +101,23 @@ class _BeatElection:
         self.recorder = Recorder(history, role="beat") if history else None
         self.server: metrics.MetricsServer | None = None
         if self.elector is not None:
+            if self.settings.metrics_port is not None:
+                self.server = self._bind(self.settings.metrics_port, self.elector)
             if self.recorder is not None:
                 self.recorder.attach(self.elector)
             self.elector.start()
-            if self.settings.metrics_port is not None:
-                self._serve(self.settings.metrics_port, self.elector)
+            if self.server is not None:
+                self.server.start()
+                port = self.server.port
+                log.info("beat election: /metrics, /healthz and /readyz on port %d", port)
 
-    def _serve(self, port: int, elector: Elector) -> None:
+    def _bind(self, port: int, elector: Elector) -> metrics.MetricsServer:
         """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
         if metrics.store() is None:
             metrics.install(metrics.LocalCounters())
         beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
         metrics.allow_start(self.namespace, 60.0)
-        self.server = metrics.MetricsServer(
-            port, probe=lambda: metrics.health([elector], beats)
-        ).start()
-        log.info("beat election: /metrics, /healthz and /readyz on port %d", self.server.port)
+        return metrics.bind(port, lambda: metrics.health([elector], beats))
 
     def leadership(self) -> tuple[int, str] | None:
         """(term, token) while this process may act as leader, else None. No I/O."""
@@ -191,7 +193,15 @@ class LeaderSchedulerMixin:
 
     def setup_schedule(self) -> None:
         super().setup_schedule()  # type: ignore[misc]
-        self._elect()
+        try:
+            self._elect()
+        except ConfigurationError as exc:
+            # `celery beat` would log the exception with a long traceback (it catches
+            # Exception around the scheduler's start); SystemExit passes through: one line
+            # and exit 1, as a worker with bad settings ends. The real stderr: beat has
+            # redirected sys.stderr to its log by now.
+            print("Error: " + one_line(exc, "fix the election_* settings"), file=sys.__stderr__)
+            raise SystemExit(1) from None
 
     def close(self) -> None:
         self._closed = True

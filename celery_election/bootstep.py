@@ -31,7 +31,7 @@ from . import metrics, shared_state
 from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
-from .errors import ConfigurationError, ElectionError, SchemaMissingError
+from .errors import ConfigurationError, ElectionError, SchemaMissingError, one_line
 from .history import Recorder
 from .settings import ElectionSettings
 from .shared_state import SharedLeadership
@@ -69,8 +69,7 @@ class ElectionStep(bootsteps.StartStopStep):
             # One line and exit 1, as Celery's own bad options end (not a 55-line
             # traceback from inside the worker's construction).
             raise click.ClickException(
-                "celery-election: " + "; ".join(exc.problems) + " (fix the election_* "
-                "settings or the --election options)"
+                one_line(exc, "fix the election_* settings or the --election options")
             ) from exc
         self.enabled = self.settings.enabled
         self.elector: Elector | None = None
@@ -87,11 +86,21 @@ class ElectionStep(bootsteps.StartStopStep):
         worker.election = self
         if kwargs.get("beat"):
             self._gate_embedded_beat(worker)
+        if self.settings.metrics_port is not None:
+            try:
+                self.server = metrics.bind(self.settings.metrics_port, self._probe)
+            except ConfigurationError as exc:  # the port is taken
+                fix = "set election_metrics_port or --election-metrics-port to a free port"
+                raise click.ClickException(one_line(exc, fix)) from exc
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
         shared_state.install(self.shared)
         if self.settings.metrics_port is not None:
             self._share_counters(bool(kwargs.get("beat")))
+
+    def _probe(self) -> tuple[bool, bool, list[str]]:
+        elector = self.elector
+        return metrics.health([elector] if elector is not None else [], self.beats)
 
     def _share_counters(self, beat: bool) -> None:
         """One counter table for this process, its pool children and its embedded beat."""
@@ -170,10 +179,8 @@ class ElectionStep(bootsteps.StartStopStep):
         if s.history_file:
             Recorder(s.history_file, role="worker").attach(elector)
         self.elector.start()
-        if s.metrics_port is not None:
-            self.server = metrics.MetricsServer(
-                s.metrics_port, probe=lambda: metrics.health([elector], self.beats)
-            ).start()
+        if self.server is not None:
+            self.server.start()
             log.info("election: /metrics, /healthz and /readyz on port %d", self.server.port)
 
     def stop(self, worker: Any) -> None:

@@ -43,6 +43,11 @@ class ConfigurationError(ElectionError, ValueError):
         super().__init__(message)
 
 
+def one_line(exc: ConfigurationError, fix: str) -> str:
+    """What a worker or beat that cannot start prints: every problem and the fix, one line."""
+    return f"celery-election: {'; '.join(exc.problems)} ({fix})"
+
+
 class SchemaMissingError(ElectionError):
     """The election tables do not exist: create them with `celery -A proj election install`."""
 

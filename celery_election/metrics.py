@@ -111,6 +111,7 @@ class LocalCounters:
         """Nothing to release."""
 
 
+_FILE_PREFIX = "celery-election-metrics-"
 _HEADER = struct.Struct("=QII")  # magic, keys, rows
 _MAGIC = 0x43454C4D45545231  # "CELMETR1"
 _KEY_SIZE = 120  # one length byte, then UTF-8
@@ -147,8 +148,9 @@ class SharedCounters:
     @classmethod
     def create(cls) -> SharedCounters:
         """A new table in /dev/shm (or the temp dir), its path in the environment."""
-        name = f"celery-election-metrics-{os.getpid()}-{os.urandom(6).hex()}"
-        path = os.path.join(shm.directory(), name)
+        base = shm.directory()
+        shm.sweep(base, _FILE_PREFIX)  # tables of workers that were SIGKILLed
+        path = os.path.join(base, f"{_FILE_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         table = cls(path, create=True)
         os.environ[ENV_VAR] = path
         return table
@@ -190,7 +192,7 @@ class SharedCounters:
             for r in range(_ROWS):
                 at = (self._rows_at + r * self._row_size) // 8
                 owner = self._words[at]
-                if owner not in (0, pid) and _alive(owner):
+                if owner not in (0, pid) and shm.alive(owner):
                     continue
                 self._words[at] = pid
                 self._row = at + 1
@@ -269,16 +271,6 @@ def _forget_rows() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_rows)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 Store = LocalCounters | SharedCounters
@@ -366,6 +358,21 @@ def electors() -> list[Elector]:
 # -- health -----------------------------------------------------------------------------
 
 
+def tick_late(values: dict[str, int], namespace: str, now: float) -> float | None:
+    """Seconds the beat's tick loop is late for the tick it announced (0: on time).
+
+    None when the beat has neither ticked nor been given a start-up allowance. Late, not
+    age: a sparse schedule sleeps long between ticks on purpose, and says so.
+    """
+    due_us = values.get(key(TICK, namespace, "due"))
+    if not due_us:
+        # never ticked: late once the start-up allowance ("start") has passed
+        due_us = values.get(key(TICK, namespace, "start"))
+        if not due_us:
+            return None
+    return max(0.0, now - due_us / 1e6)
+
+
 class BeatProbe:
     """The tick loop of one beat (embedded: read from the worker's shared table)."""
 
@@ -376,14 +383,8 @@ class BeatProbe:
 
     def check(self, values: dict[str, int], now: float) -> str | None:
         """None if the tick loop is on time, else why not."""
-        due_us = values.get(key(TICK, self.namespace, "due"))
-        if not due_us:
-            # never ticked: late once the start-up allowance ("start") has passed
-            due_us = values.get(key(TICK, self.namespace, "start"))
-            if not due_us:
-                return None
-        late = now - due_us / 1e6
-        if late > self.grace:
+        late = tick_late(values, self.namespace, now)
+        if late is not None and late > self.grace:
             return f"beat tick loop of {self.namespace!r} is {late:.1f}s late"
         return None
 
@@ -520,17 +521,30 @@ def collector(extra_labels: dict[str, str] | None = None) -> Any:
             "seconds since the beat's tick loop last ran",
             labels=["namespace"],
         )
+        late = GaugeMetricFamily(
+            PREFIX + "beat_tick_late_seconds",
+            "seconds the beat's tick loop is late for the tick it announced (alert on this)",
+            labels=["namespace"],
+        )
+        beats: set[str] = set()
         for k, v in sorted(values.items()):
             parts = k.split(_SEP)
             if parts[0] == TASK and len(parts) == 3:
                 tasks.add_metric(parts[1:], float(v))
             elif parts[0] == BEAT and len(parts) == 4 and parts[3] in beat:
                 beat[parts[3]].add_metric(parts[1:3], float(v))
-            elif parts[0] == TICK and len(parts) == 3 and parts[2] == "last" and v:
-                age.add_metric([parts[1]], max(0.0, now - v / 1e6))
+            elif parts[0] == TICK and len(parts) == 3:
+                beats.add(parts[1])
+                if parts[2] == "last" and v:
+                    age.add_metric([parts[1]], max(0.0, now - v / 1e6))
+        for ns in sorted(beats):
+            seconds = tick_late(values, ns, now)
+            if seconds is not None:
+                late.add_metric([ns], seconds)
         yield tasks
         yield from beat.values()
         yield age
+        yield late
 
     return ElectionCollector()
 
@@ -601,9 +615,24 @@ class MetricsServer:
         return self
 
     def close(self) -> None:
-        """Stop serving and free the port."""
-        self.httpd.shutdown()
+        """Stop serving and free the port (also when never started)."""
+        if self._thread.is_alive():
+            self.httpd.shutdown()  # waits for serve_forever, which must be running
         self.httpd.server_close()
+
+
+def bind(port: int, probe: Callable[[], tuple[bool, bool, list[str]]]) -> MetricsServer:
+    """Take the port now and serve later (``start()``).
+
+    So a worker or beat whose port is taken ends with one line before it campaigns.
+    """
+    try:
+        return MetricsServer(port, probe=probe)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve metrics on port {port}: {exc.strerror or exc}, another process "
+            "has it?"
+        ) from exc
 
 
 def serve(port: int, *, host: str = "") -> MetricsServer:

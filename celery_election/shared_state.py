@@ -27,7 +27,6 @@ spawned children attach by the path in ``CELERY_ELECTION_SHM``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import time
@@ -146,33 +145,8 @@ class SharedLeadership:
 
 
 def sweep(base: str) -> int:
-    """Remove records left by workers that died without cleaning up (SIGKILL, OOM).
-
-    A record's name carries its creator's pid; one whose process is gone serves nobody
-    (forked children keep their own mapping). A reused pid only keeps a stale file.
-    """
-    removed = 0
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base):
-            if not name.startswith(_PREFIX):
-                continue
-            pid = name[len(_PREFIX) :].split("-", 1)[0]
-            if not pid.isdigit() or _alive(int(pid)):
-                continue
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(base, name))
-                removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+    """Remove records left by workers that died without cleaning up (SIGKILL, OOM)."""
+    return shm.sweep(base, _PREFIX)
 
 
 _current: SharedLeadership | None = None

@@ -14,7 +14,7 @@ import mmap
 import os
 import tempfile
 
-__all__ = ["directory", "map_file", "unmap"]
+__all__ = ["alive", "directory", "map_file", "sweep", "unmap"]
 
 
 def directory() -> str:
@@ -42,3 +42,34 @@ def unmap(mapping: mmap.mmap, path: str, *, owner: bool, env_var: str) -> None:
             os.unlink(path)
         if os.environ.get(env_var) == path:
             del os.environ[env_var]
+
+
+def sweep(base: str, prefix: str) -> int:
+    """Remove ``<prefix><pid>-...`` files whose creator is gone (SIGKILL, OOM); how many.
+
+    A file's name carries its creator's pid; one whose process is gone serves nobody
+    (forked children keep their own mapping). A reused pid only keeps a stale file.
+    """
+    removed = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            if not name.startswith(prefix):
+                continue
+            pid = name[len(prefix) :].split("-", 1)[0]
+            if not pid.isdigit() or alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(base, name))
+                removed += 1
+    return removed
+
+
+def alive(pid: int) -> bool:
+    """True if process ``pid`` exists (another user's process counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

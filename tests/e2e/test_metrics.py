@@ -118,10 +118,15 @@ def test_healthz_fails_while_the_tick_loop_hangs_and_recovers(
     )
     assert "beat tick loop" in json.loads(body)["problems"][0]
     assert health(c, port) == 1
-    age = sample(get(port, "/metrics")[1], "celery_election_beat_tick_age_seconds")
+    body = get(port, "/metrics")[1]
+    age = sample(body, "celery_election_beat_tick_age_seconds")
+    late = sample(body, "celery_election_beat_tick_late_seconds", namespace=ns)
     assert age is not None and age > c.ttl
+    assert late is not None and late > c.ttl
 
     hang.unlink()
     wait_until(lambda: get(port, "/healthz")[0] == 200, 30, "/healthz back to 200")
+    late = sample(get(port, "/metrics")[1], "celery_election_beat_tick_late_seconds")
+    assert late is not None and late < c.ttl  # the gauge agrees: on time again
     assert health(c, port) == 0
     assert get(port, "/readyz")[0] == 200

@@ -31,6 +31,20 @@ def test_promtool_loads_the_alert_rules() -> None:
     assert "SUCCESS: 6 rules found" in proc.stdout
 
 
+def test_each_alert_fires_on_its_series_and_not_on_healthy_ones() -> None:
+    """``promtool test rules``: alerts_test.yml feeds each alert the series it is for (and a
+    sparse schedule, which must not page)."""
+    promtool = tool("/usr/bin/promtool", HINT)
+    tests = RULES.with_name("alerts_test.yml")
+    proc = subprocess.run(
+        [promtool, "test", "rules", tests.name], capture_output=True, text=True, cwd=tests.parent
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tested = {line.split("alertname:")[1].strip() for line in tests.read_text().splitlines()
+              if "alertname:" in line}  # fmt: skip
+    assert len(tested) == 6  # every rule in alerts.yml
+
+
 class Prometheus:
     def __init__(self, tmp: Path, targets: list[int]) -> None:
         binary = tool("/usr/bin/prometheus", HINT)

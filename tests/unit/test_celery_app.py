@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -1228,37 +1230,109 @@ def test_records_of_dead_workers_are_swept(tmp_path: Path) -> None:
     assert not dead.exists() and alive.exists() and other.exists()
 
 
-def test_a_worker_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:
-    """Not a 55-line traceback: one line, every problem, exit status 1."""
-    (tmp_path / "badapp.py").write_text(
-        textwrap.dedent(
-            """
-            from celery import Celery
-            from celery_election import init_app
+def test_metrics_tables_of_dead_workers_are_swept(tmp_path: Path, monkeypatch: Any) -> None:
+    """The metrics table too: a new table sweeps those of workers that were SIGKILLed."""
+    from celery_election import metrics, shm
 
-            app = Celery("badapp", broker="memory://")
-            app.conf.update(election_url="memory://", election_ttl=-1,
-                            election_namespace=" padded")
-            init_app(app)
-            """
-        )
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"celery-election-metrics-{gone.pid}-0123456789ab"
+    alive = tmp_path / f"celery-election-metrics-{os.getpid()}-0123456789ab"
+    record = tmp_path / f"celery-election-{os.getpid()}-0123456789ab"
+    for path in (dead, alive, record):
+        path.write_bytes(b"\0" * 56)
+    monkeypatch.setattr(shm, "directory", lambda: str(tmp_path))
+    monkeypatch.delenv(metrics.ENV_VAR, raising=False)
+    table = metrics.SharedCounters.create()
+    try:
+        assert not dead.exists() and alive.exists() and record.exists()
+        assert os.path.dirname(table.path) == str(tmp_path)
+    finally:
+        table.close()
+    assert shared_state.sweep(str(tmp_path)) == 0  # leaves the metrics tables alone
+    assert alive.exists()
+
+
+def run_worker(tmp_path: Path, conf: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery worker --election -P solo`` of an app configured with ``conf``."""
+    return run_celery(tmp_path, conf, "worker", "--election", "-P", "solo", *args)
+
+
+def run_celery(tmp_path: Path, conf: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A badapp <args>`` of an app configured with ``conf``."""
+    (tmp_path / "badapp.py").write_text(
+        "from celery import Celery\n"
+        "from celery_election import init_app\n"
+        "app = Celery('badapp', broker='memory://')\n"
+        f"app.conf.update({conf})\n"
+        "init_app(app)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "badapp", "worker", "--election", "-P", "solo"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "badapp", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The run ended with exit 1 and one ``Error:`` line, its last, and no traceback."""
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     # (as root, Celery's own SecurityWarning about running as root comes first)
     lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1 and done.stderr.rstrip().endswith(lines[0]), done.stderr
     assert lines[0].startswith("Error: celery-election: ")
-    assert "election_ttl" in lines[0] and "election_namespace" in lines[0]
+    return lines[0]
+
+
+def test_a_worker_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:
+    """Not a 55-line traceback: one line, every problem, exit status 1."""
+    done = run_worker(
+        tmp_path, "election_url='memory://', election_ttl=-1, election_namespace=' padded'"
+    )
+    line = one_error_line(done)
+    assert "election_ttl" in line and "election_namespace" in line
+
+
+def test_a_taken_metrics_port_ends_the_worker_before_it_campaigns(tmp_path: Path) -> None:
+    """The port is taken while the worker is built: one line, exit 1, and the election
+    database never touched (no candidate, no lease, not even the file)."""
+    pytest.importorskip("prometheus_client")
+    db = tmp_path / "election.db"
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_worker(tmp_path, f"election_url='sqlite:///{db}'", "--election-metrics-port",
+                          str(port))  # fmt: skip
+    line = one_error_line(done)
+    assert f"port {port}" in line and "election_metrics_port" in line
+    assert not db.exists()
+
+
+BEAT = ("beat", "-S", "celery_election.beat:LeaderScheduler", "--max-interval", "1")
+
+
+def test_a_standalone_beat_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:
+    """``celery beat`` logs a scheduler's exception with its traceback: ours exits first."""
+    done = run_celery(tmp_path, "election_url='memory://', election_ttl=-1", *BEAT)
+    line = one_error_line(done)
+    assert "election_ttl" in line and "fix the election_* settings" in line
+
+
+def test_a_standalone_beat_whose_metrics_port_is_taken_never_campaigns(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    db = tmp_path / "election.db"
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = f"election_url='sqlite:///{db}', election_metrics_port={port}"
+        done = run_celery(tmp_path, conf, *BEAT)
+    line = one_error_line(done)
+    assert f"port {port}" in line
+    with sqlite3.connect(db) as conn:  # the tables were installed, nobody campaigned
+        assert conn.execute("SELECT count(*) FROM celery_election_lease").fetchone() == (0,)
 
 
 # -- routing however a leader task is sent ---------------------------------------------------

@@ -119,6 +119,13 @@ def test_beat_probe_late_tick() -> None:
     assert probe.check({due: int((now - 1) * 1e6)}, now) is None
     assert "late" in (probe.check({due: int((now - 3) * 1e6)}, now) or "")
     assert "late" in (probe.check({start: int((now - 3) * 1e6)}, now) or "")
+    # a sparse schedule: last ticked long ago, next tick announced for later: on time
+    last = metrics.key(metrics.TICK, "ns", "last")
+    sparse = {last: int((now - 250) * 1e6), due: int((now + 50) * 1e6)}
+    assert probe.check(sparse, now) is None
+    assert metrics.tick_late(sparse, "ns", now) == 0.0
+    assert metrics.tick_late({due: int((now - 3) * 1e6)}, "ns", now) == pytest.approx(3, abs=0.01)
+    assert metrics.tick_late({}, "ns", now) is None
 
 
 def test_missing_client_is_one_line(monkeypatch) -> None:
