@@ -630,8 +630,7 @@ def bind(port: int, probe: Callable[[], tuple[bool, bool, list[str]]]) -> Metric
         return MetricsServer(port, probe=probe)
     except OSError as exc:
         raise ConfigurationError(
-            f"cannot serve metrics on port {port}: {exc.strerror or exc}, another process "
-            "has it?"
+            f"cannot serve metrics on port {port}: {exc.strerror or exc}, another process has it?"
         ) from exc
 
 

@@ -286,6 +286,15 @@ def private_engine(
             write_timeout=statement_timeout,
         )
         options.update(pool_size=2, max_overflow=4)
+    if backend != "sqlite":
+        # Each call is one statement (or a few whose order, not atomicity, matters): run
+        # them in autocommit, so the server commits a step as it executes it and never
+        # holds a lease or beat row while waiting for the client's COMMIT. A link that
+        # froze between the two (half-open TCP) held the row against a take-over until the
+        # server gave up on the session: 2 x call_timeout on PostgreSQL, never on MySQL.
+        # Transactions that need one ask for it (SQLBackend._transaction). On PostgreSQL
+        # it also saves the BEGIN and COMMIT round trips.
+        options["isolation_level"] = "AUTOCOMMIT"
     options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
     options.update(engine_options)
     engine = sa.create_engine(url, **options)

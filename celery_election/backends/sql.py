@@ -388,7 +388,7 @@ class SQLBackend:
         last: Exception | None = None
         for _attempt in range(5):
             try:
-                with self.engine.begin() as conn:
+                with self._transaction() as conn:
                     if self.dialect == "postgresql":
                         # Concurrent CREATE TABLE IF NOT EXISTS races on the catalog
                         # (DESIGN.md, rule 10): serialise installers on an advisory lock.
@@ -420,9 +420,19 @@ class SQLBackend:
                     f"ALTER TABLE {self.lease.name} ADD COLUMN {column.name} {type_}"
                 )
 
+    def _transaction(self) -> Any:
+        """A real transaction, for install's advisory lock (held until it ends).
+
+        The engine autocommits its one-statement calls (see ``private_engine``).
+        """
+        engine = self.engine
+        if self.dialect != "sqlite":
+            engine = engine.execution_options(isolation_level="READ COMMITTED")
+        return engine.begin()
+
     def uninstall(self) -> None:
         """Drop the tables if they exist. Terms stay increasing after a re-install."""
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             self.metadata.drop_all(conn, checkfirst=True)
             legacy = sa.MetaData()  # the beat ledger of 0.1 (replaced by beat_run)
             for name in ("beat_state", "beat_ledger"):

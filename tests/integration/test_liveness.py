@@ -28,6 +28,7 @@ from celery_election import Elector, backend_from_url
 from celery_election.backends.liveness import lock_key
 from celery_election.history import Recorder, check, load
 from celery_election.term import Lease
+from harness.proxy import Proxy
 
 from ..conftest import unique_prefix, url_for
 
@@ -270,3 +271,57 @@ def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
     assert other.acquire(1.0)  # closing the holder's descriptor released it
     other.close()
     backend.close()
+
+
+@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+def test_a_leader_whose_link_stalls_mid_renew_is_replaced_through_the_lock(
+    setup: dict[str, Any],
+) -> None:
+    """The link freezes just after a renew's UPDATE reached the server (a half-open TCP
+    connection): the leader's lock session goes quiet, so the server frees the lock, and
+    the follower must take over well before the lease ends (a renew left open in a
+    transaction would hold the row until the server gave up on it, 2 x call_timeout on
+    PostgreSQL and never on MySQL)."""
+    env = setup
+    ttl = 10.0
+    proxy, via = Proxy.for_url(env["url"])
+    backend = backend_from_url(via, table_prefix=env["prefix"])
+    leader = Elector(backend, NS, candidate_id="leader", ttl=ttl)
+    Recorder(env["history"], role="leader").attach(leader)
+    stall_next_renew = threading.Event()
+    stalled_at: list[int] = []
+
+    @sa.event.listens_for(backend.engine, "after_cursor_execute")
+    def _stall(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        renew = "UPDATE" in statement and f"{env['prefix']}lease" in statement
+        if renew and stall_next_renew.is_set() and not stalled_at:
+            proxy.stall()  # the UPDATE ran; its COMMIT (if any) never arrives
+            stalled_at.append(time.monotonic_ns())
+
+    try:
+        leader.start()
+        assert leader.wait_for_leadership(10)
+        old = _wait_tagged(env["backend"], leader.term or 0)
+        follower = Elector(
+            backend_from_url(env["url"], table_prefix=env["prefix"]), NS, "follower", ttl=ttl
+        )
+        Recorder(env["history"], role="follower").attach(follower)
+        env["electors"].append(follower)
+        follower.start()
+        _wait_liveness(follower)
+        stall_next_renew.set()
+        assert follower.wait_for_leadership(timeout=ttl * 2), "nobody took over"
+        assert stalled_at, "the stall never happened"
+        waited = (time.monotonic_ns() - stalled_at[0]) / 1e9
+        new = env["backend"].current(NS)
+        # Through the lock: about 2 x delta (1 s) after the stall, and well before the
+        # lease of the stalled renew could end (its renew + ttl).
+        assert new.term > old.term and new.leader_id == "follower"
+        waited = (time.monotonic_ns() - stalled_at[0]) / 1e9
+        assert waited < ttl / 2, f"took over {waited:.1f}s after the stall"
+    finally:
+        proxy.resume()
+        leader.stop()
+        backend.close()
+        proxy.close()
+    _no_overlap(env)
