@@ -1294,15 +1294,21 @@ def test_a_worker_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> 
     assert "election_ttl" in line and "election_namespace" in line
 
 
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port another socket listens on, for as long as the block runs."""
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
 def test_a_taken_metrics_port_ends_the_worker_before_it_campaigns(tmp_path: Path) -> None:
     """The port is taken while the worker is built: one line, exit 1, and the election
     database never touched (no candidate, no lease, not even the file)."""
     pytest.importorskip("prometheus_client")
     db = tmp_path / "election.db"
-    with socket.socket() as taken:
-        taken.bind(("", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         done = run_worker(tmp_path, f"election_url='sqlite:///{db}'", "--election-metrics-port",
                           str(port))  # fmt: skip
     line = one_error_line(done)
@@ -1323,10 +1329,7 @@ def test_a_standalone_beat_with_bad_settings_ends_with_one_clear_line(tmp_path: 
 def test_a_standalone_beat_whose_metrics_port_is_taken_never_campaigns(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     db = tmp_path / "election.db"
-    with socket.socket() as taken:
-        taken.bind(("", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         conf = f"election_url='sqlite:///{db}', election_metrics_port={port}"
         done = run_celery(tmp_path, conf, *BEAT)
     line = one_error_line(done)
