@@ -56,7 +56,7 @@ from .backends import backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
 from .elector import Elector
-from .errors import ConfigurationError, ElectionError, one_line
+from .errors import ConfigurationError, ElectionError, cannot_start
 from .history import Recorder
 from .settings import ElectionSettings
 
@@ -200,7 +200,7 @@ class LeaderSchedulerMixin:
             # Exception around the scheduler's start); SystemExit passes through: one line
             # and exit 1, as a worker with bad settings ends. The real stderr: beat has
             # redirected sys.stderr to its log by now.
-            print("Error: " + one_line(exc, "fix the election_* settings"), file=sys.__stderr__)
+            print("Error: " + cannot_start(exc, "fix the election_* settings"), file=sys.__stderr__)
             raise SystemExit(1) from None
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ from . import metrics, shared_state
 from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
-from .errors import ConfigurationError, ElectionError, SchemaMissingError, one_line
+from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
 from .history import Recorder
 from .settings import ElectionSettings
 from .shared_state import SharedLeadership
@@ -69,7 +69,7 @@ class ElectionStep(bootsteps.StartStopStep):
             # One line and exit 1, as Celery's own bad options end (not a 55-line
             # traceback from inside the worker's construction).
             raise click.ClickException(
-                one_line(exc, "fix the election_* settings or the --election options")
+                cannot_start(exc, "fix the election_* settings or the --election options")
             ) from exc
         self.enabled = self.settings.enabled
         self.elector: Elector | None = None
@@ -91,7 +91,7 @@ class ElectionStep(bootsteps.StartStopStep):
                 self.server = metrics.bind(self.settings.metrics_port, self._probe)
             except ConfigurationError as exc:  # the port is taken
                 fix = "set election_metrics_port or --election-metrics-port to a free port"
-                raise click.ClickException(one_line(exc, fix)) from exc
+                raise click.ClickException(cannot_start(exc, fix)) from exc
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
         shared_state.install(self.shared)

@@ -43,7 +43,7 @@ class ConfigurationError(ElectionError, ValueError):
         super().__init__(message)
 
 
-def one_line(exc: ConfigurationError, fix: str) -> str:
+def cannot_start(exc: ConfigurationError, fix: str) -> str:
     """What a worker or beat that cannot start prints: every problem and the fix, one line."""
     return f"celery-election: {'; '.join(exc.problems)} ({fix})"
 

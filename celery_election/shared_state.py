@@ -43,8 +43,6 @@ _SIZE = 56
 _SEQ = struct.Struct("=Q")
 _PAYLOAD = struct.Struct("=Qqd16s")
 _TAIL = slice(48, 56)
-_HOT = struct.Struct("=Qqd")  # flag, term, until: what the per-task check needs
-_unpack_hot = _HOT.unpack
 _ZERO = b"\0" * 8
 _BOOT = getattr(time, "CLOCK_BOOTTIME", None)
 _clock_gettime = time.clock_gettime
@@ -110,7 +108,7 @@ class SharedLeadership:
         while True:
             tail = m[_TAIL]
             payload = m[8:48]
-            if m[0:8] == tail and tail != b"\0" * 8:
+            if m[0:8] == tail and tail != _ZERO:
                 flag, term, until, raw = _PAYLOAD.unpack(payload)
                 if not flag:
                     return Leadership(False, None, until)
