@@ -604,6 +604,7 @@ class MetricsServer:
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
+        _servers.add(self)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="celery-election-metrics", daemon=True
@@ -619,6 +620,24 @@ class MetricsServer:
         if self._thread.is_alive():
             self.httpd.shutdown()  # waits for serve_forever, which must be running
         self.httpd.server_close()
+
+
+_servers: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
+
+
+def _close_inherited_servers() -> None:
+    """In a forked child (a prefork pool process): close our copy of the listening socket.
+
+    The child never serves; holding the port would keep it taken after the worker that
+    bound it died (SIGKILL), until the last child exited.
+    """
+    for server in list(_servers):
+        with contextlib.suppress(OSError):
+            server.httpd.socket.close()
+    _servers.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_servers)
 
 
 def bind(port: int, probe: Callable[[], tuple[bool, bool, list[str]]]) -> MetricsServer:

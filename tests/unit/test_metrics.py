@@ -79,6 +79,31 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
+def test_a_forked_child_does_not_keep_the_metrics_port() -> None:
+    """A prefork child must not hold the worker's port after the worker closed it (or
+    died): a restarted worker binds it again while the old child still runs."""
+    server = metrics.MetricsServer(0)
+    port = server.port
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: past its fork hooks, alive until the parent is done
+        os.close(w)
+        os.write(ready_w, b"x")
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        server.close()
+        metrics.MetricsServer(port).close()  # free again, with the child still alive
+    finally:
+        os.close(w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+
+
 def test_elector_metrics_and_probes(tmp_path) -> None:
     backend = backend_from_url(f"sqlite:///{tmp_path}/e.db")
     backend.install()
