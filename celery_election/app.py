@@ -23,10 +23,11 @@ __all__ = [
 def init_app(app: Celery) -> Celery:
     """Add leader election to a Celery app (idempotent); returns the app.
 
-    Registers the worker options ``--election/--no-election`` and
-    ``--election-namespace``, the worker bootstep, the remote control commands
-    (``celery inspect election``, ``celery control election_resign``), and the router
-    that sends leader tasks to the leader queue however they are sent.
+    Registers the worker options ``--election/--no-election``, ``--election-namespace``
+    and ``--election-metrics-port`` (also a ``celery beat`` option), the worker bootstep,
+    the remote control commands (``celery inspect election``, ``celery control
+    election_resign``), and the router that sends leader tasks to the leader queue
+    however they are sent.
     """
     if getattr(app, "_celery_election_initialized", False):
         return app
@@ -58,10 +59,28 @@ def init_app(app: Celery) -> Celery:
             "election_metrics_port setting; needs celery-election[metrics]).",
         )
     )
+    # ``celery beat`` hands unknown options to ``app.Beat``, which drops them: the option
+    # sets the setting instead, which the LeaderScheduler reads.
+    app.user_options["beat"].add(
+        click.Option(
+            ["--election-metrics-port"],
+            type=int,
+            default=None,
+            expose_value=False,
+            callback=_set_beat_metrics_port,
+            help="LeaderScheduler: serve /metrics, /healthz and /readyz on this port "
+            "(default: the election_metrics_port setting; needs celery-election[metrics]).",
+        )
+    )
     app.steps["worker"].add(ElectionStep)
     _route_leader_tasks(app)
     app._celery_election_initialized = True
     return app
+
+
+def _set_beat_metrics_port(ctx: click.Context, _param: click.Parameter, port: int | None) -> None:
+    if port is not None:
+        ctx.find_root().obj.app.conf.election_metrics_port = port
 
 
 def _route_leader_tasks(app: Celery) -> None:

@@ -111,9 +111,9 @@ class Cluster:
             *args,
         ])  # fmt: skip
 
-    def start_beat(self, name: str) -> None:
+    def start_beat(self, name: str, *args: str) -> None:
         """A standalone ``celery beat`` with the LeaderScheduler (E2E_BEAT must be set)."""
-        self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule")])
+        self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule"), *args])
 
     def _spawn(self, name: str, args: list[str]) -> None:
         cmd = [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args, "--loglevel", "INFO"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -130,3 +131,47 @@ def test_healthz_fails_while_the_tick_loop_hangs_and_recovers(
     assert late is not None and late < c.ttl  # the gauge agrees: on time again
     assert health(c, port) == 0
     assert get(port, "/readyz")[0] == 200
+
+
+@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite", "beat": True}], indirect=True)
+def test_standalone_beats_serve_metrics_and_probes(cluster: Cluster) -> None:
+    """``celery beat --election-metrics-port``: the leader counts its sends, the follower
+    sends nothing and is ready, and after SIGKILL the follower leads under a greater term."""
+    c = cluster
+    ports = {"b1": free_port(), "b2": free_port()}
+    for name, port in ports.items():
+        c.start_beat(name, "--election-metrics-port", str(port))
+    ns = f"{c.namespace}-beat"
+    leader = c.wait_beat_leader(30)
+    follower = "b2" if leader == "b1" else "b1"
+
+    def metric(name: str, port: int, **labels: str) -> float | None:
+        return sample(get(port, "/metrics")[1], name, **labels)
+
+    def sent(port: int, entry: str) -> float:
+        return metric("celery_election_beat_runs_sent_total", port, entry=entry) or 0
+
+    wait_until(lambda: sent(ports[leader], "every-second-a") >= 2, 30, "the leader sending")
+    lease = c.backend.current(ns)
+    assert lease is not None
+    assert metric("celery_election_leading", ports[leader], namespace=ns) == 1
+    assert metric("celery_election_term", ports[leader], namespace=ns) == lease.term
+    body = get(ports[leader], "/metrics")[1]
+    assert sample(body, "celery_election_beat_runs_refused_total") is None
+    assert sample(body, "celery_election_beat_runs_publish_failed_total") is None
+    claimed = sample(body, "celery_election_beat_runs_claimed_total", entry="every-second-a")
+    assert claimed is not None and claimed >= 2
+
+    wait_until(lambda: get(ports[follower], "/readyz")[0] == 200, 30, "the follower ready")
+    assert metric("celery_election_leading", ports[follower], namespace=ns) == 0
+    assert sent(ports[follower], "every-second-a") == 0
+    for port in ports.values():
+        assert get(port, "/healthz")[0] == 200
+        assert health(c, port, "--ready") == 0
+
+    c.signal(leader, signal.SIGKILL)
+    assert c.wait_beat_leader(30, other_than=leader) == follower
+    wait_until(lambda: sent(ports[follower], "every-second-a") >= 1, 30, "the new leader sending")
+    term = metric("celery_election_term", ports[follower], namespace=ns)
+    assert metric("celery_election_leading", ports[follower], namespace=ns) == 1
+    assert term is not None and term > lease.term

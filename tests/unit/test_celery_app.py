@@ -108,6 +108,21 @@ def test_init_app_is_idempotent_and_returns_the_app() -> None:
     assert len(election_options(app)) == 1
     names = [o.name for o in app.user_options["worker"] if isinstance(o, click.Option)]
     assert sorted(names) == ["election", "election_metrics_port", "election_namespace"]
+    beat = [o.name for o in app.user_options["beat"] if isinstance(o, click.Option)]
+    assert beat == ["election_metrics_port"]
+
+
+def test_the_beat_metrics_port_option_sets_the_setting() -> None:
+    """``celery beat`` hands its options to ``app.Beat``, which drops unknown ones."""
+    app = init_app(new_app())
+    (option,) = app.user_options["beat"]
+    assert isinstance(option, click.Option)
+    ctx = click.Context(click.Command("beat"), obj=SimpleNamespace(app=app))
+    assert option.callback is not None
+    option.callback(ctx, option, None)
+    assert app.conf.get("election_metrics_port") is None
+    option.callback(ctx, option, 9809)
+    assert app.conf.election_metrics_port == 9809
 
 
 def test_init_app_is_per_app() -> None:
