@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_election import Elector, MemoryBackend, metrics
+
 from ..conftest import tool
 from .cluster import ROOT, Cluster, wait_until
 from .test_metrics import free_port
@@ -43,6 +45,29 @@ def test_each_alert_fires_on_its_series_and_not_on_healthy_ones() -> None:
     tested = {line.split("alertname:")[1].strip() for line in tests.read_text().splitlines()
               if "alertname:" in line}  # fmt: skip
     assert len(tested) == 6  # every rule in alerts.yml
+
+
+def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
+    """Prometheus' own linter on a /metrics body with every family populated: base units,
+    ``_total`` on counters, help text on each (``promtool check metrics`` exits 3 on any)."""
+    promtool = tool("/usr/bin/promtool", HINT)
+    old = metrics.install(metrics.LocalCounters())
+    elector = Elector(MemoryBackend(), "lint", "me", ttl=2)
+    try:
+        metrics.count(metrics.key(metrics.TASK, "proj.report", "skipped"))
+        for what in ("claimed", "sent", "refused", "publish_failed"):
+            metrics.count(metrics.key(metrics.BEAT, "lint-beat", "nightly", what))
+        metrics.mark_tick("lint-beat", 1.0)
+        elector.start()
+        assert elector.wait_for_leadership(10)
+        body, _ = metrics.render()
+    finally:
+        elector.stop()
+        metrics.install(old)
+    families = {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE")}
+    assert len(families) == 13, sorted(families)  # every metric in the README's table
+    proc = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
 
 
 class Prometheus:
