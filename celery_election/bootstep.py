@@ -81,6 +81,11 @@ class ElectionStep(bootsteps.StartStopStep):
         self._install_lock = threading.Lock()
         super().__init__(worker, **kwargs)
         if not self.enabled:
+            if self.settings.metrics_port is not None:
+                log.warning(
+                    "election: election_metrics_port is set but this worker runs no "
+                    "election, so nothing is served: add --election (or election_enabled)"
+                )
             return
         self.worker = worker
         worker.election = self

@@ -1110,6 +1110,17 @@ def test_disabled_step_does_nothing(clean_env: None) -> None:
     assert shared_state.current() is None
 
 
+def test_a_metrics_port_without_an_election_warns(
+    clean_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = SimpleNamespace(app=init_app(new_app()), hostname="w")
+    with caplog.at_level("WARNING", logger="celery_election"):
+        s = ElectionStep(worker, election_metrics_port=9808)
+    assert s.enabled is False and s.server is None
+    (line,) = [r.getMessage() for r in caplog.records if "metrics_port" in r.getMessage()]
+    assert "nothing is served" in line and "--election" in line
+
+
 def test_enabled_step_publishes_not_leader_before_start(step: Any) -> None:
     assert step.worker.election is step
     shared: SharedLeadership = step.shared
