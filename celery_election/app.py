@@ -60,7 +60,7 @@ def init_app(app: Celery) -> Celery:
         )
     )
     # ``celery beat`` hands unknown options to ``app.Beat``, which drops them: the option
-    # sets the setting instead, which the LeaderScheduler reads.
+    # sets the setting instead (settings.py), which the LeaderScheduler reads.
     app.user_options["beat"].add(
         click.Option(
             ["--election-metrics-port"],
@@ -80,7 +80,7 @@ def init_app(app: Celery) -> Celery:
 
 def _set_beat_metrics_port(ctx: click.Context, _param: click.Parameter, port: int | None) -> None:
     if port is not None:
-        ctx.find_root().obj.app.conf.election_metrics_port = port
+        ElectionSettings.set_metrics_port(ctx.find_root().obj.app, port)
 
 
 def _route_leader_tasks(app: Celery) -> None:

@@ -211,6 +211,15 @@ class ElectionSettings:
             values = {**values, "election_metrics_port": metrics_port}
         return cls._parse(conf, values, enabled=enabled, namespace=namespace)
 
+    @staticmethod
+    def set_metrics_port(app: Any, port: int) -> None:
+        """Make ``celery beat --election-metrics-port`` the setting.
+
+        Beat hands its options to no step; the setting is checked with the others when the
+        scheduler reads them.
+        """
+        app.conf.election_metrics_port = port
+
     @classmethod
     def _parse(
         cls,
