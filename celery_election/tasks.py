@@ -43,6 +43,7 @@ __all__ = [
     "LeaderTask",
     "current_term",
     "install_router",
+    "leader_queues",
     "leader_task",
 ]
 
@@ -235,3 +236,12 @@ def install_router(app: Any) -> None:
 
 def _has_router(app: Any) -> bool:
     return any(isinstance(r, LeaderRouter) for r in app.amqp.routes)
+
+
+def leader_queues(app: Any) -> list[str]:
+    """Every queue the app's leader tasks are routed to (its namespace's leader queue first)."""
+    names = [ElectionSettings.from_app(app).leader_queue]
+    for task in app.tasks.values():
+        if isinstance(task, LeaderTask) and task.leader_queue not in names:
+            names.append(task.leader_queue)
+    return names

@@ -27,7 +27,8 @@ The pytest plugin (``celery_election.pytest_plugin``, loaded by the ``pytest11``
 point) wraps these in fixtures: ``election``, ``election_follower``, ``election_protocol``
 and ``election_worker``.
 
-This module never imports pytest, and imports Celery only in :func:`worker`.
+This module never imports pytest or Celery: :func:`worker` and :func:`leader_queues` live on
+the Celery side (``bootstep``, ``tasks``) and load on first use.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import shared_state
 from .backends.memory import MemoryBackend
@@ -47,6 +48,24 @@ from .errors import ElectionError
 from .shared_state import ENV_VAR, SharedLeadership
 
 __all__ = ["ElectedLeadership", "Leadership", "leader_queues", "worker"]
+
+#: Celery-side names, resolved on first use as the package root does, so this kit loads
+#: without Celery (a FastAPI service's tests use Leadership too).
+_LAZY = {"worker": (".bootstep", "in_process_worker"), "leader_queues": (".tasks", "leader_queues")}
+
+if TYPE_CHECKING:
+    from .bootstep import in_process_worker as worker
+    from .tasks import leader_queues
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module, __package__), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The record's trust deadline while a controller says "leader": a fake clock never runs
 #: out on its own, so the trust window ends only when the controller ends it.
@@ -410,70 +429,3 @@ class ElectedLeadership(_Controller):
         self._stop(self.rival)
         self.backend.close()
         super().close()
-
-
-def leader_queues(app: Any) -> list[str]:
-    """Every queue the app's leader tasks are routed to (its namespace's leader queue first)."""
-    from .settings import ElectionSettings
-    from .tasks import LeaderTask
-
-    names = [ElectionSettings.from_app(app).leader_queue]
-    for task in app.tasks.values():
-        if isinstance(task, LeaderTask) and task.leader_queue not in names:
-            names.append(task.leader_queue)
-    return names
-
-
-@contextlib.contextmanager
-def worker(app: Any, *, pool: str = "solo", **options: Any) -> Iterator[Any]:
-    """Celery's in-process test worker on ``app``, consuming the leader queue(s) too.
-
-    ``options`` go to ``celery.contrib.testing.worker.start_worker`` (then to the
-    WorkController): ``queues`` (default: the app's default queue) gets the leader queues
-    added, and ``election`` defaults to False, so a worker of an ``init_app`` app runs no
-    elector of its own and the controller's record decides. Registers Celery's ``ping``
-    task, which the worker's start-up check sends (unless ``perform_ping_check=False``).
-    Start and stop take milliseconds on the memory broker polled every 10 ms
-    (``broker_transport_options={"polling_interval": 0.01}``), not the ~0.5 s and ~4 s of
-    Celery's ``celery_worker`` fixture.
-    """
-    from celery.contrib.testing.worker import start_worker
-
-    app.loader.import_module("celery.contrib.testing.tasks")
-    queues = list(options.pop("queues", None) or [app.conf.task_default_queue])
-    for name in leader_queues(app):
-        if name not in queues:
-            queues.append(name)
-    options.setdefault("election", False)
-    check = options.pop("perform_ping_check", True)
-    timeout = options.pop("ping_task_timeout", 10.0)
-    with start_worker(app, pool=pool, queues=queues, perform_ping_check=False, **options) as w:
-        try:
-            if check:  # Celery's check, polling the result every 10 ms instead of 500
-                from celery.result import allow_join_result
-
-                with allow_join_result():
-                    pong = app.tasks["celery.ping"].apply_async(queue=queues[0])
-                    answer = pong.get(timeout=timeout, interval=0.01)
-                if answer != "pong":
-                    raise ElectionError(f"the test worker answered its ping with {answer!r}")
-            yield w
-        finally:
-            _wake_to_stop(app, queues[0])
-
-
-def _wake_to_stop(app: Any, queue: str) -> None:
-    """Make the stop that follows take milliseconds instead of about 4 seconds.
-
-    ``start_worker`` stops its worker by setting ``should_terminate``, which the
-    consumer's loop checks between two waits for a message of up to 2 s each (and it
-    waits once more after seeing the flag). Set the flag now and send two pings, one to end
-    each wait. (If the worker happens to be between waits, one ping stays queued and the
-    next worker on this broker answers it.)
-    """
-    from celery.worker import state
-
-    state.should_terminate = 0  # what start_worker does next; it resets it after the join
-    ping = app.tasks["celery.ping"]
-    for _ in range(2):
-        ping.apply_async(queue=queue, ignore_result=True)
