@@ -15,29 +15,23 @@ from typing import Any
 
 import pytest
 
+from .test_layers import CELERY_SIDE as CELERY_SIDE_MODULES
+from .test_layers import MODULES
+
 CELERY_SIDE = ("celery", "kombu", "click", "billiard", "amqp", "vine")
 
-PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
-#: The modules that need Celery to load (DESIGN.md's Celery side, less shared_state, which
-#: is plain shared memory). Every other module is checked, so a new core module is covered
-#: the day it is added, not when someone remembers a list.
-NEEDS_CELERY = {"app", "beat", "bootstep", "cli", "control", "signals", "tasks"}
-
-
-def module_names() -> list[str]:
-    names = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = [p for p in path.relative_to(PACKAGE).with_suffix("").parts if p != "__init__"]
-        names.append(".".join(["celery_election", *parts]))
-    return names
-
-
-CORE_MODULES = [m for m in module_names() if m.removeprefix("celery_election.") not in NEEDS_CELERY]
+#: The modules that need Celery to load: DESIGN.md's Celery side (test_layers), less
+#: shared_state, which is plain shared memory. Every other module is checked, so a new core
+#: module is covered the day it is added, not when someone remembers a list.
+NEEDS_CELERY = CELERY_SIDE_MODULES - {"shared_state"}
+CORE_MODULES = sorted(
+    f"celery_election.{m}" if m else "celery_election" for m in MODULES - NEEDS_CELERY
+)
 
 
 def test_the_core_list_is_the_package_less_the_celery_side() -> None:
     # a renamed Celery-side module would otherwise silently leave this check
-    assert {f"celery_election.{m}" for m in NEEDS_CELERY} <= set(module_names())
+    assert NEEDS_CELERY <= MODULES
     assert {"celery_election.metrics", "celery_election.testing"} <= set(CORE_MODULES)
 
 
