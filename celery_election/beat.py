@@ -52,13 +52,13 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from . import metrics, shared_state
-from .backends import backend_from_url
+from .backends import auto_install, backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
 from .elector import Elector
 from .errors import ConfigurationError, ElectionError, cannot_start
 from .history import Recorder
-from .settings import ElectionSettings
+from .settings import ElectionSettings, hide_password
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
@@ -76,6 +76,7 @@ class _BeatElection:
     def __init__(self, app: Any) -> None:
         self.record = shared_state.current()
         self.settings = ElectionSettings.from_app(app)
+        self.settings.refuse_split()
         # Embedded (`celery worker -B --election`): the worker's leadership and namespace.
         embedded = self.record is not None
         self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
@@ -85,10 +86,7 @@ class _BeatElection:
         self.backend: Backend = backend_from_url(self.settings.url, **options)
         self.store: BeatStore = self.backend.beat
         if self.settings.auto_install:
-            try:
-                self.backend.install()
-            except ElectionError as exc:
-                log.error("beat election: could not create the tables yet (%s)", exc)
+            auto_install(self.backend, log)
         self.elector: Elector | None = None
         if self.record is None:
             self.elector = Elector(
@@ -494,15 +492,10 @@ _UNSEEN = object()
 
 
 def backend_description(url: str) -> str:
-    """A URL with its password hidden, for logs and banners."""
-    from sqlalchemy.engine import make_url
-
+    """A database URL (``db+``/``sqla+`` prefixes dropped) with its password hidden."""
     for prefix in ("db+", "sqla+"):
         url = url.removeprefix(prefix)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url.rsplit("@", 1)[-1]
+    return hide_password(url)
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):

@@ -30,12 +30,12 @@ import click
 from celery import bootsteps
 
 from . import metrics, shared_state
-from .backends import backend_from_url
+from .backends import auto_install, backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
 from .history import Recorder
-from .settings import ElectionSettings
+from .settings import ElectionSettings, hide_password
 from .shared_state import SharedLeadership
 from .signals import leader_elected, leader_revoked
 from .tasks import leader_queues
@@ -68,6 +68,8 @@ class ElectionStep(bootsteps.StartStopStep):
                 namespace=election_namespace,
                 metrics_port=election_metrics_port,
             )
+            if self.settings.enabled:
+                self.settings.refuse_split()
         except ConfigurationError as exc:
             # One line and exit 1, as Celery's own bad options end (not a 55-line
             # traceback from inside the worker's construction).
@@ -92,6 +94,7 @@ class ElectionStep(bootsteps.StartStopStep):
             return
         self.worker = worker
         worker.election = self
+        self._extend_banner(worker)
         if kwargs.get("beat"):
             self._gate_embedded_beat(worker)
         if self.settings.metrics_port is not None:
@@ -105,6 +108,22 @@ class ElectionStep(bootsteps.StartStopStep):
         shared_state.install(self.shared)
         if self.settings.metrics_port is not None:
             self._share_counters(bool(kwargs.get("beat")))
+
+    def _extend_banner(self, worker: Any) -> None:
+        """Add the election's database (password hidden) and namespace to the banner."""
+        startup_info = getattr(worker, "startup_info", None)
+        if startup_info is None:  # an in-process WorkController prints no banner
+            return
+        s = self.settings
+        lines = (
+            f"[election]\n.> namespace:   {s.namespace} (leader queue {s.leader_queue})\n"
+            f".> database:    {hide_password(s.url)} ({s.url_source})\n"
+        )
+
+        def with_election(*args: Any, **kwargs: Any) -> str:
+            return f"{startup_info(*args, **kwargs)}\n{lines}"
+
+        worker.startup_info = with_election
 
     def _probe(self) -> tuple[bool, bool, list[str]]:
         elector = self.elector
@@ -246,9 +265,7 @@ class ElectionStep(bootsteps.StartStopStep):
         if self.backend is None or not self._install_lock.acquire(blocking=False):
             return
         try:
-            self.backend.install()
-        except ElectionError as exc:
-            log.error("election: could not create the tables yet (%s); will retry", exc)
+            auto_install(self.backend, log)
         finally:
             self._install_lock.release()
 

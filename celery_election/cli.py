@@ -251,7 +251,12 @@ def resign(ctx: click.Context, namespace: str | None) -> None:
 
 
 @election.command()
-@click.option("--port", type=int, help="The metrics port (default: election_metrics_port).")
+@click.option(
+    "--port",
+    type=int,
+    help="The process's metrics port: what its --election-metrics-port was given "
+    "(default: the election_metrics_port setting).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Where it listens.")
 @click.option("--ready", is_flag=True, help="Readiness (/readyz) instead of liveness.")
 @click.option("--timeout", default=3.0, show_default=True, help="Seconds to wait.")
@@ -269,7 +274,10 @@ def health(ctx: click.Context, port: int | None, host: str, ready: bool, timeout
 
             port = ElectionSettings.from_app(app).metrics_port
     if port is None:
-        raise click.UsageError("give --port, or set election_metrics_port in the app")
+        raise click.UsageError(
+            "give --port with the port the worker or beat was started with "
+            "(--election-metrics-port), or set election_metrics_port in the app"
+        )
     url = f"http://{host}:{port}/{'readyz' if ready else 'healthz'}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:

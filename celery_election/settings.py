@@ -14,11 +14,13 @@ the tasks and the CLI all come here.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
 from .config import ElectionConfig, validate_namespace
@@ -30,6 +32,7 @@ __all__ = [
     "ElectionSettings",
     "Setting",
     "default_election_url",
+    "hide_password",
     "is_postgres",
     "leader_queue_name",
 ]
@@ -126,8 +129,11 @@ RETIRED: dict[str, str] = {
     "election_beat_ledger_retention": "the shared beat state is one row per entry",
 }
 
-_KNOWN = {s.name for s in SETTINGS}
+_NAMES = tuple(s.name for s in SETTINGS)
+_KNOWN = set(_NAMES)
 _CACHE = "_celery_election_settings"
+_WARNED = "_celery_election_warned"
+_SPELLINGS: dict[str | None, tuple[str, ...]] = {}
 
 
 def leader_queue_name(namespace: str) -> str:
@@ -187,6 +193,8 @@ class ElectionSettings:
     history_file: str | None = None
     #: Serve /metrics, /healthz and /readyz here (celery_election.metrics), or None.
     metrics_port: int | None = None
+    #: Why this default election would split across hosts (see ``refuse_split``), or None.
+    split: str | None = None
 
     @classmethod
     def from_app(
@@ -197,16 +205,28 @@ class ElectionSettings:
         namespace: str | None = None,
         metrics_port: int | None = None,
     ) -> ElectionSettings:
-        """The app's settings, read once; command-line values win over ``app.conf``."""
+        """The app's settings, read once; command-line values win over ``app.conf``.
+
+        Read through Celery's own lookup (``conf.get``), so every layout Celery accepts
+        works: ``config_from_object(..., namespace="CELERY")`` reads
+        ``CELERY_ELECTION_URL``. The cache is checked against the election values set on
+        ``conf`` since (a handful of dict lookups, not a scan of every setting): a
+        configuration source is read once, as Celery's loaders read it.
+        """
         conf = app.conf
-        values = {k: v for k, v in conf.items() if k.startswith(_PREFIX)}
+        stamp = _stamp(conf)
         cached = app.__dict__.get(_CACHE)
-        if cached is None or cached[0] != values:
-            cached = (values, cls._parse(conf, values))
+        if cached is None or cached[0] != stamp:
+            values = read_values(conf)
+            _warn_unknown(app, conf)
+            parsed = cls._parse(conf, values)
+            # stamped after reading: the first read may load a pending configuration
+            cached = (_stamp(conf), parsed)
             app.__dict__[_CACHE] = cached
         settings: ElectionSettings = cached[1]
         if enabled is None and namespace is None and metrics_port is None:
             return settings
+        values = read_values(conf)
         if metrics_port is not None:
             values = {**values, "election_metrics_port": metrics_port}
         return cls._parse(conf, values, enabled=enabled, namespace=namespace)
@@ -231,7 +251,6 @@ class ElectionSettings:
     ) -> ElectionSettings:
         """Check every setting; one ConfigurationError with every problem."""
         problems: list[str] = []
-        _warn_unknown(values)
 
         def text(key: str) -> str | None:
             value = values.get(key)
@@ -260,8 +279,11 @@ class ElectionSettings:
 
         url = text("election_url")
         source = "election_url"
+        split = None
         if url is None:
             url, source = default_election_url(conf)
+            if url.startswith("sqlite:///"):  # a file of its own: this host only
+                split = _split_reason(conf, url)
         # None means "not set"; an empty string is a mistake, not "default"
         chosen = namespace if namespace is not None else values.get("election_namespace")
         ns = check(validate_namespace, "default" if chosen is None else chosen, "default")
@@ -311,7 +333,19 @@ class ElectionSettings:
             beat_namespace=beat_namespace,
             history_file=history_file,
             metrics_port=metrics_port,
+            split=split,
         )
+
+    def refuse_split(self) -> None:
+        """Raise ConfigurationError where hosts would each hold an election of their own.
+
+        Workers and beats call it before they campaign: with no ``election_url`` and a
+        broker or result backend that other hosts share, the default SQLite file would give
+        every host its own leader. The demo and single-host setups (a local broker, or a
+        SQLite ``election_url`` the user chose) are not refused.
+        """
+        if self.split is not None:
+            raise ConfigurationError(self.split)
 
     def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:
         """Constructor options for backend_from_url; ``listen=False`` for one-shot users."""
@@ -323,20 +357,146 @@ class ElectionSettings:
         return options
 
 
+#: Brokers and result backends that live on this host only (or ride on the broker: rpc).
+_LOCAL_SCHEMES = {"memory", "filesystem", "file", "sqlite", "rpc", "disabled", "cache+memory"}
+
+
+def _split_reason(conf: Any, url: str) -> str | None:
+    """Why the default SQLite ``url`` would split the election across hosts, or None."""
+    for setting in ("broker_url", "result_backend"):
+        value = getattr(conf, setting, None)
+        for part in value.split(";") if isinstance(value, str) else ():
+            if _shared_across_hosts(part.strip()):
+                path = url[len("sqlite:///") :]
+                name = spelling("election_url", _prefix(conf))
+                return (
+                    f"{name} is not set and the {setting} ({hide_password(part.strip())}) is "
+                    f"shared by other hosts, so each host would elect its own leader in "
+                    f"{path}: set {name} to a PostgreSQL or MySQL URL every host reaches, or "
+                    f"to sqlite:///{path} if this app runs on one host only"
+                )
+    return None
+
+
+def _shared_across_hosts(url: str) -> bool:
+    """Whether a broker or result backend URL names a server that other hosts can use."""
+    if "://" not in url:
+        return False
+    scheme = url.split("://", 1)[0].lower().removeprefix("sqla+").removeprefix("db+")
+    if scheme in _LOCAL_SCHEMES or scheme.startswith("sqlite"):
+        return False
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return True
+    if not host or host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name
+
+
+def hide_password(url: str) -> str:
+    """``scheme://user:***@host/...``: a URL fit for a log line or a banner."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.rsplit("@", 1)[-1]
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
 def _require_metrics_client(_: object) -> None:
     from .metrics import require_client
 
     require_client()
 
 
-def _warn_unknown(values: Mapping[str, Any]) -> None:
-    for key in sorted(set(values) - _KNOWN):
-        if key in RETIRED:
-            log.warning("%s is no longer used: %s", key, RETIRED[key])
+def spelling(name: str, prefix: str | None) -> str:
+    """How a setting is written under a config namespace (Celery's ``match_case``)."""
+    if not prefix:
+        return name
+    key = prefix + name
+    return key.upper() if prefix.isupper() else key
+
+
+def _prefix(conf: Any) -> str | None:
+    prefix = getattr(conf, "prefix", None)
+    return prefix if isinstance(prefix, str) and prefix else None
+
+
+def read_values(conf: Any) -> dict[str, Any]:
+    """Every election setting that is set, by its canonical name, as Celery looks it up.
+
+    ``conf.get`` tries the namespaced spelling (``CELERY_ELECTION_URL``) and then the
+    plain one, exactly as Celery reads its own settings.
+    """
+    values = {}
+    for name in _NAMES:
+        value = conf.get(name)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _stamp(conf: Any) -> tuple[Any, ...]:
+    """What invalidates the cache: the config maps, and election values set on conf since.
+
+    ``conf.x = y`` and ``conf.update`` write to ``conf.changes`` under the name given,
+    plain or namespaced; ``config_from_object`` swaps the maps.
+    """
+    changes = conf.changes
+    keys = _spellings(_prefix(conf))
+    return (*map(id, conf.maps), *map(changes.get, keys))
+
+
+def _spellings(prefix: str | None) -> tuple[str, ...]:
+    cached = _SPELLINGS.get(prefix)
+    if cached is None:
+        cached = _NAMES + tuple(spelling(n, prefix) for n in _NAMES if prefix)
+        _SPELLINGS[prefix] = cached
+    return cached
+
+
+def _warn_unknown(app: Any, conf: Any) -> None:
+    """Name every election-looking key Celery will not read for us, once per app.
+
+    A typo (``CELERY_ELECTION_TLL``), a retired setting, or a real name spelt so that
+    Celery's lookup misses it (``ELECTION_URL`` under ``namespace="CELERY"``).
+    """
+    prefix = _prefix(conf)
+    read = {spelling(n, prefix): n for n in _NAMES} | {n: n for n in _NAMES}
+    warned: set[str] = app.__dict__.setdefault(_WARNED, set())
+    for key in sorted(k for k in conf if isinstance(k, str)):
+        if key in read or key in warned:
             continue
-        near = difflib.get_close_matches(key, sorted(_KNOWN), n=3)
-        hint = f"did you mean {' or '.join(near)}?" if near else "see the README's settings"
-        log.warning("%s is not a celery-election setting (%s); it is ignored", key, hint)
+        bare = key
+        if prefix and bare.upper().startswith(prefix.upper()):
+            bare = bare[len(prefix) :]
+        bare = bare.lower()
+        if not bare.startswith(_PREFIX):
+            continue
+        warned.add(key)
+        if bare in RETIRED:
+            log.warning("%s is no longer used: %s", key, RETIRED[bare])
+        elif bare in _KNOWN:
+            log.warning(
+                "%s is not read (config namespace %r): write %s; it is ignored",
+                key,
+                (prefix or "").rstrip("_") or None,
+                spelling(bare, prefix),
+            )
+        else:
+            near = difflib.get_close_matches(bare, _NAMES, n=3)
+            hint = (
+                "did you mean " + " or ".join(spelling(n, prefix) for n in near) + "?"
+                if near
+                else "see the README's settings"
+            )
+            log.warning("%s is not a celery-election setting (%s); it is ignored", key, hint)
 
 
 def settings_table() -> str:

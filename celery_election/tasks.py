@@ -199,22 +199,44 @@ class LeaderRouter:
     """A Celery router: leader tasks go to their leader queue, however they are sent.
 
     ``init_app`` appends it to ``task_routes``: the app's own routes come first and win,
-    and a queue given to the call wins over every route (Celery's rule). A task sent by
-    name is routed when this process has it registered (``celery call``, ``send_task``
-    from an app that imports its tasks).
+    and a queue given to the call wins over every route (Celery's rule).
+
+    A task sent by name from a process that never imported it (``celery -A proj call``,
+    a web process sending with ``send_task`` in an ``include=`` or
+    ``autodiscover_tasks()`` layout) is found the way a worker finds it: the first name
+    this process does not know makes the router import the app's task modules once
+    (``app.loader.import_default_modules()``: ``include``, ``imports``, autodiscovery).
     """
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self._imported = False
 
     def __call__(
         self, name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
     ) -> dict[str, str] | None:
         if task is None:
             task = self.app.tasks.get(name)
+            if task is None and not self._imported:
+                task = self._import_and_find(name)
         if isinstance(task, LeaderTask):
             return {"queue": task.leader_queue}
         return None
+
+    def _import_and_find(self, name: str) -> Any:
+        """Import the app's task modules (once per process), then look ``name`` up again."""
+        self._imported = True
+        try:
+            self.app.loader.import_default_modules()
+        except Exception as exc:  # the send goes on: a worker would fail on this too
+            log.warning(
+                "celery-election: could not import the app's task modules to route %s "
+                "(%s: %s): a leader task sent by name may miss the leader queue",
+                name,
+                type(exc).__name__,
+                exc,
+            )
+        return self.app.tasks.get(name)
 
     def __repr__(self) -> str:
         return "<celery_election.tasks.LeaderRouter>"

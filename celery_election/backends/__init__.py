@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ElectionError
 from .base import Backend
 from .memory import MemoryBackend
 
@@ -13,7 +14,14 @@ if TYPE_CHECKING:  # loaded on first use: SQLAlchemy costs ~0.4 s to import
     from .postgres import PostgresBackend
     from .sql import SQLBackend
 
-__all__ = ["Backend", "MemoryBackend", "PostgresBackend", "SQLBackend", "backend_from_url"]
+__all__ = [
+    "Backend",
+    "MemoryBackend",
+    "PostgresBackend",
+    "SQLBackend",
+    "auto_install",
+    "backend_from_url",
+]
 
 _SCHEMES = "sqlite:///PATH, postgresql+psycopg://..., mysql+pymysql://..., memory://"
 # scheme -> (normalised SQLAlchemy driver name, driver module, extra that installs it)
@@ -87,3 +95,23 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     from .sql import SQLBackend
 
     return SQLBackend(normalised, **options)
+
+
+def auto_install(backend: Backend, who: logging.Logger) -> None:
+    """``election_auto_install``: create missing tables, and say so (a worker or beat).
+
+    Tables that appear in an unexpected database are how a wrong URL shows: the names
+    and the database are logged at WARNING. A database that is down now is logged, not
+    raised: the caller retries on its next SchemaMissingError.
+    """
+    try:
+        created = backend.install()
+    except ElectionError as exc:
+        who.error("could not create the election tables yet (%s); will retry", exc)
+        return
+    if created:
+        who.warning(
+            "created tables %s in %s (election_auto_install)",
+            ", ".join(created),
+            backend.description,
+        )

@@ -112,8 +112,11 @@ class Backend(Protocol):
     #: Where the election lives, safe to log (no password).
     description: str
 
-    def install(self) -> None:
-        """Create the tables if they do not exist (idempotent, safe to race)."""
+    def install(self) -> list[str]:
+        """Create the tables if they do not exist (idempotent, safe to race).
+
+        Returns the names of the tables this call created (empty if all existed).
+        """
 
     def uninstall(self) -> None:
         """Drop the tables if they exist."""

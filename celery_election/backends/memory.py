@@ -120,8 +120,10 @@ class MemoryBackend:
 
     # -- schema -----------------------------------------------------------------------------
 
-    def install(self) -> None:
+    def install(self) -> list[str]:
+        created = [] if self._installed else ["(memory)"]
         self._installed = True
+        return created
 
     def uninstall(self) -> None:
         with self._lock:

@@ -383,8 +383,8 @@ class SQLBackend:
 
     # -- schema -----------------------------------------------------------------------------
 
-    def install(self) -> None:
-        """Create the tables if missing. Safe to run from many processes at once."""
+    def install(self) -> list[str]:
+        """Create the tables if missing; the names of those created. Safe to race."""
         last: Exception | None = None
         for _attempt in range(5):
             try:
@@ -394,9 +394,13 @@ class SQLBackend:
                         # (DESIGN.md, rule 10): serialise installers on an advisory lock.
                         key = sa.func.hashtext(f"celery_election:{self.table_prefix}")
                         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+                    have = set(sa.inspect(conn).get_table_names())
+                    created = [t.name for t in self.metadata.sorted_tables if t.name not in have]
                     self.metadata.create_all(conn, checkfirst=True)
                     self._add_missing_columns(conn)
-                return
+                if created:
+                    log.info("created tables %s in %s", ", ".join(created), self.description)
+                return created
             except DBAPIError as exc:
                 if classify(exc) == "unavailable" and "connect" in str(exc).lower():
                     raise BackendUnavailableError(

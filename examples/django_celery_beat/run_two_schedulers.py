@@ -1,19 +1,27 @@
-"""Two LeaderDatabaseSchedulers on one database: only the leader sends, each run once, and
-django-celery-beat's own rules hold (start_time, expires, clocked one-off tasks).
+"""Two LeaderDatabaseSchedulers, each in a process and a working directory of its own (two
+"hosts"), on one database: only the leader sends, each run once, and django-celery-beat's
+own rules hold (start_time, expires, clocked one-off tasks).
 
-Prints a JSON report; used by tests/integration/test_examples.py.
+``python run_two_schedulers.py SECONDS`` creates the periodic tasks, starts two scheduler
+processes in two temporary working directories and prints a JSON report; used by
+tests/integration/test_examples.py. Each process reads the election URL from Django's
+settings (``CELERY_ELECTION_URL``, through ``namespace="CELERY"``): were it ignored, each
+would elect itself in a default file of its own directory, and both would send.
 """
 
 import datetime
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
 
-import django
+import django  # noqa: E402
 
 django.setup()
 
@@ -24,48 +32,76 @@ from django_celery_beat.models import (  # noqa: E402
     IntervalSchedule,
     PeriodicTask,
 )
-from proj.celery import app  # noqa: E402
-from proj.schedulers import LeaderDatabaseScheduler  # noqa: E402
-
-call_command("migrate", verbosity=0)
-now = timezone.now()
-seconds = float(sys.argv[1] if len(sys.argv) > 1 else 5)
-every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
-# Tasks named here are not registered in this process, so beat sends them by name.
-PeriodicTask.objects.create(name="job", task="remote.job", interval=every)
-starts = now + datetime.timedelta(seconds=seconds / 2)
-PeriodicTask.objects.create(name="later", task="remote.later", interval=every, start_time=starts)
-PeriodicTask.objects.create(
-    name="expired", task="remote.expired", interval=every, expires=now - datetime.timedelta(1)
-)
-at = ClockedSchedule.objects.create(clocked_time=now + datetime.timedelta(seconds=1))
-PeriodicTask.objects.create(name="once", task="remote.once", clocked=at, one_off=True)
 
 
-class Recording(LeaderDatabaseScheduler):
-    """Records what it really sends: (task, run key, when)."""
+def schedule(seconds: float) -> dict[str, float]:
+    """The periodic tasks both schedulers serve."""
+    call_command("migrate", verbosity=0)
+    now = timezone.now()
+    every, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
+    # Tasks named here are not registered anywhere, so beat sends them by name.
+    PeriodicTask.objects.create(name="job", task="remote.job", interval=every)
+    starts = now + datetime.timedelta(seconds=seconds / 2)
+    PeriodicTask.objects.create(
+        name="later", task="remote.later", interval=every, start_time=starts
+    )
+    PeriodicTask.objects.create(
+        name="expired", task="remote.expired", interval=every, expires=now - datetime.timedelta(1)
+    )
+    at = ClockedSchedule.objects.create(clocked_time=now + datetime.timedelta(seconds=1))
+    PeriodicTask.objects.create(name="once", task="remote.once", clocked=at, one_off=True)
+    return {"starts": starts.timestamp(), "clocked": at.clocked_time.timestamp()}
 
-    def send_task(self, name, args=None, kwargs=None, **options):
-        run = (options.get("headers") or {}).get("election_run")
-        self.sent.append((name, run, time.time()))
 
+def serve(seconds: float) -> None:
+    """One scheduler, ticking for ``seconds``; prints whether it led and what it sent."""
+    from proj.celery import app
+    from proj.schedulers import LeaderDatabaseScheduler
 
-schedulers = []
-for _ in range(2):
+    class Recording(LeaderDatabaseScheduler):
+        """Records what it really sends: (task, run key, when)."""
+
+        sent: list[tuple[str, int, float]] = []
+
+        def send_task(self, name, args=None, kwargs=None, **options):
+            run = (options.get("headers") or {}).get("election_run")
+            self.sent.append((name, run, time.time()))
+
     s = Recording(app=app)
-    s.sent = []
-    schedulers.append(s)
-deadline = time.monotonic() + seconds
-while time.monotonic() < deadline:
-    for s in schedulers:
+    led = False
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         s.tick()
-    time.sleep(0.05)
-report = {
-    "leaders": [s._election.leadership() is not None for s in schedulers],
-    "sent": [s.sent for s in schedulers],
-    "starts": starts.timestamp(),
-    "clocked": at.clocked_time.timestamp(),
-}
-for s in schedulers:
+        led = led or s._election.leadership() is not None
+        time.sleep(0.05)
+    report = {"led": led, "sent": s.sent, "cwd": os.getcwd()}
     s.close()
-print(json.dumps(report))
+    print(json.dumps(report))
+
+
+def main() -> None:
+    seconds = float(sys.argv[1] if len(sys.argv) > 1 else 5)
+    report = schedule(seconds)
+    hosts = [tempfile.mkdtemp(prefix=f"host{n}-") for n in (1, 2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", str(seconds)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for cwd in hosts
+    ]
+    reports = [json.loads(p.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])
+               for p in procs]  # fmt: skip
+    report["leaders"] = [r["led"] for r in reports]
+    report["sent"] = [r["sent"] for r in reports]
+    report["hosts"] = hosts
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        serve(float(sys.argv[2]))
+    else:
+        main()
