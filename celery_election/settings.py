@@ -87,7 +87,8 @@ _TIMINGS: dict[str, tuple[str, str]] = {
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "election_url",
-        "the app's `db+`/`sqla+` PostgreSQL or MySQL URL, else `./celery-election.sqlite3`",
+        "the app's `db+`/`sqla+` PostgreSQL or MySQL URL, else `./celery-election.sqlite3` "
+        "(refused where the broker or result backend is shared by other hosts)",
         "the election database (never the broker's SQLite file)",
     ),
     Setting("election_namespace", "`default`", "who competes with whom"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from celery_election.clock import FakeClock
 from .services import REQUIRE, Services, discover
 
 _services: Services | None = None
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def services() -> Services:
@@ -22,9 +24,26 @@ def services() -> Services:
     return _services
 
 
+#: What a test that runs in the working tree instead of tmp would leave there.
+_LEFTOVERS = ("*.sqlite3", "*.db", "celerybeat-schedule*")
+_before: set[Path] = set()
+
+
+def _leftovers() -> set[Path]:
+    return {p for where in {Path.cwd(), ROOT} for g in _LEFTOVERS for p in where.glob(g)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _before.update(_leftovers())
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _services is not None:
         _services.close()
+    new = sorted(_leftovers() - _before)
+    if new:  # a default file in the working tree: the next run would inherit its state
+        print(f"\nFAILED: the tests wrote into the working tree: {', '.join(map(str, new))}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
