@@ -170,6 +170,13 @@ def test_one_election_per_deployment(deployment: Deployment) -> None:
     assert {r["queue"] for r in runs} == {leader_queue_name(ns)}  # routed, not bounced
     worker_logs = "".join((d.tmp / f"w{n}.log").read_text() for n in (1, 2))
     assert "requeued" not in worker_logs and "not the leader" not in worker_logs
+    # each banner names the election; the hosts' auto-install said what it created
+    assert worker_logs.count(f".> namespace:   {ns} (leader queue election-leader.{ns})") == 2
+    assert worker_logs.count(f".> database:    {d.settings.election_url} (election_url)") == 2
+    assert (
+        "created tables"
+        in worker_logs + (d.tmp / "beat1.log").read_text() + (d.tmp / "beat2.log").read_text()
+    )
     beat_runs = [r["run"] for r in d.records() if r["kind"] == "beat"]
     assert None not in beat_runs
     assert len(beat_runs) == len(set(beat_runs)), beat_runs  # each run sent once

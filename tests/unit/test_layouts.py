@@ -21,6 +21,7 @@ from celery_election.errors import ConfigurationError
 from celery_election.settings import ElectionSettings
 
 from .test_celery_app import BEAT, one_error_line, run_celery, run_worker
+from .test_celery_app import clean_env  # noqa: F401 (a fixture)
 
 PG = "postgresql+psycopg://app:s3cret@db.internal/app"
 
@@ -303,3 +304,29 @@ def test_a_task_module_that_fails_to_import_is_logged_and_the_send_goes_on(
     app = init_app(fresh_app(broker="memory://", include=[broken]))
     assert _queue_for(app, "somewhere.nightly") == "celery"
     assert any("could not import the app's task modules" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_worker_banner_names_the_election_without_the_password() -> None:
+    from celery_election.bootstep import ElectionStep
+
+    app = fresh_app(broker="memory://")
+    app.conf.update(election_url=PG, election_namespace="banner")
+
+    class Worker:
+        def __init__(self) -> None:
+            self.app = app
+
+        def startup_info(self, artlines: bool = True) -> str:
+            return "[config]\n.> app:         proj\n"
+
+    worker = Worker()
+    step = ElectionStep(worker, election=True)
+    try:
+        banner = worker.startup_info(artlines=False)
+    finally:
+        step.stop(worker)
+    assert banner.startswith("[config]\n.> app:         proj\n")
+    assert ".> namespace:   banner (leader queue election-leader.banner)" in banner
+    assert ".> database:    postgresql+psycopg://app:***@db.internal/app (election_url)" in banner
+    assert "s3cret" not in banner
