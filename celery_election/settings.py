@@ -104,6 +104,12 @@ SETTINGS: tuple[Setting, ...] = (
         "`True`",
         "PostgreSQL LISTEN for wakeups (off behind PgBouncer in transaction mode)",
     ),
+    Setting(
+        "election_direct_url",
+        "-",
+        "a URL that reaches the database directly, for the liveness lock and LISTEN when "
+        "`election_url` leads through a transaction pooler (PgBouncer)",
+    ),
     Setting("election_listen_url", "-", "PostgreSQL: LISTEN through this (direct) URL"),
     Setting("election_leader_queue", "`election-leader.<namespace>`", "the leader-only queue"),
     Setting("election_beat_namespace", "`<namespace>-beat`", "standalone beats' election"),
@@ -196,6 +202,8 @@ class ElectionSettings:
     metrics_port: int | None = None
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None
+    #: Session state (liveness lock, LISTEN) goes here when ``url`` leads to a pooler.
+    direct_url: str | None = None
 
     @classmethod
     def from_app(
@@ -303,6 +311,7 @@ class ElectionSettings:
         listen = flag("election_listen", True)
         on = flag("election_enabled", False, enabled)
         listen_url = text("election_listen_url")
+        direct_url = text("election_direct_url")
         leader_queue = text("election_leader_queue") or leader_queue_name(ns)
         history_file = text("election_history_file")
         metrics_port = values.get("election_metrics_port")
@@ -335,6 +344,7 @@ class ElectionSettings:
             history_file=history_file,
             metrics_port=metrics_port,
             split=split,
+            direct_url=direct_url,
         )
 
     def refuse_split(self) -> None:
@@ -351,6 +361,8 @@ class ElectionSettings:
     def backend_options(self, *, listen: bool | None = None) -> dict[str, Any]:
         """Constructor options for backend_from_url; ``listen=False`` for one-shot users."""
         options: dict[str, Any] = {"table_prefix": self.table_prefix}
+        if self.direct_url and not self.url.startswith(("memory:", "sqlite:")):
+            options["direct_url"] = self.direct_url
         if is_postgres(self.url):
             options["listen"] = self.listen if listen is None else listen
             if self.listen_url:

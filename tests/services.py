@@ -23,6 +23,11 @@ import sqlalchemy as sa
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
 AMQP_DEFAULT = "amqp://guest:guest@127.0.0.1:5672//"
+#: PgBouncer in front of the loopback PostgreSQL (scripts/services-up starts both).
+PGBOUNCER_DEFAULTS = {
+    "pgbouncer-transaction": "postgresql+psycopg://postgres@127.0.0.1:6432/test",
+    "pgbouncer-session": "postgresql+psycopg://postgres@127.0.0.1:6433/test",
+}
 
 REQUIRE = os.environ.get("CELERY_ELECTION_REQUIRE_SERVICES") == "1"
 
@@ -131,6 +136,13 @@ def discover() -> Services:
     services.urls["amqp"] = amqp if why is None else None
     if why is not None:
         services.missing["amqp"] = f"{amqp}: {why}"
+    for name, default in PGBOUNCER_DEFAULTS.items():
+        env = "CELERY_ELECTION_TEST_" + name.upper().replace("-", "_") + "_URL"
+        url = os.environ.get(env, default)
+        why = reachable(url)
+        services.urls[name] = url if why is None else None
+        if why is not None:
+            services.missing[name] = f"{url}: {why} (scripts/services-up starts it)"
     mysql = os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", MYSQL_DEFAULT)
     why = reachable(mysql)
     services.urls["mysql"] = mysql if why is None else None

@@ -41,6 +41,7 @@ __all__ = [
     "fork_lock",
     "interrupt",
     "one_line",
+    "pg_connect_args",
     "private_engine",
 ]
 
@@ -50,6 +51,7 @@ log = logging.getLogger("celery_election.backends.sql")
 
 _PG_CONTENTION = {"40P01", "55P03", "40001", "23505", "57014"}
 _PG_MISSING = {"42P01"}
+_PG_READ_ONLY = {"25006"}  # read_only_sql_transaction: a hot standby
 _MYSQL_CONTENTION = {1213, 1205, 1062, 1969, 3024}
 _MYSQL_MISSING = {1146}
 
@@ -65,6 +67,8 @@ def classify(exc: DBAPIError) -> str:
         return "contention"
     if sqlstate in _PG_MISSING:
         return "missing"
+    if sqlstate in _PG_READ_ONLY:
+        return "read-only"
     code = orig.args[0] if orig is not None and orig.args else None
     if type(orig).__module__.startswith("pymysql"):
         if code in _MYSQL_CONTENTION:
@@ -229,6 +233,25 @@ def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
     return after_fork
 
 
+def pg_connect_args(connect_timeout: float, application_name: str) -> dict[str, Any]:
+    """The psycopg arguments of every connection the election opens to PostgreSQL.
+
+    ``prepare_threshold=None``: psycopg prepares a statement run five times, and a
+    transaction pooler (PgBouncer in transaction mode) hands the next call to a server
+    session that never saw it ("prepared statement _pg3_1 does not exist").
+    Keepalives: a dead peer is noticed in seconds, not after the kernel's two hours.
+    """
+    return {
+        "connect_timeout": max(1, round(connect_timeout)),
+        "application_name": application_name,
+        "prepare_threshold": None,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+    }
+
+
 def private_engine(
     url: URL,
     *,
@@ -270,12 +293,7 @@ def private_engine(
         connect_args["check_same_thread"] = False
     elif backend == "postgresql":
         connect_args.update(
-            connect_timeout=max(1, round(connect_timeout)),
-            application_name="celery-election",
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=3,
+            pg_connect_args(connect_timeout, "celery-election"),
             tcp_user_timeout=int(statement_timeout * 1000),
         )
         options.update(pool_size=2, max_overflow=4)

@@ -41,18 +41,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 
 from ..errors import BackendUnavailableError
-from .connection import WATCHDOG, interrupt, one_line
+from .connection import WATCHDOG, interrupt, one_line, pg_connect_args
 
 __all__ = [
     "FileSession",
     "LivenessSession",
     "LivenessUnsupported",
     "MySQLSession",
+    "PooledSessions",
     "PostgresSession",
     "lock_key",
+    "pg_connector",
+    "sessions_pinned",
     "sql_session",
 ]
 
@@ -132,6 +135,9 @@ class _DBSession:
                 raise self._lost(exc) from exc
             try:
                 self._setup(conn)
+            except LivenessUnsupported:
+                conn.close()
+                raise
             except Exception as exc:
                 conn.close()
                 if getattr(exc, "sqlstate", None) == "42704":  # unrecognized parameter
@@ -209,6 +215,58 @@ class _DBSession:
             self._drop()
 
 
+class PooledSessions(LivenessUnsupported):
+    """The URL leads to a transaction pooler: a session lock would be shared."""
+
+
+#: How long a URL's "sessions are pinned" verdict is reused (the LISTEN probe's period).
+PROBE_EVERY = 60.0
+_PINNED: dict[str, tuple[bool, float]] = {}
+_PROBE = "celery_election.probe"
+
+
+def sessions_pinned(conn: Any, connect: Callable[[], Any], description: str) -> bool:
+    """Whether ``conn`` keeps one server session from call to call (not a tx pooler).
+
+    Behind PgBouncer in transaction mode a client's session state (an advisory lock, a
+    LISTEN) stays on whichever server connection ran the call, and the next client that
+    gets that connection shares it: two or three processes held "the" lock at once. The
+    probe writes a session setting from ``conn``, then from a second client, and reads
+    it back on ``conn``: a direct session (or a session pooler) reads its own value every
+    time. Each round catches the pooler whether it hands out its idle connections
+    last-in-first-out (PgBouncer's default) or round robin. The verdict is cached per URL
+    for ``PROBE_EVERY`` seconds (sessions reconnect often).
+    """
+    now = time.monotonic()
+    cached = _PINNED.get(description)
+    if cached is not None and now - cached[1] < PROBE_EVERY:
+        return cached[0]
+    other = connect()
+    try:
+        other.autocommit = True
+        pinned = all(_keeps_its_own(conn, other) for _ in range(3))
+    finally:
+        other.close()
+    _PINNED[description] = (pinned, now)
+    return pinned
+
+
+def _keeps_its_own(conn: Any, other: Any) -> bool:
+    mine, theirs = os.urandom(8).hex(), os.urandom(8).hex()
+    _scalar(conn, "SELECT set_config(%s, %s, false)", (_PROBE, mine))
+    if _scalar(conn, "SELECT current_setting(%s, true)", (_PROBE,)) != mine:
+        return False
+    _scalar(other, "SELECT set_config(%s, %s, false)", (_PROBE, theirs))
+    return bool(_scalar(conn, "SELECT current_setting(%s, true)", (_PROBE,)) == mine)
+
+
+def _scalar(conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
 class PostgresSession(_DBSession):
     """``pg_advisory_lock`` on a psycopg connection with ``idle_session_timeout = delta``."""
 
@@ -218,6 +276,14 @@ class PostgresSession(_DBSession):
 
     def _setup(self, conn: Any) -> None:
         conn.autocommit = True  # idle in a transaction is a different timeout
+        if not sessions_pinned(conn, self._connect, self.description):
+            raise PooledSessions(
+                f"{self.description} leads to a transaction pooler (PgBouncer "
+                f"pool_mode=transaction?): a session lock there is shared by every client "
+                f"of the server connection, so the liveness lock is off and a crashed "
+                f"leader is replaced when its lease ends. For failover in about a second, "
+                f"set election_direct_url to a URL that reaches PostgreSQL directly"
+            )
         with conn.cursor() as cur:
             # PostgreSQL 14+; an older server raises here and liveness stays off.
             cur.execute(f"SET idle_session_timeout = {math.ceil(self.delta * 1000)}")
@@ -336,8 +402,24 @@ class FileSession:
             os.close(fd)  # closing the only descriptor drops the lock
 
 
+def pg_connector(
+    engine: Engine, url: URL, connect_timeout: float, application_name: str
+) -> Callable[[], Any]:
+    """Open a psycopg connection to ``url`` as the engine's dialect would.
+
+    The dialect turns SQLAlchemy's URL forms (several ``host=`` values, ``host=a:1,b:2``,
+    ``target_session_attrs``) into libpq's, so every connection the elector opens accepts
+    the multi-host URLs its lease engine accepts.
+    """
+    dialect = engine.dialect
+    cargs, cparams = dialect.create_connect_args(url)
+    cparams.update(pg_connect_args(connect_timeout, application_name))
+    return lambda: dialect.connect(*cargs, **cparams)
+
+
 def sql_session(
     engine: Engine,
+    url: URL,
     table_prefix: str,
     namespace: str,
     delta: float,
@@ -346,26 +428,24 @@ def sql_session(
 ) -> LivenessSession:
     """The liveness lock of ``namespace`` for an SQL backend's database.
 
-    A connection of its own, built from the engine's URL (never from its pool: a pooled
-    connection is shared, and a session lock must die with this candidate alone).
-    ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
+    A connection of its own to ``url`` (the direct URL, or the lease engine's), never from
+    the engine's pool: a pooled connection is shared, and a session lock must die with
+    this candidate alone. ``max_wait`` bounds one ``acquire``; the connection's read
+    timeout allows for it.
     """
     key = lock_key(table_prefix, namespace)
-    description = engine.url.render_as_string(hide_password=True)
+    description = url.render_as_string(hide_password=True)
     dialect = engine.dialect
     if dialect.name == "sqlite":
         db = Path(str(engine.url.database))
         return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
-    cargs, cparams = dialect.create_connect_args(engine.url)
-    cparams["connect_timeout"] = max(1, round(connect_timeout))
     if dialect.name == "postgresql":
-        cparams.update(
-            application_name="celery-election-liveness",
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=3,
-        )
-        return PostgresSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)
-    cparams.update(read_timeout=max_wait + connect_timeout + 5, write_timeout=connect_timeout + 5)
+        connect = pg_connector(engine, url, connect_timeout, "celery-election-liveness")
+        return PostgresSession(connect, delta, description, key)
+    cargs, cparams = dialect.create_connect_args(url)
+    cparams.update(
+        connect_timeout=max(1, round(connect_timeout)),
+        read_timeout=max_wait + connect_timeout + 5,
+        write_timeout=connect_timeout + 5,
+    )
     return MySQLSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)

@@ -38,7 +38,9 @@ from ..config import MAX_NAMESPACE_LENGTH
 from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt
+from .connection import one_line
 from .dialects import StepStyle
+from .liveness import PROBE_EVERY, pg_connector, sessions_pinned
 from .schema import DEFAULT_TABLE_PREFIX, db_now_us
 from .sql import SQLBackend
 
@@ -90,14 +92,16 @@ class _Listener:
 
     def __init__(
         self,
-        conninfo: str,
+        connect: Callable[[], Any],
+        description: str,
         channel: str,
         *,
         connect_timeout: float,
         probe_interval: float,
         probe_timeout: float,
     ) -> None:
-        self.conninfo = conninfo
+        self.connect = connect
+        self.description = description
         self.channel = channel
         self.connect_timeout = connect_timeout
         self.probe_interval = probe_interval
@@ -167,20 +171,17 @@ class _Listener:
         import psycopg
 
         delay = 0.1
+        failures = 0
         while not self._stop.is_set():
             try:
-                with psycopg.connect(
-                    self.conninfo,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self.connect_timeout)),
-                    application_name="celery-election-listen",
-                    keepalives=1,
-                    keepalives_idle=5,
-                    keepalives_interval=2,
-                    keepalives_count=3,
-                ) as conn:
+                with self.connect() as conn:
+                    conn.autocommit = True
                     self._conn = conn
                     self.connects += 1
+                    failures = 0
+                    if not self._pinned(conn):
+                        self._stop.wait(PROBE_EVERY)  # look again later; followers poll
+                        continue
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
                     )
@@ -190,10 +191,17 @@ class _Listener:
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                failures += 1
                 was_healthy, self.healthy = self.healthy, False
                 if was_healthy:
                     log.warning("LISTEN connection lost (%s); polling until it is back", exc)
                     self._deliver(None, Wakeup("lost"))
+                elif failures == 1:  # once at WARNING, then quietly with back-off
+                    log.warning(
+                        "LISTEN connection to %s failed (%s); followers poll until it connects",
+                        self.description,
+                        one_line(exc),
+                    )
                 else:
                     log.debug("LISTEN connection failed: %s", exc)
                 self._stop.wait(delay * (0.5 + random.random()))
@@ -201,6 +209,21 @@ class _Listener:
             finally:
                 self._conn = None
         self.healthy = False
+
+    def _pinned(self, conn: Any) -> bool:
+        """A LISTEN through a transaction pooler hears nothing: check before listening."""
+        if sessions_pinned(conn, self.connect, self.description):
+            return True
+        self.healthy = False
+        if not self._warned:
+            log.warning(
+                "LISTEN is off: %s leads to a transaction pooler (PgBouncer "
+                "pool_mode=transaction?), where a LISTEN hears nothing. Followers poll; set "
+                "election_direct_url to a URL that reaches PostgreSQL directly for wakeups",
+                self.description,
+            )
+            self._warned = True
+        return False
 
     def _serve(self, conn: Any) -> None:
         """Probe, then deliver notifications until stopped or the connection fails.
@@ -350,10 +373,10 @@ class PostgresBackend(SQLBackend):
         self.channel = f"{table_prefix}ev".lower()
         self.style = NotifyStyle(channel=self.channel, lease=self.lease)
         self.listen = listen
-        lurl = make_url(listen_url) if listen_url is not None else self.engine.url
-        conninfo = lurl.set(drivername="postgresql").render_as_string(hide_password=False)
+        lurl = make_url(listen_url) if listen_url is not None else self.direct_url
         self._listener = _Listener(
-            conninfo,
+            pg_connector(self.engine, lurl, self._connect_timeout, "celery-election-listen"),
+            lurl.render_as_string(hide_password=True),
             self.channel,
             connect_timeout=options.get("connect_timeout", 5.0),
             probe_interval=probe_interval,

@@ -80,6 +80,35 @@ Caller = Connection | Session
 # -- the backend ----------------------------------------------------------------------------
 
 
+def _same_driver(url: str | URL, like: URL) -> URL:
+    """``url`` (Celery prefixes allowed) with ``like``'s driver: psycopg, PyMySQL."""
+    text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    for prefix in ("db+", "sqla+"):
+        text = text.removeprefix(prefix)
+    try:
+        parsed = make_url(text)
+    except Exception as exc:
+        raise ConfigurationError(f"election_direct_url is not a database URL: {exc}") from exc
+    if parsed.get_backend_name() != like.get_backend_name():
+        raise ConfigurationError(
+            f"election_direct_url must name the same kind of database as election_url "
+            f"({like.get_backend_name()}): got {parsed.get_backend_name()}"
+        )
+    return _multi_host(parsed.set(drivername=like.drivername))
+
+
+def _multi_host(url: URL) -> URL:
+    """The libpq form ``?host=a:1,b:2`` as SQLAlchemy's repeated ``?host=a:1&host=b:2``.
+
+    SQLAlchemy reads the comma form as one host name ("failed to resolve host"); the
+    repeated form reaches libpq as its own multi-host list, with ``target_session_attrs``.
+    """
+    host = url.query.get("host")
+    if url.get_backend_name() != "postgresql" or not isinstance(host, str) or "," not in host:
+        return url
+    return url.update_query_dict({"host": tuple(h.strip() for h in host.split(","))})
+
+
 class SQLBackend:
     """Leader election state in SQL tables, one code path for three databases.
 
@@ -104,6 +133,7 @@ class SQLBackend:
         sqlite_busy_timeout: float = 1.0,
         allow_network_filesystem: bool = False,
         engine_options: Mapping[str, Any] | None = None,
+        direct_url: str | URL | None = None,
     ) -> None:
         if isinstance(url_or_engine, Engine):
             url = url_or_engine.url
@@ -115,7 +145,7 @@ class SQLBackend:
         self.table_prefix = validate_table_prefix(table_prefix)
         self._connect_timeout = connect_timeout
         self.engine = private_engine(
-            url,
+            _multi_host(url),
             statement_timeout=statement_timeout,
             connect_timeout=connect_timeout,
             sqlite_busy_timeout=sqlite_busy_timeout,
@@ -124,6 +154,11 @@ class SQLBackend:
         )
         self.dialect = self.engine.dialect.name
         self.description = self.engine.url.render_as_string(hide_password=True)
+        #: Where session state (the liveness lock, LISTEN) goes: ``direct_url`` when the
+        #: lease URL leads through a transaction pooler, else the lease URL itself.
+        self.direct_url = self.engine.url
+        if direct_url is not None:
+            self.direct_url = _same_driver(direct_url, self.engine.url)
         if self.dialect == "sqlite":
             log.info("election database is the SQLite file %s", self.engine.url.database)
         self.metadata = make_metadata(table_prefix)
@@ -154,6 +189,8 @@ class SQLBackend:
                 raise SchemaMissingError(table.name, self.description) from exc
             if kind == "contention" and write:
                 raise LostRound() from exc
+            if kind == "read-only":
+                raise BackendUnavailableError(self._read_only()) from (exc.orig or exc)
             if kind in ("unavailable", "contention"):
                 error = BackendUnavailableError(
                     f"election database {self.description} is unavailable: {one_line(exc)}"
@@ -392,6 +429,9 @@ class SQLBackend:
                     if self.dialect == "postgresql":
                         # Concurrent CREATE TABLE IF NOT EXISTS races on the catalog
                         # (DESIGN.md, rule 10): serialise installers on an advisory lock.
+                        if conn.execute(sa.select(sa.func.pg_is_in_recovery())).scalar():
+                            # CREATE ... IF NOT EXISTS of existing tables succeeds there
+                            raise BackendUnavailableError(self._read_only())
                         key = sa.func.hashtext(f"celery_election:{self.table_prefix}")
                         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
                     have = set(sa.inspect(conn).get_table_names())
@@ -410,6 +450,13 @@ class SQLBackend:
         raise BackendUnavailableError(
             f"could not create the election tables in {self.description}: {last}"
         ) from last
+
+    def _read_only(self) -> str:
+        return (
+            f"election database {self.description} is a read-only standby: point "
+            f"election_url at the primary, or list every host and add "
+            f"target_session_attrs=read-write"
+        )
 
     def _add_missing_columns(self, conn: Connection) -> None:
         """Add columns that tables made by an older version lack (``lease.liveness_us``).
@@ -653,7 +700,13 @@ class SQLBackend:
         ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
         """
         return sql_session(
-            self.engine, self.table_prefix, namespace, delta, max_wait, self._connect_timeout
+            self.engine,
+            self.direct_url,
+            self.table_prefix,
+            namespace,
+            delta,
+            max_wait,
+            self._connect_timeout,
         )
 
     def current(

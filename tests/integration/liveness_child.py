@@ -1,10 +1,13 @@
 """A leader in a process of its own, for the liveness tests: prints each transition.
 
-``python -m tests.integration.liveness_child URL PREFIX NAMESPACE HISTORY TTL``
+``python -m tests.integration.liveness_child URL PREFIX NAMESPACE HISTORY TTL [OPTIONS]``
+
+OPTIONS: the backend's constructor options as JSON (e.g. ``{"direct_url": ...}``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 
@@ -13,8 +16,9 @@ from celery_election.history import Recorder
 
 
 def main(argv: list[str]) -> None:
-    url, prefix, namespace, history, ttl = argv
-    backend = backend_from_url(url, table_prefix=prefix)
+    url, prefix, namespace, history, ttl = argv[:5]
+    options = json.loads(argv[5]) if len(argv) > 5 else {}
+    backend = backend_from_url(url, table_prefix=prefix, **options)
     elector = Elector(backend, namespace, candidate_id="child", ttl=float(ttl))
     Recorder(history, role="child").attach(elector)
     sub = elector.subscribe()

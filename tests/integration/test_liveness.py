@@ -11,6 +11,7 @@ database's clock.
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import subprocess
@@ -40,10 +41,17 @@ NS = "live"
 class Child:
     """The leader's process; its stdout lines ("elected 7", "revoked 7") in a queue."""
 
-    def __init__(self, url: str, prefix: str, history: Path, ttl: float = LONG_TTL) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        history: Path,
+        ttl: float = LONG_TTL,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         args = [sys.executable, "-m", "tests.integration.liveness_child"]
         self.proc = subprocess.Popen(
-            [*args, url, prefix, NS, str(history), str(ttl)],
+            [*args, url, prefix, NS, str(history), str(ttl), json.dumps(options or {})],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
@@ -96,7 +104,8 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, 
 
 
 def _follower(env: dict[str, Any], name: str, **kw: Any) -> Elector:
-    backend = backend_from_url(env["url"], table_prefix=env["prefix"], **kw)
+    options = {**env.get("options", {}), **kw}
+    backend = backend_from_url(env["url"], table_prefix=env["prefix"], **options)
     elector = Elector(backend, NS, candidate_id=name, ttl=LONG_TTL)
     Recorder(env["history"], role=name).attach(elector)
     env["electors"].append(elector)
@@ -104,7 +113,7 @@ def _follower(env: dict[str, Any], name: str, **kw: Any) -> Elector:
 
 
 def _leader_child(env: dict[str, Any], ttl: float = LONG_TTL) -> tuple[Child, Lease]:
-    child = Child(env["url"], env["prefix"], env["history"], ttl)
+    child = Child(env["url"], env["prefix"], env["history"], ttl, env.get("options"))
     env["children"].append(child)
     term = int(child.wait_for("elected", 30).split()[1])
     lease = _wait_tagged(env["backend"], term)

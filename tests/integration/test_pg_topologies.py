@@ -1,0 +1,177 @@
+"""PostgreSQL the way operators deploy it: behind PgBouncer (transaction and session
+mode), with a URL of several hosts, and pointed at a read-only standby by mistake.
+
+Behind a transaction pooler a session's state (an advisory lock, a LISTEN) stays on
+whichever server connection ran the call, and the next client handed that connection
+shares it: three processes once held "the" liveness lock at once. The election probes
+the topology and keeps session state off such a URL (``election_direct_url`` brings it
+back), and no connection it opens prepares statements the pooler cannot carry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_election import Elector, backend_from_url
+from celery_election.backends import PostgresBackend
+from celery_election.backends.liveness import _PINNED, pg_connector, sessions_pinned
+from celery_election.history import Recorder
+
+from ..conftest import server_url, unique_prefix
+from .test_liveness import NS, _fault_under_a_leader, _no_overlap
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe() -> Iterator[None]:
+    """Each test probes its URLs itself (the verdict is cached per URL)."""
+    _PINNED.clear()
+    yield
+    _PINNED.clear()
+
+
+def pinned(url: str) -> bool:
+    backend = backend_from_url(url, table_prefix="probe_", listen=False)
+    try:
+        connect = pg_connector(backend.engine, backend.engine.url, 5.0, "probe")
+        conn = connect()
+        try:
+            conn.autocommit = True
+            return sessions_pinned(conn, connect, url)
+        finally:
+            conn.close()
+    finally:
+        backend.close()
+
+
+def test_the_probe_tells_a_transaction_pooler_from_sessions_that_stay() -> None:
+    assert pinned(server_url("postgresql")) is True
+    assert pinned(server_url("pgbouncer-session")) is True
+    assert pinned(server_url("pgbouncer-transaction")) is False
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """What test_liveness's helpers take: URL, options, prefix, history, and clean-up."""
+    prefix = unique_prefix()
+    admin = backend_from_url(server_url("postgresql"), table_prefix=prefix, listen=False)
+    admin.install()
+    e: dict[str, Any] = {
+        "prefix": prefix,
+        "backend": admin,
+        "history": tmp_path / "h.jsonl",
+        "children": [],
+        "electors": [],
+        "options": {},
+    }
+    try:
+        yield e
+    finally:
+        for elector in e["electors"]:
+            elector.stop()
+        for child in e["children"]:
+            child.close()
+        admin.uninstall()
+        admin.close()
+
+
+def electors(env: dict[str, Any], n: int, ttl: float) -> list[Elector]:
+    started = []
+    for i in range(n):
+        backend = backend_from_url(env["url"], table_prefix=env["prefix"], **env["options"])
+        elector = Elector(backend, NS, candidate_id=f"e{i}", ttl=ttl)
+        Recorder(env["history"], role=f"e{i}").attach(elector)
+        env["electors"].append(elector)
+        started.append(elector.start())
+    return started
+
+
+def test_through_a_transaction_pooler_the_lease_alone_decides_and_says_so(
+    env: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Default settings, three electors: one leads, renewing dozens of times through
+    the pooler (psycopg would prepare the renew from its sixth run, and the next
+    server connection would not know it); liveness and LISTEN are off, each with one
+    WARNING that names election_direct_url."""
+    caplog.set_level(logging.WARNING)
+    env["url"] = server_url("pgbouncer-transaction")
+    group = electors(env, 3, ttl=2.0)  # renew every 0.8 s, liveness delta 0.375 s
+    deadline = time.monotonic() + 30
+    while sum(e.stats.calls.get("renew", ([], 0.0, 0))[2] for e in group) < 15:
+        assert time.monotonic() < deadline, "the leader did not renew 15 times"
+        time.sleep(0.1)
+    leaders = [e for e in group if e.is_leader]
+    assert len(leaders) == 1
+    assert all(e.stats.failures == {} for e in group), [e.stats.failures for e in group]
+    assert all(e.config.liveness for e in group)  # on, as by default: the probe turned it off
+    # the leader found out when it went for the lock; the followers wait on the lease
+    assert leaders[0].liveness == "off"
+    assert not any(e.liveness in ("holding", "waiting") for e in group)
+    backend = group[0].backend
+    assert isinstance(backend, PostgresBackend) and not backend.listener_healthy
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("liveness is off" in m and "election_direct_url" in m for m in messages)
+    assert any("LISTEN is off" in m and "election_direct_url" in m for m in messages)
+    assert not any("prepared statement" in m for m in messages)
+    _no_overlap(env)
+
+
+def test_with_a_direct_url_a_crash_is_replaced_through_the_lock(env: dict[str, Any]) -> None:
+    """Lease steps through the pooler, the lock and LISTEN straight to PostgreSQL."""
+    env["url"] = server_url("pgbouncer-transaction")
+    env["options"] = {"direct_url": server_url("postgresql")}
+    _, old, new, follower = _fault_under_a_leader(env, "kill", "no take-over through the lock")
+    assert new.term > old.term and new.leader_id == "follower"
+    assert follower.liveness == "holding"
+    _no_overlap(env)
+
+
+def test_through_a_session_pooler_the_lock_works(env: dict[str, Any]) -> None:
+    env["url"] = server_url("pgbouncer-session")
+    _, old, new, _ = _fault_under_a_leader(env, "kill", "no take-over through the lock")
+    assert new.term > old.term
+    _no_overlap(env)
+
+
+def test_a_url_of_several_hosts_reaches_the_live_one_for_every_connection(
+    env: dict[str, Any],
+) -> None:
+    """libpq's comma form and SQLAlchemy's repeated form, a dead host first: the lease,
+    the liveness lock and LISTEN all connect."""
+    dead = "127.0.0.1:1"  # nothing listens there
+    pg = server_url("postgresql")
+    live = pg.split("@", 1)[1].split("/", 1)[0]
+    db = pg.rsplit("/", 1)[1]
+    for hosts in (f"host={dead},{live}", f"host={dead}&host={live}"):
+        env["url"] = f"postgresql+psycopg://postgres@/{db}?{hosts}&target_session_attrs=read-write"
+        (elector,) = electors(env, 1, ttl=3.0)
+        assert elector.wait_for_leadership(10)
+        deadline = time.monotonic() + 10
+        backend = elector.backend
+        assert isinstance(backend, PostgresBackend)
+        while elector.liveness != "holding" or not backend.listener_healthy:
+            assert time.monotonic() < deadline, (elector.liveness, backend.listener_healthy)
+            time.sleep(0.05)
+        elector.stop()
+        env["electors"].remove(elector)
+
+
+def test_a_listen_connection_that_cannot_be_opened_is_a_warning(
+    env: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "celery_election.backends.postgres")
+    env["url"] = server_url("postgresql")
+    env["options"] = {"listen_url": "postgresql+psycopg://postgres@127.0.0.1:1/test"}
+    (elector,) = electors(env, 1, ttl=3.0)
+    assert elector.wait_for_leadership(10)
+    deadline = time.monotonic() + 10
+    while not any("LISTEN connection to" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no WARNING for the LISTEN connection"
+        time.sleep(0.05)
