@@ -40,7 +40,20 @@ from harness.processes import Proc, stop_all
 from harness.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = ("memory", "sqlite", "pg-notify", "pg-poll", "mariadb")
+BACKENDS = (
+    "memory",
+    "sqlite",
+    "pg-notify",
+    "pg-poll",
+    "mariadb",
+    "pgbouncer-tx",
+    "pgbouncer-tx-direct",
+    "pgbouncer-session",
+)
+#: PgBouncer backends: the lease through the pooler (-direct: the liveness lock and LISTEN
+#: straight to PostgreSQL through election_direct_url). conn_kill ends every server
+#: session behind the pooler (and the node's direct ones).
+POOLED = {"pgbouncer-tx", "pgbouncer-tx-direct", "pgbouncer-session"}
 
 #: Faults each backend can suffer. skew: SQLite's clock *is* the host clock of whoever
 #: writes, so a process with its own wall clock is not a configuration one host can have.
@@ -53,6 +66,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
                 "partition", "stall", "slow", "skew"),
     "mariadb": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
                 "partition", "stall", "slow", "skew"),
+    **{backend: ("kill", "pause", "resign", "conn_kill") for backend in POOLED},
 }  # fmt: skip
 
 
@@ -83,6 +97,8 @@ class Settings:
     pg_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     mysql_url: str = "mysql+pymysql://root@127.0.0.1:3306/test"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672//"
+    pgbouncer_tx_url: str = "postgresql+psycopg://postgres@127.0.0.1:6432/test"
+    pgbouncer_session_url: str = "postgresql+psycopg://postgres@127.0.0.1:6433/test"
     #: The memory run's elector class (a deliberately broken one proves the checker bites).
     elector: type[Elector] = Elector
 
@@ -146,6 +162,9 @@ class Chaos(_Driver):
             "pg-notify": settings.pg_url,
             "pg-poll": settings.pg_url,
             "mariadb": settings.mysql_url,
+            "pgbouncer-tx": settings.pgbouncer_tx_url,
+            "pgbouncer-tx-direct": settings.pgbouncer_tx_url,
+            "pgbouncer-session": settings.pgbouncer_session_url,
         }[settings.backend]
         self.nodes: list[Node] = []
         self.admin = backend_from_url(self.url, table_prefix=self.prefix, **self._listen(False))
@@ -157,7 +176,7 @@ class Chaos(_Driver):
     # -- processes --------------------------------------------------------------------------
 
     def _proxied(self) -> tuple[Proxy | None, str]:
-        if self.s.backend == "sqlite":
+        if self.s.backend == "sqlite" or self.s.backend in POOLED:
             return None, self.url
         return Proxy.for_url(self.url)
 
@@ -169,6 +188,9 @@ class Chaos(_Driver):
                    "--ttl", str(self.s.ttl), "--prefix", self.prefix]  # fmt: skip
             if self.s.backend == "pg-poll":
                 cmd.append("--no-listen")
+            if self.s.backend == "pgbouncer-tx-direct":  # its own proxy: conn_kill finds it
+                proxy, direct = Proxy.for_url(self.s.pg_url)
+                cmd += ["--direct-url", direct]
         else:
             env["CHAOS_ELECTION"] = url
             cmd = [sys.executable, "-m", "celery", "-A", "harness.chaos.app", *args]
@@ -332,6 +354,11 @@ class Chaos(_Driver):
             node.proc.kill()
             node.proc.wait()
             self._start(node, skew=skew)
+        elif fault == "conn_kill" and self.s.backend in POOLED:
+            detail["sessions"] = faults.kill_pooled(self.url, self.s.pg_url)
+            if node.proxy is not None:  # the node's direct sessions too
+                ports = node.proxy.upstream_ports()
+                detail["sessions"] += faults.kill_sessions(self.s.pg_url, ports)
         elif fault == "conn_kill":
             assert node.proxy is not None
             detail["sessions"] = faults.kill_sessions(self.url, node.proxy.upstream_ports())

@@ -25,6 +25,33 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
+def kill_pooled(pooler_url: str, server_url: str) -> int:
+    """Terminate every PostgreSQL session behind a PgBouncer (its admin console's
+    ``SHOW SERVERS`` gives their pids): pg_terminate_backend under the pooler."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    admin = sa.engine.make_url(pooler_url).set(drivername="postgresql", database="pgbouncer")
+    # the admin console answers SHOW only (SQLAlchemy's first-connect queries fail there)
+    conninfo = admin.render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True, row_factory=dict_row) as conn:
+        rows = conn.execute("SHOW SERVERS").fetchall()
+    pids = [int(r["remote_pid"]) for r in rows if r.get("remote_pid")]
+    if not pids:
+        return 0
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return len(
+                conn.execute(
+                    sa.text("SELECT pg_terminate_backend(pid) FROM unnest(:p) AS pid"),
+                    {"p": pids},
+                ).all()
+            )
+    finally:
+        engine.dispose()
+
+
 def kill_sessions(url: str, client_ports: Iterable[int]) -> int:
     """Terminate the server sessions whose client port is one of ``client_ports``.
 

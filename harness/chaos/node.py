@@ -1,6 +1,7 @@
 """One bare elector process for the chaos runs: elects, records, and acts while trusted.
 
     python -m harness.chaos.node URL NAMESPACE HISTORY [--ttl S] [--prefix P] [--no-listen]
+        [--direct-url URL]
 
 It acts as leader every 20 ms: read the clock, check ``elector.term`` (trust, no I/O), and
 record the act under that term with the reading taken *before* the check. A paused process
@@ -28,9 +29,12 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--prefix", default="celery_election_")
     parser.add_argument("--no-listen", action="store_true")
+    parser.add_argument("--direct-url", default=None)
     args = parser.parse_args()
 
     options: dict[str, object] = {"table_prefix": args.prefix}
+    if args.direct_url:
+        options["direct_url"] = args.direct_url
     if args.url.startswith("postgresql"):
         options["listen"] = not args.no_listen
     backend = backend_from_url(args.url, **options)

@@ -9,6 +9,7 @@ its term's window, no beat tick twice, none lost while one leader was trusted.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ RUNS = {
     "pg-notify": (2, 2, 2, 103),
     "pg-poll": (3, 0, 0, 104),
     "mariadb": (2, 2, 1, 105),
+    "pgbouncer-tx": (3, 0, 0, 106),
+    "pgbouncer-tx-direct": (3, 0, 0, 107),
+    "pgbouncer-session": (3, 0, 0, 108),
 }
 
 
@@ -63,6 +67,10 @@ def test_every_fault_once(backend: str, tmp_path: Path) -> None:
     urls: dict[str, Any] = {}
     if backend.startswith("pg"):
         urls["pg_url"] = server_url("postgresql")
+    if backend.startswith("pgbouncer-tx"):
+        urls["pgbouncer_tx_url"] = server_url("pgbouncer-transaction")
+    if backend == "pgbouncer-session":
+        urls["pgbouncer_session_url"] = server_url("pgbouncer-session")
     if backend == "mariadb":
         urls["mysql_url"] = server_url("mysql")
     if workers or beats:
@@ -115,3 +123,31 @@ def test_the_checker_catches_an_elector_that_ignores_its_trust_window(tmp_path: 
     report = make(settings, tmp_path).run(0)
     assert not report.ok
     assert any("while term" in v for v in report.violations), report.violations[:5]
+
+
+#: The long PgBouncer runs (second tier): minutes of random faults per pooler set-up.
+POOLER_MINUTES = float(os.environ.get("CELERY_ELECTION_POOLER_CHAOS_MINUTES", "2"))
+
+
+@pytest.mark.tier2
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("backend", ["pgbouncer-tx", "pgbouncer-tx-direct", "pgbouncer-session"])
+def test_minutes_of_faults_behind_pgbouncer(backend: str, tmp_path: Path) -> None:
+    """Three electors through PgBouncer, SIGKILL / SIGSTOP / resign / every server session
+    terminated, at random for minutes (ttl 5 s, liveness delta 1 s): no two trusted
+    leaders, a leader again after every fault (the driver records a violation if none
+    comes within 30 ttl), and with election_direct_url a crash replaced through the lock."""
+    urls: dict[str, Any] = {"pg_url": server_url("postgresql")}
+    if backend.startswith("pgbouncer-tx"):
+        urls["pgbouncer_tx_url"] = server_url("pgbouncer-transaction")
+    else:
+        urls["pgbouncer_session_url"] = server_url("pgbouncer-session")
+    settings = Settings(backend=backend, seed=206, ttl=5.0, electors=3, **urls)
+    report = make(settings, tmp_path).run(POOLER_MINUTES * 60)
+    detail = f"history and logs in {tmp_path}: {report.violations[:10]}"
+    assert report.ok and report.overlap_seconds == 0, detail
+    assert report.faults.get("kill", 0) >= 1, detail
+    kills = report.failover.get("kill", [])
+    print(f"{backend}: faults {dict(report.faults)}, kill failover {sorted(kills)}")
+    if backend != "pgbouncer-tx":  # the lock bounds it (through the pooler: the lease)
+        assert kills and max(kills) < 2.5, detail
