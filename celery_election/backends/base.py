@@ -130,9 +130,15 @@ class Backend(Protocol):
         *,
         term: int | None = None,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew that term instead.
+
+        A new term is greatest(stored term + 1, the database's clock, ``floor``): the
+        elector passes the greatest term it has seen + 1 and its host's clock, so a term
+        lost with a failed-over primary is not issued again by a standby whose clock is
+        behind. A floor only raises a term; it never touches the lease's times.
 
         ``won`` is True only if this step changed the row in the caller's favour; the
         lease is the row as stored after the step, or None if the step lost to contention
@@ -165,6 +171,7 @@ class Backend(Protocol):
         waited: float,
         *,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.

@@ -156,6 +156,7 @@ class MemoryBackend:
         *,
         term: int | None = None,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
     ) -> ElectResult:
         if term is not None:
@@ -167,7 +168,7 @@ class MemoryBackend:
         def can(row: _Row, now: int) -> bool:
             return row.token is None or row.expires_at <= now
 
-        return self._take(namespace, token, candidate_id, ttl, liveness, can)
+        return self._take(namespace, token, candidate_id, ttl, liveness, floor, can)
 
     def take_over(
         self,
@@ -179,6 +180,7 @@ class MemoryBackend:
         waited: float,
         *,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
     ) -> ElectResult:
         """Take exactly the term ``seen`` if its trust is session-bound within ``waited``."""
@@ -192,7 +194,7 @@ class MemoryBackend:
                 and row.liveness_us <= round(waited * 1_000_000)
             )
 
-        return self._take(namespace, token, candidate_id, ttl, liveness, can)
+        return self._take(namespace, token, candidate_id, ttl, liveness, floor, can)
 
     def _take(
         self,
@@ -201,6 +203,7 @@ class MemoryBackend:
         candidate_id: str,
         ttl: float,
         liveness: float | None,
+        floor: int,
         can: Callable[[_Row, int], bool],
     ) -> ElectResult:
         with self._lock:
@@ -208,7 +211,7 @@ class MemoryBackend:
             row = self._leases.setdefault(namespace, _Row())
             won = can(row, now)
             if won:
-                row.term = max(row.term + 1, now)
+                row.term = max(row.term + 1, now, floor)
                 row.token, row.leader_id = token, candidate_id
                 row.acquired_at = row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)

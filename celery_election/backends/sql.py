@@ -321,7 +321,10 @@ class SQLBackend:
         ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
         live = sa.bindparam("p_live", type_=sa.BigInteger)  # None: trust not session-bound
         taken = {
-            "term": greatest(t.c.term + 1, now),
+            # the floor: the greatest term the candidate saw + 1, and its host's clock, so
+            # a term lost with a failed-over primary is never reused (whatever the
+            # promoted standby's clock says)
+            "term": greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger)),
             "token": token,
             "leader_id": sa.bindparam("p_cid"),
             "acquired_at": now,
@@ -520,6 +523,7 @@ class SQLBackend:
         *,
         term: int | None = None,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
         connection: Caller | None = None,
     ) -> ElectResult:
@@ -527,6 +531,7 @@ class SQLBackend:
 
         ``liveness``: this candidate's trust is bound by a liveness session with that
         delta (seconds), so a lock holder may take the term over (see ``take_over``).
+        ``floor``: the new term is at least this (see ``Backend.elect``).
         """
         if term is not None:
             return self.renew(
@@ -547,6 +552,7 @@ class SQLBackend:
             "p_cid": candidate_id,
             "p_ttl": _us(ttl),
             "p_live": _live_us(liveness),
+            "p_floor": floor,
         }
         if not self.style.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
@@ -666,6 +672,7 @@ class SQLBackend:
         waited: float,
         *,
         liveness: float | None = None,
+        floor: int = 0,
         timeout: float | None = None,
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.
@@ -685,6 +692,7 @@ class SQLBackend:
             "p_term": seen.term,
             "p_seen_token": seen.token,
             "p_waited": _us(waited),
+            "p_floor": floor,
         }
         try:
             result = self._step("taken", params, namespace, timeout=timeout, connection=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -233,3 +234,42 @@ def test_bad_keys_are_refused_before_touching_the_database(backend: Any) -> None
     longest = "n" * 190
     assert backend.elect(longest, token(), "a", 30.0).won
     assert backend.current(longest).namespace == longest
+
+
+def test_take_over_needs_the_exact_term_and_holder_bound_within_the_wait(backend: Any) -> None:
+    """Each condition of take_over alone refuses it (River's one-subtest-per-condition)."""
+    a, b = token(), token()
+    held = backend.elect(NS, a, "a", 30.0, liveness=1.0).lease
+    assert held.liveness_us == 1_000_000
+    refused = {
+        "an older term": dataclasses.replace(held, term=held.term - 1),
+        "another holder": dataclasses.replace(held, token=token()),
+    }
+    for why, seen in refused.items():
+        assert not backend.take_over(NS, b, "b", 30.0, seen, 2.0).won, why
+    assert not backend.take_over(NS, b, "b", 30.0, held, 0.999).won, "waited less than delta"
+    assert backend.current(NS).held_by(a)
+    taken = backend.take_over(NS, b, "b", 30.0, held, 1.0)  # waited exactly delta
+    assert taken.won and taken.lease.term > held.term and taken.lease.held_by(b)
+    assert not backend.renew(NS, a, held.term, 30.0).won  # the old term is over
+
+
+def test_a_term_not_bound_by_the_lock_is_never_taken_over(backend: Any) -> None:
+    a, b = token(), token()
+    held = backend.elect(NS, a, "a", 30.0).lease  # liveness off: untagged
+    assert held.liveness_us is None
+    assert not backend.take_over(NS, b, "b", 30.0, held, 3600.0).won
+    assert backend.current(NS).held_by(a)
+
+
+def test_a_floor_raises_the_new_term(backend: Any) -> None:
+    """The elector's floor (greatest term seen + 1, its host clock) wins over a database
+    clock that is behind: a standby promoted with its clock late never reissues a term."""
+    a, b, c = token(), token(), token()
+    first = backend.elect(NS, a, "a", 30.0, liveness=1.0).lease
+    floor = first.term + 10**12
+    taken = backend.take_over(NS, b, "b", 30.0, first, 1.0, floor=floor)
+    assert taken.won and taken.lease.term == floor
+    expire(backend, NS)
+    again = backend.elect(NS, c, "c", 30.0, floor=floor + 5)
+    assert again.won and again.lease.term == floor + 5

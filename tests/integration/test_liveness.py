@@ -48,10 +48,11 @@ class Child:
         history: Path,
         ttl: float = LONG_TTL,
         options: dict[str, Any] | None = None,
+        name: str = "child",
     ) -> None:
         args = [sys.executable, "-m", "tests.integration.liveness_child"]
         self.proc = subprocess.Popen(
-            [*args, url, prefix, NS, str(history), str(ttl), json.dumps(options or {})],
+            [*args, url, prefix, NS, str(history), str(ttl), json.dumps(options or {}), name],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,

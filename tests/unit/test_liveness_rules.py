@@ -155,3 +155,59 @@ def test_interrupting_a_connection_that_is_already_gone_is_quiet() -> None:
         )
     finally:
         never_connected.close()
+
+
+class Gated(Freezable):
+    """Freezable, and its lock is not even asked for until ``gate`` is set."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+        gate = self.gate
+
+        class Late(MemorySession):
+            def acquire(self, timeout: float) -> bool:
+                gate.wait()
+                return super().acquire(timeout)
+
+        return Late(self.inner._locks, namespace, delta, self.inner.clock)
+
+
+def test_a_follower_that_read_an_untagged_term_waits_on_the_lock_once_it_is_tagged(
+    tmp_path: Path,
+) -> None:
+    """Every term starts untagged; the renew after the grant tags it and wakes followers
+    ("renewed"). A follower that had read the untagged term took that wakeup as "nothing
+    to see for a lease length" and waited on the lease: a crash soon after a change of
+    leader then took the whole lease, not delta. Here the leader's lock is granted only
+    after the follower has read its untagged term; then the leader's calls hang. The
+    follower must take over through the lock, before the lease could have expired."""
+    backend = MemoryBackend(liveness=True)
+    history = tmp_path / "history.jsonl"
+    view = Gated(backend)
+    timings: dict[str, Any] = {"ttl": 4.0, "safety_margin": 2.0}  # delta 0.5 s
+    leader = Elector(view, "ns", candidate_id="leader", **timings)
+    follower = Elector(backend, "ns", candidate_id="follower", **timings)
+    for e in (leader, follower):
+        Recorder(history, role=e.candidate_id).attach(e)
+    try:
+        assert leader.start().wait_for_leadership(5)
+        follower.start()
+        assert wait(lambda: follower.last_lease is not None, 5)
+        assert follower.last_lease.liveness_us is None  # it read the untagged term
+        view.gate.set()
+        assert wait(lambda: backend.current("ns").liveness_us is not None, 5)
+        old = backend.current("ns")
+        view.open.clear()  # the leader's calls hang from now on
+        assert follower.wait_for_leadership(3 * timings["ttl"])
+        new = backend.current("ns")
+        assert new.term > old.term
+        assert new.acquired_at_us < old.expires_at_us  # through the lock, not the lease
+    finally:
+        view.open.set()
+        follower.stop()
+        leader.stop()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
