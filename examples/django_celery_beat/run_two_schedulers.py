@@ -53,8 +53,13 @@ def schedule(seconds: float) -> dict[str, float]:
     return {"starts": starts.timestamp(), "clocked": at.clocked_time.timestamp()}
 
 
-def serve(seconds: float) -> None:
-    """One scheduler, ticking for ``seconds``; prints whether it led and what it sent."""
+def serve(until: float) -> None:
+    """One scheduler, ticking until the wall-clock time ``until``.
+
+    Prints whether it led and what it sent, then keeps leading (or following) until its
+    standard input closes: a scheduler that closed first would hand over to the other
+    inside the window, and both would have led.
+    """
     from proj.celery import app
     from proj.schedulers import LeaderDatabaseScheduler
 
@@ -69,31 +74,36 @@ def serve(seconds: float) -> None:
 
     s = Recording(app=app)
     led = False
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.time() < until:
         s.tick()
         led = led or s._election.leadership() is not None
         time.sleep(0.05)
-    report = {"led": led, "sent": s.sent, "cwd": os.getcwd()}
+    print(json.dumps({"led": led, "sent": s.sent, "cwd": os.getcwd()}), flush=True)
+    sys.stdin.read()
     s.close()
-    print(json.dumps(report))
 
 
 def main() -> None:
     seconds = float(sys.argv[1] if len(sys.argv) > 1 else 5)
     report = schedule(seconds)
+    until = time.time() + seconds + 3  # both have started by then
     hosts = [tempfile.mkdtemp(prefix=f"host{n}-") for n in (1, 2)]
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", str(seconds)],
+            [sys.executable, os.path.abspath(__file__), "--serve", str(until)],
             cwd=cwd,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for cwd in hosts
     ]
-    reports = [json.loads(p.communicate(timeout=seconds + 60)[0].strip().splitlines()[-1])
-               for p in procs]  # fmt: skip
+    reports = []
+    for p in procs:  # each reports at the deadline, and lives on until told
+        assert p.stdout is not None
+        reports.append(json.loads(p.stdout.readline()))
+    for p in procs:
+        p.communicate(timeout=60)
     report["leaders"] = [r["led"] for r in reports]
     report["sent"] = [r["sent"] for r in reports]
     report["hosts"] = hosts
