@@ -383,6 +383,10 @@ class Elector(LivenessRules):
     def _run(self) -> None:
         next_heartbeat = self._clock.monotonic()
         stats = self.stats
+        warnings = getattr(self.backend, "topology_warnings", None)
+        if warnings is not None:  # what the database's set-up means for this election
+            for line in warnings(liveness=self.config.liveness is not None):
+                log.warning("election in namespace %r: %s", self.namespace, line)
         while not self._stopping:
             stats.busy_since = boottime()  # the health probe's "wedged" clock
             now = self._clock.monotonic()

@@ -383,6 +383,37 @@ class PostgresBackend(SQLBackend):
             probe_timeout=probe_timeout,
         )
 
+    def topology_warnings(self, *, liveness: bool) -> list[str]:
+        """What the server's replication means for an elector (read once, at its start).
+
+        An asynchronous standby can be promoted without the last commits: a renewal the
+        old primary acknowledged is lost, and with the lease alone its leader believes on
+        it while another wins on the new primary (until that lease's trust ends). The
+        liveness lock bounds it (the old leader's trust ended with its pings to the dead
+        primary). Unreadable statistics (a role without pg_monitor) say nothing.
+        """
+        if liveness:
+            return []
+        query = sa.text("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async'")
+        try:
+            count = self._run(
+                lambda conn: conn.execute(query).scalar(),
+                table=self.lease,
+                write=False,
+                timeout=self._connect_timeout,
+                connection=None,
+            )
+        except Exception:
+            return []
+        if not count:
+            return []
+        return [
+            f"{self.description} streams to {count} asynchronous standby(s): a failover to "
+            f"one can lose the last renewal, and with election_liveness off two processes "
+            f"may then lead for up to a lease. Keep the liveness lock on, or replicate "
+            f"synchronously (README: Deployment topologies)"
+        ]
+
     @property
     def listener_healthy(self) -> bool:
         """Whether NOTIFY wakeups are being delivered now."""

@@ -15,6 +15,7 @@ floor (the greatest term seen + 1, their host clock) keeps new terms above it.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 
 from celery_election import Elector, backend_from_url
+from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder, check, load
 from harness.chaos.faults import FAKETIME_LIB
 from harness.proxy import Proxy
@@ -48,7 +50,7 @@ def _port() -> int:
 class Replicated:
     """A throwaway primary and a standby of it, run as the postgres user."""
 
-    def __init__(self, *, sync: bool, standby_skew: float = 0.0) -> None:
+    def __init__(self, *, sync: bool, standby_skew: float = 0.0, standby: bool = True) -> None:
         bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not bins:
             if REQUIRE:
@@ -66,11 +68,16 @@ class Replicated:
         self._run("initdb", "-D", str(self.primary), "-U", "postgres", "-A", "trust")
         sync_names = "standby1" if sync else ""
         self._start(self.primary, self.pport, f"-c synchronous_standby_names='{sync_names}'")
+        self.primary_url = f"postgresql+psycopg://postgres@127.0.0.1:{self.pport}/postgres"
+        self.link = Proxy("127.0.0.1", self.pport)
+        if standby:
+            self._add_standby(standby_skew)
+
+    def _add_standby(self, standby_skew: float) -> None:
         self._run("pg_basebackup", "-D", str(self.standby), "-h", "127.0.0.1",
                   "-p", str(self.pport), "-U", "postgres", "-R", "-X", "stream")  # fmt: skip
-        # replication goes through a proxy that the test can freeze and cut: WAL the
-        # standby has not received when the primary dies is lost with it
-        self.link = Proxy("127.0.0.1", self.pport)
+        # replication goes through a proxy (self.link) that the test can freeze and cut:
+        # WAL the standby has not received when the primary dies is lost with it
         with open(self.standby / "postgresql.auto.conf", "a") as conf:
             conf.write(
                 f"primary_conninfo = 'host=127.0.0.1 port={self.link.port} user=postgres "
@@ -98,6 +105,9 @@ class Replicated:
 
     def kill_primary(self) -> None:
         self._run("pg_ctl", "-D", str(self.primary), "-m", "immediate", "stop")
+
+    def start_primary(self) -> None:
+        self._start(self.primary, self.pport, "")
 
     def promote(self) -> None:
         self._run("pg_ctl", "-D", str(self.standby), "-w", "promote")
@@ -191,3 +201,94 @@ def test_promoting_the_standby(cluster: Replicated, liveness: Any, tmp_path: Pat
     assert terms_down == []
     if liveness or sync:  # where the README promises no two believers
         assert report.violations == [] and report.overlap_seconds == 0
+
+
+@pytest.mark.parametrize("cluster", [{"sync": False}], indirect=True)
+def test_a_standby_is_refused_and_async_replication_named(
+    cluster: Replicated, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL naming only the standby: install and every step fail with the fix in one
+    line, at ERROR (repeated every minute), never at DEBUG. An elector with the lease
+    alone on a primary with an asynchronous standby is told what that costs."""
+    prefix = unique_prefix()
+    primary = backend_from_url(cluster.url, table_prefix=prefix, listen=False)
+    primary.install()
+    standby = backend_from_url(cluster.standby_url, table_prefix=prefix, listen=False)
+    try:
+
+        def replicated() -> bool:
+            try:
+                return standby.current(NS) is None
+            except Exception:
+                return False
+
+        wait("the tables on the standby", replicated, 10)
+        with pytest.raises(BackendUnavailableError, match="read-only standby: point"):
+            standby.install()
+        caplog.set_level(logging.WARNING, "celery_election")
+        e = Elector(standby, NS, ttl=3.0).start()
+        try:
+            wait("an ERROR naming the standby", lambda: any(
+                r.levelno == logging.ERROR and "read-only standby" in r.getMessage()
+                for r in caplog.records), 10)  # fmt: skip
+        finally:
+            e.stop()
+        e = Elector(primary, NS, ttl=3.0, liveness=False).start()
+        try:
+            assert e.wait_for_leadership(10)
+        finally:
+            e.stop()
+        assert any("asynchronous standby" in r.getMessage() for r in caplog.records)
+    finally:
+        standby.close()
+        primary.uninstall()
+        primary.close()
+
+
+@pytest.mark.parametrize("down", [0.0, 5.0, 15.0])
+def test_after_a_restart_a_crash_is_replaced_through_the_lock(down: float, tmp_path: Path) -> None:
+    """The server stopped for ``down`` seconds and started again; then the leader is
+    SIGKILLed: the next leader comes through the liveness lock (before the old lease
+    could end), every time (once it took 9.4 s: the lease)."""
+    from .test_liveness import NS as LIVE_NS
+    from .test_liveness import Child, _wait_tagged
+
+    r = Replicated(sync=False, standby=False)
+    prefix = unique_prefix()
+    admin = backend_from_url(r.primary_url, table_prefix=prefix, listen=False)
+    history = tmp_path / "history.jsonl"
+    children: list[Child] = []
+    try:
+        admin.install()
+        for name in ("c1", "c2", "c3"):
+            children.append(Child(r.primary_url, prefix, history, 10.0, name=name))
+
+        def tagged() -> Any:
+            try:
+                lease = admin.current(LIVE_NS)
+            except Exception:  # the server is starting again
+                return None
+            return lease if lease is not None and lease.held and lease.liveness_us else None
+
+        first = wait("a tagged leader", tagged, 30)
+        r.kill_primary()
+        time.sleep(down)  # the outage itself
+        r.start_primary()
+        old = wait("a tagged leader after the restart", tagged, 60)
+        old = _wait_tagged(admin, old.term)
+        victim = children[["c1", "c2", "c3"].index(str(old.leader_id))]
+        killed = time.monotonic()
+        victim.proc.kill()
+        new = wait("a new leader", lambda: (t := tagged()) and t.term != old.term and t, 60)
+        print(
+            f"down {down:.0f}s: first term {first.term}, crash replaced in "
+            f"{time.monotonic() - killed:.2f}s (observed)"
+        )
+        assert new.acquired_at_us < old.expires_at_us  # through the lock, not the lease
+    finally:
+        for c in children:
+            c.close()
+        admin.close()
+        r.close()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
