@@ -245,9 +245,15 @@ class SQLBackend:
                             conn.invalidate()
             except (LostRound, SchemaMissingError, BackendUnavailableError) as exc:
                 if deadline is not None and deadline.fired:
+                    pool = (
+                        " (behind PgBouncer, a pool too small for its clients makes calls "
+                        "wait like this: README, Deployment topologies)"
+                        if self.dialect == "postgresql"
+                        else ""
+                    )
                     raise BackendUnavailableError(
                         f"election database {self.description} did not answer within "
-                        f"{timeout}s; the connection was shut down"
+                        f"{timeout}s; the connection was shut down{pool}"
                     ) from exc
                 if attempt == 1 and getattr(exc, "connection_invalidated", False):
                     # A pooled connection died while idle (server restart, killed
