@@ -27,15 +27,26 @@ def record(kind, **fields):
         f.write(json.dumps({"kind": kind, **fields}) + "\\n")
 
 
-@leader_task(bind=True, name="layout.leader_job")
-def leader_job(self, label):
+def record_run(task, label):
     record(
         "leader",
         label=label,
-        host=self.request.hostname,
-        term=self.election_term,
-        queue=(self.request.delivery_info or {}).get("routing_key"),
+        host=task.request.hostname,
+        term=task.election_term,
+        queue=(task.request.delivery_info or {}).get("routing_key"),
     )
+
+
+@leader_task(bind=True, name="layout.leader_job")
+def leader_job(self, label):
+    record_run(self, label)
+
+
+@leader_task(bind=True, name="layout.retry_job", max_retries=3)
+def retry_job(self, label):
+    if self.request.retries == 0:  # Celery's own retry: sent again from the worker
+        raise self.retry(countdown=0.2)
+    record_run(self, label)
 
 
 @shared_task(bind=True, name="layout.beat_job")
@@ -174,7 +185,7 @@ LAYOUTS = {
 SENDER = """\
 import sys
 
-from celery import group
+from celery import chain, group
 
 from proj import app
 
@@ -185,4 +196,9 @@ for i in range(n):
 app.send_task("layout.leader_job", ["countdown"], countdown=1)
 app.signature("layout.leader_job", args=["signature"]).apply_async()
 group(app.signature("layout.leader_job", args=[f"group-{i}"]) for i in range(2)).apply_async()
+chain(
+    app.signature("layout.leader_job", args=["chain-0"], immutable=True),
+    app.signature("layout.leader_job", args=["chain-1"], immutable=True),
+).apply_async()
+app.send_task("layout.retry_job", ["retried"])
 """

@@ -32,7 +32,7 @@ from .layouts import LAYOUTS, SENDER, Settings
 
 pytestmark = pytest.mark.slow
 
-SENT_BY_NAME = 6  # + countdown, signature, a group of 2 and 2 `celery call`s
+SENT_BY_NAME = 6  # + countdown, signature, a group and a chain of 2, a retry, 2 `celery call`s
 
 
 class Deployment:
@@ -112,6 +112,9 @@ class Deployment:
             "signature",
             "group-0",
             "group-1",
+            "chain-0",
+            "chain-1",
+            "retried",
             "call-0",
             "call-1",
         ]
