@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .backends.base import Backend, WakeupHandle
-from .backends.liveness import LivenessSession, LivenessUnsupported
+from .backends.sessions import LivenessSession, LivenessUnsupported
 from .clock import Clock, Sleeper
 from .config import ElectionConfig
 from .errors import BackendUnavailableError

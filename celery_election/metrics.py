@@ -30,7 +30,6 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from . import shm
@@ -569,6 +568,8 @@ class MetricsServer:
         host: str = "",
         probe: Callable[[], tuple[bool, bool, list[str]]] | None = None,
     ) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
         require_client()
         self.probe = probe or (lambda: health(electors(), []))
         owner = self

@@ -39,12 +39,14 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
-
-from sqlalchemy.engine import URL, Engine
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailableError
 from .connection import WATCHDOG, interrupt, one_line, pg_connect_args
+from .sessions import LivenessSession, LivenessUnsupported, PooledSessions
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL, Engine
 
 __all__ = [
     "FileSession",
@@ -67,43 +69,7 @@ def lock_key(table_prefix: str, namespace: str) -> bytes:
     return hashlib.sha1(f"celery_election:{table_prefix}:{namespace}".encode()).digest()
 
 
-class LivenessSession(Protocol):
-    """One namespace's liveness lock on a connection of its own.
-
-    Calls come from one thread (the elector's liveness thread); ``interrupt`` and
-    ``close`` may come from any thread.
-    """
-
-    @property
-    def held(self) -> bool:
-        """Whether this session holds the lock (as far as it knows)."""
-
-    def acquire(self, timeout: float) -> bool:
-        """Block until the lock is held (True) or ``timeout`` seconds pass (False).
-
-        Raises BackendUnavailableError when the session is lost (then it reconnects on
-        the next call) and InterruptedError when ``interrupt`` was called (during this
-        wait or before it: an interrupt is consumed by the wait it ends).
-        """
-
-    def ping(self) -> None:
-        """Show the server that the holder lives; raises BackendUnavailableError if lost."""
-
-    def release(self) -> None:
-        """Give the lock back (a lost session has given it back already)."""
-
-    def interrupt(self) -> None:
-        """Make a blocked ``acquire`` return now (from another thread)."""
-
-    def close(self) -> None:
-        """Release and disconnect (idempotent)."""
-
-
 _TIMED_OUT = object()
-
-
-class LivenessUnsupported(BackendUnavailableError):
-    """The server cannot end a silent session by itself (PostgreSQL before 14)."""
 
 
 class _DBSession:
@@ -213,10 +179,6 @@ class _DBSession:
         self.interrupt()
         with self._mutex:
             self._drop()
-
-
-class PooledSessions(LivenessUnsupported):
-    """The URL leads to a transaction pooler: a session lock would be shared."""
 
 
 #: How long a URL's "sessions are pinned" verdict is reused (the LISTEN probe's period).

@@ -183,3 +183,18 @@ report(message=message)
     result = run_child(body, block=True, cwd=tmp_path)
     assert result["message"] == "module 'celery_election' has no attribute 'no_such_name'"
     assert result["attempts"] == []
+
+
+@pytest.mark.parametrize("module", ["celery_election", "celery_election.pytest_plugin"])
+def test_importing_the_package_loads_no_sqlalchemy_http_server_or_celery(module: str) -> None:
+    """Every test run of every project that installs us loads the pytest plugin: it pays
+    this import. SQLAlchemy (~0.15 s) loads with the first SQL backend, the HTTP server
+    with the first metrics port, Celery with the first Celery-side name."""
+    code = (
+        f"import sys, {module}\n"
+        "heavy = ('sqlalchemy', 'http.server', 'celery', 'kombu', 'prometheus_client')\n"
+        "print([m for m in heavy if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,53 @@
+"""What a liveness session is, apart from how one is held (``liveness.py``).
+
+The elector imports this, not the sessions themselves: they need SQLAlchemy and a
+driver, and ``import celery_election`` must load neither.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..errors import BackendUnavailableError
+
+__all__ = ["LivenessSession", "LivenessUnsupported", "PooledSessions"]
+
+
+class LivenessSession(Protocol):
+    """One namespace's liveness lock on a connection of its own.
+
+    Calls come from one thread (the elector's liveness thread); ``interrupt`` and
+    ``close`` may come from any thread.
+    """
+
+    @property
+    def held(self) -> bool:
+        """Whether this session holds the lock (as far as it knows)."""
+
+    def acquire(self, timeout: float) -> bool:
+        """Block until the lock is held (True) or ``timeout`` seconds pass (False).
+
+        Raises BackendUnavailableError when the session is lost (then it reconnects on
+        the next call) and InterruptedError when ``interrupt`` was called (during this
+        wait or before it: an interrupt is consumed by the wait it ends).
+        """
+
+    def ping(self) -> None:
+        """Show the server that the holder lives; raises BackendUnavailableError if lost."""
+
+    def release(self) -> None:
+        """Give the lock back (a lost session has given it back already)."""
+
+    def interrupt(self) -> None:
+        """Make a blocked ``acquire`` return now (from another thread)."""
+
+    def close(self) -> None:
+        """Release and disconnect (idempotent)."""
+
+
+class LivenessUnsupported(BackendUnavailableError):
+    """The server cannot end a silent session by itself (PostgreSQL before 14)."""
+
+
+class PooledSessions(LivenessUnsupported):
+    """The URL leads to a transaction pooler: a session lock would be shared."""
