@@ -130,7 +130,7 @@ def test_the_checker_catches_an_elector_that_ignores_its_trust_window(tmp_path: 
 
 
 #: The long PgBouncer runs (second tier): minutes of random faults per pooler set-up.
-POOLER_MINUTES = float(os.environ.get("CELERY_ELECTION_POOLER_CHAOS_MINUTES", "2"))
+POOLER_MINUTES = float(os.environ.get("CELERY_ELECTION_POOLER_CHAOS_MINUTES", "3"))
 
 
 @pytest.mark.tier2

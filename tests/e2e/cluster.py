@@ -40,6 +40,14 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, every: float =
         time.sleep(every)
 
 
+def tail_logs(folder: Path, chars: int = 3000) -> str:
+    """The end of every ``*.log`` in ``folder``: what a failed test prints."""
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
+        for p in sorted(folder.glob("*.log"))
+    )
+
+
 class Cluster:
     """Workers of one test: one namespace, one table prefix, logs in ``tmp``."""
 
@@ -146,10 +154,7 @@ class Cluster:
         self.backend.close()
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-            for p in sorted(self.tmp.glob("*.log"))
-        )
+        return tail_logs(self.tmp)
 
     # -- the database's view ----------------------------------------------------------------
 

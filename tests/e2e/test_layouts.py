@@ -27,7 +27,7 @@ from celery_election.settings import leader_queue_name
 from harness.processes import Proc, stop_all
 
 from ..conftest import failed, server_url
-from .cluster import ROOT, wait_until
+from .cluster import ROOT, tail_logs, wait_until
 from .layouts import LAYOUTS, SENDER, Settings
 
 pytestmark = pytest.mark.slow
@@ -129,12 +129,6 @@ class Deployment:
             self.backend.uninstall()
         self.backend.close()
 
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-            for p in sorted(self.tmp.glob("*.log"))
-        )
-
 
 @pytest.fixture
 def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
@@ -143,7 +137,7 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deplo
         yield d
     finally:
         if failed(request):
-            print(d.logs())
+            print(tail_logs(d.tmp))
         d.close()
 
 
