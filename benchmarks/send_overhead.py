@@ -16,6 +16,7 @@ broker shows the library's own cost; RabbitMQ, what a user sees.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 import uuid
@@ -92,10 +93,8 @@ def measure(broker: str, n: int, repeat: int) -> dict[str, tuple[float, float, f
             )
     with app.connection_for_write() as conn:  # leave nothing behind on a real broker
         for queue in ("celery", f"election-leader.{app.conf.election_namespace}"):
-            try:
+            with contextlib.suppress(Exception):
                 conn.default_channel.queue_delete(queue)
-            except Exception:
-                pass
     app.close()
     return results
 
