@@ -127,9 +127,9 @@ class Demo:
             if kind == "tick":
                 # ``due`` holds the run's key: the time of the run it follows
                 stamp = time.strftime("%H:%M:%S", time.localtime(due / 1e6)) if due else "start"
-                print(f"    tick after {stamp} ran on {who}  (term ...{str(term)[-6:]})")
+                print(f"    tick after {stamp} ran on {who}  (term {term})")
             elif kind == "elected":
-                print(f"  * {who} is the leader now (term ...{str(term)[-6:]})")
+                print(f"  * {who} is the leader now (term {term}: greater than every before)")
             else:
                 print(f"  - {who} stepped down ({reason})")
         self.seen = len(rows)
@@ -172,17 +172,21 @@ class Demo:
         first = self.wait("a leader", self.leader, 60)
         self.ticks(4)
 
-        print(f"\n2. Kill the leader {first} (SIGKILL): the others wait for its lease to end.")
-        before = self.lease()
-        self.faults.append(time.time())
+        print(
+            f"\n2. Kill the leader {first} (SIGKILL): its liveness lock is freed at once, and a "
+            f"follower takes over about a second later (before its lease could end)."
+        )
+        killed = time.time()
+        self.faults.append(killed)
         self.procs[first].send_signal(signal.SIGKILL)
         self.procs[first].wait()
         second = self.wait("a new leader", lambda: self.leader(other_than=first), self.ttl + 30)
-        after = self.lease()
+        # the workers record their events with this host's clock, as we read ``killed``
+        won = [r[5] for r in self.rows("elected") if r[1].startswith(f"{second}@")]
         crash = None
-        if before is not None and after is not None and after.acquired_at_us:
-            crash = (after.acquired_at_us - before.expires_at_us) / 1e6
-            print(f"  -> {second} took over {crash:.3f}s after the dead leader's lease ended")
+        if won:
+            crash = won[-1] - killed
+            print(f"  -> {second} took over {crash:.3f}s after the crash")
         self.ticks(4)
 
         print(
@@ -220,7 +224,7 @@ class Demo:
         )
         print(f"  leaders, in order   {' -> '.join(leaders)}")
         if crash is not None:
-            print(f"  crash failover      {crash:.3f}s after the lease ended (lease {self.ttl}s)")
+            print(f"  crash failover      {crash:.3f}s after the crash (lease {self.ttl}s)")
         if handoff is not None:
             print(f"  clean handoff       {handoff * 1000:.0f} ms")
         ok = duplicates == 0 and bool(ticks) and len(set(leaders)) >= 3
