@@ -159,10 +159,13 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     store = s._election.store
     real = store.claim_run
     failures: list[int] = []
+    assert s._leading() is not None  # promoted: the new entry is recorded (run count 0)
+    recorded = store.load_runs(s._election.namespace)["job"]
+    assert recorded.total_run_count == 0
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
-        if not failures:  # the first claim commits, then its answer is lost
+        if not failures:  # the first run's claim commits, then its answer is lost
             failures.append(args[5])
             raise BackendUnavailableError("connection lost after commit")
         return result
@@ -174,9 +177,9 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
         s.close()
     runs = [run for _, run in s.sent]
     assert failures, "the claim was never made"
-    # the first run (key 0) was sent although its answer was lost; the next run follows
-    # the time that claim stored
-    assert runs[:2] == [0, failures[0]], (failures, runs)
+    # the first run (after the state recorded at promotion) was sent although its answer
+    # was lost; the next run follows the time that claim stored
+    assert runs[:2] == [recorded.last_run_us, failures[0]], (failures, runs)
     assert len(runs) == len(set(runs)), runs
 
 

@@ -43,7 +43,7 @@ from celery import Celery  # noqa: E402
 from celery.beat import PersistentScheduler  # noqa: E402
 from celery.schedules import crontab  # noqa: E402
 
-from celery_election.beat import LeaderSchedulerMixin  # noqa: E402
+from celery_election.beat import LeaderScheduler, LeaderSchedulerMixin  # noqa: E402
 
 from ..conftest import expire, unique_prefix, url_for  # noqa: E402
 
@@ -122,7 +122,7 @@ class StockPersistent(_Records, PersistentScheduler):
     pass
 
 
-class LeaderPersistent(_Records, _PinnedOffset, LeaderSchedulerMixin, PersistentScheduler):
+class LeaderPersistent(_Records, _PinnedOffset, LeaderScheduler):
     pass
 
 
