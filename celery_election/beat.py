@@ -190,7 +190,8 @@ class LeaderSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._runs: dict[str, RunState] = {}  # the shared state as this leader knows it
-        self._seen: dict[str, Any] = {}  # entry name -> the last_run_at matching _runs
+        # entry name -> the entry's (last_run_at, total_run_count) as matched with _runs
+        self._seen: dict[str, tuple[Any, Any]] = {}
         self._pending: dict[str, _Fence] = {}  # reserved runs, by entry name
         self._offset_us = 0  # database clock - this host's clock
         self._next_offset = 0.0
@@ -306,14 +307,14 @@ class LeaderSchedulerMixin:
     def _reconcile(self, promoting: tuple[int, str] | None = None) -> bool:
         """Match entries that do not hold the shared state with it; True if any changed.
 
-        An entry holds it when its ``last_run_at`` is the one this leader matched with
-        the stored state; a new leader (``promoting``: its term and token), or a schedule
-        read again (django-celery-beat reloads it from its models), gives entries that
-        must be matched: see :meth:`_match`.
+        An entry holds it when its ``last_run_at`` and ``total_run_count`` are the ones
+        this leader matched with the stored state; a new leader (``promoting``: its term
+        and token), or a schedule read again (django-celery-beat reloads it from its
+        models), gives entries that must be matched: see :meth:`_match`.
         """
         changed = False
         for name, entry in list(self.schedule.items()):
-            if self._seen.get(name, _UNSEEN) != entry.last_run_at:
+            if self._seen.get(name) != _held(entry):
                 changed = self._match(entry, promoting) or changed
         return changed
 
@@ -340,7 +341,7 @@ class LeaderSchedulerMixin:
                 log.info("beat election: %s was edited (last_run_at %s, run count %s); "
                          "the edit wins over the shared state", name, entry.last_run_at,
                          entry.total_run_count)  # fmt: skip
-                self._seen[name] = entry.last_run_at
+                self._seen[name] = _held(entry)
                 return False
             self._adopt(entry, state)
             return True
@@ -350,7 +351,7 @@ class LeaderSchedulerMixin:
                 entry.last_run_at = entry.default_now()
             self._record(promoting, entry, state, identity)
             changed = True
-        self._seen[name] = entry.last_run_at
+        self._seen[name] = _held(entry)
         return changed
 
     def run_state_identity(self, entry: Any) -> str:
@@ -545,7 +546,7 @@ class LeaderSchedulerMixin:
         row = (entry.last_run_at, entry.total_run_count)
         self.adopt_run_state(entry, when, state.total_run_count)
         self._runs[entry.name] = state
-        self._seen[entry.name] = entry.last_run_at
+        self._seen[entry.name] = _held(entry)
         dirty = getattr(self, "_dirty", None)
         if _has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
             dirty.add(entry.name)  # the row lags: the next sync writes the adopted state
@@ -573,7 +574,7 @@ class LeaderSchedulerMixin:
             metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "claimed"))
             assert claim.state is not None
             self._runs[name] = claim.state
-            self._seen[name] = new_entry.last_run_at
+            self._seen[name] = _held(new_entry)
             return new_entry
         if not claim.leading:
             log.warning(
@@ -684,9 +685,13 @@ class LeaderSchedulerMixin:
         return result
 
 
-_UNSEEN = object()
 _RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
 _SAME_TIME_US = 1_000_000  # a row within 1 s of the stored run holds it (offsets move)
+
+
+def _held(entry: Any) -> tuple[Any, Any]:
+    """The run state an entry holds, as :meth:`LeaderSchedulerMixin._reconcile` compares it."""
+    return entry.last_run_at, entry.total_run_count
 
 
 def _has_row(entry: Any) -> bool:

@@ -581,6 +581,75 @@ def test_the_leader_sends_what_stock_sends(name: str, election_url: str, tmp_pat
         assert went_back == [], "a row's total_run_count went backwards"
 
 
+def test_a_row_is_never_written_backwards(tmp_path: Path) -> None:
+    """The row write's ``total_run_count <=`` condition: a leader whose unsaved run is
+    older than the row (demoted between its check and its write, while the new leader
+    already wrote) leaves the row as it is; a newer run is written."""
+    _clear_django()
+    task("job", interval=every(10))
+    world = World(Scenario("django", until=0), True, f"sqlite:///{tmp_path}/e.db", tmp_path)
+    try:
+        s = world.make(0)
+        assert s.wait_for_leadership(15)
+        s.tick()  # promoted
+        model = s.schedule["job"].model
+        newer = datetime.now(timezone.utc)
+        PeriodicTask.objects.filter(name="job").update(total_run_count=36, last_run_at=newer)
+        model.total_run_count, model.last_run_at = 19, newer - timedelta(minutes=3)
+        s._dirty.add("job")
+        s.sync()
+        assert (row("job").total_run_count, row("job").last_run_at) == (36, newer)
+        model.total_run_count, model.last_run_at = 37, newer + timedelta(seconds=10)
+        s._dirty.add("job")
+        s.sync()
+        assert (row("job").total_run_count, row("job").last_run_at) == (37, model.last_run_at)
+    finally:
+        world.close()
+
+
+def test_a_demoted_beat_leaves_the_rows_to_the_leader(tmp_path: Path) -> None:
+    """A beat that lost its leadership forgets its unsaved runs: written late, one would
+    overwrite what happened since (here an operator's forced run, at the same count)."""
+    _clear_django()
+    task("job", interval=every(10))
+    world = World(Scenario("django", until=0), True, f"sqlite:///{tmp_path}/e.db", tmp_path)
+    try:
+        a = world.make(0)
+        assert a.wait_for_leadership(15)
+        a.tick()  # promoted
+        a.reserve(a.schedule["job"])  # a run claimed, its row not written yet
+        assert a._dirty == {"job"}
+        forced = datetime.now(timezone.utc) - timedelta(hours=2)
+        PeriodicTask.objects.filter(name="job").update(last_run_at=forced)
+        world.end(0, "demote")
+        a.sync()
+        assert row("job").last_run_at == forced and a._dirty == set()
+    finally:
+        world.close()
+
+
+def test_a_new_leader_writes_the_rows_it_adopted_at_its_first_loop(tmp_path: Path) -> None:
+    """After a kill the rows lag (the dead leader had not saved its runs): the new leader
+    writes the shared state into them at its first loop, as a restarted beat syncs."""
+    seen: list[tuple[Any, int]] = []
+
+    def look(start: datetime) -> None:
+        obj = row("job")
+        at = None if obj.last_run_at is None else (obj.last_run_at - start).total_seconds()
+        seen.append((at, obj.total_run_count))
+
+    sc = Scenario(
+        "django",
+        until=140,
+        setup=lambda s: task("job", interval=every(60)) and None,
+        actions={129: look, 131: look},
+        beats=[Beat(until=130, end="kill"), Beat()],
+    )
+    got = drive(sc, True, f"sqlite:///{tmp_path}/e.db", tmp_path / "leader")
+    assert got.sent == {"job": [60, 120]}
+    assert seen == [(None, 0), (120, 2)]
+
+
 def test_every_scenario_is_driven_on_both_kinds() -> None:
     """The table of the issue, one scenario each (and the static entries' three)."""
     assert len([s for s in SCENARIOS.values() if s.kind == "static"]) == 3
