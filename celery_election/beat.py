@@ -35,6 +35,13 @@ through the worker's shared record: it is not a second candidate. Nothing blocks
 
 Entries whose run state lives elsewhere than ``last_run_at``/``total_run_count`` (and
 django-celery-beat's model) can override :meth:`LeaderSchedulerMixin.adopt_run_state`.
+
+The shared state never overrides what an operator did, as stock would not (issue 26,
+``tests/integration/test_django_workflows.py``): it belongs to the entry's identity
+(:meth:`LeaderSchedulerMixin.run_state_identity`: django-celery-beat's ``PeriodicTask``
+id), a row edited after the stored run wins (``_edited``), only the leader writes rows
+and never backwards (``sync``), and ``LeaderScheduler`` follows ``beat_schedule``
+changes between deploys as a restarted ``PersistentScheduler`` does (``follow_deploys``).
 """
 
 from __future__ import annotations
