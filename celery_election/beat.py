@@ -35,6 +35,13 @@ through the worker's shared record: it is not a second candidate. Nothing blocks
 
 Entries whose run state lives elsewhere than ``last_run_at``/``total_run_count`` (and
 django-celery-beat's model) can override :meth:`LeaderSchedulerMixin.adopt_run_state`.
+
+The shared state never overrides what an operator did, as stock would not (issue 26,
+``tests/integration/test_django_workflows.py``): it belongs to the entry's identity
+(:meth:`LeaderSchedulerMixin.run_state_identity`: django-celery-beat's ``PeriodicTask``
+id), a row edited after the stored run wins (``_edited``), only the leader writes rows
+and never backwards (``sync``), and ``LeaderScheduler`` follows ``beat_schedule``
+changes between deploys as a restarted ``PersistentScheduler`` does (``follow_deploys``).
 """
 
 from __future__ import annotations
@@ -174,6 +181,13 @@ class LeaderSchedulerMixin:
     max_interval: float
     _heap: Any
 
+    #: Static entries follow deploys as PersistentScheduler's shelve does: at promotion,
+    #: an entry new to the shared state counts from then (as in a beat started then),
+    #: and stored entries missing from the schedule are retired (a name reused later
+    #: starts fresh). For schedulers whose schedule is the whole truth (LeaderScheduler);
+    #: not for django-celery-beat, whose disabled entries leave the schedule.
+    follow_deploys = False
+
     _election: _BeatElection | None = None
     _loaded_term: int | None = None
     _lost_term: int | None = None
@@ -183,7 +197,8 @@ class LeaderSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._runs: dict[str, RunState] = {}  # the shared state as this leader knows it
-        self._seen: dict[str, Any] = {}  # entry name -> the last_run_at matching _runs
+        # entry name -> the entry's (last_run_at, total_run_count) as matched with _runs
+        self._seen: dict[str, tuple[Any, Any]] = {}
         self._pending: dict[str, _Fence] = {}  # reserved runs, by entry name
         self._offset_us = 0  # database clock - this host's clock
         self._next_offset = 0.0
@@ -203,10 +218,12 @@ class LeaderSchedulerMixin:
 
     def close(self) -> None:
         self._closed = True
-        election, self._election = self._election, None
-        if election is not None:
-            election.close()
-        super().close()  # type: ignore[misc]
+        try:
+            super().close()  # type: ignore[misc]  # its final sync, while still leading
+        finally:
+            election, self._election = self._election, None
+            if election is not None:
+                election.close()
 
     def wait_for_leadership(self, timeout: float) -> bool:
         """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s.
@@ -244,15 +261,16 @@ class LeaderSchedulerMixin:
         if lead is None or lead[0] == self._lost_term:
             self._loaded_term = None
             return None
-        if lead[0] != self._loaded_term and not self._promote(lead[0]):
+        if lead[0] != self._loaded_term and not self._promote(lead):
             return None
         self._measure_offset()
         return lead
 
-    def _promote(self, term: int) -> bool:
+    def _promote(self, lead: tuple[int, str]) -> bool:
         """Newly leading: adopt the shared run state, not this process's memory."""
         election = self._election
         assert election is not None
+        term = lead[0]
         self._next_offset = 0.0
         self._measure_offset()
         try:
@@ -263,8 +281,14 @@ class LeaderSchedulerMixin:
         self._seen = {}
         self._pending = {}
         self._loaded_term = term
-        if self._reconcile():
+        if self._reconcile(lead):
             self._heap = None  # rebuilt by the wrapped scheduler from the adopted state
+        if self.follow_deploys:
+            self._retire_absent(lead)
+        if hasattr(self, "_last_sync"):
+            # sync at the first loop, as a beat started now would: the rows (and the
+            # shelve) show the adopted state at once, not up to beat_sync_every later
+            self._last_sync = None
         log.info(
             "beat election: leading namespace=%s term=%s; resumed %d entries from the shared state",
             election.namespace,
@@ -287,20 +311,185 @@ class LeaderSchedulerMixin:
         self._reconcile()
         super().populate_heap(*args, **kwargs)  # type: ignore[misc]
 
-    def _reconcile(self) -> bool:
-        """Adopt the shared state into entries that do not hold it; True if any changed.
+    def _reconcile(self, promoting: tuple[int, str] | None = None) -> bool:
+        """Match entries that do not hold the shared state with it; True if any changed.
 
-        An entry holds it when its ``last_run_at`` is the one this leader matched with
-        the stored state; a new leader, or a schedule read again (django-celery-beat
-        reloads it from its models), gives entries that must adopt it.
+        An entry holds it when its ``last_run_at`` and ``total_run_count`` are the ones
+        this leader matched with the stored state; a new leader (``promoting``: its term
+        and token), or a schedule read again (django-celery-beat reloads it from its
+        models), gives entries that must be matched: see :meth:`_match`.
         """
         changed = False
         for name, entry in list(self.schedule.items()):
-            state = self._runs.get(name)
-            if state is not None and self._seen.get(name, _UNSEEN) != entry.last_run_at:
-                self._adopt(entry, state)
-                changed = True
+            if self._seen.get(name) != _held(entry):
+                changed = self._match(entry, promoting) or changed
         return changed
+
+    def _match(self, entry: Any, promoting: tuple[int, str] | None) -> bool:
+        """One entry against the shared state; True if the entry's state changed.
+
+        * The stored state is another entry's (a different :meth:`run_state_identity`:
+          deleted and re-created, a name retired by a deploy) or there is none: the entry
+          keeps its own state, as stock keeps it (django-celery-beat's row, or the time
+          the entry appeared). A static entry of :attr:`follow_deploys` that never ran
+          here counts from the promotion, as in a beat started then (one that ran keeps
+          the shelve's last run, as a restarted PersistentScheduler does), and is
+          recorded at once: the next leader counts from the same point.
+        * Its own row was edited after the stored run (:meth:`_edited`): the edit wins; the
+          next run is claimed after the stored state, like any run.
+        * Otherwise the entry adopts the stored state (its row lags: the old leader ran
+          it since, or had not saved yet).
+        """
+        name = entry.name
+        state = self._runs.get(name)
+        identity = self.run_state_identity(entry)
+        if state is not None and state.identity in (None, identity):
+            if self._edited(entry, state):
+                log.info("beat election: %s was edited (last_run_at %s, run count %s); "
+                         "the edit wins over the shared state", name, entry.last_run_at,
+                         entry.total_run_count)  # fmt: skip
+                self._seen[name] = _held(entry)
+                return False
+            self._adopt(entry, state)
+            return True
+        changed = False
+        if promoting is not None and self.follow_deploys and not _has_row(entry):
+            if not entry.total_run_count:  # it never ran here: when it appeared, not now
+                entry.last_run_at = entry.default_now()
+            self._record(promoting, entry, state, identity)
+            changed = True
+        self._seen[name] = _held(entry)
+        return changed
+
+    def run_state_identity(self, entry: Any) -> str:
+        """Whose run state it is: an entry with another identity does not inherit it.
+
+        django-celery-beat's entries: the ``PeriodicTask`` id (a deleted and re-created
+        task starts fresh, as with stock). Others: the name alone (``""``); a name that a
+        deploy dropped is retired (:attr:`follow_deploys`).
+        """
+        model = getattr(entry, "model", None)
+        pk = getattr(model, "pk", None)
+        return "" if pk is None else f"id:{pk}"
+
+    def _edited(self, entry: Any, state: RunState) -> bool:
+        """Whether the entry's own row holds an operator's edit newer than ``state``.
+
+        Only entries with a row (django-celery-beat's ``model``) can be edited. A row is
+        written by leaders only with stored states, and the stored state only moves on:
+        a row that holds an older state lags (an earlier run count, saved before the
+        stored run). Anything else was written by someone else: a last_run_at other than
+        the stored one with the same run count (a forced run, a reset to None), a higher
+        run count, or a row saved (``date_changed``: disabled and enabled again, changed
+        in the admin) after the stored run.
+        """
+        if not _has_row(entry) or entry.last_run_at is None:
+            return False
+        row_us = self._to_db(entry.last_run_at)
+        count = int(entry.total_run_count or 0)
+        if count == state.total_run_count:
+            return abs(row_us - state.last_run_us) > _SAME_TIME_US
+        if count > state.total_run_count:
+            return True
+        changed = getattr(entry.model, "date_changed", None)
+        return isinstance(changed, datetime) and self._to_db(changed) > state.last_run_us
+
+    def _record(
+        self, lead: tuple[int, str], entry: Any, state: RunState | None, identity: str
+    ) -> None:
+        """Store a new entry's state under this term (the next leader counts from it)."""
+        at = self._to_db(entry.last_run_at)
+        count = int(entry.total_run_count or 0)
+        claim = self._claim(lead, str(entry.name), state, at, count, identity)
+        if claim.state is not None:
+            self._runs[entry.name] = claim.state
+
+    def _retire_absent(self, lead: tuple[int, str]) -> None:
+        """Retire stored entries this beat's schedule lacks (a deploy removed them).
+
+        As PersistentScheduler drops them from its shelve: a name reused later starts
+        fresh instead of inheriting the old entry's last run.
+        """
+        names = set(self.schedule)
+        for name, state in list(self._runs.items()):
+            if name in names or state.identity == _RETIRED:
+                continue
+            at, count = state.last_run_us, state.total_run_count
+            claim = self._claim(lead, name, state, at, count, _RETIRED)
+            if claim.state is not None:
+                self._runs[name] = claim.state
+
+    # -- writing the rows (django-celery-beat) ----------------------------------------------
+
+    def sync(self) -> None:
+        """The wrapped scheduler's sync; model rows are written by the leader only.
+
+        A beat that no longer leads (or leads in a term it has not loaded) forgets the
+        runs it has not written: the leader holds newer ones and writes them itself. A
+        django-celery-beat row is written only if that does not move it back
+        (``total_run_count`` never decreases), so a leader demoted between this check and
+        the write cannot undo the new leader's writes either.
+        """
+        dirty = getattr(self, "_dirty", None)
+        if isinstance(dirty, set) and dirty:
+            if not self._may_write():
+                log.debug("beat election: not leading; %d unsaved runs left to the leader",
+                          len(dirty))  # fmt: skip
+                dirty.clear()
+            else:
+                try:
+                    self._write_rows(dirty)
+                except Exception as exc:  # as the wrapped sync: log, retry at the next
+                    log.warning("beat election: could not write the schedule rows (%s)", exc)
+                    return
+        super().sync()  # type: ignore[misc]
+
+    def _may_write(self) -> bool:
+        """Leading, in the term whose state this process loaded (if it loaded one)."""
+        election = self._election
+        lead = election.leadership() if election is not None else None
+        if lead is None or lead[0] == self._lost_term:
+            return False
+        return self._loaded_term is None or lead[0] == self._loaded_term
+
+    def _write_rows(self, dirty: set[Any]) -> None:
+        """Write the django-celery-beat rows of ``dirty`` entries, never backwards.
+
+        What ``ModelEntry.save`` writes, in one conditional UPDATE instead of a read and
+        a save; entries whose class saves otherwise are left to the wrapped sync.
+        """
+        schedule = getattr(self, "_schedule", None) or {}
+        for name in list(dirty):
+            entry: Any = schedule.get(name)
+            model: Any = getattr(entry, "model", None)
+            manager = getattr(type(model), "_default_manager", None)
+            if manager is None or getattr(model, "pk", None) is None:
+                continue  # not a model entry: the wrapped sync writes it
+            from django.db.models import (  # type: ignore[import-untyped]
+                Case,
+                DateTimeField,
+                Value,
+                When,
+            )
+            from django_celery_beat.schedulers import (  # type: ignore[import-untyped]
+                ModelEntry,
+            )
+
+            if type(entry).save is not ModelEntry.save:
+                continue
+            # a disabled row shows no last run (PeriodicTask.save's rule, as stock's save)
+            last = Case(
+                When(enabled=False, then=Value(None)),
+                default=Value(model.last_run_at),
+                output_field=DateTimeField(),
+            )
+            written = manager.filter(
+                pk=model.pk, total_run_count__lte=model.total_run_count
+            ).update(last_run_at=last, total_run_count=model.total_run_count)
+            dirty.discard(name)
+            changes = getattr(self, "Changes", None)
+            if written and changes is not None and not getattr(model, "no_changes", True):
+                changes.changed(model)  # as PeriodicTask.save tells the beats
 
     # -- the clock --------------------------------------------------------------------------
 
@@ -361,9 +550,13 @@ class LeaderSchedulerMixin:
 
     def _adopt(self, entry: Any, state: RunState) -> None:
         when = self._from_db(state.last_run_us, entry.last_run_at or entry.default_now())
+        row = (entry.last_run_at, entry.total_run_count)
         self.adopt_run_state(entry, when, state.total_run_count)
         self._runs[entry.name] = state
-        self._seen[entry.name] = entry.last_run_at
+        self._seen[entry.name] = _held(entry)
+        dirty = getattr(self, "_dirty", None)
+        if _has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
+            dirty.add(entry.name)  # the row lags: the next sync writes the adopted state
 
     # -- the fence --------------------------------------------------------------------------
 
@@ -379,14 +572,16 @@ class LeaderSchedulerMixin:
             return new_entry
         expected = self._runs.get(name)
         at = self._to_db(new_entry.last_run_at or new_entry.default_now())
-        claim = self._claim(lead, str(name), expected, at)
+        count = int(new_entry.total_run_count or 0)
+        identity = self.run_state_identity(new_entry)
+        claim = self._claim(lead, str(name), expected, at, count, identity)
         run = 0 if expected is None else expected.last_run_us
         self._pending[name] = _Fence(claim.won, lead[0], run, at)
         if claim.won:
             metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "claimed"))
             assert claim.state is not None
             self._runs[name] = claim.state
-            self._seen[name] = new_entry.last_run_at
+            self._seen[name] = _held(new_entry)
             return new_entry
         if not claim.leading:
             log.warning(
@@ -399,9 +594,11 @@ class LeaderSchedulerMixin:
         if claim.state is not None and claim.state != expected:
             log.info("beat election: %s already ran (term %s); not sent", name, claim.state.term)
             metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "refused"))
-            self._adopt(new_entry, claim.state)
-        else:
-            self.adopt_run_state(new_entry, *was)
+            self._runs[name] = claim.state
+            if claim.state.identity in (None, identity):
+                self._adopt(new_entry, claim.state)
+                return new_entry
+        self.adopt_run_state(new_entry, *was)
         return new_entry
 
     @property
@@ -409,7 +606,13 @@ class LeaderSchedulerMixin:
         return self._election.namespace if self._election is not None else "?"
 
     def _claim(
-        self, lead: tuple[int, str], name: str, expected: RunState | None, at: int
+        self,
+        lead: tuple[int, str],
+        name: str,
+        expected: RunState | None,
+        at: int,
+        count: int,
+        identity: str,
     ) -> RunClaim:
         """Claim, retrying a failed call while still trusted (up to one renew interval).
 
@@ -426,8 +629,9 @@ class LeaderSchedulerMixin:
         while True:
             try:
                 claim = election.store.claim_run(
-                    election.namespace, lead[1], lead[0], name, expected, at
-                )
+                    election.namespace, lead[1], lead[0], name, expected, at,
+                    total_run_count=count, identity=identity,
+                )  # fmt: skip
             except ElectionError as exc:
                 if boottime() + delay > deadline or election.leadership() != lead:
                     log.error("beat election: could not claim %s (%s); not sent", name, exc)
@@ -488,7 +692,18 @@ class LeaderSchedulerMixin:
         return result
 
 
-_UNSEEN = object()
+_RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
+_SAME_TIME_US = 1_000_000  # a row within 1 s of the stored run holds it (offsets move)
+
+
+def _held(entry: Any) -> tuple[Any, Any]:
+    """The run state an entry holds, as :meth:`LeaderSchedulerMixin._reconcile` compares it."""
+    return entry.last_run_at, entry.total_run_count
+
+
+def _has_row(entry: Any) -> bool:
+    """Whether the entry keeps its run state on a row of its own (django-celery-beat)."""
+    return hasattr(getattr(entry, "model", None), "last_run_at")
 
 
 def backend_description(url: str) -> str:
@@ -502,5 +717,8 @@ class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
     """PersistentScheduler that sends only on the elected beat, each run at most once.
 
     The local shelve still caches the schedule as in stock beat; the run state that
-    decides is the shared one in the election database.
+    decides is the shared one in the election database. Changes of ``beat_schedule``
+    between deploys behave as with a restarted PersistentScheduler (``follow_deploys``).
     """
+
+    follow_deploys = True

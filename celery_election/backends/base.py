@@ -55,11 +55,15 @@ class RunState:
     ``last_run_us`` is when the entry last ran, in epoch microseconds on the *database's*
     clock (each beat converts at the boundary, so a host with a wrong clock neither
     stalls nor repeats the schedule); ``term`` is the leader term that claimed that run.
+    ``identity`` names the entry the state belongs to (e.g. django-celery-beat's
+    ``PeriodicTask`` id; ``None`` in rows written before it existed: any entry of that
+    name): an entry deleted and re-created under the same name does not inherit it.
     """
 
     last_run_us: int
     total_run_count: int
     term: int
+    identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,16 @@ class BeatStore(Protocol):
         expected: RunState | None,
         last_run_us: int,
         *,
+        total_run_count: int | None = None,
+        identity: str | None = None,
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` (None: the entry never ran) at ``last_run_us``.
 
-        Wins only if the stored state still equals ``expected`` and the lease still has
-        this token and term, unexpired; a lost claim reports the stored state as it is.
+        Wins only if the stored (last run, run count) still equals ``expected``'s (no
+        state stored for None) and the lease still has this token and term, unexpired; a
+        lost claim reports the stored state as it is. The new state has ``last_run_us``,
+        ``total_run_count`` (default: ``expected``'s + 1, or 1) and ``identity``.
         """
 
 

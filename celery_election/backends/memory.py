@@ -408,6 +408,8 @@ class MemoryBeatStore:
         expected: RunState | None,
         last_run_us: int,
         *,
+        total_run_count: int | None = None,
+        identity: str | None = None,
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` if it is still stored and (token, term) leads."""
@@ -420,8 +422,9 @@ class MemoryBeatStore:
             stored = b._runs.get((namespace, entry_name))
             if not leading or _run_key(stored) != _run_key(expected):
                 return RunClaim(False, stored, leading)
-            count = 1 if expected is None else expected.total_run_count + 1
-            state = b._runs[(namespace, entry_name)] = RunState(last_run_us, count, term)
+            count = _next_count(expected, total_run_count)
+            state = RunState(last_run_us, count, term, identity)
+            b._runs[(namespace, entry_name)] = state
             return RunClaim(True, state, True)
 
 
@@ -517,6 +520,13 @@ class MemorySession:
     def close(self) -> None:
         self.interrupt()
         self.release()
+
+
+def _next_count(expected: RunState | None, total_run_count: int | None) -> int:
+    """The run count a won claim stores (the SQL store's rule)."""
+    if total_run_count is not None:
+        return total_run_count
+    return 1 if expected is None else expected.total_run_count + 1
 
 
 def _run_key(state: RunState | None) -> tuple[int, int] | None:

@@ -145,6 +145,9 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("total_run_count", sa.BigInteger, nullable=False),
         sa.Column("term", sa.BigInteger, nullable=False),  # the term that claimed that run
         sa.Column("updated_at", sa.BigInteger, nullable=False),
+        # Whose state it is (e.g. a PeriodicTask id): a re-created entry starts fresh.
+        # Nullable: added to older tables by install(); NULL is any entry of that name.
+        sa.Column("identity", sa.String(200), nullable=True),
         **mysql_opts,
     )
     return metadata

@@ -468,17 +468,20 @@ class SQLBackend:
         )
 
     def _add_missing_columns(self, conn: Connection) -> None:
-        """Add columns that tables made by an older version lack (``lease.liveness_us``).
+        """Add the columns that tables made by an older version lack.
 
-        They are nullable, so electors of the older version still running are unaffected.
+        ``lease.liveness_us`` and ``beat_run.identity``: they are nullable, so electors and
+        beats of the older version still running are unaffected.
         """
-        have = {c["name"] for c in sa.inspect(conn).get_columns(self.lease.name)}
-        for column in self.lease.columns:
-            if column.name not in have:
-                type_ = column.type.compile(dialect=self.engine.dialect)
-                conn.exec_driver_sql(
-                    f"ALTER TABLE {self.lease.name} ADD COLUMN {column.name} {type_}"
-                )
+        inspector = sa.inspect(conn)
+        for table in (self.lease, self.beat_run):
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have:
+                    type_ = column.type.compile(dialect=self.engine.dialect)
+                    conn.exec_driver_sql(
+                        f"ALTER TABLE {table.name} ADD COLUMN {column.name} {type_}"
+                    )
 
     def _transaction(self) -> Any:
         """A real transaction, for install's advisory lock (held until it ends).

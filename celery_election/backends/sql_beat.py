@@ -8,7 +8,9 @@ everything) and changes the entry's row only if it still holds that state and th
 still has the claimer's token and term, unexpired (DESIGN.md, rule 6). A plain read of
 the lease followed by a write let a takeover commit in between. The first run of an entry
 is an INSERT ... SELECT from the lease row under the same conditions; a duplicate key
-means another leader recorded that run first.
+means another leader recorded that run first. A claim may also set the run count and the
+entry's identity (an operator's edit adopted, a re-created entry starting fresh): the
+compare-and-set and the fence are the same.
 
 A lost claim reads the row and the lease in the same transaction, so the caller can adopt
 the stored state (someone else ran it) or stop acting on a term the database has ended.
@@ -42,9 +44,9 @@ class SQLBeatStore:
     def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
         """Every entry's run state in ``namespace``, by entry name."""
         t = self.table
-        stmt = sa.select(t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term).where(
-            t.c.namespace == namespace
-        )
+        stmt = sa.select(
+            t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity
+        ).where(t.c.namespace == namespace)
         return self.backend._run(
             lambda conn: {r.entry_name: _state(r) for r in conn.execute(stmt)},
             table=t,
@@ -62,10 +64,14 @@ class SQLBeatStore:
         expected: RunState | None,
         last_run_us: int,
         *,
+        total_run_count: int | None = None,
+        identity: str | None = None,
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` for the leader (token, term); see the module."""
         insert, update, read = self._statements
+        if total_run_count is None:
+            total_run_count = 1 if expected is None else expected.total_run_count + 1
         params: dict[str, Any] = {
             "p_ns": namespace,
             "p_key": entry_key(entry_name),
@@ -73,6 +79,8 @@ class SQLBeatStore:
             "p_token": token,
             "p_term": term,
             "p_at": last_run_us,
+            "p_count": total_run_count,
+            "p_identity": identity,
         }
         if expected is not None:
             params["p_was_at"] = expected.last_run_us
@@ -87,8 +95,7 @@ class SQLBeatStore:
             else:
                 won = conn.execute(update, params).rowcount == 1
             if won:
-                count = 1 if expected is None else expected.total_run_count + 1
-                return RunClaim(True, RunState(last_run_us, count, term), True)
+                return RunClaim(True, RunState(last_run_us, total_run_count, term, identity), True)
             row = conn.execute(read, params).first()
             holds = self.backend.holds(conn, namespace, token, term)
             return RunClaim(False, None if row is None else _state(row), holds)
@@ -105,6 +112,8 @@ class SQLBeatStore:
         key = sa.bindparam("p_key", type_=key_type(40))
         term = sa.bindparam("p_term", type_=sa.BigInteger)
         at = sa.bindparam("p_at", type_=sa.BigInteger)
+        count = sa.bindparam("p_count", type_=sa.BigInteger)
+        identity = sa.bindparam("p_identity", type_=sa.String(200))
         holds = [
             lease.c.namespace == ns,
             lease.c.token == sa.bindparam("p_token", type_=sa.String()),
@@ -116,9 +125,10 @@ class SQLBeatStore:
             key.label("entry_key"),
             sa.bindparam("p_name", type_=sa.String(500)).label("entry_name"),
             at.label("last_run_at"),
-            sa.literal(1, sa.BigInteger).label("total_run_count"),
+            count.label("total_run_count"),
             lease.c.term,
             now.label("updated_at"),
+            identity.label("identity"),
         )
         source = source.where(*holds).with_for_update(read=True)
         columns = [
@@ -129,6 +139,7 @@ class SQLBeatStore:
             "total_run_count",
             "term",
             "updated_at",
+            "identity",
         ]
         insert: sa.Insert
         if backend.dialect == "postgresql":
@@ -153,16 +164,18 @@ class SQLBeatStore:
             )
             .values(
                 last_run_at=at,
-                total_run_count=t.c.total_run_count + 1,
+                total_run_count=count,
                 term=term,
                 updated_at=now,
+                identity=identity,
             )
         )
-        read = sa.select(t.c.last_run_at, t.c.total_run_count, t.c.term).where(
+        read = sa.select(t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity).where(
             t.c.namespace == ns, t.c.entry_key == key
         )
         return insert, update, read
 
 
 def _state(row: Any) -> RunState:
-    return RunState(int(row.last_run_at), int(row.total_run_count), int(row.term))
+    identity = None if row.identity is None else str(row.identity)
+    return RunState(int(row.last_run_at), int(row.total_run_count), int(row.term), identity)

@@ -67,6 +67,78 @@ def test_entries_and_namespaces_are_apart(backend: Any) -> None:
     assert not store.claim_run("elsewhere", a, lease.term, "job", None, 6).won
 
 
+def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> None:
+    """Adopting an operator's edit or starting a re-created entry fresh is a claim too:
+    the same compare-and-set on (last run, run count), under the same fence."""
+    store = backend.beat
+    a, b = token(), token()
+    lease = backend.elect(NS, a, "beat-a", 30.0).lease
+    plain = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
+    assert plain.state == RunState(1_000_000, 1, lease.term, None)  # identity: any entry
+    fresh = store.claim_run(
+        NS, a, lease.term, "job", plain.state, 900_000, total_run_count=0, identity="id:7"
+    )
+    assert fresh.won and fresh.state == RunState(900_000, 0, lease.term, "id:7")
+    assert store.load_runs(NS) == {"job": fresh.state}
+    # the compare-and-set is on (last run, run count): the old state no longer matches
+    again = store.claim_run(NS, a, lease.term, "job", plain.state, 2_000_000, identity="id:8")
+    assert not again.won and again.state == fresh.state
+    nxt = store.claim_run(NS, a, lease.term, "job", fresh.state, 2_000_000, identity="id:7")
+    assert nxt.won and nxt.state == RunState(2_000_000, 1, lease.term, "id:7")
+    # the fence holds for these claims as for any run
+    expire(backend, NS)
+    assert backend.elect(NS, b, "beat-b", 30.0).won
+    stale = store.claim_run(
+        NS, a, lease.term, "job", nxt.state, 3_000_000, total_run_count=50, identity="x"
+    )
+    assert not stale.won and not stale.leading and store.load_runs(NS) == {"job": nxt.state}
+    first = store.claim_run(NS, a, lease.term, "new", None, 5, total_run_count=9, identity="i")
+    assert not first.won and store.load_runs(NS) == {"job": nxt.state}
+
+
+def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -> None:
+    """Tables made before beat_run.identity get it from install(); their rows read as
+    "any entry of that name" (None) and are claimed as before."""
+    import sqlalchemy as sa
+
+    from celery_election.backends import SQLBackend, backend_from_url
+    from celery_election.backends.schema import entry_key
+
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    b = backend_from_url(sql_url, table_prefix=prefix)
+    assert isinstance(b, SQLBackend)
+    try:
+        b.install()
+        old = sa.MetaData()  # beat_run as the previous version made it
+        t = sa.Table(
+            f"{prefix}beat_run",
+            old,
+            *[
+                sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                for c in b.beat_run.columns
+                if c.name != "identity"
+            ],
+        )
+        with b.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE {prefix}beat_run"))
+            old.create_all(conn)
+            conn.execute(t.insert().values(namespace=NS, entry_key=entry_key("job"),
+                         entry_name="job", last_run_at=5, total_run_count=3, term=1,
+                         updated_at=5))  # fmt: skip
+        assert b.install() == []  # no table created, a column added
+        assert "identity" in {c["name"] for c in sa.inspect(b.engine).get_columns(t.name)}
+        assert b.install() == []  # idempotent
+        state = b.beat.load_runs(NS)["job"]
+        assert state == RunState(5, 3, 1, None)
+        a = token()
+        lease = b.elect(NS, a, "beat-a", 30.0).lease
+        won = b.beat.claim_run(NS, a, lease.term, "job", state, 10, identity="id:1")
+        assert won.won and b.beat.load_runs(NS)["job"] == RunState(10, 4, lease.term, "id:1")
+    finally:
+        b.uninstall()
+        b.close()
+
+
 class Counting(LeaderScheduler):
     """A LeaderScheduler that counts what it really sends (its tasks are sent by name)."""
 
@@ -159,10 +231,13 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     store = s._election.store
     real = store.claim_run
     failures: list[int] = []
+    assert s._leading() is not None  # promoted: the new entry is recorded (run count 0)
+    recorded = store.load_runs(s._election.namespace)["job"]
+    assert recorded.total_run_count == 0
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
-        if not failures:  # the first claim commits, then its answer is lost
+        if not failures:  # the first run's claim commits, then its answer is lost
             failures.append(args[5])
             raise BackendUnavailableError("connection lost after commit")
         return result
@@ -174,9 +249,9 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
         s.close()
     runs = [run for _, run in s.sent]
     assert failures, "the claim was never made"
-    # the first run (key 0) was sent although its answer was lost; the next run follows
-    # the time that claim stored
-    assert runs[:2] == [0, failures[0]], (failures, runs)
+    # the first run (after the state recorded at promotion) was sent although its answer
+    # was lost; the next run follows the time that claim stored
+    assert runs[:2] == [recorded.last_run_us, failures[0]], (failures, runs)
     assert len(runs) == len(set(runs)), runs
 
 
