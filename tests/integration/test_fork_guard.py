@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from celery_election.backends import SQLBackend, backend_from_url
@@ -37,4 +39,37 @@ def test_a_fork_waits_for_the_sqlite_call_in_progress(tmp_path: Path) -> None:
     assert order == ["call finished", "fork returned"]
     assert os.waitstatus_to_exitcode(status) == 0
     assert backend.current("x") is None  # the parent's engine still works
+    backend.close()
+
+
+def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
+    """The same, through a real step: an elect waiting on SQLite's write lock (another
+    connection holds it) is inside the backend's guard, so the fork waits for it: the
+    child finds the elect committed. Without the guard it forks mid-call and finds none."""
+    path = tmp_path / "e.db"
+    backend = backend_from_url(f"sqlite:///{path}")
+    assert isinstance(backend, SQLBackend)
+    backend.install()
+    first = backend.elect("x", "b" * 32, "b", 10.0).lease  # the row exists: one step
+    assert first is not None and backend.resign("x", "b" * 32, first.term)
+    blocker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the elect below waits for this write lock
+    t = threading.Thread(target=lambda: backend.elect("x", "a" * 32, "a", 10.0))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not backend._fork_guard.locked():  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the elect never entered the guard"
+        time.sleep(0.001)
+    threading.Timer(0.3, lambda: blocker.execute("ROLLBACK")).start()
+    pid = os.fork()
+    if pid == 0:  # what the child inherits: the elect's outcome, committed or not yet
+        with sqlite3.connect(path) as db:
+            won = db.execute(
+                "SELECT count(*) FROM celery_election_lease WHERE token IS NOT NULL"
+            ).fetchone()[0]
+        os._exit(0 if won == 1 else 3)
+    _, status = os.waitpid(pid, 0)
+    t.join()
+    blocker.close()
+    assert os.waitstatus_to_exitcode(status) == 0, "the fork landed inside the call"
     backend.close()

@@ -690,3 +690,45 @@ def test_only_the_settings_module_reads_election_settings() -> None:
         if f.name != "settings.py" and reads.search(f.read_text())
     ]
     assert offenders == []
+
+
+LIVENESS_TOO_SHORT = (
+    "liveness (election_liveness) must be at least 0.2s (or False to turn it off): a shorter "
+    "delta ends leadership at a GC pause; got {value!r}"
+)
+LIVENESS_VS_WINDOW = (
+    "liveness (election_liveness) must be less than the trust window ttl - safety_margin "
+    "({window:g}s), or the lease would end first: got {value!r}"
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"liveness": 0.1}, LIVENESS_TOO_SHORT.format(value=0.1)),
+        ({"liveness": 0.199}, LIVENESS_TOO_SHORT.format(value=0.199)),
+        ({"ttl": 10, "liveness": 8}, LIVENESS_VS_WINDOW.format(window=8, value=8)),
+        ({"ttl": 10, "liveness": 9}, LIVENESS_VS_WINDOW.format(window=8, value=9)),
+        (
+            {"ttl": 10, "safety_margin": 4, "liveness": 6},
+            LIVENESS_VS_WINDOW.format(window=6, value=6),
+        ),
+    ],
+    ids=["below-min", "just-below-min", "window", "over-window", "window-with-margin"],
+)
+def test_liveness_rules(kwargs: dict[str, Any], problem: str) -> None:
+    """Each liveness rule, one row each: removing a rule fails its rows."""
+    assert problems_of(**kwargs) == [problem]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "delta"),
+    [
+        ({"liveness": 0.2}, 0.2),
+        ({"ttl": 10, "liveness": 7.99}, 7.99),
+        ({"liveness": False}, None),
+        ({"ttl": 0.5}, None),  # the default would be under 0.2 s: off
+    ],
+)
+def test_liveness_at_the_edges_is_accepted(kwargs: dict[str, Any], delta: float | None) -> None:
+    assert ElectionConfig.create(**kwargs).liveness == delta
