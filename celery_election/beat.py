@@ -13,7 +13,7 @@ Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``r
   caught up once, exactly as stock Celery does after a restart.
 * **The send is fenced.** When Celery reserves a due entry, the leader claims "the run
   after the state I saw" with a compare-and-set under its term, in one statement that
-  locks the lease row (DESIGN.md, rule 6). It sends only if that claim won and it still
+  locks the lease row (docs/design.md, rule 6). It sends only if that claim won and it still
   trusts its lease; a refused claim adopts the stored state (another leader ran it).
   Every leader that saw the same state claims the same run, whatever the schedule type
   (crontab, interval, solar, clocked, custom), so a run is sent at most once, even in a

@@ -1,6 +1,6 @@
 """The worker bootstep: one Elector per worker, a shared leadership record, a leader queue.
 
-Order matters (shared/NOTES.md):
+Order matters (docs/design.md, "Celery facts"):
 
 * ``__init__`` (before any step starts, so before the pool and embedded beat fork) creates
   the shared record and writes "not leader" into it, so children inherit the mapping.

@@ -253,7 +253,7 @@ def check(
     tick_settle: float = 2.0,
     clock_error: float | None = None,
 ) -> Report:
-    """Judge a history against the invariants in DESIGN.md.
+    """Judge a history against the invariants in docs/design.md.
 
     Violations: two candidates trusted at once (beyond the measured clock error); a term
     that goes down, or one term held by two candidates; an act or a send outside a trust

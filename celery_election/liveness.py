@@ -1,6 +1,6 @@
 """The elector's liveness thread: waits on, holds and pings a backend's liveness lock.
 
-The rules (DESIGN.md, "Liveness"), with ``delta`` the session's silence bound:
+The rules (docs/design.md, "Liveness"), with ``delta`` the session's silence bound:
 
 * Whoever holds the lock pings it every ``delta / 4``. A ping that started at ``p`` and
   succeeded proves the server will not end the session before ``p + delta``, so a leader

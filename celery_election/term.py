@@ -100,6 +100,6 @@ def trusted_until(attempt_started: float, ttl: float, safety_margin: float) -> f
     The database computed the expiry as (its clock at the statement) + ttl, and the
     statement ran after ``attempt_started``, so the lease lasts at least until
     ``attempt_started + ttl`` on any clock that runs at the database clock's rate. The
-    margin absorbs rate differences between the two clocks (DESIGN.md, rule 3).
+    margin absorbs rate differences between the two clocks (docs/design.md, rule 3).
     """
     return attempt_started + ttl - safety_margin

@@ -84,7 +84,7 @@ class BeatStore(Protocol):
 
     The fence of a beat send: ``claim_run`` is a compare-and-set of one entry's run
     state under the claimer's (token, term), in one statement that also locks the lease
-    row (DESIGN.md, rule 6). Every leader that saw the same state claims the same run,
+    row (docs/design.md, rule 6). Every leader that saw the same state claims the same run,
     whatever the schedule type, so one run is sent at most once even in a split brain.
     """
 

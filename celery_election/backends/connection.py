@@ -1,6 +1,6 @@
 """Connection plumbing for the SQL backends: private engines, call deadlines, errors.
 
-Why each piece exists (DESIGN.md, "Rules found by experiment"):
+Why each piece exists (docs/design.md, "Rules found by experiment"):
 
 * ``classify``: lock timeouts, deadlocks, duplicate keys and SQLite's busy errors mean
   "lost this round" (rule 1), a missing table means ``SchemaMissingError``, connection
@@ -227,7 +227,7 @@ def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
         engine = ref()
         if engine is not None:
             # close=False: the parent still owns those sockets; closing them here would
-            # break the parent's connections (DESIGN.md, rule 12).
+            # break the parent's connections (docs/design.md, rule 12).
             engine.dispose(close=False)
 
     return after_fork

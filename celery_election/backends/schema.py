@@ -2,7 +2,7 @@
 
 Pure definitions, no I/O: ``make_metadata(prefix)`` gives the tables (also for an Alembic
 env), ``db_now_us()`` the database's clock in epoch microseconds for each dialect
-(DESIGN.md, rule 2), ``greatest`` the portable GREATEST, and ``entry_key`` the hashed key
+(docs/design.md, rule 2), ``greatest`` the portable GREATEST, and ``entry_key`` the hashed key
 of a beat entry (any name fits a MySQL primary key, rule 9).
 
 To add a dialect: teach ``db_now_us`` and ``greatest`` to compile for it, check the key

@@ -1,6 +1,6 @@
 """The lease on a SQL database, through SQLAlchemy Core: SQLite, PostgreSQL, MySQL/MariaDB.
 
-How each step stays correct (DESIGN.md, "Rules found by experiment"):
+How each step stays correct (docs/design.md, "Rules found by experiment"):
 
 * One conditional UPDATE by primary key per step, in its own short transaction, with every
   condition in its WHERE clause and the new term computed in SQL. Whoever changed the row
@@ -437,7 +437,7 @@ class SQLBackend:
                 with self._transaction() as conn:
                     if self.dialect == "postgresql":
                         # Concurrent CREATE TABLE IF NOT EXISTS races on the catalog
-                        # (DESIGN.md, rule 10): serialise installers on an advisory lock.
+                        # (docs/design.md, rule 10): serialise installers on an advisory lock.
                         if conn.execute(sa.select(sa.func.pg_is_in_recovery())).scalar():
                             # CREATE ... IF NOT EXISTS of existing tables succeeds there
                             raise BackendUnavailableError(self._read_only())

@@ -5,7 +5,7 @@ database's clock), how often, and under which term. A leader that finds an entry
 claims "the run after the state I saw" with one conditional statement that share-locks
 the lease row (``FOR SHARE`` / ``LOCK IN SHARE MODE``; SQLite's write lock serialises
 everything) and changes the entry's row only if it still holds that state and the lease
-still has the claimer's token and term, unexpired (DESIGN.md, rule 6). A plain read of
+still has the claimer's token and term, unexpired (docs/design.md, rule 6). A plain read of
 the lease followed by a write let a takeover commit in between. The first run of an entry
 is an INSERT ... SELECT from the lease row under the same conditions; a duplicate key
 means another leader recorded that run first. A claim may also set the run count and the

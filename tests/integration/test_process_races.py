@@ -201,7 +201,7 @@ def test_eight_processes_race_elect_exactly_one_per_round(sql_url: str) -> None:
 
 
 def test_processes_sharing_a_candidate_id_never_both_win(sql_url: str) -> None:
-    # The label is for people; identity is the per-instance token (DESIGN.md, rule 5).
+    # The label is for people; identity is the per-instance token (docs/design.md, rule 5).
     history, tokens = _race(sql_url, ["worker@host", "worker@host"], rounds=6)
     assert tokens[0] != tokens[1]
     for reports in history:

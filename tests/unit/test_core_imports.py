@@ -20,7 +20,7 @@ from .test_layers import MODULES
 
 CELERY_SIDE = ("celery", "kombu", "click", "billiard", "amqp", "vine")
 
-#: The modules that need Celery to load: DESIGN.md's Celery side (test_layers), less
+#: The modules that need Celery to load: docs/design.md's Celery side (test_layers), less
 #: shared_state, which is plain shared memory. Every other module is checked, so a new core
 #: module is covered the day it is added, not when someone remembers a list.
 NEEDS_CELERY = CELERY_SIDE_MODULES - {"shared_state"}

@@ -1,4 +1,4 @@
-"""The package's import graph: no cycles, and imports point down the layers of DESIGN.md.
+"""The package's import graph: no cycles, and imports point down the layers of docs/design.md.
 
 Read from the source with ``ast`` (function-level imports included: an import hidden in a
 function still makes a cycle, it only delays it), so a new cycle fails here with its path.
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
-#: Modules that may import Celery (DESIGN.md); every other module is the core.
+#: Modules that may import Celery (docs/design.md); every other module is the core.
 CELERY_SIDE = {"app", "bootstep", "shared_state", "beat", "tasks", "control", "signals", "cli"}
 #: Core modules allowed one Celery-side module, and why: the test kit writes the shared
 #: leadership record that leader tasks read, and shared_state itself imports no Celery
