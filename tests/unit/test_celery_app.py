@@ -37,27 +37,12 @@ from celery_election.shared_state import ENV_VAR, Leadership, SharedLeadership
 from celery_election.signals import leader_elected, leader_revoked
 from celery_election.tasks import LeaderRouter, LeaderTask, current_term
 
-REPO = Path(__file__).resolve().parents[2]
+from ..support.celery_cli import BEAT, REPO, one_error_line, run_celery, run_worker
+
 SQLITE = "sqlite:///"
 
 
 # -- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No record installed and no record path in the environment; restored afterwards."""
-    saved = os.environ.get(ENV_VAR)
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    shared_state.install(None)
-    try:
-        yield
-    finally:
-        shared_state.install(None)
-        if saved is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = saved
 
 
 @pytest.fixture
@@ -1279,38 +1264,6 @@ def test_metrics_tables_of_dead_workers_are_swept(tmp_path: Path, monkeypatch: A
     assert alive.exists()
 
 
-def run_worker(tmp_path: Path, conf: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``celery worker --election -P solo`` of an app configured with ``conf``."""
-    return run_celery(tmp_path, conf, "worker", "--election", "-P", "solo", *args)
-
-
-def run_celery(tmp_path: Path, conf: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``celery -A badapp <args>`` of an app configured with ``conf``."""
-    (tmp_path / "badapp.py").write_text(
-        "from celery import Celery\n"
-        "from celery_election import init_app\n"
-        "app = Celery('badapp', broker='memory://')\n"
-        f"app.conf.update({conf})\n"
-        "init_app(app)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "badapp", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-
-
-def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The run ended with exit 1 and one ``Error:`` line, its last, and no traceback."""
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr
-    # (as root, Celery's own SecurityWarning about running as root comes first)
-    lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert len(lines) == 1 and done.stderr.rstrip().endswith(lines[0]), done.stderr
-    assert lines[0].startswith("Error: celery-election: ")
-    return lines[0]
-
-
 def test_a_worker_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:
     """Not a 55-line traceback: one line, every problem, exit status 1."""
     done = run_worker(
@@ -1340,9 +1293,6 @@ def test_a_taken_metrics_port_ends_the_worker_before_it_campaigns(tmp_path: Path
     line = one_error_line(done)
     assert f"port {port}" in line and "election_metrics_port" in line
     assert not db.exists()
-
-
-BEAT = ("beat", "-S", "celery_election.beat:LeaderScheduler", "--max-interval", "1")
 
 
 def test_a_standalone_beat_with_bad_settings_ends_with_one_clear_line(tmp_path: Path) -> None:

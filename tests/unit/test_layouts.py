@@ -20,13 +20,7 @@ from celery_election import init_app
 from celery_election.errors import ConfigurationError
 from celery_election.settings import ElectionSettings
 
-from .test_celery_app import (
-    BEAT,
-    clean_env,  # noqa: F401 (a fixture)
-    one_error_line,
-    run_celery,
-    run_worker,
-)
+from ..support.celery_cli import BEAT, one_error_line, run_celery, run_worker
 
 PG = "postgresql+psycopg://app:s3cret@db.internal/app"
 
