@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -451,6 +452,21 @@ class World:
         self.by_beat[index] = s
         return s
 
+    def wait_for_a_leader(self, timeout: float = 15.0) -> None:
+        """Hold the fake clock while no live beat leads.
+
+        The election runs on real time (ttl 2 s) beside the fake clock: on a loaded machine
+        a renewal can miss its deadline and leadership lapse for a moment, and a scenario
+        that went on ticking then would miss runs that no leader was there to send (seen
+        once in a clean-clone run). The scenarios mean one leader at every fake instant.
+        """
+        deadline = time.monotonic() + timeout
+        while not any(
+            s._election is not None and s._election.leadership() is not None for s in self.live
+        ):
+            assert time.monotonic() < deadline, "no beat leads"
+            time.sleep(0.01)
+
     def end(self, index: int, how: str) -> None:
         s = self.by_beat[index]
         if how == "close" or (how == "demote" and not self.leader):
@@ -541,6 +557,8 @@ def _loop(sc: Scenario, world: World, frozen: Any, counts: list[int]) -> None:
             if when <= t and when not in done_actions:
                 done_actions.add(when)
                 sc.actions[when](sc.start)
+        if world.leader:
+            world.wait_for_a_leader()
         # the newest beat first: a demoted beat that syncs after the new leader's sync
         # in the same instant is the worst case for the rows
         for s in reversed(world.live):
