@@ -54,6 +54,7 @@ import sqlalchemy as sa
 from harness.processes import Proc, stop_all
 
 from ..conftest import server_url, unique_prefix
+from ..support.django_settings import configure
 from .cluster import ROOT, tail_logs, wait_until
 
 pytestmark = [pytest.mark.tier2, pytest.mark.timeout(600)]
@@ -89,25 +90,7 @@ def _django_db(url: str, name: str) -> dict[str, Any]:
 
 def _setup_django(db: dict[str, Any], tmp: Path) -> None:
     """Django here, with the beats' database under the alias ``djadmin``."""
-    import django
-    from django.conf import settings
-
-    configured_here = not settings.configured
-    if configured_here:
-        settings.configure(
-            SECRET_KEY="test-only",
-            USE_TZ=True,
-            TIME_ZONE="UTC",
-            INSTALLED_APPS=["django_celery_beat"],
-            DATABASES={
-                "default": {
-                    "ENGINE": "django.db.backends.sqlite3",
-                    "NAME": str(tmp / "default.db"),
-                }
-            },
-            DEFAULT_AUTO_FIELD="django.db.models.AutoField",
-        )
-    django.setup()
+    configured_here = configure(str(tmp / "default.db"))
     from django.core.management import call_command
     from django.db import connections
 

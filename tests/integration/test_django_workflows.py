@@ -47,6 +47,7 @@ from celery.schedules import crontab  # noqa: E402
 from celery_election.beat import LeaderScheduler, LeaderSchedulerMixin  # noqa: E402
 
 from ..conftest import expire, unique_prefix, url_for  # noqa: E402
+from ..support.django_settings import configure  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -54,23 +55,7 @@ _DJANGO_DIR = tempfile.mkdtemp(prefix="celery-election-django-")
 
 
 def _setup_django() -> None:
-    from django.conf import settings
-
-    if not settings.configured:
-        settings.configure(
-            SECRET_KEY="test-only",
-            USE_TZ=True,
-            TIME_ZONE="UTC",
-            INSTALLED_APPS=["django_celery_beat"],
-            DATABASES={
-                "default": {
-                    "ENGINE": "django.db.backends.sqlite3",
-                    "NAME": os.path.join(_DJANGO_DIR, "django.db"),
-                }
-            },
-            DEFAULT_AUTO_FIELD="django.db.models.AutoField",
-        )
-    django.setup()
+    configure(os.path.join(_DJANGO_DIR, "django.db"))
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
