@@ -63,17 +63,22 @@ class Recorder:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._pid = os.getpid()
         self._max_err = 0.0
+        # close() and the follower thread's last lines race: a write to a closed (or,
+        # worse, reused) descriptor must not happen
+        self._lock = threading.Lock()
 
     def record(self, record_kind: str, /, mono: float | None = None, **fields: Any) -> None:
         """One line: kind, wall and boot-time clock, pid, role, then ``fields``."""
-        if os.getpid() != self._pid:  # a forked child appends through its own descriptor
+        if os.getpid() != self._pid and self._fd >= 0:  # a forked child: its own descriptor
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._pid = os.getpid()
         now = self.monotonic()
         line = {"k": record_kind, "mono": now if mono is None else mono, "wall": time.time()}
         line.update(pid=self._pid, role=self.role, **fields)
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
-        os.write(self._fd, data)  # O_APPEND: one write is one whole line
+        with self._lock:
+            if self._fd >= 0:
+                os.write(self._fd, data)  # O_APPEND: one write is one whole line
 
     def attach(self, elector: Elector) -> Recorder:
         """Record every change of ``elector``'s trust window and every transition."""
@@ -111,7 +116,11 @@ class Recorder:
         self.record("act", mono=mono, ns=ns, term=term, what=what, **fields)
 
     def close(self) -> None:
-        os.close(self._fd)
+        """Stop writing (idempotent); lines that arrive later are dropped."""
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ keeps) one invariant, so a checker that stopped looking would fail here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,20 @@ def test_findings_are_counted_against_the_fault_whose_window_they_fall_in() -> N
         "stall": {"overlap_s": 1.0, "lost_ticks": 1},  # due at 13: b led throughout
         "kill": {"duplicate_ticks": 1},
     }
+
+
+def test_a_line_recorded_after_close_is_dropped_not_written_elsewhere(tmp_path: Path) -> None:
+    """The follower thread's last transition can arrive after close(): a write to the
+    closed descriptor raised (EBADF), and had the number been reused, it would have gone
+    into another file."""
+    rec = Recorder(tmp_path / "h.jsonl", role="t")
+    rec.record("act", ns="n", term=1)
+    rec.close()
+    other = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT)  # may reuse the number
+    try:
+        rec.record("act", ns="n", term=2)
+        rec.close()  # idempotent
+    finally:
+        os.close(other)
+    assert (tmp_path / "other").read_bytes() == b""
+    assert [r["term"] for r in load([tmp_path / "h.jsonl"])] == [1]
