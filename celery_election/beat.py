@@ -62,6 +62,7 @@ from . import metrics, shared_state
 from .backends import auto_install, backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
 from .clock import boottime
+from .config import without_celery_prefix
 from .elector import Elector
 from .errors import ConfigurationError, ElectionError, cannot_start
 from .history import Recorder
@@ -708,9 +709,7 @@ def _has_row(entry: Any) -> bool:
 
 def backend_description(url: str) -> str:
     """A database URL (``db+``/``sqla+`` prefixes dropped) with its password hidden."""
-    for prefix in ("db+", "sqla+"):
-        url = url.removeprefix(prefix)
-    return hide_password(url)
+    return hide_password(without_celery_prefix(url))
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):

@@ -25,6 +25,7 @@ __all__ = [
     "Seconds",
     "validate_candidate_id",
     "validate_namespace",
+    "without_celery_prefix",
 ]
 
 Seconds = float | int | timedelta
@@ -264,3 +265,10 @@ def validate_namespace(namespace: object) -> str:
 def validate_candidate_id(candidate_id: object) -> str:
     """Return the candidate id, or raise ConfigurationError saying what is wrong with it."""
     return _check_key("candidate_id", candidate_id, MAX_CANDIDATE_ID_LENGTH)
+
+
+def without_celery_prefix(url: str) -> str:
+    """``url`` without Celery's ``db+`` (result backend) or ``sqla+`` (kombu) prefix."""
+    for prefix in ("db+", "sqla+"):
+        url = url.removeprefix(prefix)
+    return url

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
-from .config import ElectionConfig, validate_namespace
+from .config import ElectionConfig, validate_namespace, without_celery_prefix
 from .errors import ConfigurationError
 
 __all__ = [
@@ -150,10 +150,7 @@ def leader_queue_name(namespace: str) -> str:
 
 def is_postgres(url: str) -> bool:
     """Whether ``url`` (Celery prefixes allowed) names PostgreSQL: the only LISTEN backend."""
-    scheme = url.split(":", 1)[0]
-    for prefix in ("db+", "sqla+"):
-        scheme = scheme.removeprefix(prefix)
-    return scheme.startswith("postgres")
+    return without_celery_prefix(url).startswith("postgres")
 
 
 def default_election_url(app_or_conf: Any) -> tuple[str, str]:
@@ -395,7 +392,7 @@ def _shared_across_hosts(url: str) -> bool:
     """Whether a broker or result backend URL names a server that other hosts can use."""
     if "://" not in url:
         return False
-    scheme = url.split("://", 1)[0].lower().removeprefix("sqla+").removeprefix("db+")
+    scheme = without_celery_prefix(url).split("://", 1)[0].lower()
     if scheme in _LOCAL_SCHEMES or scheme.startswith("sqlite"):
         return False
     try:

@@ -6,6 +6,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..config import without_celery_prefix
 from ..errors import ConfigurationError, ElectionError
 from .base import Backend
 from .memory import MemoryBackend
@@ -61,10 +62,7 @@ def backend_from_url(url: str, **options: Any) -> Backend:
         raise ConfigurationError(
             f"election_url must be a database URL like {_SCHEMES}: got {url!r}"
         )
-    for prefix in ("db+", "sqla+"):
-        if url.startswith(prefix):
-            url = url[len(prefix) :]
-    scheme, rest = url.split("://", 1)
+    scheme, rest = without_celery_prefix(url).split("://", 1)
     scheme = scheme.lower()
     if scheme == "memory":
         # In-process only: table and connection options have no meaning there.

@@ -43,7 +43,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.orm import Session
 
-from ..config import validate_candidate_id, validate_namespace
+from ..config import validate_candidate_id, validate_namespace, without_celery_prefix
 from ..errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
 from .base import Wakeup, WakeupHandle
@@ -83,10 +83,8 @@ Caller = Connection | Session
 def _same_driver(url: str | URL, like: URL) -> URL:
     """``url`` (Celery prefixes allowed) with ``like``'s driver: psycopg, PyMySQL."""
     text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
-    for prefix in ("db+", "sqla+"):
-        text = text.removeprefix(prefix)
     try:
-        parsed = make_url(text)
+        parsed = make_url(without_celery_prefix(text))
     except Exception as exc:
         raise ConfigurationError(f"election_direct_url is not a database URL: {exc}") from exc
     if parsed.get_backend_name() != like.get_backend_name():
