@@ -173,21 +173,25 @@ class _Listener:
         delay = 0.1
         failures = 0
         while not self._stop.is_set():
+            pooled = False
             try:
                 with self.connect() as conn:
                     conn.autocommit = True
                     self._conn = conn
                     self.connects += 1
                     failures = 0
-                    if not self._pinned(conn):
-                        self._stop.wait(PROBE_EVERY)  # look again later; followers poll
-                        continue
-                    conn.execute(
-                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
-                    )
-                    self.statements += 1
-                    delay = 0.1
-                    self._serve(conn)
+                    # through a transaction pooler: closed now, looked at again after
+                    # PROBE_EVERY (below), while followers poll
+                    pooled = not self._pinned(conn)
+                    if not pooled:
+                        conn.execute(
+                            psycopg.sql.SQL("LISTEN {}").format(
+                                psycopg.sql.Identifier(self.channel)
+                            )
+                        )
+                        self.statements += 1
+                        delay = 0.1
+                        self._serve(conn)
             except Exception as exc:
                 if self._stop.is_set():
                     break
@@ -208,6 +212,8 @@ class _Listener:
                 delay = min(delay * 2, 5.0)
             finally:
                 self._conn = None
+            if pooled:
+                self._stop.wait(PROBE_EVERY)
         self.healthy = False
 
     def _pinned(self, conn: Any) -> bool:

@@ -116,6 +116,8 @@ def test_through_a_transaction_pooler_the_lease_alone_decides_and_says_so(
     assert not any(e.liveness in ("holding", "waiting") for e in group)
     backend = group[0].backend
     assert isinstance(backend, PostgresBackend) and not backend.listener_healthy
+    # the LISTEN thread looks again only after PROBE_EVERY: no reconnect loop meanwhile
+    assert backend._listener.connects == 1
     messages = [r.getMessage() for r in caplog.records]
     assert any("liveness is off" in m and "election_direct_url" in m for m in messages)
     assert any("LISTEN is off" in m and "election_direct_url" in m for m in messages)
