@@ -17,7 +17,16 @@ from ..term import CandidateInfo, ElectResult, Lease
 if TYPE_CHECKING:
     from .liveness import LivenessSession
 
-__all__ = ["WAKEUP_KINDS", "Backend", "BeatStore", "RunClaim", "RunState", "Wakeup", "WakeupHandle"]
+__all__ = [
+    "WAKEUP_KINDS",
+    "Backend",
+    "BeatStore",
+    "RunClaim",
+    "RunState",
+    "Wakeup",
+    "WakeupHandle",
+    "next_run_count",
+]
 
 #: What a wakeup can report. "elected", "renewed" and "resigned" come from the row change
 #: that sent them; "lost" and "reconnected" from the listener itself (events may have been
@@ -64,6 +73,13 @@ class RunState:
     total_run_count: int
     term: int
     identity: str | None = None
+
+
+def next_run_count(expected: RunState | None, total_run_count: int | None) -> int:
+    """The run count a won claim stores: the one given, else ``expected``'s + 1 (or 1)."""
+    if total_run_count is not None:
+        return total_run_count
+    return 1 if expected is None else expected.total_run_count + 1
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..term import CandidateInfo, ElectResult, Lease
-from .base import RunClaim, RunState, Wakeup, WakeupHandle
+from .base import RunClaim, RunState, Wakeup, WakeupHandle, next_run_count
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -422,7 +422,7 @@ class MemoryBeatStore:
             stored = b._runs.get((namespace, entry_name))
             if not leading or _run_key(stored) != _run_key(expected):
                 return RunClaim(False, stored, leading)
-            count = _next_count(expected, total_run_count)
+            count = next_run_count(expected, total_run_count)
             state = RunState(last_run_us, count, term, identity)
             b._runs[(namespace, entry_name)] = state
             return RunClaim(True, state, True)
@@ -520,13 +520,6 @@ class MemorySession:
     def close(self) -> None:
         self.interrupt()
         self.release()
-
-
-def _next_count(expected: RunState | None, total_run_count: int | None) -> int:
-    """The run count a won claim stores (the SQL store's rule)."""
-    if total_run_count is not None:
-        return total_run_count
-    return 1 if expected is None else expected.total_run_count + 1
 
 
 def _run_key(state: RunState | None) -> tuple[int, int] | None:

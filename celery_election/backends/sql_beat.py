@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from .base import RunClaim, RunState
+from .base import RunClaim, RunState, next_run_count
 from .schema import db_now_us, entry_key, key_type
 
 if TYPE_CHECKING:
@@ -70,8 +70,7 @@ class SQLBeatStore:
     ) -> RunClaim:
         """Record the run after ``expected`` for the leader (token, term); see the module."""
         insert, update, read = self._statements
-        if total_run_count is None:
-            total_run_count = 1 if expected is None else expected.total_run_count + 1
+        total_run_count = next_run_count(expected, total_run_count)
         params: dict[str, Any] = {
             "p_ns": namespace,
             "p_key": entry_key(entry_name),
