@@ -33,6 +33,7 @@ def init_app(app: Celery) -> Celery:
         return app
     from . import control  # noqa: F401  (registers the remote control commands)
     from .bootstep import ElectionStep
+    from .schedule import report_runs
 
     app.user_options["worker"].add(
         click.Option(
@@ -74,6 +75,7 @@ def init_app(app: Celery) -> Celery:
     )
     app.steps["worker"].add(ElectionStep)
     _route_leader_tasks(app)
+    report_runs(app)
     app._celery_election_initialized = True
     return app
 

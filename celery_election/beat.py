@@ -61,6 +61,7 @@ from celery.beat import PersistentScheduler
 from . import metrics, shared_state
 from .backends import auto_install, backend_from_url
 from .backends.base import Backend, BeatStore, RunClaim, RunState
+from .beat_ops import OperableScheduleMixin
 from .clock import boottime
 from .config import without_celery_prefix
 from .elector import Elector
@@ -411,7 +412,7 @@ class LeaderSchedulerMixin:
         As PersistentScheduler drops them from its shelve: a name reused later starts
         fresh instead of inheriting the old entry's last run.
         """
-        names = set(self.schedule)
+        names = self._live_names()
         for name, state in list(self._runs.items()):
             if name in names or state.identity == _RETIRED:
                 continue
@@ -419,6 +420,10 @@ class LeaderSchedulerMixin:
             claim = self._claim(lead, name, state, at, count, _RETIRED)
             if claim.state is not None:
                 self._runs[name] = claim.state
+
+    def _live_names(self) -> set[str]:
+        """The entries that exist (sent now or not): the others' run state is retired."""
+        return set(self.schedule)
 
     # -- writing the rows (django-celery-beat) ----------------------------------------------
 
@@ -572,6 +577,7 @@ class LeaderSchedulerMixin:
             self.adopt_run_state(new_entry, *was)
             return new_entry
         expected = self._runs.get(name)
+        new_entry.last_run_at = self._next_run_at(entry, new_entry)
         at = self._to_db(new_entry.last_run_at or new_entry.default_now())
         count = int(new_entry.total_run_count or 0)
         identity = self.run_state_identity(new_entry)
@@ -601,6 +607,17 @@ class LeaderSchedulerMixin:
                 return new_entry
         self.adopt_run_state(new_entry, *was)
         return new_entry
+
+    def _next_run_at(self, entry: Any, new_entry: Any) -> Any:
+        """The last_run_at a reserved run stores: Celery's (now), unless a policy says."""
+        return new_entry.last_run_at
+
+    def _send_headers(self, entry: Any) -> dict[str, Any]:
+        """Headers added to a fenced send beside the term and the run (none here)."""
+        return {}
+
+    def _sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
+        """A run was published (``run``: its key; None for an unreserved send)."""
 
     @property
     def _namespace(self) -> str:
@@ -667,6 +684,7 @@ class LeaderSchedulerMixin:
             log.warning("beat election: %s: this process does not lead now; not sent", entry.name)
             return None
         headers = dict(entry.options.get("headers") or {})
+        headers.update(self._send_headers(entry))
         headers["election_term"] = lead[0]
         if fence is not None:
             # The task can see which run it is (self.request.election_run), e.g. to
@@ -682,6 +700,7 @@ class LeaderSchedulerMixin:
             raise
         else:
             metrics.count(sent)
+            self._sent(entry, result, lead[0], None if fence is None else fence.run)
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
@@ -712,12 +731,14 @@ def backend_description(url: str) -> str:
     return hide_password(without_celery_prefix(url))
 
 
-class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
+class LeaderScheduler(OperableScheduleMixin, LeaderSchedulerMixin, PersistentScheduler):
     """PersistentScheduler that sends only on the elected beat, each run at most once.
 
     The local shelve still caches the schedule as in stock beat; the run state that
     decides is the shared one in the election database. Changes of ``beat_schedule``
     between deploys behave as with a restarted PersistentScheduler (``follow_deploys``).
+    Entries added, paused, run or given policies at runtime (``celery_election.schedule``)
+    are served beside it (``beat_ops``).
     """
 
     follow_deploys = True

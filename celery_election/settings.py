@@ -120,6 +120,11 @@ SETTINGS: tuple[Setting, ...] = (
         "`celery_election.history` checks them)",
     ),
     Setting(
+        "election_schedule_retention",
+        "`30` (days)",
+        "keep the schedule's run history this long (`election schedule history`)",
+    ),
+    Setting(
         "election_metrics_port",
         "-",
         "serve /metrics, /healthz and /readyz on this port (worker main process, "
@@ -197,6 +202,8 @@ class ElectionSettings:
     history_file: str | None = None
     #: Serve /metrics, /healthz and /readyz here (celery_election.metrics), or None.
     metrics_port: int | None = None
+    #: Days of run history the leading beat keeps (celery_election.schedule).
+    schedule_retention: float = 30.0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None
     #: Session state (liveness lock, LISTEN) goes here when ``url`` leads to a pooler.
@@ -324,6 +331,16 @@ class ElectionSettings:
                 metrics_port = None
             else:
                 check(_require_metrics_client, None, None)
+        retention = values.get("election_schedule_retention")
+        if retention is None:
+            retention = 30.0
+        elif (
+            isinstance(retention, bool) or not isinstance(retention, (int, float)) or retention <= 0
+        ):
+            problems.append(
+                f"election_schedule_retention must be a number of days > 0: got {retention!r}"
+            )
+            retention = 30.0
         if problems:  # every problem at once
             raise ConfigurationError(problems)
         return cls(
@@ -340,6 +357,7 @@ class ElectionSettings:
             beat_namespace=beat_namespace,
             history_file=history_file,
             metrics_port=metrics_port,
+            schedule_retention=float(retention),
             split=split,
             direct_url=direct_url,
         )

@@ -150,7 +150,77 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("identity", sa.String(200), nullable=True),
         **mysql_opts,
     )
+    _schedule_tables(metadata, table_prefix, mysql_opts)
     return metadata
+
+
+def _schedule_tables(metadata: sa.MetaData, prefix: str, mysql_opts: dict[str, Any]) -> None:
+    """The operable schedule (backends/sql_schedule.py): entries, their changes, runs, audit."""
+    # One row per entry changed at runtime: a dynamic entry (task set), or an operator's
+    # overlay on a static ``beat_schedule`` entry (task NULL: paused, run now, policies).
+    sa.Table(
+        f"{prefix}schedule_entry",
+        metadata,
+        sa.Column("namespace", key_type(190), primary_key=True),
+        sa.Column("entry_key", key_type(40), primary_key=True),  # sha1 of the name
+        sa.Column("name", sa.String(500), nullable=False),
+        sa.Column("task", sa.String(255), nullable=True),
+        sa.Column("spec", sa.Text, nullable=False),  # JSON: schedule, args, options, policies
+        sa.Column("enabled", sa.Boolean, nullable=False),
+        sa.Column("paused_at", sa.BigInteger, nullable=True),  # database clock, epoch us
+        sa.Column("skip_before", sa.BigInteger, nullable=True),  # resumed skipping until
+        sa.Column("run_now_at", sa.BigInteger, nullable=True),  # a pending "run now"
+        sa.Column("deleted", sa.Boolean, nullable=False),
+        sa.Column("version", sa.BigInteger, nullable=False),  # the change that wrote it
+        sa.Column("created_at", sa.BigInteger, nullable=False),
+        sa.Column("updated_at", sa.BigInteger, nullable=False),
+        sa.Column("updated_by", sa.String(255), nullable=False),
+        sa.Index(f"{prefix}schedule_entry_version", "namespace", "version"),
+        **mysql_opts,
+    )
+    # The namespace's change counter: writers take its row lock, so versions commit in order.
+    sa.Table(
+        f"{prefix}schedule_rev",
+        metadata,
+        sa.Column("namespace", key_type(190), primary_key=True),
+        sa.Column("version", sa.BigInteger, nullable=False),
+        **mysql_opts,
+    )
+    serial = sa.BigInteger().with_variant(sa.Integer, "sqlite")  # SQLite: INTEGER PRIMARY KEY
+    sa.Table(
+        f"{prefix}schedule_run",
+        metadata,
+        sa.Column("id", serial, primary_key=True, autoincrement=True),
+        sa.Column("namespace", key_type(190), nullable=False),
+        sa.Column("entry_key", key_type(40), nullable=False),
+        sa.Column("kind", sa.String(16), nullable=False),  # run / run_now / missed / skipped
+        sa.Column("run_key", sa.BigInteger, nullable=False),  # the run state it follows
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("due_at", sa.BigInteger, nullable=True),
+        sa.Column("sent_at", sa.BigInteger, nullable=False),
+        sa.Column("task_id", sa.String(64), nullable=True),
+        sa.Column("count", sa.Integer, nullable=False),  # runs a missed/skipped row stands for
+        sa.Column("finished_at", sa.BigInteger, nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("duration_us", sa.BigInteger, nullable=True),
+        sa.Index(f"{prefix}schedule_run_entry", "namespace", "entry_key", "id"),
+        sa.Index(f"{prefix}schedule_run_task", "task_id"),
+        sa.Index(f"{prefix}schedule_run_sent", "namespace", "sent_at"),
+        **mysql_opts,
+    )
+    sa.Table(
+        f"{prefix}schedule_audit",
+        metadata,
+        sa.Column("id", serial, primary_key=True, autoincrement=True),
+        sa.Column("namespace", key_type(190), nullable=False),
+        sa.Column("name", sa.String(500), nullable=False),
+        sa.Column("action", sa.String(16), nullable=False),
+        sa.Column("actor", sa.String(255), nullable=False),
+        sa.Column("at", sa.BigInteger, nullable=False),
+        sa.Column("detail", sa.Text, nullable=False),
+        sa.Index(f"{prefix}schedule_audit_at", "namespace", "id"),
+        **mysql_opts,
+    )
 
 
 def entry_key(name: str) -> str:

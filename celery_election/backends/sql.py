@@ -67,6 +67,7 @@ from .schema import (
     validate_table_prefix,
 )
 from .sql_beat import SQLBeatStore
+from .sql_schedule import SQLScheduleStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "SQLBackend", "db_now_us", "make_metadata"]
 
@@ -845,6 +846,29 @@ class SQLBackend:
     def beat(self) -> SQLBeatStore:
         """The beat entries' shared run state (the fence of every beat send)."""
         return SQLBeatStore(self)
+
+    @functools.cached_property
+    def schedule(self) -> SQLScheduleStore:
+        """The operable schedule: entries changed at runtime, run now, history, audit."""
+        return SQLScheduleStore(self)
+
+    def _in_transaction(self, work: Callable[[Connection], T], *, table: sa.Table) -> T:
+        """``work`` in one real transaction (an operator's change: several statements)."""
+        for attempt in range(5):
+            try:
+                with (
+                    self._fork_guard,
+                    self._errors(table, write=True),
+                    self._transaction() as conn,
+                ):
+                    return work(conn)
+            except LostRound:  # a deadlock or serialisation failure: nothing was written
+                if attempt == 4:
+                    raise BackendUnavailableError(
+                        f"election database {self.description} kept refusing the change "
+                        f"(lock contention); try again"
+                    ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

@@ -1,0 +1,412 @@
+"""The operable schedule on SQL: entries changed at runtime, operator actions, run history.
+
+Four tables (backends/schema.py): ``schedule_entry`` holds one row per entry changed at
+runtime (a dynamic entry, or an operator's overlay on a static ``beat_schedule`` entry);
+``schedule_rev`` one change counter per namespace; ``schedule_run`` the run history;
+``schedule_audit`` who changed what, when.
+
+* **Changes reach the leader by version.** Every change takes the namespace's counter row
+  lock, increments it and stamps the entry with the new version, in one transaction. The
+  lock orders the commits, so a leader that has seen version N and reads ``version > N``
+  never misses a change: one indexed statement per look, 0 rows when nothing changed.
+* **Operator writes never race the leader's consumption.** A write reads the row ``FOR
+  UPDATE`` and the leader consumes a "run now" with a conditional UPDATE on the same row,
+  so a click is sent once even if an edit lands at the same moment.
+* **"Run now" is fenced like a run.** A request sets ``run_now_at`` only if none is
+  pending (two clicks: one run); the leader clears it with a compare-and-set that also
+  requires the lease to hold its (token, term), unexpired (docs/design.md, rule 6), and
+  sends only if that won: a stale leader cannot send it, two leaders cannot both.
+
+Everything here is plain data (the spec is JSON); what a spec means is the Celery side's
+(``celery_election/schedule.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from ..errors import ConfigurationError
+from .schema import db_now_us, entry_key, key_type
+
+if TYPE_CHECKING:
+    from .sql import SQLBackend
+
+__all__ = ["AuditRecord", "EntryRow", "RunRecord", "SQLScheduleStore"]
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    """One stored entry (times: database clock, epoch microseconds)."""
+
+    name: str
+    task: str | None  # None: an operator's overlay on a static beat_schedule entry
+    spec: dict[str, Any] = field(hash=False, compare=True)
+    enabled: bool = True
+    paused_at: int | None = None
+    skip_before: int | None = None
+    run_now_at: int | None = None
+    deleted: bool = False
+    version: int = 0
+    created_at: int = 0
+    updated_at: int = 0
+    updated_by: str = ""
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of an entry's run history."""
+
+    id: int
+    entry_key: str
+    kind: str  # run / run_now / missed (catch-up policy) / skipped (overlap policy)
+    run_key: int
+    term: int
+    due_at: int | None
+    sent_at: int
+    task_id: str | None
+    count: int
+    finished_at: int | None
+    outcome: str | None
+    duration_us: int | None
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """Who changed which entry, how and when."""
+
+    id: int
+    name: str
+    action: str
+    actor: str
+    at: int
+    detail: dict[str, Any]
+
+
+T = TypeVar("T")
+
+#: What a change function returns: the columns to write (None: delete nothing, write
+#: nothing) and the audit detail.
+Change = Callable[[EntryRow | None, int], tuple[dict[str, Any] | None, dict[str, Any]]]
+
+
+class SQLScheduleStore:
+    """The schedule tables of a :class:`SQLBackend` (see the module)."""
+
+    def __init__(self, backend: SQLBackend) -> None:
+        self.backend = backend
+        prefix = backend.table_prefix
+        tables = backend.metadata.tables
+        self.entry = tables[f"{prefix}schedule_entry"]
+        self.rev = tables[f"{prefix}schedule_rev"]
+        self.run = tables[f"{prefix}schedule_run"]
+        self.audit_table = tables[f"{prefix}schedule_audit"]
+
+    def _read(self, work: Callable[[Connection], T], table: sa.Table) -> T:
+        return self.backend._run(work, table=table, write=False, timeout=None, connection=None)
+
+    def _do(self, work: Callable[[Connection], T], table: sa.Table) -> T:
+        return self.backend._run(work, table=table, write=True, timeout=None, connection=None)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def changes(self, namespace: str, since: int) -> list[EntryRow]:
+        """Rows written after version ``since`` (deleted ones included), oldest first."""
+        t = self.entry
+        stmt = (
+            sa.select(t)
+            .where(t.c.namespace == namespace, t.c.version > since)
+            .order_by(t.c.version)
+        )
+        return self._read(lambda conn: [_entry(r) for r in conn.execute(stmt)], t)
+
+    def entries(self, namespace: str) -> list[EntryRow]:
+        """Every live (not deleted) row of ``namespace``, by name."""
+        rows = [r for r in self.changes(namespace, -1) if not r.deleted]
+        return sorted(rows, key=lambda r: r.name)
+
+    def get(self, namespace: str, name: str) -> EntryRow | None:
+        t = self.entry
+        stmt = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == entry_key(name))
+        row = self._read(lambda conn: conn.execute(stmt).first(), t)
+        return None if row is None else _entry(row)
+
+    def db_now(self) -> int:
+        """The database's clock (epoch microseconds)."""
+        return int(
+            self._read(lambda conn: conn.execute(sa.select(db_now_us())).scalar_one(), self.entry)
+        )
+
+    # -- operator writes --------------------------------------------------------------------
+
+    def change(self, namespace: str, name: str, action: str, actor: str, work: Change) -> EntryRow:
+        """Apply one operator change to entry ``name`` in one transaction; the new row.
+
+        ``work(current, now)`` gets the row as stored (locked) and the database's clock and
+        returns the columns to write and the audit detail; it raises to refuse the change.
+        """
+        backend, t = self.backend, self.entry
+        key = entry_key(name)
+
+        def run(conn: Connection) -> EntryRow:
+            version = self._bump(conn, namespace)
+            now = int(conn.execute(sa.select(db_now_us())).scalar_one())
+            locked = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == key)
+            if backend.dialect != "sqlite":
+                locked = locked.with_for_update()
+            found = conn.execute(locked).first()
+            current = None if found is None else _entry(found)
+            if current is not None and current.deleted:
+                current = None
+            values, detail = work(current, now)
+            if values is None:
+                raise ConfigurationError(f"nothing to change for {name!r}")
+            values = {**values, "version": version, "updated_at": now, "updated_by": actor[:255]}
+            if found is None:
+                insert = {
+                    "namespace": namespace,
+                    "entry_key": key,
+                    "name": name[:500],
+                    "task": None,
+                    "spec": "{}",
+                    "enabled": True,
+                    "deleted": False,
+                    "created_at": now,
+                    **values,
+                }
+                conn.execute(sa.insert(t).values(**insert))
+            else:
+                if current is None:  # re-created after a delete: a fresh row
+                    values = {
+                        "paused_at": None,
+                        "skip_before": None,
+                        "run_now_at": None,
+                        "created_at": now,
+                        **values,
+                    }
+                where = sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
+                conn.execute(sa.update(t).where(where).values(**values))
+            conn.execute(
+                sa.insert(self.audit_table).values(
+                    namespace=namespace,
+                    name=name[:500],
+                    action=action,
+                    actor=actor[:255],
+                    at=now,
+                    detail=json.dumps(detail, default=str, sort_keys=True),
+                )
+            )
+            row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
+            return _entry(row)
+
+        return backend._in_transaction(run, table=t)
+
+    def _bump(self, conn: Connection, namespace: str) -> int:
+        """The namespace's next version; holds its counter row's lock until commit."""
+        rev = self.rev
+        conn.execute(self._insert_ignore(rev, {"namespace": namespace, "version": 0}))
+        conn.execute(
+            sa.update(rev).where(rev.c.namespace == namespace).values(version=rev.c.version + 1)
+        )
+        return int(
+            conn.execute(sa.select(rev.c.version).where(rev.c.namespace == namespace)).scalar_one()
+        )
+
+    def _insert_ignore(self, table: sa.Table, values: dict[str, Any]) -> sa.Insert:
+        dialect = self.backend.dialect
+        if dialect == "postgresql":
+            return postgresql.insert(table).values(**values).on_conflict_do_nothing()
+        if dialect == "sqlite":
+            return sqlite.insert(table).values(**values).on_conflict_do_nothing()
+        return sa.insert(table).values(**values).prefix_with("IGNORE")
+
+    # -- the leader -------------------------------------------------------------------------
+
+    def claim_run_now(
+        self, namespace: str, lease: tuple[str, str, int], name: str, requested_at: int
+    ) -> bool:
+        """Consume the pending "run now" seen at ``requested_at``; True: send it (once).
+
+        ``lease`` is the leader's (namespace, token, term) in the election it leads.
+        """
+        lease_ns, token, term = lease
+        params = {
+            "p_ns": namespace,
+            "p_lease_ns": lease_ns,
+            "p_key": entry_key(name),
+            "p_seen": requested_at,
+            "p_token": token,
+            "p_term": term,
+        }
+        return bool(
+            self.backend._write(
+                lambda conn: conn.execute(self._claim_statement, params).rowcount == 1,
+                table=self.entry,
+                lost=False,
+                timeout=None,
+            )
+        )
+
+    @functools.cached_property
+    def _claim_statement(self) -> sa.Executable:
+        t, lease = self.entry, self.backend.lease
+        ns = sa.bindparam("p_ns", type_=key_type(190))
+        term = sa.bindparam("p_term", type_=sa.BigInteger)
+        lease_term = (
+            sa.select(lease.c.term)
+            .where(
+                lease.c.namespace == sa.bindparam("p_lease_ns", type_=key_type(190)),
+                lease.c.token == sa.bindparam("p_token", type_=sa.String()),
+                lease.c.term == term,
+                lease.c.expires_at > db_now_us(),
+            )
+            .with_for_update(read=True)
+        )
+        return (
+            sa.update(t)
+            .where(
+                t.c.namespace == ns,
+                t.c.entry_key == sa.bindparam("p_key", type_=key_type(40)),
+                t.c.run_now_at == sa.bindparam("p_seen", type_=sa.BigInteger),
+                lease_term.scalar_subquery() == term,
+            )
+            .values(run_now_at=None)
+        )
+
+    def record(
+        self,
+        namespace: str,
+        name: str,
+        kind: str,
+        *,
+        run_key: int,
+        term: int,
+        due_at: int | None = None,
+        task_id: str | None = None,
+        count: int = 1,
+    ) -> None:
+        """Add a history row (sent_at: the database's clock)."""
+        stmt = sa.insert(self.run).values(
+            namespace=namespace,
+            entry_key=entry_key(name),
+            kind=kind,
+            run_key=run_key,
+            term=term,
+            due_at=due_at,
+            sent_at=db_now_us(),
+            task_id=task_id,
+            count=count,
+        )
+        self._do(lambda conn: conn.execute(stmt), self.run)
+
+    def finish(self, task_id: str, outcome: str, duration_us: int | None) -> bool:
+        """A worker's word that a run finished (one UPDATE by task id); True if it was ours."""
+        r = self.run
+        stmt = (
+            sa.update(r)
+            .where(r.c.task_id == task_id, r.c.finished_at.is_(None))
+            .values(finished_at=db_now_us(), outcome=outcome[:16], duration_us=duration_us)
+        )
+        return bool(self._do(lambda conn: conn.execute(stmt).rowcount, r))
+
+    def last_sent(self, namespace: str, name: str) -> RunRecord | None:
+        """The entry's latest sent run (for the overlap policy)."""
+        r = self.run
+        stmt = (
+            sa.select(r)
+            .where(
+                r.c.namespace == namespace,
+                r.c.entry_key == entry_key(name),
+                r.c.kind.in_(("run", "run_now")),
+            )
+            .order_by(r.c.id.desc())
+            .limit(1)
+        )
+        row = self._read(lambda conn: conn.execute(stmt).first(), r)
+        return None if row is None else _record(row)
+
+    def history(
+        self, namespace: str, name: str, *, limit: int = 20, before: int | None = None
+    ) -> list[RunRecord]:
+        """The entry's runs, newest first (``before``: an id, for the next page)."""
+        r = self.run
+        stmt = sa.select(r).where(r.c.namespace == namespace, r.c.entry_key == entry_key(name))
+        if before is not None:
+            stmt = stmt.where(r.c.id < before)
+        stmt = stmt.order_by(r.c.id.desc()).limit(limit)
+        return self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
+
+    def audit(self, namespace: str, *, limit: int = 50) -> list[AuditRecord]:
+        """The latest operator changes of ``namespace``, newest first."""
+        a = self.audit_table
+        stmt = sa.select(a).where(a.c.namespace == namespace).order_by(a.c.id.desc()).limit(limit)
+        rows = self._read(lambda conn: conn.execute(stmt).all(), a)
+        return [
+            AuditRecord(int(r.id), r.name, r.action, r.actor, int(r.at), json.loads(r.detail))
+            for r in rows
+        ]
+
+    def prune(self, namespace: str, older_than_us: int, *, batch: int = 5000) -> int:
+        """Delete up to ``batch`` history rows sent before ``older_than_us``; how many."""
+        r = self.run
+        where = sa.and_(r.c.namespace == namespace, r.c.sent_at < older_than_us)
+        stmt: sa.Delete
+        if self.backend.dialect in ("mysql", "mariadb"):
+            stmt = sa.delete(r).where(where).with_dialect_options(mysql_limit=batch)
+        else:
+            ids = sa.select(r.c.id).where(where).limit(batch).scalar_subquery()
+            stmt = sa.delete(r).where(r.c.id.in_(ids))
+        return int(self._do(lambda conn: conn.execute(stmt).rowcount, r))
+
+
+def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:
+    return sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
+
+
+def _opt(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _entry(row: Any) -> EntryRow:
+    return EntryRow(
+        name=row.name,
+        task=row.task,
+        spec=json.loads(row.spec),
+        enabled=bool(row.enabled),
+        paused_at=_opt(row.paused_at),
+        skip_before=_opt(row.skip_before),
+        run_now_at=_opt(row.run_now_at),
+        deleted=bool(row.deleted),
+        version=int(row.version),
+        created_at=int(row.created_at),
+        updated_at=int(row.updated_at),
+        updated_by=row.updated_by,
+    )
+
+
+def _record(row: Any) -> RunRecord:
+    return RunRecord(
+        id=int(row.id),
+        entry_key=row.entry_key,
+        kind=row.kind,
+        run_key=int(row.run_key),
+        term=int(row.term),
+        due_at=_opt(row.due_at),
+        sent_at=int(row.sent_at),
+        task_id=row.task_id,
+        count=int(row.count),
+        finished_at=_opt(row.finished_at),
+        outcome=row.outcome,
+        duration_us=_opt(row.duration_us),
+    )

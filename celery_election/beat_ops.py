@@ -1,0 +1,457 @@
+"""The LeaderScheduler's operable schedule: runtime entries, pause, run now, policies, history.
+
+What operators change with ``celery_election.schedule`` (or ``election schedule ...``)
+reaches the leading beat here. The leader looks at the schedule's version twice a second
+(one indexed statement, 0 rows when nothing changed), so a change takes effect within a
+second, with no restart:
+
+* **The schedule Celery sees** is the static ``beat_schedule`` (PersistentScheduler's
+  shelve) without its paused or disabled entries, plus the dynamic entries that are
+  enabled, not paused and inside their start/expiry window. Celery's own heap, ``is_due``
+  and ``reserve`` then run on it unchanged; only the static entries are written back to
+  the shelve, so a deleted dynamic entry cannot come back from a local file.
+* **Policies** decide a due run before it is reserved (``decide``, a pure function):
+  catch-up after downtime, failover or a pause, and overlap. A run they drop is still
+  *claimed* (the entry's run state moves past it under the leader's term, with its run
+  count unchanged), so the next leader does not send it either; the history and the
+  metrics count it.
+* **Run now** is claimed in the database under the leader's term before it is sent
+  (``SQLScheduleStore.claim_run_now``): one send per request, whichever beats lead.
+* **History**: every send is recorded with its task id; workers report the outcome
+  (``schedule.report_runs``, connected by ``init_app``); the leader prunes what is older
+  than ``election_schedule_retention`` days.
+
+With a memory election database (tests) there are no tables: the schedule is Celery's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from celery.beat import event_t
+from celery.schedules import schedstate
+
+from . import metrics
+from .backends.sql_schedule import EntryRow, SQLScheduleStore
+from .clock import boottime
+from .entry_spec import SKIP_GRACE, check_policies, from_spec
+from .errors import ElectionError
+
+__all__ = ["Decision", "OperableScheduleMixin", "decide", "due_times"]
+
+log = logging.getLogger("celery_election.beat")
+
+LOOK_EVERY = 0.5  # seconds between two looks at the schedule's version (leader only)
+PRUNE_EVERY = 600.0
+_CAP = 10_000  # due times counted at most (a 1 s interval after a 3-hour outage)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a due run: send it, or drop ``count`` runs.
+
+    Sent, its run stores ``send_as`` as last_run_at (None: Celery's now); dropped, the run
+    state moves to ``skip_to``.
+    """
+
+    skip_to: datetime | None = None
+    kind: str = ""  # missed (catch-up, resume) / skipped (overlap)
+    count: int = 0
+    send_as: datetime | None = None
+
+
+SEND = Decision()
+
+
+def due_times(
+    schedule: Any, last_run_at: datetime, now: datetime, cap: int = _CAP
+) -> list[datetime]:
+    """The times ``schedule`` fell due after ``last_run_at`` up to ``now`` (at most ``cap``)."""
+    out: list[datetime] = []
+    last = last_run_at
+    while len(out) < cap:
+        due = now + schedule.remaining_estimate(last)
+        if due > now or (out and due <= out[-1]) or due <= last:
+            break
+        out.append(due)
+        last = due
+    return out
+
+
+def decide(
+    times: list[datetime],
+    now: datetime,
+    policies: dict[str, Any],
+    *,
+    skip_before: datetime | None = None,
+    busy: bool = False,
+) -> Decision:
+    """The policies' verdict on a due entry whose missed due times are ``times``.
+
+    * ``busy`` (overlap ``skip`` and the previous run has not finished): skip this run.
+    * ``skip_before`` (resumed with ``missed="skip"``): what fell due before it is missed.
+    * Runs due longer ago than the grace window are missed (``catch_up="skip"``: 1 s by
+      default); ``latest`` then sends one run for the rest, ``all`` one run per due time
+      (the latest ``catch_up_max``), each stored as the due time it stands for.
+    """
+    if busy:
+        return Decision(skip_to=now, kind="skipped", count=1)
+    if not times:
+        return SEND
+    if skip_before is not None and times[0] < skip_before:
+        before = [t for t in times if t < skip_before]
+        return Decision(skip_to=min(skip_before, now), kind="missed", count=len(before))
+    grace = policies.get("grace")
+    if grace is None and policies["catch_up"] == "skip":
+        grace = SKIP_GRACE
+    if grace is not None:
+        late = [t for t in times if (now - t).total_seconds() > grace]
+        if late:
+            to = now if len(late) == len(times) else late[-1]
+            return Decision(skip_to=to, kind="missed", count=len(late))
+    if policies["catch_up"] == "all":
+        most = int(policies["catch_up_max"])
+        if len(times) > most:
+            return Decision(skip_to=times[-most - 1], kind="missed", count=len(times) - most)
+        return Decision(send_as=times[0])
+    return SEND
+
+
+class OperableScheduleMixin:
+    """Serve the operable schedule (see the module) in a LeaderSchedulerMixin scheduler."""
+
+    app: Any
+    _heap: Any
+    _runs: Any
+    _seen: Any
+    _election: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._rows: dict[str, EntryRow] = {}  # stored rows, by name (deleted ones dropped)
+        self._dynamic: dict[str, Any] = {}  # dynamic entries as Celery schedules them
+        self._identity: dict[str, str] = {}  # dynamic entry -> its run state's identity
+        self._built: dict[str, EntryRow] = {}  # dynamic entry -> the row it was built from
+        self._view: dict[str, Any] | None = None  # the schedule Celery sees, if not the shelve
+        self._view_key = 0
+        self._compared = -1
+        self._since = -1
+        self._ops_term: int | None = None
+        self._next_look = 0.0
+        self._next_prune = 0.0
+        self._windowed: dict[str, bool] = {}  # dynamic entries with start/expiry: inside?
+        self._send_as: dict[str, datetime] = {}
+        self._run_now_key: int | None = None
+        super().__init__(*args, **kwargs)
+
+    # -- the schedule Celery sees -----------------------------------------------------------
+
+    def get_schedule(self) -> dict[str, Any]:
+        view = self._view
+        return view if view is not None else super().get_schedule()  # type: ignore[misc]
+
+    def set_schedule(self, schedule: dict[str, Any]) -> None:
+        super().set_schedule(schedule)  # type: ignore[misc]
+        if self._view is not None:
+            self._rebuild()
+
+    schedule = property(get_schedule, set_schedule)
+
+    def _base(self) -> dict[str, Any]:
+        return super().get_schedule()  # type: ignore[misc, no-any-return]
+
+    def _rebuild(self) -> None:
+        """Recompute the view from the shelve's entries and the stored rows."""
+        self._view_key += 1
+        if not self._rows:
+            self._view = None
+            return
+        base = self._base()
+        view = {}
+        for name, entry in base.items():
+            row = self._rows.get(name)
+            if row is None or row.task is not None or (row.enabled and not row.paused):
+                view[name] = entry
+        now = self.app.now()
+        self._windowed = {}
+        for name, row in self._rows.items():
+            if row.task is None or name in base:
+                continue  # an overlay, or a name a deploy made static (the code wins)
+            inside = _inside(row, now)
+            if "start_at" in row.spec or "expires_at" in row.spec:
+                self._windowed[name] = inside
+            if row.enabled and not row.paused and inside:
+                view[name] = self._dynamic_entry(row)
+        self._view = view
+
+    def _dynamic_entry(self, row: EntryRow) -> Any:
+        """The Celery entry of a dynamic row; an edit keeps the entry's run state."""
+        name = row.name
+        old = self._dynamic.get(name)
+        identity = f"dyn:{row.created_at}"
+        if old is not None and self._built.get(name) is row:
+            return old
+        spec = row.spec
+        if old is not None and self._identity.get(name) == identity:
+            last, count = old.last_run_at, old.total_run_count
+        else:
+            last, count = self._from_db(row.created_at, self.app.now()), 0  # type: ignore[attr-defined]
+        entry = self.Entry(  # type: ignore[attr-defined]
+            name=name,
+            task=row.task,
+            schedule=from_spec(spec["schedule"], self.app),
+            args=tuple(spec.get("args") or ()),
+            kwargs=dict(spec.get("kwargs") or {}),
+            options=dict(spec.get("options") or {}),
+            last_run_at=last,
+            total_run_count=count,
+            app=self.app,
+        )
+        self._dynamic[name] = entry
+        self._identity[name] = identity
+        self._built[name] = row
+        return entry
+
+    def schedules_equal(self, old: Any, new: Any) -> bool:
+        """Celery's comparison, skipped while the view has not changed since it was equal.
+
+        Celery compares every entry at every tick; with the view, only a rebuild changes
+        what it could find (reserve keeps entries equal), so 10,000 entries cost nothing.
+        """
+        if new is not None and new is self._view and self._compared == self._view_key:
+            return True
+        equal = bool(super().schedules_equal(old, new))  # type: ignore[misc]
+        if equal and new is not None and new is self._view:
+            self._compared = self._view_key
+        return equal
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)  # type: ignore[misc]
+        if self._view is not None:
+            name = entry.name
+            if name in self._dynamic and self._view.get(name) is new_entry:
+                self._dynamic[name] = new_entry
+            elif name in self._base():
+                self._base()[name] = new_entry  # the shelve keeps static entries only
+        return new_entry
+
+    def _live_names(self) -> set[str]:
+        """Entries that exist, sent now or not: their run state is not retired."""
+        return set(self._base()) | set(self._rows)
+
+    def run_state_identity(self, entry: Any) -> str:
+        return self._identity.get(entry.name) or super().run_state_identity(entry)  # type: ignore[misc]
+
+    # -- looking at the stored schedule -----------------------------------------------------
+
+    def _ops_store(self) -> SQLScheduleStore | None:
+        election = self._election
+        return None if election is None else getattr(election.backend, "schedule", None)
+
+    @property
+    def _schedule_ns(self) -> str:
+        return str(self._election.settings.beat_namespace)
+
+    def _promote(self, lead: tuple[int, str]) -> bool:
+        """Load the stored schedule before the shared run state is matched with it."""
+        if self._ops_store() is not None and not self._look(lead, full=True):
+            return False
+        return bool(super()._promote(lead))  # type: ignore[misc]
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        lead = self._leading()  # type: ignore[attr-defined]
+        store = self._ops_store()
+        if lead is not None and store is not None:
+            if boottime() >= self._next_look:
+                self._look(lead)
+            self._serve_run_now(lead, store)
+            self._prune(store)
+        next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
+        return min(next_in, LOOK_EVERY) if store is not None else next_in
+
+    def _look(self, lead: tuple[int, str], *, full: bool = False) -> bool:
+        """Read what changed since the last look; False if the database did not answer."""
+        store = self._ops_store()
+        assert store is not None
+        if full or lead[0] != self._ops_term:
+            self._since, self._rows, self._ops_term = -1, {}, lead[0]
+        self._next_look = boottime() + LOOK_EVERY
+        try:
+            changed = store.changes(self._schedule_ns, self._since)
+        except ElectionError as exc:
+            log.warning("beat election: could not read the schedule's changes (%s)", exc)
+            return False
+        for row in changed:
+            self._since = max(self._since, row.version)
+            if row.deleted:
+                self._rows.pop(row.name, None)
+                self._dynamic.pop(row.name, None)
+            else:
+                self._rows[row.name] = row
+        if changed:
+            log.info("beat election: %d schedule change(s) up to version %d", len(changed),
+                     self._since)  # fmt: skip
+        now = self.app.now()
+        crossed = any(_inside(self._rows[n], now) != v for n, v in self._windowed.items()
+                      if n in self._rows)  # fmt: skip
+        if changed or crossed:
+            self._rebuild()
+        return True
+
+    def _serve_run_now(self, lead: tuple[int, str], store: SQLScheduleStore) -> None:
+        """Send each pending "run now" this leader wins in the database, once."""
+        for name, row in list(self._rows.items()):
+            if row.run_now_at is None:
+                continue
+            self._rows[name] = replace(row, run_now_at=None)
+            entry = self._base().get(name) if row.task is None else self._dynamic_entry(row)
+            if entry is None:
+                log.warning("beat election: run now of %s: no such entry in this beat", name)
+                continue
+            election = self._election
+            try:
+                won = store.claim_run_now(self._schedule_ns, (election.namespace, lead[1],
+                                          lead[0]), name, row.run_now_at)  # fmt: skip
+            except ElectionError as exc:
+                log.warning("beat election: run now of %s not claimed (%s)", name, exc)
+                self._rows[name] = row  # try again at the next tick
+                continue
+            if not won:
+                continue
+            log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
+            self._run_now_key = row.run_now_at
+            try:
+                self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
+            finally:
+                self._run_now_key = None
+
+    def _prune(self, store: SQLScheduleStore) -> None:
+        if boottime() < self._next_prune:
+            return
+        self._next_prune = boottime() + PRUNE_EVERY
+        days = float(self._election.settings.schedule_retention)
+        try:
+            cut = store.db_now() - int(days * 86_400_000_000)
+            gone = store.prune(self._schedule_ns, cut)
+        except ElectionError as exc:
+            log.warning("beat election: could not prune the run history (%s)", exc)
+            return
+        if gone:
+            log.info("beat election: pruned %d history rows older than %g days", gone, days)
+
+    # -- policies ---------------------------------------------------------------------------
+
+    def is_due(self, entry: Any) -> Any:
+        state = super().is_due(entry)  # type: ignore[misc]
+        row = self._rows.get(entry.name)
+        if not state.is_due or row is None:
+            return state
+        policies = check_policies(row.spec)
+        lead = self._leading()  # type: ignore[attr-defined]
+        if lead is None:
+            return state
+        now = self.app.now()
+        last = entry.last_run_at or now
+        times = due_times(entry.schedule, last, now)
+        skip_before = None
+        if row.skip_before is not None:
+            skip_before = self._from_db(row.skip_before, now)  # type: ignore[attr-defined]
+        busy = policies["overlap"] == "skip" and self._busy(entry.name, policies)
+        decision = decide(times, now, policies, skip_before=skip_before, busy=busy)
+        if decision.skip_to is not None:
+            self._skip(entry, lead, decision)
+            return schedstate(False, 0)
+        if decision.send_as is not None:
+            self._send_as[entry.name] = decision.send_as
+        if times:
+            late = (now - times[-1]).total_seconds()
+            metrics.count(self._metric(entry.name, "late_ms"), max(0, round(late * 1000)))
+        return state
+
+    def _busy(self, name: str, policies: dict[str, Any]) -> bool:
+        """Whether the entry's last sent run is still running (within overlap_timeout)."""
+        store = self._ops_store()
+        if store is None:
+            return False
+        try:
+            last = store.last_sent(self._schedule_ns, name)
+            if last is None or last.finished_at is not None:
+                return False
+            age = (store.db_now() - last.sent_at) / 1e6
+        except ElectionError as exc:
+            log.warning("beat election: overlap check of %s failed (%s); sending", name, exc)
+            return False
+        return age < float(policies["overlap_timeout"])
+
+    def _skip(self, entry: Any, lead: tuple[int, str], decision: Decision) -> None:
+        """Move the run state past dropped runs, under this term; the history counts them."""
+        name = entry.name
+        expected = self._runs.get(name)
+        assert decision.skip_to is not None
+        at = self._to_db(decision.skip_to)  # type: ignore[attr-defined]
+        count = int(entry.total_run_count or 0)
+        claim = self._claim(lead, str(name), expected, at, count, self.run_state_identity(entry))  # type: ignore[attr-defined]
+        if claim.won:
+            self._runs[name] = claim.state
+            self.adopt_run_state(entry, decision.skip_to, count)  # type: ignore[attr-defined]
+            self._seen[name] = (entry.last_run_at, entry.total_run_count)
+            what = "missed" if decision.kind == "missed" else "skipped_overlap"
+            metrics.count(self._metric(name, what), decision.count)
+            policy = "overlap" if decision.kind == "skipped" else "catch-up"
+            log.info("beat election: %s: %d run(s) %s (%s policy)", name, decision.count,
+                     decision.kind, policy)  # fmt: skip
+            self._history(name, decision.kind, lead[0], expected.last_run_us if expected else 0,
+                          None, decision.count)  # fmt: skip
+        elif claim.state is not None and claim.state != expected:
+            self._adopt(entry, claim.state)  # type: ignore[attr-defined]
+        heap = self._heap
+        if heap and heap[0][2] is entry:
+            due, next_in = entry.is_due()
+            when = self._when(entry, 0 if due else next_in)  # type: ignore[attr-defined]
+            heapq.heapreplace(heap, event_t(when, heap[0][1], entry))
+        else:
+            self._heap = None
+
+    def _next_run_at(self, entry: Any, new_entry: Any) -> Any:
+        send_as = self._send_as.pop(entry.name, None)
+        return new_entry.last_run_at if send_as is None else send_as
+
+    # -- sending and history ----------------------------------------------------------------
+
+    def _send_headers(self, entry: Any) -> dict[str, Any]:
+        if self._ops_store() is None:
+            return {}
+        return {"election_schedule": self._schedule_ns, "election_entry": str(entry.name)}
+
+    def _sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
+        kind = "run" if run is not None or self._run_now_key is None else "run_now"
+        key = run if run is not None else (self._run_now_key or 0)
+        if kind == "run_now":
+            metrics.count(self._metric(entry.name, "run_now"))
+        self._history(entry.name, kind, term, key, getattr(result, "id", None), 1)
+
+    def _history(
+        self, name: str, kind: str, term: int, run_key: int, task_id: str | None, count: int
+    ) -> None:
+        store = self._ops_store()
+        if store is None:
+            return
+        try:
+            store.record(self._schedule_ns, str(name), kind, run_key=run_key, term=term,
+                         task_id=task_id, count=count)  # fmt: skip
+        except ElectionError as exc:  # the run itself went out: history is best effort
+            log.warning("beat election: could not record the %s of %s (%s)", kind, name, exc)
+
+    def _metric(self, name: str, what: str) -> str:
+        return metrics.key(metrics.BEAT, self._schedule_ns, str(name), what)
+
+
+def _inside(row: EntryRow, now: datetime) -> bool:
+    """Whether ``now`` is inside the row's start/expiry window."""
+    start, end = row.spec.get("start_at"), row.spec.get("expires_at")
+    if start is not None and now < datetime.fromisoformat(start):
+        return False
+    return end is None or now < datetime.fromisoformat(end)

@@ -1,0 +1,520 @@
+"""Operate the schedule: entries changed at runtime, pause / resume / run now, policies.
+
+    from celery_election.schedule import Schedule
+
+    with Schedule(app) as s:
+        s.add("report", "proj.report", "every 10s", kwargs={"full": True}, overlap="skip")
+        s.update("report", schedule="*/5 * * * *", tz="Europe/Paris")
+        s.pause("report"); s.resume("report", missed="skip"); s.run_now("report")
+        s.history("report")
+
+Entries live in the election database (``election install`` creates the tables) under the
+beats' namespace (``election_beat_namespace``), beside the static ``beat_schedule``; the
+``LeaderScheduler`` serves both and picks up a change within a second, no restart. A static
+entry can be paused, run now and given policies too (an *overlay* row); it cannot be
+edited or removed here (the code defines it).
+
+Each change is validated before it is stored (a bad crontab, an unknown time zone, a task
+no module of the app registers: one line saying what to do) and recorded with who and
+when. "Run now" and the runs themselves are fenced by the leader's term (see
+``backends/sql_schedule.py``); pause, resume and edits are plain versioned writes that the
+leader applies at its next look.
+
+Policies, per entry:
+
+* ``catch_up`` (runs that fell due while no beat led, or while paused and resumed with
+  ``missed="catch_up"``): ``latest`` (default; Celery's: one run, however many were
+  missed), ``skip`` (none: the entry waits for its next due time) or ``all`` (each missed
+  run, the latest ``catch_up_max``). ``grace`` (seconds): a run due longer ago than this is
+  missed, not sent (as ``beat_cron_starting_deadline``, per entry; ``skip`` uses 1 s when
+  unset).
+* ``overlap``: ``allow`` (default) or ``skip``: a due run is skipped while the entry's
+  previous run has not finished (workers report finished runs, see ``init_app``), unless
+  that run was sent more than ``overlap_timeout`` seconds ago (default 3600: its worker
+  may have died).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import getpass
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from celery import Celery
+
+from .backends import SQLBackend, backend_from_url
+from .backends.base import RunState
+from .backends.sql_schedule import EntryRow, RunRecord, SQLScheduleStore
+from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
+from .errors import ConfigurationError, ElectionError
+from .settings import ElectionSettings
+
+__all__ = ["Entry", "Schedule", "report_runs"]
+
+log = logging.getLogger("celery_election.schedule")
+
+# -- entries ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An entry as operators see it: static or dynamic, with its operator state."""
+
+    name: str
+    task: str
+    spec: dict[str, Any]
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    policies: dict[str, Any] = field(default_factory=lambda: dict(POLICY_DEFAULTS))
+    static: bool = False
+    enabled: bool = True
+    paused: bool = False
+    run_now_pending: bool = False
+    start_at: str | None = None
+    expires_at: str | None = None
+    last_run_us: int | None = None
+    total_run_count: int = 0
+    updated_at: int | None = None
+    updated_by: str | None = None
+
+    @property
+    def schedule_text(self) -> str:
+        return describe(self.spec) if self.spec else "(static)"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["schedule"] = self.schedule_text
+        return out
+
+
+def merge(static: Mapping[str, Mapping[str, Any]], rows: Sequence[EntryRow]) -> dict[str, Entry]:
+    """Static ``beat_schedule`` entries with their overlays, and the dynamic entries."""
+    overlays = {r.name: r for r in rows if not r.deleted}
+    out: dict[str, Entry] = {}
+    for name, item in static.items():
+        row = overlays.pop(name, None)
+        if row is not None and row.task is not None:
+            overlays[name] = row  # a dynamic entry shadows nothing: keep it apart below
+            row = None
+        spec: dict[str, Any] = {}
+        try:
+            spec = to_spec(item.get("schedule"))
+        except ConfigurationError:
+            spec = {}
+        policies = check_policies({**(item.get("options") or {}).get("election", {}),
+                                   **(row.spec if row is not None else {})})  # fmt: skip
+        out[name] = Entry(
+            name=name,
+            task=str(item.get("task")),
+            spec=spec,
+            args=list(item.get("args") or ()),
+            kwargs=dict(item.get("kwargs") or {}),
+            options={k: v for k, v in (item.get("options") or {}).items() if k != "election"},
+            policies=policies,
+            static=True,
+            enabled=row.enabled if row is not None else True,
+            paused=row.paused if row is not None else False,
+            run_now_pending=row is not None and row.run_now_at is not None,
+            updated_at=None if row is None else row.updated_at,
+            updated_by=None if row is None else row.updated_by,
+        )
+    for name, row in overlays.items():
+        if row.task is None:
+            continue  # an overlay whose static entry a deploy removed
+        out[name] = dynamic_entry(row)
+    return out
+
+
+def dynamic_entry(row: EntryRow) -> Entry:
+    spec = row.spec
+    return Entry(
+        name=row.name,
+        task=str(row.task),
+        spec=dict(spec.get("schedule") or {}),
+        args=list(spec.get("args") or ()),
+        kwargs=dict(spec.get("kwargs") or {}),
+        options=dict(spec.get("options") or {}),
+        policies=check_policies(spec),
+        enabled=row.enabled,
+        paused=row.paused,
+        run_now_pending=row.run_now_at is not None,
+        start_at=spec.get("start_at"),
+        expires_at=spec.get("expires_at"),
+        updated_at=row.updated_at,
+        updated_by=row.updated_by,
+    )
+
+
+# -- the API ----------------------------------------------------------------------------------
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name (a container without one): the host says enough
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+class Schedule:
+    """The operable schedule of an app's beats, from any process.
+
+    A worker, a shell, a web handler: each method is one short transaction; ``actor`` is
+    recorded with each change.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        namespace: str | None = None,
+        actor: str | None = None,
+        backend: SQLBackend | None = None,
+    ) -> None:
+        self.app = app
+        settings = ElectionSettings.from_app(app)
+        self.namespace = namespace or settings.beat_namespace
+        #: Election namespaces whose beats may hold the run state (standalone, embedded).
+        self.run_namespaces = (settings.beat_namespace, settings.namespace)
+        self.actor = actor or default_actor()
+        self._owned = backend is None
+        if backend is None:
+            made = backend_from_url(settings.url, **settings.backend_options(listen=False))
+            if not isinstance(made, SQLBackend):
+                made.close()
+                raise ConfigurationError(
+                    f"the operable schedule needs a SQL election database (election_url): "
+                    f"{made.description} has no tables"
+                )
+            backend = made
+        self.backend = backend
+        self.store: SQLScheduleStore = backend.schedule
+
+    def close(self) -> None:
+        if self._owned:
+            self.backend.close()
+
+    def __enter__(self) -> Schedule:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def list(self) -> builtins.list[Entry]:
+        """Every entry (static and dynamic), by name, with its last run."""
+        entries = merge(self._static(), self.store.entries(self.namespace))
+        runs = self._runs()
+        out = []
+        for name in sorted(entries):
+            entry = entries[name]
+            run = runs.get(name)
+            if run is not None:
+                entry = _with_run(entry, run)
+            out.append(entry)
+        return out
+
+    def get(self, name: str) -> Entry:
+        for entry in self.list():
+            if entry.name == name:
+                return entry
+        raise ConfigurationError(f"no schedule entry {name!r} in namespace {self.namespace!r}")
+
+    def history(
+        self, name: str, *, limit: int = 20, before: int | None = None
+    ) -> builtins.list[RunRecord]:
+        """The entry's runs, newest first."""
+        return self.store.history(self.namespace, name, limit=limit, before=before)
+
+    def _static(self) -> dict[str, Mapping[str, Any]]:
+        return dict(self.app.conf.beat_schedule or {})
+
+    def _runs(self) -> dict[str, RunState]:
+        runs: dict[str, RunState] = {}
+        beat = self.backend.beat
+        for ns in dict.fromkeys(self.run_namespaces):
+            for name, state in beat.load_runs(ns).items():
+                if name not in runs or state.last_run_us > runs[name].last_run_us:
+                    runs[name] = state
+        return runs
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        task: str,
+        schedule: Any,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        tz: str | None = None,
+        enabled: bool = True,
+        start_at: datetime | str | None = None,
+        expires_at: datetime | str | None = None,
+        check_task: bool = True,
+        **policies: Any,
+    ) -> Entry:
+        """Add a dynamic entry (refused if an entry of that name exists)."""
+        _check_name(name)
+        if name in self._static():
+            raise ConfigurationError(
+                f"{name!r} is a static beat_schedule entry: pause it, run it or set its "
+                f"policies here; change it in the code"
+            )
+        spec = self._spec(task, schedule, args, kwargs, options, tz, start_at, expires_at,
+                          policies, check_task)  # fmt: skip
+
+        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            if current is not None:
+                raise ConfigurationError(
+                    f"schedule entry {name!r} exists: edit it (update) or remove it first"
+                )
+            return {"task": task, "spec": _json(spec), "enabled": enabled, "deleted": False}, {
+                "task": task, **spec, "enabled": enabled}  # fmt: skip
+
+        return self._entry(self.store.change(self.namespace, name, "add", self.actor, work))
+
+    def update(self, name: str, **changes: Any) -> Entry:
+        """Edit a dynamic entry, or a static entry's policies.
+
+        A dynamic entry's task, schedule, tz, args, kwargs, options, start_at, expires_at
+        and policies can change.
+        """
+        check_task = changes.pop("check_task", True)
+
+        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            current = self._existing(name, current)
+            if current.task is None or name in self._static():
+                unknown = set(changes) - set(POLICY_DEFAULTS)
+                if unknown:
+                    raise ConfigurationError(
+                        f"{name!r} is a static beat_schedule entry: only its policies "
+                        f"({', '.join(POLICY_DEFAULTS)}) can change here, not "
+                        f"{', '.join(sorted(unknown))}"
+                    )
+                spec = {**current.spec, **changes}
+                check_policies(spec)
+                return {"spec": _json(spec)}, changes
+            spec = dict(current.spec)
+            task = str(changes.get("task", current.task))
+            schedule = changes.get("schedule", spec.get("schedule"))
+            tz = changes.get("tz", (spec.get("schedule") or {}).get("tz"))
+            policies = {k: changes.get(k, spec.get(k)) for k in POLICY_DEFAULTS}
+            new = self._spec(
+                task, schedule, changes.get("args", spec.get("args", ())),
+                changes.get("kwargs", spec.get("kwargs")),
+                changes.get("options", spec.get("options")), tz,
+                changes.get("start_at", spec.get("start_at")),
+                changes.get("expires_at", spec.get("expires_at")),
+                policies, check_task and "task" in changes,
+            )  # fmt: skip
+            return {"task": task, "spec": _json(new)}, changes
+
+        return self._entry(self.store.change(self.namespace, name, "edit", self.actor, work))
+
+    def pause(self, name: str) -> Entry:
+        """Stop sending the entry (what falls due while paused: see ``resume``)."""
+        return self._set(name, "pause", lambda row, now: {"paused_at": row.paused_at or now})
+
+    def resume(self, name: str, *, missed: str = "skip") -> Entry:
+        """Send the entry again.
+
+        ``missed="skip"``: what fell due while paused is not sent; ``"catch_up"``: it is
+        caught up per the entry's ``catch_up`` policy.
+        """
+        if missed not in RESUME:
+            raise ConfigurationError(f"missed must be one of {', '.join(RESUME)}: got {missed!r}")
+
+        def values(row: EntryRow, now: int) -> dict[str, Any]:
+            skip = now if missed == "skip" and row.paused_at is not None else row.skip_before
+            return {"paused_at": None, "skip_before": skip}
+
+        return self._set(name, "resume", values, {"missed": missed})
+
+    def enable(self, name: str) -> Entry:
+        return self._set(name, "enable", lambda row, now: {"enabled": True})
+
+    def disable(self, name: str) -> Entry:
+        return self._set(name, "disable", lambda row, now: {"enabled": False})
+
+    def run_now(self, name: str) -> bool:
+        """Ask the leader for one extra run; False if one is already pending (one run)."""
+        pending = False
+
+        def values(row: EntryRow, now: int) -> dict[str, Any]:
+            nonlocal pending
+            pending = row.run_now_at is not None
+            return {"run_now_at": row.run_now_at if pending else now}
+
+        self._set(name, "run_now", values)
+        return not pending
+
+    def remove(self, name: str) -> None:
+        """Delete a dynamic entry (its history stays until the retention prunes it)."""
+
+        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            current = self._existing(name, current)
+            if current.task is None or name in self._static():
+                raise ConfigurationError(
+                    f"{name!r} is a static beat_schedule entry: remove it from the code "
+                    f"(or disable it here)"
+                )
+            return {"deleted": True, "run_now_at": None}, {}
+
+        self.store.change(self.namespace, name, "remove", self.actor, work)
+
+    def _set(
+        self, name: str, action: str, values: Any, detail: dict[str, Any] | None = None
+    ) -> Entry:
+        static = name in self._static()
+
+        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            if current is None and static:  # the static entry's first overlay row
+                current = EntryRow(name=name, task=None, spec={})
+            current = self._existing(name, current)
+            return values(current, now), dict(detail or {})
+
+        return self._entry(self.store.change(self.namespace, name, action, self.actor, work))
+
+    def _existing(self, name: str, current: EntryRow | None) -> EntryRow:
+        if current is None:
+            raise ConfigurationError(
+                f"no schedule entry {name!r} in namespace {self.namespace!r} "
+                f"(`election schedule list` shows them)"
+            )
+        return current
+
+    def _entry(self, row: EntryRow) -> Entry:
+        return merge(self._static(), [row])[row.name]
+
+    def _spec(
+        self,
+        task: str,
+        schedule: Any,
+        args: Any,
+        kwargs: Any,
+        options: Any,
+        tz: str | None,
+        start_at: Any,
+        expires_at: Any,
+        policies: Mapping[str, Any],
+        check_task: bool,
+    ) -> dict[str, Any]:
+        if check_task:
+            self._check_task(task)
+        spec: dict[str, Any] = {"schedule": to_spec(schedule, tz=tz)}
+        spec["args"] = _jsonable(list(args or ()), "args")
+        spec["kwargs"] = _jsonable(dict(kwargs or {}), "kwargs")
+        spec["options"] = _jsonable(dict(options or {}), "options")
+        for key, value in (("start_at", start_at), ("expires_at", expires_at)):
+            if value is not None:
+                spec[key] = instant(value).isoformat()
+        spec.update(check_policies(policies))
+        return spec
+
+    def _check_task(self, task: str) -> None:
+        """A task name that no module of the app registers is a typo until shown otherwise."""
+        if not isinstance(task, str) or not task:
+            raise ConfigurationError(f"a task name is needed: got {task!r}")
+        if task in self.app.tasks:
+            return
+        # the app's modules are the user's: a broken one is theirs, the name is ours
+        with contextlib.suppress(Exception):
+            self.app.loader.import_default_modules()
+        if task not in self.app.tasks:
+            raise ConfigurationError(
+                f"no task {task!r} is registered by the app's modules (include=, imports, "
+                f"autodiscovery); fix the name, or pass check_task=False (--no-check-task) "
+                f"if only the workers import it"
+            )
+
+
+def _with_run(entry: Entry, run: RunState) -> Entry:
+    return replace(entry, last_run_us=run.last_run_us, total_run_count=run.total_run_count)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise ConfigurationError(f"an entry name is 1-200 characters: got {name!r}")
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"{what} must be JSON (numbers, text, lists, maps): {exc}"
+        ) from None
+
+
+def _json(spec: Mapping[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+# -- workers report finished runs --------------------------------------------------------------
+
+_STARTED: dict[str, float] = {}
+_STORES: dict[tuple[int, int], SQLScheduleStore | None] = {}
+
+
+def report_runs(app: Celery) -> None:
+    """Connect the task signals that record when a beat-sent run finished (``init_app``).
+
+    One UPDATE by task id when a run sent by a LeaderScheduler ends (its headers name the
+    entry), in the process that ran it, on the election database: the overlap policy and
+    the history know finished runs from the workers, without polling the result backend.
+    A retry is not an end: the run goes on.
+    """
+    from celery.signals import task_postrun, task_prerun
+
+    def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        if task_id and getattr(task.request, "election_entry", None):
+            _STARTED[task_id] = time.monotonic()
+
+    def finished(task_id: str | None = None, task: Any = None, state: str | None = None,
+                 **_: Any) -> None:  # fmt: skip
+        began = _STARTED.pop(task_id or "", None)
+        if not task_id or state == "RETRY" or not getattr(task.request, "election_entry", None):
+            return
+        if task.app is not app:
+            return
+        store = _store_of(app)
+        if store is None:
+            return
+        duration = None if began is None else round((time.monotonic() - began) * 1e6)
+        try:
+            store.finish(task_id, str(state or "?"), duration)
+        except ElectionError as exc:  # the task ran: its history row stays open
+            log.warning("celery-election: could not record the end of %s (%s)", task_id, exc)
+
+    task_prerun.connect(started, weak=False)
+    task_postrun.connect(finished, weak=False)
+
+
+def _store_of(app: Celery) -> SQLScheduleStore | None:
+    """The schedule store of ``app`` in this process (a pool child opens its own)."""
+    key = (id(app), os.getpid())
+    if key not in _STORES:
+        _STORES[key] = None
+        try:
+            settings = ElectionSettings.from_app(app)
+            backend = backend_from_url(settings.url, **settings.backend_options(listen=False))
+        except ElectionError as exc:  # a worker without election settings that work
+            log.warning("celery-election: beat runs' ends are not recorded (%s)", exc)
+            return None
+        if isinstance(backend, SQLBackend):
+            _STORES[key] = backend.schedule
+    return _STORES[key]
