@@ -367,6 +367,15 @@ def demo(demo_url: str | None, ttl: float, keep: bool) -> None:
     sys.exit(run(url=demo_url, ttl=ttl, keep=keep))
 
 
+def _add_schedule() -> None:
+    from .cli_schedule import schedule
+
+    election.add_command(schedule)
+
+
+_add_schedule()
+
+
 def main() -> None:
     """The ``celery-election`` console script."""
     election(prog_name="celery-election")
