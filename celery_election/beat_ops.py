@@ -365,7 +365,9 @@ class OperableScheduleMixin:
             self._skip(entry, lead, decision)
             return schedstate(False, 0)
         if decision.send_as is not None:
+            # the run stands for its due time, and the next missed one is due at once
             self._send_as[entry.name] = decision.send_as
+            state = schedstate(True, 0)
         if times:
             late = (now - times[-1]).total_seconds()
             metrics.count(self._metric(entry.name, "late_ms"), max(0, round(late * 1000)))

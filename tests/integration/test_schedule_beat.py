@@ -1,0 +1,279 @@
+"""The operable schedule on a real LeaderScheduler (SQLite and PostgreSQL), in one process.
+
+What an operator does through ``Schedule`` (as the CLI and a web page do) must take effect
+on the leader at its next look, with no restart: each test drives beat's loop as ``celery
+beat`` does and waits on what was sent (bounded by a deadline, never by a sleep), using a
+static entry every second as the clock that shows time passed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+
+from celery_election.beat import LeaderScheduler
+from celery_election.clock import boottime
+from celery_election.schedule import Schedule
+
+from ..conftest import url_for
+
+TICK = "beat.tick"  # the static entry that shows time passing
+
+
+class Counting(LeaderScheduler):
+    """A LeaderScheduler that records what it sends (tasks sent by name, ids given)."""
+
+    sent: list[tuple[str, dict[str, Any], str]]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        task_id = uuid.uuid4().hex
+        self.sent.append((name, dict(kwargs.get("headers") or {}), task_id))
+        return type("Result", (), {"id": task_id})()
+
+    def count(self, entry: str, *, run_now: bool | None = None) -> int:
+        return sum(
+            1
+            for _, h, _ in self.sent
+            if h.get("election_entry") == entry
+            and (run_now is None or ("election_run" not in h) == run_now)
+        )
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.tier2)])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Celery]:
+    app = Celery("ops", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=url_for(request.param, tmp_path),
+        election_table_prefix=f"o{uuid.uuid4().hex[:10]}_",
+        election_namespace=f"n{uuid.uuid4().hex[:6]}",
+        election_ttl=2.0,
+        beat_schedule={"tick": {"task": TICK, "schedule": 1.0}},
+    )
+    yield app
+    from celery_election.backends import backend_from_url
+
+    b = backend_from_url(app.conf.election_url, table_prefix=app.conf.election_table_prefix)
+    b.uninstall()
+    b.close()
+
+
+@pytest.fixture
+def ops(app: Celery) -> Iterator[Schedule]:
+    s = Schedule(app, actor="operator")
+    s.backend.install()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def beats(app: Celery, tmp_path: Path) -> Iterator[Callable[[], Counting]]:
+    started: list[Counting] = []
+
+    def start() -> Counting:
+        s = Counting(app=app, schedule_filename=str(tmp_path / f"beat{len(started)}"))
+        s.sent = []
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def leading(start: Callable[[], Counting]) -> Counting:
+    s = start()
+    assert s.wait_for_leadership(10)
+    return s
+
+
+def tick_until(s: Counting, done: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = boottime() + timeout
+    while not done():
+        assert boottime() < deadline, "timed out ticking"
+        time.sleep(max(0.0, min(0.02, s.tick())))
+
+
+def ticks_pass(s: Counting, n: int) -> None:
+    """Tick until the static 1 s entry has been sent ``n`` more times (time has passed)."""
+    goal = s.count("tick") + n
+    tick_until(s, lambda: s.count("tick") >= goal)
+
+
+def test_an_entry_added_edited_paused_resumed_and_removed_at_runtime(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    s = leading(beats)
+    ops.add("report", "ops.report", "every 60s", kwargs={"full": True}, check_task=False)
+    tick_until(s, lambda: "report" in s.schedule)  # the next look: no restart
+    ticks_pass(s, 2)
+    assert s.count("report") == 0  # not due for a minute
+    ops.update("report", schedule="every 1s")  # 60 s -> 1 s takes effect at once
+    tick_until(s, lambda: s.count("report") >= 2)
+    assert s.sent[-1][0] in ("ops.report", TICK)
+    ops.pause("report")
+    tick_until(s, lambda: "report" not in s.schedule)
+    paused_at = s.count("report")
+    ticks_pass(s, 3)
+    assert s.count("report") == paused_at  # nothing while paused
+    ops.resume("report", missed="skip")
+    tick_until(s, lambda: any(r.kind == "missed" for r in ops.history("report")))
+    missed = next(r for r in ops.history("report") if r.kind == "missed")
+    assert missed.count >= 2  # what fell due while paused, not sent
+    assert s.count("report") == paused_at  # skipped, not caught up
+    tick_until(s, lambda: s.count("report") > paused_at)  # then on schedule again
+    ops.pause("report")
+    tick_until(s, lambda: "report" not in s.schedule)
+    ticks_pass(s, 3)
+    before = s.count("report")
+    ops.resume("report", missed="catch_up")  # the entry's policy: latest, one run
+    tick_until(s, lambda: s.count("report") > before)
+    ops.remove("report")
+    tick_until(s, lambda: "report" not in s.schedule)
+    gone = s.count("report")
+    ticks_pass(s, 2)
+    assert s.count("report") == gone
+    entry = ops.add("report", "ops.report", "every 1s", check_task=False)
+    assert entry.total_run_count == 0  # a new entry of the same name starts fresh
+    tick_until(s, lambda: s.count("report") > gone)
+    actions = [(a.action, a.actor) for a in ops.store.audit(ops.namespace, limit=20)]
+    assert actions[::-1] == [
+        ("add", "operator"), ("edit", "operator"), ("pause", "operator"),
+        ("resume", "operator"), ("pause", "operator"), ("resume", "operator"),
+        ("remove", "operator"), ("add", "operator"),
+    ]  # fmt: skip
+
+
+def test_run_now_clicked_twice_at_once_runs_once(
+    app: Celery, beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    s = leading(beats)
+    ops.add("job", "ops.job", "every 60s", check_task=False)
+    tick_until(s, lambda: "job" in s.schedule)
+    other = Schedule(app, actor="second shell")
+    answers: list[bool] = []
+    barrier = threading.Barrier(2)
+
+    def click(schedule: Schedule) -> None:
+        barrier.wait()
+        answers.append(schedule.run_now("job"))
+
+    threads = [threading.Thread(target=click, args=(x,)) for x in (ops, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    assert sorted(answers) == [False, True]  # one request; the other found it pending
+    tick_until(s, lambda: s.count("job", run_now=True) == 1)
+    ticks_pass(s, 2)
+    assert s.count("job", run_now=True) == 1 and s.count("job") == 1
+    runs = ops.history("job")
+    sent_id = next(t for _, h, t in s.sent if h.get("election_entry") == "job")
+    assert [(r.kind, r.task_id) for r in runs] == [("run_now", sent_id)]
+
+
+def test_a_static_entry_is_paused_and_run_now_but_not_edited_away(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    s = leading(beats)
+    tick_until(s, lambda: s.count("tick") >= 1)
+    ops.pause("tick")
+    tick_until(s, lambda: "tick" not in s.schedule)
+    assert ops.run_now("tick")
+    tick_until(s, lambda: s.count("tick", run_now=True) == 1)
+    paused = s.count("tick", run_now=False)
+    ops.update("tick", grace=30.0)  # policies: yes
+    with pytest.raises(Exception, match="static beat_schedule entry"):
+        ops.update("tick", schedule="every 5s")
+    with pytest.raises(Exception, match="static beat_schedule entry"):
+        ops.remove("tick")
+    ops.resume("tick")
+    tick_until(s, lambda: s.count("tick", run_now=False) > paused)
+    listed = {e.name: e for e in ops.list()}
+    assert listed["tick"].static and listed["tick"].policies["grace"] == 30.0
+
+
+def _age_run_state(app: Celery, seconds: float) -> None:
+    """Move every stored last run ``seconds`` back: as if every beat had been down since."""
+    engine = sa.create_engine(app.conf.election_url.replace("postgresql:", "postgresql+psycopg:"))
+    table = f"{app.conf.election_table_prefix}beat_run"
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f"UPDATE {table} SET last_run_at = last_run_at - :d"),
+            {"d": int(seconds * 1_000_000)},
+        )
+    engine.dispose()
+
+
+def test_catch_up_policies_after_every_beat_was_down_five_minutes(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    first = leading(beats)
+    for name, policy in (("latest", {}), ("skip", {"catch_up": "skip"}),
+                         ("all", {"catch_up": "all", "catch_up_max": 3})):  # fmt: skip
+        ops.add(name, f"ops.{name}", "every 60s", check_task=False, **policy)
+    tick_until(first, lambda: {"latest", "skip", "all"} <= set(first.schedule))
+    for name in ("latest", "skip", "all"):
+        ops.run_now(name)  # not a run of the schedule; then one real run each:
+    ops.update("latest", schedule="every 1s")
+    ops.update("skip", schedule="every 1s")
+    ops.update("all", schedule="every 1s")
+    tick_until(
+        first, lambda: all(first.count(n, run_now=False) >= 1 for n in ("latest", "skip", "all"))
+    )
+    for name in ("latest", "skip", "all"):
+        ops.update(name, schedule="every 60s")
+    tick_until(first, lambda: first.schedule["all"].schedule.run_every.total_seconds() == 60)
+    first.close()
+    # five and a half minutes with no beat: 5 runs of each fell due, the last 30 s ago
+    _age_run_state(first.app, 330)
+    second = leading(beats)
+    tick_until(second, lambda: second.count("all") == 3 and len(ops.history("skip")) >= 3)
+    ticks_pass(second, 2)
+    assert second.count("latest") == 1  # Celery's: one run for the five
+    assert second.count("skip") == 0  # none: it waits for its next due time
+    assert second.count("all") == 3  # each missed run, the latest catch_up_max
+    skip_missed = [r for r in ops.history("skip") if r.kind == "missed"]
+    all_missed = [r for r in ops.history("all") if r.kind == "missed"]
+    assert [r.count for r in skip_missed] == [5]
+    assert [r.count for r in all_missed] == [2]  # 5 due, 3 sent, 2 missed
+    heads = [h for _, h, _ in second.sent if h.get("election_entry") == "all"]
+    assert len({h["election_run"] for h in heads}) == 3  # three distinct runs
+
+
+def test_overlap_skip_waits_for_the_previous_run_to_finish(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    s = leading(beats)
+    ops.add("slow", "ops.slow", "every 1s", check_task=False, overlap="skip")
+    tick_until(s, lambda: s.count("slow") == 1)
+    ticks_pass(s, 3)  # it "runs" three periods: never finished
+    assert s.count("slow") == 1
+    skipped = [r for r in ops.history("slow") if r.kind == "skipped"]
+    assert len(skipped) >= 2
+    task_id = next(t for _, h, t in s.sent if h.get("election_entry") == "slow")
+    assert ops.store.finish(task_id, "SUCCESS", 3_000_000)  # what the worker reports
+    tick_until(s, lambda: s.count("slow") == 2)
+
+
+def test_a_pending_run_now_survives_a_change_of_leader(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    a = leading(beats)
+    b = beats()
+    ops.add("job", "ops.job", "every 60s", check_task=False)
+    tick_until(a, lambda: "job" in a.schedule)
+    a.close()  # hands over; the request arrives while b takes over
+    assert ops.run_now("job")
+    assert b.wait_for_leadership(10)
+    tick_until(b, lambda: b.count("job", run_now=True) == 1)
+    ticks_pass(b, 2)
+    assert b.count("job", run_now=True) == 1 and a.count("job") == 0

@@ -1,0 +1,139 @@
+"""The operable schedule's store on every SQL database: versions, the run-now fence, history.
+
+Each condition of ``claim_run_now`` (the request seen, the lease's namespace, token, term
+and expiry) has a case here that fails when the condition is removed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.backends.sql_schedule import EntryRow, SQLScheduleStore
+from celery_election.errors import ConfigurationError
+
+from ..conftest import expire, token
+
+NS = "sched-beat"
+LEASE_NS = "sched-lease"
+
+
+@pytest.fixture
+def backend(sql_url: str) -> Iterator[SQLBackend]:
+    b = backend_from_url(sql_url, table_prefix=f"s{uuid.uuid4().hex[:10]}_")
+    assert isinstance(b, SQLBackend)
+    b.install()
+    yield b
+    b.uninstall()
+    b.close()
+
+
+def put(store: SQLScheduleStore, name: str, **values: Any) -> EntryRow:
+    def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {"task": "t.x", "spec": '{"schedule": {"every": 5}}', **values}, values
+
+    return store.change(NS, name, "add", "tester", work)
+
+
+def test_each_change_gets_a_greater_version_and_is_seen_once(backend: SQLBackend) -> None:
+    store = backend.schedule
+    a = put(store, "a")
+    b = put(store, "b")
+    a2 = put(store, "a", enabled=False)
+    assert a.version < b.version < a2.version
+    assert [r.name for r in store.changes(NS, 0)] == ["b", "a"]  # latest row per entry
+    assert [r.name for r in store.changes(NS, b.version)] == ["a"]
+    assert store.changes(NS, a2.version) == []
+    assert store.changes("other", 0) == []
+    assert [(x.action, x.actor, x.name) for x in store.audit(NS)][:1] == [("add", "tester", "a")]
+
+
+def test_concurrent_writers_commit_in_version_order(backend: SQLBackend) -> None:
+    """A reader that saw version N never misses a change committed later below N."""
+    store = backend.schedule
+    seen: set[str] = set()
+    since = -1
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for i in range(5):
+                put(store, f"w{k}-{i}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) or since < 0:
+        for row in store.changes(NS, since):
+            seen.add(row.name)
+            since = max(since, row.version)
+    for t in threads:
+        t.join()
+    for row in store.changes(NS, since):
+        seen.add(row.name)
+    assert not errors
+    assert seen == {f"w{k}-{i}" for k in range(3) for i in range(5)}
+
+
+def test_a_refused_change_writes_nothing(backend: SQLBackend) -> None:
+    store = backend.schedule
+    put(store, "a")
+
+    def refuse(current: EntryRow | None, now: int) -> Any:
+        raise ConfigurationError("no")
+
+    with pytest.raises(ConfigurationError):
+        store.change(NS, "a", "edit", "tester", refuse)
+    assert len(store.audit(NS)) == 1
+    assert [r.version for r in store.changes(NS, 0)] == [1]
+
+
+def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBackend) -> None:
+    store = backend.schedule
+    a, b = token(), token()
+    lease = backend.elect(LEASE_NS, a, "beat-a", 30.0).lease
+    row = put(store, "job", run_now_at=1234)
+    assert row.run_now_at == 1234
+    mine = (LEASE_NS, a, lease.term)
+    # every condition of the fence, one at a time
+    assert not store.claim_run_now(NS, mine, "job", 999)  # not the request it saw
+    assert not store.claim_run_now(NS, (LEASE_NS, b, lease.term), "job", 1234)  # token
+    assert not store.claim_run_now(NS, (LEASE_NS, a, lease.term + 1), "job", 1234)  # term
+    assert not store.claim_run_now(NS, ("elsewhere", a, lease.term), "job", 1234)  # lease ns
+    assert not store.claim_run_now(NS, mine, "other-entry", 1234)  # entry
+    assert store.get(NS, "job").run_now_at == 1234  # type: ignore[union-attr]
+    assert store.claim_run_now(NS, mine, "job", 1234)
+    assert not store.claim_run_now(NS, mine, "job", 1234)  # consumed: sent once
+    assert store.get(NS, "job").run_now_at is None  # type: ignore[union-attr]
+    # a lease that has ended claims nothing, though its token and term match
+    put(store, "job", run_now_at=5678)
+    expire(backend, LEASE_NS)
+    assert not store.claim_run_now(NS, mine, "job", 5678)
+
+
+def test_history_finishes_by_task_id_once_and_prunes_by_age(backend: SQLBackend) -> None:
+    store = backend.schedule
+    store.record(NS, "job", "run", run_key=1, term=7, task_id="t-1")
+    store.record(NS, "job", "missed", run_key=2, term=7, count=30)
+    store.record(NS, "other", "run", run_key=1, term=7, task_id="t-2")
+    assert store.finish("t-1", "SUCCESS", 1500)
+    assert not store.finish("t-1", "FAILURE", 1)  # once: the first report stands
+    assert not store.finish("t-unknown", "SUCCESS", 1)
+    runs = store.history(NS, "job")
+    assert [(r.kind, r.count, r.outcome, r.duration_us) for r in runs] == [
+        ("missed", 30, None, None),
+        ("run", 1, "SUCCESS", 1500),
+    ]
+    assert store.history(NS, "job", before=runs[0].id) == runs[1:]
+    last = store.last_sent(NS, "job")
+    assert last is not None and last.task_id == "t-1" and last.finished_at is not None
+    assert store.prune(NS, runs[1].sent_at) == 0  # nothing older than the oldest
+    assert store.prune(NS, store.db_now() + 1) == 3
+    assert store.history(NS, "job") == []
