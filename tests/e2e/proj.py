@@ -83,6 +83,9 @@ _ticks = sa.Table(
     sa.Column("run", sa.BigInteger, nullable=True),  # the run's key, from the beat's header
     sa.Column("term", sa.BigInteger, nullable=True),
     sa.Column("worker", sa.String(200)),
+    sa.Column("task_id", sa.String(64), nullable=True),
+    sa.Column("started_at", sa.BigInteger, nullable=True),  # database clock, epoch us
+    sa.Column("ended_at", sa.BigInteger, nullable=True),
 )
 
 
@@ -161,16 +164,26 @@ def strict(self, label: str) -> int | None:
 
 
 @app.task(bind=True)
-def tick(self, entry: str) -> None:
+def tick(self, entry: str, seconds: float = 0.0) -> None:
+    """Record this execution (and, given ``seconds``, run that long: when it ended too)."""
     with _engine_().begin() as conn:
-        conn.execute(
+        row = conn.execute(
             sa.insert(_ticks).values(
                 entry=entry,
                 run=getattr(self.request, "election_run", None),
                 term=getattr(self.request, "election_term", None),
                 worker=self.request.hostname,
+                task_id=self.request.id,
+                started_at=db_now_us(),
             )
-        )
+        ).inserted_primary_key
+    if seconds:
+        import time
+
+        time.sleep(seconds)
+        with _engine_().begin() as conn:
+            where = _ticks.c.id == row[0]
+            conn.execute(sa.update(_ticks).where(where).values(ended_at=db_now_us()))
 
 
 @app.task

@@ -1,0 +1,165 @@
+"""The operable schedule with real processes: 2 beats, 2 workers, the CLI from a third shell.
+
+RabbitMQ + PostgreSQL, and SQLite (broker and database). Every operation goes through
+``celery -A proj election schedule ...`` in a process of its own; its effect is observed in
+what the workers executed (tests/e2e/proj.py records each execution with its run key and
+task id) and in the history the leader and the workers write. The leading beat is
+SIGKILLed in the middle. At the end: no run executed twice, every run the history says
+was sent was executed, and each operation's delay from its audit record to its first
+effect on the leader is printed (the benchmark's figure, not an assertion).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from celery_election.backends import SQLBackend
+
+from .cluster import Cluster, wait_until
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tier2,
+    pytest.mark.parametrize(
+        "cluster",
+        [{"beat": True}, {"beat": True, "kind": "sqla+sqlite"}],
+        indirect=True,
+        ids=["rabbitmq+postgresql", "sqlite"],
+    ),
+]
+TICK = "tests.e2e.proj.tick"
+
+
+def cli(c: Cluster, *args: str) -> str:
+    """``celery -A tests.e2e.proj election schedule <args>`` as an operator types it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "schedule",
+         "--as", "e2e-operator", *args],
+        cwd=c.tmp, env=c.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def executions(c: Cluster, entry: str) -> list[Any]:
+    return [r for r in c.rows(c.ticks) if r.entry == entry]
+
+
+def history(c: Cluster, entry: str) -> list[Any]:
+    backend = c.backend
+    assert isinstance(backend, SQLBackend)
+    return backend.schedule.history(f"{c.namespace}-beat", entry, limit=1000)
+
+
+def audit_at(c: Cluster, action: str, name: str) -> int:
+    backend = c.backend
+    assert isinstance(backend, SQLBackend)
+    rows = backend.schedule.audit(f"{c.namespace}-beat", limit=1000)
+    return max(a.at for a in rows if a.action == action and a.name == name)
+
+
+def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluster) -> None:
+    c = cluster
+    for name in ("w1", "w2"):
+        c.start(name, election=False)
+    c.start_beat("b1")
+    c.start_beat("b2")
+    first = c.wait_beat_leader(30)
+    delays: dict[str, float] = {}
+
+    cli(c, "add", "dyn", TICK, "every 10s", "--args", '["dyn"]')
+    cli(c, "edit", "dyn", "--schedule", "every 2s")  # 10 s -> 2 s
+    edited = audit_at(c, "edit", "dyn")
+    wait_until(lambda: len(executions(c, "dyn")) >= 2, 30, "two runs of the edited entry")
+    first_run = min(h.sent_at for h in history(c, "dyn") if h.kind == "run")
+    # created with 10 s, edited at once to 2 s: the first run comes 2 s after it was added
+    delays["edit 10 s -> 2 s (first run after)"] = (first_run - edited) / 1e6
+    assert first_run - audit_at(c, "add", "dyn") < 10_000_000
+
+    # run now, from two shells at once: one run
+    outs: list[str] = []
+    shells = [threading.Thread(target=lambda: outs.append(cli(c, "run", "dyn"))) for _ in "ab"]
+    for t in shells:
+        t.start()
+    for t in shells:
+        t.join()
+    wait_until(lambda: any(r.run is None for r in executions(c, "dyn")), 30, "the run now")
+    delays["run now"] = (
+        next(h.sent_at for h in history(c, "dyn") if h.kind == "run_now")
+        - audit_at(c, "run_now", "dyn")
+    ) / 1e6
+
+    cli(c, "pause", "dyn")
+    paused = audit_at(c, "pause", "dyn")
+    wait_until(lambda: len(executions(c, "every-second-a")) >= 3, 30, "static ticks")
+    base = len(executions(c, "every-second-a"))
+    wait_until(lambda: len(executions(c, "every-second-a")) >= base + 4, 30, "4 s passing")
+    sent_after = [h for h in history(c, "dyn") if h.kind == "run" and h.sent_at > paused]
+    assert len(sent_after) <= 1  # at most a run the leader had in hand when it looked
+    delays["pause (last run after it)"] = max(
+        [(h.sent_at - paused) / 1e6 for h in sent_after], default=0.0
+    )
+    before = len(executions(c, "dyn"))
+    cli(c, "resume", "dyn", "--missed", "skip")
+    wait_until(lambda: any(h.kind == "missed" for h in history(c, "dyn")), 30, "missed runs")
+    wait_until(lambda: len(executions(c, "dyn")) > before, 30, "runs again after resume")
+
+    # the leader dies in the middle
+    c.signal(first, signal.SIGKILL)
+    second = c.wait_beat_leader(30, other_than=first)
+    assert second != first
+    cli(c, "pause", "dyn")
+    wait_until(lambda: len(executions(c, "every-second-b")) >= base + 10, 60, "time passing")
+    caught = len(executions(c, "dyn"))
+    cli(c, "resume", "dyn", "--missed", "catch_up")
+    resumed = audit_at(c, "resume", "dyn")
+    wait_until(lambda: len(executions(c, "dyn")) > caught, 30, "the catch-up run")
+    delays["resume, catch up"] = (
+        min(h.sent_at for h in history(c, "dyn") if h.sent_at > resumed) - resumed
+    ) / 1e6
+
+    # overlap: a task that runs 3 periods is not sent again while it runs
+    cli(c, "add", "slow", TICK, "every 1s", "--args", '["slow", 3.0]', "--overlap", "skip")
+    wait_until(
+        lambda: sum(1 for r in executions(c, "slow") if r.ended_at) >= 2, 60, "two slow runs"
+    )
+    slow = sorted(executions(c, "slow"), key=lambda r: r.started_at)
+    for a, b in itertools.pairwise(slow):
+        assert a.ended_at is not None and b.started_at >= a.ended_at, "slow runs overlapped"
+    assert sum(h.count for h in history(c, "slow") if h.kind == "skipped") >= 2
+    finished = [h for h in history(c, "slow") if h.kind == "run" and h.finished_at]
+    assert finished and all(h.outcome == "SUCCESS" for h in finished)  # workers' reports
+    assert all(h.duration_us and h.duration_us >= 2_900_000 for h in finished)
+
+    cli(c, "remove", "dyn")
+    cli(c, "remove", "slow")
+    removed = audit_at(c, "remove", "dyn")
+    mark = len(executions(c, "every-second-a"))
+    wait_until(lambda: len(executions(c, "every-second-a")) >= mark + 3, 30, "time passing")
+    late = [h for h in history(c, "dyn") if h.sent_at > removed]
+    assert len(late) <= 1
+    listed = cli(c, "list")
+    assert "dyn" not in listed and "every-second-a" in listed
+
+    # nothing twice, nothing lost
+    done = c.rows(c.ticks)
+    keyed = [(r.entry, r.run) for r in done if r.run is not None]
+    twice = [k for k, n in collections.Counter(keyed).items() if n > 1]
+    assert twice == [], f"runs executed twice: {twice}"
+    executed = {r.task_id for r in done}
+    for entry in ("dyn", "slow"):
+        sent = {h.task_id for h in history(c, entry) if h.task_id}
+        assert sent <= executed, f"{entry}: sent but never executed: {sent - executed}"
+    runs_now = [r for r in executions(c, "dyn") if r.run is None]
+    assert len(runs_now) == 1  # two shells, one run
+    print(f"\n[{getattr(c, 'kind', '?')}] delay from the audit record to the leader's effect:")
+    for what, seconds in delays.items():
+        print(f"  {what:<36} {seconds:7.3f} s")
