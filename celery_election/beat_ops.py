@@ -144,6 +144,8 @@ class OperableScheduleMixin:
         self._next_prune = 0.0
         self._windowed: dict[str, bool] = {}  # dynamic entries with start/expiry: inside?
         self._send_as: dict[str, datetime] = {}
+        self._asked: set[str] = set()  # entries with a "run now" this leader has not served
+        self._policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
         self._run_now_key: int | None = None
         super().__init__(*args, **kwargs)
 
@@ -278,6 +280,7 @@ class OperableScheduleMixin:
         assert store is not None
         if full or lead[0] != self._ops_term:
             self._since, self._rows, self._ops_term = -1, {}, lead[0]
+            self._asked, self._policies = set(), {}
         self._next_look = boottime() + LOOK_EVERY
         try:
             changed = store.changes(self._schedule_ns, self._since)
@@ -286,11 +289,14 @@ class OperableScheduleMixin:
             return False
         for row in changed:
             self._since = max(self._since, row.version)
+            self._policies.pop(row.name, None)
             if row.deleted:
                 self._rows.pop(row.name, None)
                 self._dynamic.pop(row.name, None)
             else:
                 self._rows[row.name] = row
+            if row.run_now_at is not None and not row.deleted:
+                self._asked.add(row.name)
         if changed:
             log.info("beat election: %d schedule change(s) up to version %d", len(changed),
                      self._since)  # fmt: skip
@@ -303,8 +309,10 @@ class OperableScheduleMixin:
 
     def _serve_run_now(self, lead: tuple[int, str], store: SQLScheduleStore) -> None:
         """Send each pending "run now" this leader wins in the database, once."""
-        for name, row in list(self._rows.items()):
-            if row.run_now_at is None:
+        for name in list(self._asked):
+            self._asked.discard(name)
+            row = self._rows.get(name)
+            if row is None or row.run_now_at is None:
                 continue
             self._rows[name] = replace(row, run_now_at=None)
             entry = self._base().get(name) if row.task is None else self._dynamic_entry(row)
@@ -318,6 +326,7 @@ class OperableScheduleMixin:
             except ElectionError as exc:
                 log.warning("beat election: run now of %s not claimed (%s)", name, exc)
                 self._rows[name] = row  # try again at the next tick
+                self._asked.add(name)
                 continue
             if not won:
                 continue
@@ -349,7 +358,10 @@ class OperableScheduleMixin:
         row = self._rows.get(entry.name)
         if not state.is_due or row is None:
             return state
-        policies = check_policies(row.spec)
+        cached = self._policies.get(entry.name)
+        if cached is None:
+            cached = self._policies[entry.name] = check_policies(row.spec)
+        policies = cached
         lead = self._leading()  # type: ignore[attr-defined]
         if lead is None:
             return state
