@@ -2,7 +2,7 @@
 
 Starts electors, ``celery worker --election`` processes and LeaderScheduler beats (all but
 the memory backend), applies seeded random faults one after another for the given time,
-then checks the combined history (celery_election.history) and writes a report:
+then checks the combined history (harness.checker) and writes a report:
 ``benchmarks/results/chaos-<backend>.json`` and a markdown table beside it. Exit status 1
 if any invariant was violated. The driver is harness/chaos/driver.py; the faults are in
 harness/chaos/faults.py. ``restart`` restarts the loopback database server: do not run this

@@ -57,6 +57,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .backends.base import Backend, Wakeup, WakeupHandle
@@ -64,7 +65,7 @@ from .clock import Clock, RealClock, boottime
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .errors import ConfigurationError, ElectionError
 from .liveness import Liveness, LivenessRules
-from .metrics import ElectorStats, track
+from .metrics.stats import ElectorStats, track
 from .term import Lease, trusted_until
 from .transitions import (
     Backoff,
@@ -79,6 +80,7 @@ from .transitions import (
 __all__ = [
     "Backoff",
     "Elector",
+    "ElectorSnapshot",
     "RevokeReason",
     "State",
     "Subscription",
@@ -89,6 +91,24 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ERROR_REPEAT = 60.0  # seconds between two ERROR lines for one persisting failure
+
+
+@dataclass(frozen=True)
+class ElectorSnapshot:
+    """What the health probes and the exporter read of an Elector, in one look."""
+
+    #: start() was called and stop() has not finished
+    started: bool
+    #: the election thread is alive
+    running: bool
+    #: ``is_leader`` at the time of the look
+    leading: bool
+    #: the term this elector holds belief in, else the last term it saw, else 0
+    term: int
+    #: when belief in that term ends (boot-time clock), None when not leading
+    trusted_until: float | None
+    #: database calls failed in a row (0 once one answers)
+    failures: int
 
 
 class Elector(LivenessRules):
@@ -236,6 +256,24 @@ class Elector(LivenessRules):
         if self._resign_requested:
             return State.RESIGNING
         return State.LEADER if self.is_leader else State.FOLLOWER
+
+    def snapshot(self) -> ElectorSnapshot:
+        """A look at the elector for probes and exporters; no I/O, never takes the lock.
+
+        Lock-free so that a probe answers even while the election thread is wedged.
+        """
+        lead = self._lead
+        thread = self._thread
+        seen = self._last_lease
+        term = lead.term if lead is not None else seen.term if seen is not None else 0
+        return ElectorSnapshot(
+            started=self._started,
+            running=thread is not None and thread.is_alive(),
+            leading=lead is not None and self._clock.monotonic() < lead.trusted_until,
+            term=term,
+            trusted_until=None if lead is None else lead.trusted_until,
+            failures=self._failures,
+        )
 
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Block until this elector leads (True) or ``timeout`` seconds pass (False)."""

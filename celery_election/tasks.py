@@ -35,6 +35,7 @@ from celery.exceptions import Ignore
 
 from . import metrics, shared_state
 from .errors import ConfigurationError, NotLeaderError
+from .metrics import counters
 from .settings import ElectionSettings
 
 __all__ = [
@@ -132,13 +133,13 @@ class LeaderTask(Task):
         term = record.leader_term() if record is not None else None
         if term is not None:
             _TERM.set(term)
-            store = metrics._store
+            store = counters._store
             if store is not None:  # metrics on: one dict lookup and one shared-memory add
                 store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
             return
         _TERM.set(None)
         mode = _check_mode(self.on_follower)
-        if metrics._store is not None:
+        if counters._store is not None:
             metrics.count(_count_key(self.name, _OUTCOME[mode]))
         if mode == "skip":
             log.warning("%s[%s] skipped: this worker is not the leader", self.name, task_id)

@@ -7,6 +7,7 @@ matrix and the benchmarks.
   (failover.py, peers.py).
 * ``chaos``: the fault driver, the faults, and the processes it runs.
 * ``proxy``: a TCP proxy that can stall, cut or slow one process's database link.
+* ``checker``: reads the histories the package's ``Recorder`` writes, and judges them.
 * ``stats``: the one percentile.
 
 Not part of the package (it is not installed): tests import it from the repository root,

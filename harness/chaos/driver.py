@@ -4,7 +4,7 @@ A run starts electors (``harness.chaos.node``), ``celery worker --election`` pro
 ``celery beat`` LeaderScheduler processes, each talking to the database through its own
 TCP proxy, then applies one fault at a time, heals it, waits for every role to have a
 leader again, and pauses. Every process appends to one history file; the driver adds a
-``fault`` record per fault. At the end, :func:`celery_election.history.check` judges it.
+``fault`` record per fault. At the end, :func:`harness.checker.check` judges it.
 
 The memory backend cannot cross processes, so its run (:class:`MemoryChaos`) puts the
 electors on threads of this process and injects its faults at the backend boundary.
@@ -34,8 +34,9 @@ from celery_election.backends import MemoryBackend, backend_from_url
 from celery_election.backends.base import Backend
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
-from celery_election.history import Recorder, Report, check, load
+from celery_election.history import Recorder
 from harness.chaos import faults
+from harness.checker import Report, check, load
 from harness.processes import Proc, stop_all
 from harness.proxy import Proxy
 

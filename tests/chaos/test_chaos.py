@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from celery_election import Elector
-from celery_election.history import load
 from harness.chaos.driver import FAULTS, Settings, make
 from harness.chaos.faults import FAKETIME_LIB, restart_unsupported
+from harness.checker import load
 
 from ..conftest import server_url
 from ..services import REQUIRE

@@ -2,7 +2,7 @@
 pauses or loses its session, and that two processes never believe they lead at once.
 
 A leader in a child process (``liveness_child.py``) and a follower in this one both
-write a history; ``celery_election.history.check`` judges every scenario (no two trust
+write a history; ``harness.checker.check`` judges every scenario (no two trust
 windows overlap). The lease is long (30 s) and every wait here far shorter, so a
 follower that leads before the lease would have ended got there through the lock: the
 new term's ``acquired_at`` is compared with the old lease's ``expires_at`` on the
@@ -27,8 +27,9 @@ import sqlalchemy as sa
 
 from celery_election import Elector, backend_from_url
 from celery_election.backends.liveness import lock_key
-from celery_election.history import Recorder, check, load
+from celery_election.history import Recorder
 from celery_election.term import Lease
+from harness.checker import check, load
 from harness.proxy import Proxy
 
 from ..conftest import unique_prefix, url_for

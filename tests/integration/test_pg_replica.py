@@ -30,8 +30,9 @@ import pytest
 
 from celery_election import Elector, backend_from_url
 from celery_election.errors import BackendUnavailableError
-from celery_election.history import Recorder, check, load
+from celery_election.history import Recorder
 from harness.chaos.faults import FAKETIME_LIB
+from harness.checker import check, load
 from harness.proxy import Proxy
 
 from ..conftest import unique_prefix

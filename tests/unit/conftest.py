@@ -6,9 +6,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from celery import Celery
 
-from celery_election import shared_state
-from celery_election.shared_state import ENV_VAR
+from celery_election import init_app, shared_state
+from celery_election.shared_state import ENV_VAR, SharedLeadership
+
+from ..support.apps import new_app
 
 
 @pytest.fixture
@@ -25,3 +28,21 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             os.environ.pop(ENV_VAR, None)
         else:
             os.environ[ENV_VAR] = saved
+
+
+@pytest.fixture
+def record(clean_env: None) -> Iterator[SharedLeadership]:
+    """A real shared record, installed as this process's; closed and uninstalled after."""
+    rec = SharedLeadership.create()
+    shared_state.install(rec)
+    try:
+        yield rec
+    finally:
+        shared_state.install(None)
+        rec.close()
+
+
+@pytest.fixture
+def app() -> Celery:
+    """An app with the election (namespace "unit"), for the leader task tests."""
+    return init_app(new_app(election_namespace="unit"))

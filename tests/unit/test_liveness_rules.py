@@ -17,7 +17,8 @@ import pytest
 from celery_election import Elector
 from celery_election.backends import MemoryBackend
 from celery_election.backends.memory import MemorySession
-from celery_election.history import Recorder, check, load
+from celery_election.history import Recorder
+from harness.checker import check, load
 
 TTL = 2.0  # liveness delta 0.375 s by default
 

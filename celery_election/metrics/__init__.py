@@ -1,0 +1,81 @@
+"""Prometheus metrics and health probes for electors, beats and leader tasks.
+
+One module per job; every name is importable from here:
+
+- ``stats``: an elector's own counters (``ElectorStats``) and the registry of the
+  electors this process exports (``track``, ``electors``).
+- ``counters``: the store everything else counts into: ``LocalCounters`` in one process,
+  ``SharedCounters`` shared by a worker's processes; ``install``, ``store``, ``count``,
+  ``set_gauge``, ``key``.
+- ``health``: the probes (``BeatProbe``, ``elector_problem``, ``health``) and a beat's
+  tick announcements (``mark_tick``, ``allow_start``).
+- ``exporter``: the Prometheus collector and the HTTP server (``collector``, ``render``,
+  ``MetricsServer``, ``bind``, ``serve``), the only user of ``prometheus_client``, which
+  it imports lazily: counting works without the ``metrics`` extra.
+
+Part of the core: it never imports Celery.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigurationError
+from .counters import (
+    BEAT,
+    ENV_VAR,
+    TASK,
+    TICK,
+    LocalCounters,
+    SharedCounters,
+    Store,
+    count,
+    install,
+    key,
+    set_gauge,
+    store,
+)
+from .exporter import (
+    INSTALL_HINT,
+    PREFIX,
+    MetricsServer,
+    bind,
+    collector,
+    render,
+    require_client,
+    serve,
+)
+from .health import BeatProbe, allow_start, elector_problem, health, mark_tick, tick_late
+from .stats import BUCKETS, ElectorStats, electors, track
+
+__all__ = [
+    "BEAT",
+    "BUCKETS",
+    "ENV_VAR",
+    "INSTALL_HINT",
+    "PREFIX",
+    "TASK",
+    "TICK",
+    "BeatProbe",
+    "ConfigurationError",
+    "ElectorStats",
+    "LocalCounters",
+    "MetricsServer",
+    "SharedCounters",
+    "Store",
+    "allow_start",
+    "bind",
+    "collector",
+    "count",
+    "elector_problem",
+    "electors",
+    "health",
+    "install",
+    "key",
+    "mark_tick",
+    "render",
+    "require_client",
+    "serve",
+    "set_gauge",
+    "store",
+    "tick_late",
+    "track",
+]

@@ -1,0 +1,274 @@
+"""The Prometheus exporter: /metrics, /healthz and /readyz on one port.
+
+Only this module uses ``prometheus_client``, and it imports it (and ``http.server``)
+lazily, so the package works without the ``metrics`` extra. ``collector()`` reads the
+electors of this process (``stats.electors()``) and its store (``counters``);
+``MetricsServer`` serves it with the probes of ``health``.
+
+Part of the core: it never imports Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..clock import boottime
+from ..errors import ConfigurationError
+from . import counters
+from .counters import _SEP, BEAT, TASK, TICK
+from .health import health, tick_late
+from .stats import BUCKETS, electors
+
+if TYPE_CHECKING:
+    from ..elector import Elector
+
+__all__ = [
+    "INSTALL_HINT",
+    "PREFIX",
+    "MetricsServer",
+    "bind",
+    "collector",
+    "render",
+    "require_client",
+    "serve",
+]
+
+log = logging.getLogger("celery_election.metrics")
+
+INSTALL_HINT = "pip install 'celery-election[metrics]'"
+PREFIX = "celery_election_"
+
+Probe = Callable[[], tuple[bool, bool, list[str]]]
+
+
+def require_client() -> None:
+    """ConfigurationError (one line with the install command) without prometheus_client."""
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigurationError(f"election_metrics_port needs prometheus_client: {INSTALL_HINT}")
+
+
+def collector(extra_labels: dict[str, str] | None = None) -> Any:
+    """A prometheus_client collector of this process's electors and store."""
+    require_client()
+    return _ElectionCollector()
+
+
+class _ElectionCollector:
+    def collect(self) -> Iterator[Any]:
+        now = boottime()
+        yield from _elector_families(electors(), now)
+        yield from _store_families(counters.values(), now)
+
+
+def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    lab = ["namespace", "candidate"]
+    leading = GaugeMetricFamily(PREFIX + "leading", "1 while this elector leads", labels=lab)
+    term = GaugeMetricFamily(
+        PREFIX + "term", "the term this elector leads, or the last term it saw", labels=lab
+    )
+    trust = GaugeMetricFamily(
+        PREFIX + "trust_left_seconds", "seconds before the leader stops trusting its lease",
+        labels=lab,
+    )  # fmt: skip
+    trans = CounterMetricFamily(
+        PREFIX + "transitions", "changes of leadership", labels=[*lab, "kind", "reason"]
+    )
+    fails = CounterMetricFamily(
+        PREFIX + "call_failures", "failed database calls", labels=[*lab, "operation"]
+    )
+    calls = HistogramMetricFamily(
+        PREFIX + "call_duration_seconds", "database call duration",
+        labels=[*lab, "operation"],
+    )  # fmt: skip
+    for e in electors_:
+        ids = [e.namespace, e.candidate_id]
+        snap = e.snapshot()
+        leading.add_metric(ids, 1.0 if snap.leading else 0.0)
+        term.add_metric(ids, float(snap.term))
+        until = snap.trusted_until
+        trust.add_metric(ids, max(0.0, until - now) if until is not None else 0.0)
+        s = e.stats
+        for (kind, reason), n in sorted(s.transitions.items()):
+            trans.add_metric([*ids, kind, reason], float(n))
+        for op, n in sorted(s.failures.items()):
+            fails.add_metric([*ids, op], float(n))
+        for op, (buckets, total, n) in sorted(s.calls.items()):
+            cumulative, acc = [], 0
+            for bound, c in zip(BUCKETS, buckets, strict=True):
+                acc += c
+                cumulative.append((str(bound), float(acc)))
+            cumulative.append(("+Inf", float(n)))
+            calls.add_metric([*ids, op], cumulative, total)
+    yield from (leading, term, trust, trans, fails, calls)
+
+
+def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    tasks = CounterMetricFamily(
+        PREFIX + "leader_tasks",
+        "leader task runs by outcome (run, or on a follower: skipped, requeued, raised)",
+        labels=["task", "outcome"],
+    )
+    beat: dict[str, Any] = {
+        what: CounterMetricFamily(PREFIX + f"beat_runs_{what}", doc, labels=["namespace", "entry"])
+        for what, doc in (
+            ("claimed", "runs this beat claimed in the shared state"),
+            ("sent", "runs this beat sent"),
+            ("refused", "runs not sent: another leader had claimed them"),
+            ("publish_failed", "claimed runs whose send raised"),
+        )
+    }
+    age = GaugeMetricFamily(
+        PREFIX + "beat_tick_age_seconds",
+        "seconds since the beat's tick loop last ran",
+        labels=["namespace"],
+    )
+    late = GaugeMetricFamily(
+        PREFIX + "beat_tick_late_seconds",
+        "seconds the beat's tick loop is late for the tick it announced (alert on this)",
+        labels=["namespace"],
+    )
+    beats: set[str] = set()
+    for k, v in sorted(values.items()):
+        parts = k.split(_SEP)
+        if parts[0] == TASK and len(parts) == 3:
+            tasks.add_metric(parts[1:], float(v))
+        elif parts[0] == BEAT and len(parts) == 4 and parts[3] in beat:
+            beat[parts[3]].add_metric(parts[1:3], float(v))
+        elif parts[0] == TICK and len(parts) == 3:
+            beats.add(parts[1])
+            if parts[2] == "last" and v:
+                age.add_metric([parts[1]], max(0.0, now - v / 1e6))
+    for ns in sorted(beats):
+        seconds = tick_late(values, ns, now)
+        if seconds is not None:
+            late.add_metric([ns], seconds)
+    yield tasks
+    yield from beat.values()
+    yield age
+    yield late
+
+
+def render() -> tuple[bytes, str]:
+    """(body, content type) of /metrics for this process."""
+    require_client()
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector())
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _handler(probe: Callable[[], Probe]) -> type:
+    """The request handler class; ``probe()`` gives the server's current probe."""
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                if path == "/metrics":
+                    body, ctype = render()
+                    self._send(200, body, ctype)
+                elif path in ("/healthz", "/readyz"):
+                    healthy, ready, problems = probe()()
+                    ok = healthy if path == "/healthz" else ready
+                    text = json.dumps({"ok": ok, "healthy": healthy, "ready": ready,
+                                       "problems": problems})  # fmt: skip
+                    self._send(200 if ok else 503, text.encode(), "application/json")
+                else:
+                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+            except Exception as exc:  # a probe must answer, never hang up
+                log.exception("metrics: %s failed", path)
+                self._send(500, f"{type(exc).__name__}: {exc}\n".encode())
+
+        def _send(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes every few seconds would flood the worker's log
+
+    return Handler
+
+
+class MetricsServer:
+    """/metrics, /healthz and /readyz on one port, served by a daemon thread."""
+
+    def __init__(self, port: int, *, host: str = "", probe: Probe | None = None) -> None:
+        from http.server import ThreadingHTTPServer
+
+        require_client()
+        self.probe = probe or (lambda: health(electors(), []))
+        self.httpd = ThreadingHTTPServer((host, port), _handler(lambda: self.probe))
+        self.httpd.daemon_threads = True
+        _servers.add(self)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="celery-election-metrics", daemon=True
+        )
+
+    def start(self) -> MetricsServer:
+        """Serve in the background."""
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving and free the port (also when never started)."""
+        if self._thread.is_alive():
+            self.httpd.shutdown()  # waits for serve_forever, which must be running
+        self.httpd.server_close()
+
+
+_servers: weakref.WeakSet[MetricsServer] = weakref.WeakSet()
+
+
+def _close_inherited_servers() -> None:
+    """In a forked child (a prefork pool process): close our copy of the listening socket.
+
+    The child never serves; holding the port would keep it taken after the worker that
+    bound it died (SIGKILL), until the last child exited.
+    """
+    for server in list(_servers):
+        with contextlib.suppress(OSError):
+            server.httpd.socket.close()
+    _servers.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_servers)
+
+
+def bind(port: int, probe: Probe) -> MetricsServer:
+    """Take the port now and serve later (``start()``).
+
+    So a worker or beat whose port is taken ends with one line before it campaigns.
+    """
+    try:
+        return MetricsServer(port, probe=probe)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve metrics on port {port}: {exc.strerror or exc}, another process has it?"
+        ) from exc
+
+
+def serve(port: int, *, host: str = "") -> MetricsServer:
+    """Serve this process's electors' metrics and probes, e.g. next to a bare Elector."""
+    return MetricsServer(port, host=host).start()
