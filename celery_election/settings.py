@@ -117,7 +117,7 @@ SETTINGS: tuple[Setting, ...] = (
         "election_history_file",
         "-",
         "append every trust change, transition and beat send here (JSON lines; "
-        "`celery_election.history` checks them)",
+        "the repository's `harness/checker.py` checks them)",
     ),
     Setting(
         "election_schedule_retention",
@@ -198,7 +198,7 @@ class ElectionSettings:
     config: ElectionConfig
     #: Standalone beats elect here (an embedded beat shares its worker's namespace).
     beat_namespace: str = ""
-    #: Append every trust change and beat send here (celery_election.history), or None.
+    #: Append every trust change and beat send here (history.Recorder), or None.
     history_file: str | None = None
     #: Serve /metrics, /healthz and /readyz here (celery_election.metrics), or None.
     metrics_port: int | None = None

@@ -131,8 +131,17 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
             ("sent", "runs this beat sent"),
             ("refused", "runs not sent: another leader had claimed them"),
             ("publish_failed", "claimed runs whose send raised"),
+            ("missed", "runs dropped by the entry's catch-up policy (or a resume that skips)"),
+            ("skipped_overlap", "runs skipped while the entry's previous run was running"),
+            ("run_now", "extra runs an operator asked for, sent"),
         )
     }
+    # lateness is counted in ms (the stores hold integers) and exported in seconds
+    beat["late_ms"] = CounterMetricFamily(
+        PREFIX + "beat_late_seconds",
+        "seconds between each run's due time and its send, summed (rate / runs_sent: mean)",
+        labels=["namespace", "entry"],
+    )
     age = GaugeMetricFamily(
         PREFIX + "beat_tick_age_seconds",
         "seconds since the beat's tick loop last ran",
@@ -149,7 +158,7 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
         if parts[0] == TASK and len(parts) == 3:
             tasks.add_metric(parts[1:], float(v))
         elif parts[0] == BEAT and len(parts) == 4 and parts[3] in beat:
-            beat[parts[3]].add_metric(parts[1:3], float(v))
+            beat[parts[3]].add_metric(parts[1:3], v / 1000 if parts[3] == "late_ms" else float(v))
         elif parts[0] == TICK and len(parts) == 3:
             beats.add(parts[1])
             if parts[2] == "last" and v:

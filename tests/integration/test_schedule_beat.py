@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery
 
+from celery_election import metrics
 from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
 from celery_election.schedule import Schedule
@@ -249,8 +250,16 @@ def test_catch_up_policies_after_every_beat_was_down_five_minutes(
     assert len({h["election_run"] for h in heads}) == 3  # three distinct runs
 
 
+@pytest.fixture
+def counted() -> Iterator[metrics.LocalCounters]:
+    store = metrics.LocalCounters()
+    old = metrics.install(store)
+    yield store
+    metrics.install(old)
+
+
 def test_overlap_skip_waits_for_the_previous_run_to_finish(
-    beats: Callable[[], Counting], ops: Schedule
+    beats: Callable[[], Counting], ops: Schedule, counted: metrics.LocalCounters
 ) -> None:
     s = leading(beats)
     ops.add("slow", "ops.slow", "every 1s", check_task=False, overlap="skip")
@@ -262,6 +271,18 @@ def test_overlap_skip_waits_for_the_previous_run_to_finish(
     task_id = next(t for _, h, t in s.sent if h.get("election_entry") == "slow")
     assert ops.store.finish(task_id, "SUCCESS", 3_000_000)  # what the worker reports
     tick_until(s, lambda: s.count("slow") == 2)
+    # per-entry metrics, as /metrics exports them
+    values = counted.snapshot()
+    key = metrics.key(metrics.BEAT, ops.namespace, "slow", "skipped_overlap")
+    assert values[key] == sum(r.count for r in ops.history("slow") if r.kind == "skipped")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.collector())
+    body = generate_latest(registry).decode()
+    labels = f'{{entry="slow",namespace="{ops.namespace}"}}'
+    assert f"celery_election_beat_runs_skipped_overlap_total{labels} {float(values[key])}" in body
+    assert "celery_election_beat_late_seconds_total{" in body
 
 
 def test_a_pending_run_now_survives_a_change_of_leader(
