@@ -41,6 +41,7 @@ def _opened(ctx: click.Context) -> Iterator[Schedule]:
     group = ctx.parent.params if ctx.parent is not None else {}  # the schedule group's
     election_params = _election_params(ctx)
     app = getattr(ctx.find_root().obj, "app", None)
+    check_tasks = app is not None  # without the app, its task names are unknown here
     try:
         if app is None:
             url = election_params.get("url")
@@ -57,7 +58,9 @@ def _opened(ctx: click.Context) -> Iterator[Schedule]:
             app.conf.election_url = election_params["url"]
         if election_params.get("table_prefix"):
             app.conf.election_table_prefix = election_params["table_prefix"]
-        s = Schedule(app, namespace=group.get("namespace"), actor=group.get("actor"))
+        s = Schedule(
+            app, namespace=group.get("namespace"), actor=group.get("actor"), check_tasks=check_tasks
+        )
     except ElectionError as exc:
         raise click.ClickException(str(exc)) from exc
     try:

@@ -180,8 +180,12 @@ class Schedule:
         namespace: str | None = None,
         actor: str | None = None,
         backend: SQLBackend | None = None,
+        check_tasks: bool = True,
     ) -> None:
         self.app = app
+        #: Refuse task names the app's modules do not register (off: a process that does
+        #: not load the app's modules, e.g. ``celery-election --url``).
+        self.check_tasks = check_tasks
         settings = ElectionSettings.from_app(app)
         self.namespace = namespace or settings.beat_namespace
         #: Election namespaces whose beats may hold the run state (standalone, embedded).
@@ -413,7 +417,7 @@ class Schedule:
         policies: Mapping[str, Any],
         check_task: bool,
     ) -> dict[str, Any]:
-        if check_task:
+        if check_task and self.check_tasks:
             self._check_task(task)
         spec: dict[str, Any] = {"schedule": to_spec(schedule, tz=tz)}
         spec["args"] = _jsonable(list(args or ()), "args")
