@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend
 
@@ -163,3 +164,45 @@ def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluste
     print(f"\n[{getattr(c, 'kind', '?')}] delay from the audit record to the leader's effect:")
     for what, seconds in delays.items():
         print(f"  {what:<36} {seconds:7.3f} s")
+
+
+def _age_run_state(c: Cluster, seconds: float) -> None:
+    """Move every stored last run back: as if every beat had been down that long."""
+    table = c.backend.beat_run  # type: ignore[attr-defined]
+    with c.engine.begin() as conn:
+        conn.execute(
+            sa.update(table).values(last_run_at=table.c.last_run_at - int(seconds * 1_000_000))
+        )
+
+
+def test_catch_up_policies_after_every_beat_was_down(cluster: Cluster) -> None:
+    """Every beat stops; the shared state is what five and a half minutes of outage leave
+    (each entry's last run moved back 330 s: five runs of a 60 s entry fell due, the last
+    30 s ago); two beats start again. latest: one run; skip: none; all (max 3): three."""
+    c = cluster
+    c.start("w1", election=False)
+    c.start_beat("b1")
+    c.wait_beat_leader(30)
+    policies = {"latest": [], "skip": ["--catch-up", "skip"],
+                "all": ["--catch-up", "all", "--catch-up-max", "3"]}  # fmt: skip
+    for name, extra in policies.items():
+        cli(c, "add", name, TICK, "every 1s", "--args", f'["{name}"]', *extra)
+    wait_until(lambda: all(executions(c, n) for n in policies), 30, "a first run of each")
+    for name in policies:
+        cli(c, "edit", name, "--schedule", "every 60s")
+    mark = len(executions(c, "every-second-a"))
+    wait_until(lambda: len(executions(c, "every-second-a")) >= mark + 2, 30, "the edits applied")
+    before = {n: len(executions(c, n)) for n in policies}
+    c.signal("b1", signal.SIGTERM)
+    c.wait_exit("b1")
+    _age_run_state(c, 330)
+    c.start_beat("b2")
+    c.start_beat("b3")
+    c.wait_beat_leader(30)
+    wait_until(lambda: len(executions(c, "all")) >= before["all"] + 3, 60, "three catch-up runs")
+    mark = len(executions(c, "every-second-a"))
+    wait_until(lambda: len(executions(c, "every-second-a")) >= mark + 3, 30, "time passing")
+    after = {n: len(executions(c, n)) - before[n] for n in policies}
+    assert after == {"latest": 1, "skip": 0, "all": 3}
+    missed = {n: sum(h.count for h in history(c, n) if h.kind == "missed") for n in policies}
+    assert missed == {"latest": 0, "skip": 5, "all": 2}
