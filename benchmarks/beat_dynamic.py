@@ -220,7 +220,9 @@ def _bulk_history(backend: SQLBackend, ns: str, entries: int, per: int) -> None:
         ]  # fmt: skip
 
     if backend.dialect == "postgresql":
-        raw = backend.engine.raw_connection()
+        # a plain engine: the backend's own bounds every statement (statement_timeout)
+        plain = sa.create_engine(backend.engine.url, poolclass=sa.pool.NullPool)
+        raw = plain.raw_connection()
         try:
             with raw.cursor() as cur:  # type: ignore[attr-defined]
                 sql = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
@@ -231,6 +233,7 @@ def _bulk_history(backend: SQLBackend, ns: str, entries: int, per: int) -> None:
             raw.commit()
         finally:
             raw.close()
+            plain.dispose()
         return
     with backend.engine.begin() as conn:
         for e in range(entries):

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -499,13 +500,29 @@ def report_runs(app: Celery) -> None:
         if store is None:
             return
         duration = None if began is None else round((time.monotonic() - began) * 1e6)
-        try:
-            store.finish(task_id, str(state or "?"), duration)
-        except ElectionError as exc:  # the task ran: its history row stays open
-            log.warning("celery-election: could not record the end of %s (%s)", task_id, exc)
+        _finish(store, task_id, str(state or "?"), duration, RETRIES)
 
     task_prerun.connect(started, weak=False)
     task_postrun.connect(finished, weak=False)
+
+
+#: Seconds to wait before each new try when a run's history row is not there yet: the
+#: leader writes its rows in batches (beat_ops.HistoryWriter), a fast task can end first.
+RETRIES = (0.5, 1.0, 2.0, 4.0)
+
+
+def _finish(
+    store: SQLScheduleStore, task_id: str, outcome: str, duration: int | None, waits: Any
+) -> None:
+    try:
+        if store.finish(task_id, outcome, duration) or not waits:
+            return
+    except ElectionError as exc:  # the task ran: its history row stays open
+        log.warning("celery-election: could not record the end of %s (%s)", task_id, exc)
+        return
+    later = threading.Timer(waits[0], _finish, (store, task_id, outcome, duration, waits[1:]))
+    later.daemon = True
+    later.start()
 
 
 def _store_of(app: Celery) -> SQLScheduleStore | None:

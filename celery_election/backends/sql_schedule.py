@@ -295,20 +295,20 @@ class SQLScheduleStore:
         due_at: int | None = None,
         task_id: str | None = None,
         count: int = 1,
+        sent_at: int | None = None,
     ) -> None:
-        """Add a history row (sent_at: the database's clock)."""
-        stmt = sa.insert(self.run).values(
-            namespace=namespace,
-            entry_key=entry_key(name),
-            kind=kind,
-            run_key=run_key,
-            term=term,
-            due_at=due_at,
-            sent_at=db_now_us(),
-            task_id=task_id,
-            count=count,
-        )
+        """Add a history row (``sent_at`` default: the database's clock now)."""
+        row = history_row(namespace, name, kind, run_key=run_key, term=term, due_at=due_at,
+                          task_id=task_id, count=count, sent_at=sent_at)  # fmt: skip
+        if sent_at is None:
+            row["sent_at"] = db_now_us()
+        stmt = sa.insert(self.run).values(**row)
         self._do(lambda conn: conn.execute(stmt), self.run)
+
+    def record_many(self, rows: list[dict[str, Any]]) -> None:
+        """Add history rows made by :func:`history_row` (with their sent_at), in one call."""
+        if rows:
+            self._do(lambda conn: conn.execute(sa.insert(self.run), rows), self.run)
 
     def finish(self, task_id: str, outcome: str, duration_us: int | None) -> bool:
         """A worker's word that a run finished (one UPDATE by task id); True if it was ours."""
@@ -368,6 +368,32 @@ class SQLScheduleStore:
             ids = sa.select(r.c.id).where(where).limit(batch).scalar_subquery()
             stmt = sa.delete(r).where(r.c.id.in_(ids))
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, r))
+
+
+def history_row(
+    namespace: str,
+    name: str,
+    kind: str,
+    *,
+    run_key: int,
+    term: int,
+    due_at: int | None = None,
+    task_id: str | None = None,
+    count: int = 1,
+    sent_at: int | None = None,
+) -> dict[str, Any]:
+    """The columns of one history row."""
+    return {
+        "namespace": namespace,
+        "entry_key": entry_key(name),
+        "kind": kind,
+        "run_key": run_key,
+        "term": term,
+        "due_at": due_at,
+        "sent_at": sent_at,
+        "task_id": task_id,
+        "count": count,
+    }
 
 
 def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:
