@@ -1,0 +1,185 @@
+# ruff: noqa: E501  (each mutation quotes an exact line of source)
+"""Targeted hand mutations: every safety condition, removed or weakened, must fail a test.
+
+    .venv/bin/python -m harness.mutations                 # every mutation; a table; exit 1
+    .venv/bin/python -m harness.mutations --only sched    # the ids that start with "sched"
+    .venv/bin/python -m harness.mutations --json out.json
+
+Each mutation replaces one exact piece of source (a WHERE condition of a step or a claim,
+a trust bound, a fence, a configuration rule) with a weaker one, runs the tests that
+should notice (``-x``: the first failure kills it), and puts the source back. A mutation
+that leaves them green *survived*: either a test is missing or the mutation is
+equivalent, and ``EQUIVALENT`` says why for the ones known to be. Run it on a clean
+tree: it refuses if a file it mutates has uncommitted changes. (mutmut was the
+alternative; it mutates every operator of a module, most of them not safety conditions,
+and takes hours here.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LEASE = ["tests/integration/test_backend_suite.py", "tests/unit/test_liveness_rules.py"]
+STATEFUL = ["tests/integration/test_stateful.py"]
+BEAT = ["tests/integration/test_beat_runs.py"]
+SCHED = [
+    "tests/integration/test_schedule_store.py",
+    "tests/unit/test_schedule_rules.py",
+    "tests/integration/test_schedule_beat.py",
+]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    file: str
+    old: str
+    new: str
+    tests: list[str]
+
+
+M = Mutation
+SQL = "celery_election/backends/sql.py"
+MEM = "celery_election/backends/memory.py"
+SQL_BEAT = "celery_election/backends/sql_beat.py"
+SQL_SCHED = "celery_election/backends/sql_schedule.py"
+OPS = "celery_election/beat_ops.py"
+
+MUTATIONS = [
+    # -- the lease steps (SQL) ------------------------------------------------------------
+    M("lease-elect-expired", SQL, "t.c.token.is_(None), t.c.expires_at <= now",
+      "t.c.token.is_(None), sa.true()", LEASE),
+    M("lease-take-term", SQL, "                t.c.term == term,\n                t.c.token == sa.bindparam(\"p_seen_token\"",
+      "                sa.true(),\n                t.c.token == sa.bindparam(\"p_seen_token\"", LEASE),
+    M("lease-take-token", SQL, 't.c.token == sa.bindparam("p_seen_token", type_=sa.String()),',
+      "sa.true(),", LEASE),
+    M("lease-take-tagged", SQL, "t.c.liveness_us.is_not(None),", "sa.true(),", LEASE),
+    M("lease-take-waited", SQL, 't.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),',
+      "sa.true(),", LEASE),
+    M("lease-renew-token", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+      "t.c.namespace == ns, t.c.term == term, t.c.expires_at > now", LEASE),
+    M("lease-renew-term", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+      "t.c.namespace == ns, t.c.token == token, t.c.expires_at > now", LEASE),
+    M("lease-renew-unexpired", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+      "t.c.namespace == ns, t.c.token == token, t.c.term == term", LEASE),
+    M("lease-resign-token", SQL, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n            .values(token=None",
+      ".where(t.c.namespace == ns, t.c.term == term)\n            .values(token=None", LEASE),
+    M("lease-resign-term", SQL, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n            .values(token=None",
+      ".where(t.c.namespace == ns, t.c.token == token)\n            .values(token=None", LEASE),
+    M("lease-term-floor", SQL, 'greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger))',
+      'greatest(t.c.term + 1, now)', LEASE),
+    M("fork-guard", SQL, "        with self._fork_guard:\n            return self._run_bounded(",
+      "        if True:\n            return self._run_bounded(", ["tests/integration/test_fork_guard.py"]),
+    # -- the lease steps (memory: the model every other test trusts) -----------------------
+    M("memory-take-term", MEM, "row.term == seen.term\n", "True\n", LEASE + STATEFUL),
+    M("memory-take-token", MEM, "and row.token == seen.token\n", "and True\n", LEASE + STATEFUL),
+    M("memory-take-tagged", MEM, "and row.liveness_us is not None\n                and row.liveness_us <=",
+      "and True\n                and (row.liveness_us or 0) <=", LEASE + STATEFUL),
+    M("memory-take-waited", MEM, "and row.liveness_us <= round(waited * 1_000_000)",
+      "and True", LEASE + STATEFUL),
+    # -- trust and configuration --------------------------------------------------------------
+    M("trust-margin", "celery_election/term.py", "return attempt_started + ttl - safety_margin",
+      "return attempt_started + ttl", ["tests/unit/test_elector.py", "tests/unit/test_config.py"]),
+    M("config-liveness-min", "celery_election/config.py", "    if delta < MIN_LIVENESS:\n",
+      "    if False:\n", ["tests/unit/test_config.py"]),
+    M("config-liveness-window", "celery_election/config.py",
+      "elif ttl is not None and margin is not None and not delta < ttl - margin:",
+      "elif False:", ["tests/unit/test_config.py"]),
+    # -- the beat fence -------------------------------------------------------------------------
+    M("beat-claim-was-at", SQL_BEAT, 't.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),',
+      'sa.bindparam("p_was_at", type_=sa.BigInteger).is_not(None),', BEAT),
+    M("beat-claim-was-count", SQL_BEAT, 't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),',
+      'sa.bindparam("p_was_count", type_=sa.BigInteger).is_not(None),', BEAT),
+    M("beat-claim-term", SQL_BEAT, "lease_term.scalar_subquery() == term,", "sa.true(),", BEAT),
+    M("beat-holds-token", SQL_BEAT, 'lease.c.token == sa.bindparam("p_token", type_=sa.String()),',
+      'sa.bindparam("p_token", type_=sa.String()).is_not(None),', BEAT),
+    M("beat-holds-unexpired", SQL_BEAT, "            lease.c.expires_at > now,\n", "", BEAT),
+    # -- the operable schedule ------------------------------------------------------------------
+    M("sched-run-now-seen", SQL_SCHED, 't.c.run_now_at == sa.bindparam("p_seen", type_=sa.BigInteger),',
+      'sa.bindparam("p_seen", type_=sa.BigInteger).is_not(None),', SCHED),
+    M("sched-run-now-term", SQL_SCHED, "lease_term.scalar_subquery() == term,", "sa.true(),", SCHED),
+    M("sched-run-now-token", SQL_SCHED, 'lease.c.token == sa.bindparam("p_token", type_=sa.String()),',
+      'sa.bindparam("p_token", type_=sa.String()).is_not(None),', SCHED),
+    M("sched-run-now-lease-ns", SQL_SCHED, 'lease.c.namespace == sa.bindparam("p_lease_ns", type_=key_type(190)),',
+      'sa.bindparam("p_lease_ns", type_=key_type(190)).is_not(None),', SCHED),
+    M("sched-run-now-unexpired", SQL_SCHED, "                lease.c.expires_at > db_now_us(),\n", "", SCHED),
+    M("sched-run-now-entry", SQL_SCHED, 't.c.entry_key == sa.bindparam("p_key", type_=key_type(40)),',
+      'sa.bindparam("p_key", type_=key_type(40)).is_not(None),', SCHED),
+    M("sched-request-once", "celery_election/schedule.py",
+      'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
+    M("sched-changes-since", SQL_SCHED, ".where(t.c.namespace == namespace, t.c.version > since)",
+      ".where(t.c.namespace == namespace)", SCHED),
+    M("sched-finish-once", SQL_SCHED, ".where(r.c.task_id == task_id, r.c.finished_at.is_(None))",
+      ".where(r.c.task_id == task_id)", SCHED),
+    M("sched-last-sent-kind", SQL_SCHED, '                r.c.kind.in_(("run", "run_now")),\n', "", SCHED),
+    M("sched-overlap-busy", OPS, "    if busy:\n        return Decision(skip_to=now", "    if False:\n        return Decision(skip_to=now", SCHED),
+    M("sched-skip-before", OPS, "if skip_before is not None and times[0] < skip_before:",
+      "if False:", SCHED),
+    M("sched-grace", OPS, "late = [t for t in times if (now - t).total_seconds() > grace]",
+      "late: list[datetime] = []", SCHED),
+    M("sched-all-bound", OPS, "        if len(times) > most:\n", "        if False:\n", SCHED),
+    M("sched-paused-out-of-view", OPS, "if row is None or row.task is not None or (row.enabled and not row.paused):",
+      "if True:", SCHED),
+    M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
+]  # fmt: skip
+
+#: Mutations known to leave every test green because they change nothing observable.
+EQUIVALENT = {
+    "lease-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
+}
+
+
+def run(m: Mutation, python: str) -> tuple[str, float]:
+    path = ROOT / m.file
+    source = path.read_text()
+    if source.count(m.old) != 1:
+        return "NOT FOUND", 0.0
+    path.write_text(source.replace(m.old, m.new))
+    try:
+        start = time.monotonic()
+        done = subprocess.run(
+            [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+            cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        took = time.monotonic() - start
+    finally:
+        path.write_text(source)
+    return ("killed" if done.returncode != 0 else "SURVIVED"), took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="Run the mutations whose id starts so.")
+    parser.add_argument("--json", help="Also write the results here.")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if m.id.startswith(args.only)]
+    files = sorted({m.file for m in chosen})
+    dirty = subprocess.run(["git", "status", "--porcelain", *files], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    if dirty:
+        sys.exit(f"uncommitted changes in a file to mutate; commit or stash first:\n{dirty}")
+    results = []
+    for m in chosen:
+        verdict, took = run(m, sys.executable)
+        note = EQUIVALENT.get(m.id, "")
+        results.append({"id": m.id, "file": m.file, "verdict": verdict, "seconds": round(took, 1),
+                        "note": note})  # fmt: skip
+        print(f"{m.id:<28} {verdict:<9} {took:6.1f}s  {note}", flush=True)
+    killed = sum(r["verdict"] == "killed" for r in results)
+    print(f"\n{killed}/{len(results)} killed")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    unexplained = [r for r in results if r["verdict"] != "killed" and not r["note"]]
+    sys.exit(1 if unexplained else 0)
+
+
+if __name__ == "__main__":
+    main()
