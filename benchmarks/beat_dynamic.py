@@ -93,7 +93,7 @@ def seed_entries(backend: SQLBackend, namespace: str, n: int, period: float) -> 
             "enabled": True,
             "deleted": False,
             "version": i + 1,
-            "created_at": now - round(period * 1e6) + round(i * period * 1e6 / n) + 2_000_000,
+            "created_at": now - round(period * 1e6) + round(i * period * 1e6 / n) + 5_000_000,
             "updated_at": now,
             "updated_by": "benchmark",
         }

@@ -355,13 +355,17 @@ class LeaderSchedulerMixin:
             self._adopt(entry, state)
             return True
         changed = False
-        if promoting is not None and self.follow_deploys and not _has_row(entry):
+        if promoting is not None and self.follow_deploys and self._follows_deploys(entry):
             if not entry.total_run_count:  # it never ran here: when it appeared, not now
                 entry.last_run_at = entry.default_now()
             self._record(promoting, entry, state, identity)
             changed = True
         self._seen[name] = _held(entry)
         return changed
+
+    def _follows_deploys(self, entry: Any) -> bool:
+        """A static entry without a row of its own: its start is when it was deployed."""
+        return not _has_row(entry)
 
     def run_state_identity(self, entry: Any) -> str:
         """Whose run state it is: an entry with another identity does not inherit it.

@@ -246,6 +246,10 @@ class OperableScheduleMixin:
         """Entries that exist, sent now or not: their run state is not retired."""
         return set(self._base()) | set(self._rows)
 
+    def _follows_deploys(self, entry: Any) -> bool:
+        """A dynamic entry starts when it was added (its row says so), not at a promotion."""
+        return entry.name not in self._identity and bool(super()._follows_deploys(entry))  # type: ignore[misc]
+
     def run_state_identity(self, entry: Any) -> str:
         return self._identity.get(entry.name) or super().run_state_identity(entry)  # type: ignore[misc]
 

@@ -128,6 +128,8 @@ MUTATIONS = [
     M("sched-all-bound", OPS, "        if len(times) > most:\n", "        if False:\n", SCHED),
     M("sched-paused-out-of-view", OPS, "if row is None or row.task is not None or (row.enabled and not row.paused):",
       "if True:", SCHED),
+    M("sched-dynamic-origin", OPS, "return entry.name not in self._identity and bool(super()._follows_deploys(entry))",
+      "return bool(super()._follows_deploys(entry))", SCHED),
     M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
 ]  # fmt: skip
 
