@@ -299,10 +299,13 @@ class Schedule:
         and policies can change.
         """
         check_task = changes.pop("check_task", True)
+        static = name in self._static()
 
         def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
+            if current is None and static:  # the static entry's first overlay row
+                current = EntryRow(name=name, task=None, spec={})
             current = self._existing(name, current)
-            if current.task is None or name in self._static():
+            if current.task is None or static:
                 unknown = set(changes) - set(POLICY_DEFAULTS)
                 if unknown:
                     raise ConfigurationError(
@@ -317,6 +320,8 @@ class Schedule:
             task = str(changes.get("task", current.task))
             schedule = changes.get("schedule", spec.get("schedule"))
             tz = changes.get("tz", (spec.get("schedule") or {}).get("tz"))
+            if isinstance(schedule, dict) and "cron" in schedule:
+                schedule = {**schedule, "tz": tz}  # a new zone for the stored crontab
             policies = {k: changes.get(k, spec.get(k)) for k in POLICY_DEFAULTS}
             new = self._spec(
                 task, schedule, changes.get("args", spec.get("args", ())),

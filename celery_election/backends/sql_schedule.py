@@ -336,6 +336,25 @@ class SQLScheduleStore:
         row = self._read(lambda conn: conn.execute(stmt).first(), r)
         return None if row is None else _record(row)
 
+    def last_sent_many(self, namespace: str, names: list[str]) -> dict[str, RunRecord]:
+        """Each named entry's latest sent run, in one query (a page of many entries)."""
+        r = self.run
+        keys = {entry_key(n): n for n in names}
+        if not keys:
+            return {}
+        latest = (
+            sa.select(sa.func.max(r.c.id))
+            .where(
+                r.c.namespace == namespace,
+                r.c.entry_key.in_(list(keys)),
+                r.c.kind.in_(("run", "run_now")),
+            )
+            .group_by(r.c.entry_key)
+        )
+        stmt = sa.select(r).where(r.c.id.in_(latest.scalar_subquery()))
+        rows = self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
+        return {keys[x.entry_key]: x for x in rows}
+
     def history(
         self, namespace: str, name: str, *, limit: int = 20, before: int | None = None
     ) -> list[RunRecord]:

@@ -316,3 +316,17 @@ def test_a_dynamic_entry_counts_from_when_it_was_added_not_from_a_promotion(
     tick_until(s, lambda: s.count("early") == 1)  # due within a second, not in a minute
     state = ops.backend.beat.load_runs(ops.namespace)["early"]
     assert state.total_run_count == 1
+
+
+def test_the_api_without_a_beat_policies_zones_and_last_runs(ops: Schedule) -> None:
+    ops.update("tick", catch_up="skip")  # a static entry's first overlay: policies only
+    assert ops.get("tick").policies["catch_up"] == "skip" and ops.get("tick").static
+    ops.add("cron", "ops.cron", "0 9 * * *", tz="Europe/Paris", check_task=False)
+    ops.update("cron", tz="UTC")  # a new zone for the stored crontab
+    assert ops.get("cron").spec == {"cron": "0 9 * * *", "tz": "UTC"}
+    store = ops.store
+    for key in (1, 2):
+        store.record(ops.namespace, "cron", "run", run_key=key, term=1, task_id=f"t{key}")
+    store.record(ops.namespace, "cron", "missed", run_key=3, term=1, count=4)
+    last = store.last_sent_many(ops.namespace, ["cron", "tick", "nobody"])
+    assert set(last) == {"cron"} and last["cron"].task_id == "t2"  # a sent run, the latest
