@@ -57,7 +57,7 @@ from celery import Celery
 from .backends import SQLBackend
 from .backends.schema import entry_key
 from .backends.sql_schedule import EntryRow, RunRecord
-from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, from_spec
+from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, describe, from_spec
 from .errors import ConfigurationError, ElectionError
 from .schedule import Entry, Schedule
 from .settings import ElectionSettings, hide_password
@@ -265,9 +265,13 @@ class Observer:
             args = "(hidden)"
         if hidden and "kwargsrepr" not in e.options and e.kwargs:
             kwargs = "(hidden)"
-        last_us = e.last_run_us
-        if last_us is None and last is not None and last.kind in ("run", "run_now"):
-            last_us = last.sent_at
+        # due from the beat's run state (what its is_due reads; a beat that loaded an entry
+        # counts from then); the last run shown is the last one sent
+        sent_at = last.sent_at if last is not None and last.kind in ("run", "run_now") else None
+        due_from = e.last_run_us if e.last_run_us is not None else sent_at
+        last_us = sent_at
+        if last_us is None and e.total_run_count:
+            last_us = e.last_run_us
         return {
             "name": e.name,
             "task": e.task,
@@ -275,7 +279,7 @@ class Observer:
             "schedule": e.schedule_text,
             "schedule_input": _schedule_input(e.spec),
             "tz": self._zone(e.spec),
-            "next_due_ms": self._next_due(e, last_us, now),
+            "next_due_ms": self._next_due(e, due_from, now),
             "state": "disabled" if not e.enabled else "paused" if e.paused else "enabled",
             "enabled": e.enabled,
             "paused": e.paused,
@@ -437,7 +441,7 @@ def _run_json(r: RunRecord) -> dict[str, Any]:
 def _schedule_input(spec: Mapping[str, Any]) -> str | None:
     """The spec as the text an operator types (what ``parse_schedule`` reads back)."""
     if "every" in spec:
-        return f"every {float(spec['every']):g}s"
+        return describe(spec)  # "every 1h", "every 2.5s": what parse_schedule reads
     if "cron" in spec:
         return str(spec["cron"])
     if "solar" in spec:

@@ -159,7 +159,9 @@
   function updateRow(tr, e) {
     const td = (c) => tr.children[CELLS.indexOf(c)];
     set(td("task"), e.task);
-    set(td("schedule"), e.schedule + (e.kind === "static" ? " \u00b7 static" : ""));
+    // a crontab's zone has its own column
+    const words = e.schedule.startsWith("cron ") ? e.schedule.replace(/ \([^)]*\)$/, "") : e.schedule;
+    set(td("schedule"), words + (e.kind === "static" ? " \u00b7 static" : ""));
     set(td("tz"), e.tz ?? "\u2014");
     const [due, dueTitle] = dueText(e);
     set(td("due"), due, dueTitle);
