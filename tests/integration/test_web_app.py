@@ -416,3 +416,38 @@ def test_the_command_is_registered(app: Celery) -> None:
     assert "--bind" in out.output and "--token" in out.output and "127.0.0.1" in out.output
     missing = CliRunner().invoke(election, ["web"], env={"CELERY_ELECTION_URL": ""})
     assert missing.exit_code != 0 and "--url" in missing.output
+
+
+def test_mounted_in_an_asgi_app_through_asgiref(web: WebApp) -> None:
+    """As README's ASGI example: under /ops, through asgiref's WsgiToAsgi."""
+    import asyncio
+
+    wsgi_to_asgi = pytest.importorskip("asgiref.wsgi").WsgiToAsgi
+    asgi = wsgi_to_asgi(web)
+
+    async def get(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
+        scope = {
+            "type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "root_path": "/ops", "query_string": b"",
+            "headers": [(b"host", b"127.0.0.1:8080")], "client": ("127.0.0.1", 5),
+            "server": ("127.0.0.1", 8080),
+        }  # fmt: skip
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asgi(scope, receive, send)
+        start = sent[0]
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        return start["status"], dict(start["headers"]), body
+
+    status, headers, _ = asyncio.run(get("/ops"))
+    assert status == 308 and headers[b"location"] == b"/ops/"
+    status, _, body = asyncio.run(get("/ops/"))
+    assert status == 200 and b'src="static/page.js"' in body  # relative: /ops/static/page.js
+    status, _, body = asyncio.run(get("/ops/api/entries"))
+    assert status == 200 and len(json.loads(body)["entries"]) == 4
