@@ -4,6 +4,7 @@
     celery -A proj election candidates | resign | watch
     celery -A proj election install [--dry-run] | uninstall [--dry-run] [--yes]
     celery -A proj election health [--ready] [--port N]     (exit 0/1: an exec probe)
+    celery -A proj election web [--bind 127.0.0.1] [--port 8080] [--token TOKEN]
     celery-election --url postgresql+psycopg://... status
     celery-election demo [--url ...]
 
@@ -374,6 +375,15 @@ def _add_schedule() -> None:
 
 
 _add_schedule()
+
+
+def _add_web() -> None:
+    from .cli_web import web
+
+    election.add_command(web)
+
+
+_add_web()
 
 
 def main() -> None:

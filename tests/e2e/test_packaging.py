@@ -61,6 +61,25 @@ def test_the_wheel_with_only_the_postgres_extra(tmp_path: Path) -> None:
             assert elector.wait_for_leadership(10)
             status = run(venv / "bin/celery", "-A", "proj", "election", "status", cwd=tmp_path)
         assert "the-leader" in status.stdout
+        # the schedule page's files are package data: the wheel serves them
+        page = textwrap.dedent(
+            """
+            from wsgiref.util import setup_testing_defaults
+            from proj import app
+            from celery_election.web import make_app
+
+            web = make_app(app)
+            for path in ("/", "/static/page.js", "/static/page.css"):
+                environ = {"PATH_INFO": path}
+                setup_testing_defaults(environ)
+                got = []
+                body = b"".join(web(environ, lambda status, headers, exc=None: got.append(status)))
+                print(path, got[0], len(body))
+            web.close()
+            """
+        )
+        served = run(venv / "bin/python", "-c", page, cwd=tmp_path)
+        assert served.stdout.count("200 OK") == 3, served.stdout
     finally:
         backend.uninstall()
         backend.close()

@@ -1,0 +1,453 @@
+"""The schedule page's WSGI app on SQLite: its JSON API, and who may act.
+
+Called as a WSGI server calls it (an environ, a start_response), in this process: no
+socket, except one test through the command's real server. Read-only without a token; an
+action needs the CSRF header, a same-origin Origin and a valid token, else 403; no secret
+(the database password, arguments behind argsrepr/kwargsrepr) leaves the server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+
+from celery_election import Elector
+from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.cli import election
+from celery_election.schedule import Schedule
+from celery_election.web import Observer, WebApp, make_app, server
+
+SECRET_ARG = "hunter2-arg"
+DB_PASSWORD = "hunter2-db"
+TOKEN = "s3cret-token-value"
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[Celery]:
+    app = Celery("webtest", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/election.db",
+        election_table_prefix=f"w{uuid.uuid4().hex[:8]}_",
+        election_namespace="web",
+        beat_schedule={
+            "tick": {"task": "t.tick", "schedule": 1.0},
+            "login": {
+                "task": "t.login",
+                "schedule": 60.0,
+                "args": [SECRET_ARG],
+                "kwargs": {"password": SECRET_ARG},
+                "options": {"argsrepr": "('***',)", "kwargsrepr": "{'password': '***'}"},
+            },
+        },
+    )
+    with Schedule(app, actor="setup") as s:
+        s.backend.install()
+        s.add("report", "t.report", "*/5 * * * *", tz="Europe/Paris", check_task=False)
+        s.add("often", "t.often", "every 10s", kwargs={"full": True}, overlap="skip",
+              check_task=False)  # fmt: skip
+    yield app
+
+
+@pytest.fixture
+def backend(app: Celery) -> Iterator[SQLBackend]:
+    b = backend_from_url(app.conf.election_url, table_prefix=app.conf.election_table_prefix)
+    assert isinstance(b, SQLBackend)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def web(app: Celery) -> Iterator[WebApp]:
+    w = make_app(app, token=f"ops:{TOKEN}")
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def readonly(app: Celery) -> Iterator[WebApp]:
+    w = make_app(app)
+    yield w
+    w.close()
+
+
+class Answer:
+    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.status = int(status.split()[0])
+        self.headers = dict(headers)
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def call(web: Any, path: str, *, method: str = "GET", body: Any = None, **headers: str) -> Answer:
+    """One request as a WSGI server makes it (headers as ``X_CSRF_TOKEN="..."``)."""
+    path, _, query = path.partition("?")
+    raw = b"" if body is None else json.dumps(body).encode()
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": query,
+        "CONTENT_LENGTH": str(len(raw)),
+        "wsgi.input": io.BytesIO(raw),
+        "REMOTE_ADDR": "10.9.8.7",
+        "HTTP_HOST": "127.0.0.1:8080",
+    }
+    for key, value in headers.items():
+        environ[f"HTTP_{key.upper()}"] = value
+    setup_testing_defaults(environ)
+    got: list[Any] = []
+    chunks = web(environ, lambda status, hdrs, exc=None: got.extend([status, hdrs]))
+    return Answer(got[0], got[1], b"".join(chunks))
+
+
+def act(web: WebApp, name: str, action: str, token: str | None = TOKEN, **extra: Any) -> Answer:
+    headers = {"X_CSRF_TOKEN": web.csrf, "ORIGIN": "http://127.0.0.1:8080"}
+    if token is not None:
+        headers["AUTHORIZATION"] = f"Bearer {token}"
+    return call(web, "/api/actions", method="POST", body={"name": name, "action": action, **extra},
+                **headers)  # fmt: skip
+
+
+def entries(web: WebApp) -> dict[str, Any]:
+    web.observer.changed()
+    return {e["name"]: e for e in call(web, "/api/entries").json()["entries"]}
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def test_the_page_and_its_files_are_served_with_a_strict_policy(web: WebApp) -> None:
+    page = call(web, "/")
+    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+    text = page.body.decode()
+    assert f'name="csrf-token" content="{web.csrf}"' in text
+    assert 'content="act"' in text and "{{" not in text
+    assert "http" not in text.replace("http-equiv", "")  # nothing from elsewhere: works offline
+    assert "default-src 'none'" in page.headers["Content-Security-Policy"]
+    for name, kind in (("page.js", "text/javascript"), ("page.css", "text/css")):
+        asset = call(web, f"/static/{name}")
+        assert asset.status == 200 and asset.headers["Content-Type"].startswith(kind)
+        assert b"https://" not in asset.body and b"http://" not in asset.body
+    assert call(web, "/static/../web.py").status == 404
+    assert call(web, "/nothing").status == 404
+    mounted = call(web, "")  # /prefix without its slash: relative links need it
+    assert mounted.status == 308 and mounted.headers["Location"].endswith("/")
+
+
+def test_state_shows_each_namespace_its_leader_and_the_changes_seen(
+    web: WebApp, backend: SQLBackend
+) -> None:
+    obs = web.observer
+    first = obs.look()
+    assert first["namespaces"] == []
+    e = Elector(backend, "web-beat", ttl=3)
+    e.start()
+    try:
+        assert e.wait_for_leadership(10)
+        obs.look()
+        state = call(web, "/api/state").json()
+        (ns,) = state["namespaces"]
+        assert ns["namespace"] == "web-beat" and ns["leader"] == e.candidate_id
+        assert ns["term"] == e.term and ns["pid"] is not None and ns["host"]
+        assert ns["led_for"] is not None and ns["led_for"] >= 0 and ns["expires_in"] > 0
+        assert [c["leading"] for c in ns["candidates"]] == [True]
+        assert state["schedule_namespace"] == "web-beat"
+        assert state["can_act"] is True and state["auth"] == "token"
+        term = e.term
+    finally:
+        e.stop()
+    obs.look()
+    state = call(web, "/api/state").json()
+    changes = [(t["leader"], t["previous_leader"]) for t in state["transitions"]]
+    assert changes[-1] == (e.candidate_id, None)  # first seen
+    assert changes[0] == (None, e.candidate_id)  # resigned: nobody leads
+    assert state["transitions"][0]["previous_term"] == term
+
+
+def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
+    web: WebApp, backend: SQLBackend
+) -> None:
+    before = time.time() * 1000
+    got = entries(web)
+    assert set(got) == {"tick", "login", "report", "often"}
+    report, often, tick = got["report"], got["often"], got["tick"]
+    assert report["kind"] == "dynamic" and tick["kind"] == "static"
+    assert report["schedule"] == "cron */5 * * * * (Europe/Paris)"
+    assert report["tz"] == "Europe/Paris" and often["tz"] is None
+    assert tick["tz"] is None and got["login"]["schedule"] == "every 1m"
+    # never ran: due one period from now (as a beat that just loaded it)
+    assert before + 9_000 <= often["next_due_ms"] <= time.time() * 1000 + 10_500
+    assert before <= report["next_due_ms"] <= before + 5 * 60_000 + 1000
+    assert often["policies"]["overlap"] == "skip" and often["state"] == "enabled"
+    assert often["last"] is None and often["last_run_ms"] is None
+    store = backend.schedule
+    store.record("web-beat", "often", "run", run_key=1, term=3, task_id="t-1")
+    store.record("web-beat", "often", "skipped", run_key=2, term=3, count=4)
+    store.record("web-beat", "tick", "run", run_key=7, term=3, task_id="t-2")
+    store.finish("t-2", "SUCCESS", 1_500_000)
+    got = entries(web)
+    assert got["often"]["last"]["kind"] == "skipped" and got["often"]["last"]["count"] == 4
+    last = got["tick"]["last"]
+    assert (last["task_id"], last["outcome"], last["duration"]) == ("t-2", "SUCCESS", 1.5)
+    assert got["tick"]["last_run_ms"] == last["sent_ms"]
+    # computed from the last run: one period after it
+    assert got["tick"]["next_due_ms"] == pytest.approx(last["sent_ms"] + 1000, abs=5)
+
+
+def test_one_entry_with_its_history_and_changes(web: WebApp, backend: SQLBackend) -> None:
+    for key in range(3):
+        backend.schedule.record("web-beat", "often", "run", run_key=key, term=1, task_id=f"x{key}")
+    detail = call(web, "/api/entry?name=often").json()
+    assert detail["entry"]["name"] == "often"
+    assert [h["task_id"] for h in detail["history"]] == ["x2", "x1", "x0"]
+    assert [(c["action"], c["actor"]) for c in detail["changes"]] == [("add", "setup")]
+    assert call(web, "/api/entry?name=nope").status == 400
+    assert call(web, "/api/entry").status == 400
+
+
+def test_unchanged_entries_answer_304(web: WebApp) -> None:
+    first = call(web, "/api/entries")
+    tag = first.headers["ETag"]
+    again = call(web, "/api/entries", IF_NONE_MATCH=tag)
+    assert again.status == 304 and again.body == b""
+    assert act(web, "often", "pause").status == 200
+    assert call(web, "/api/entries", IF_NONE_MATCH=tag).status == 200
+
+
+def test_no_secret_leaves_the_server(app: Celery, backend: SQLBackend, tmp_path: Path) -> None:
+    app.conf.election_url = f"postgresql+psycopg://ops:{DB_PASSWORD}@127.0.0.1:1/app"
+    observer = Observer(app, backend=backend)  # the page of that URL, read from SQLite
+    w = WebApp(app, token=TOKEN, observer=observer)
+    try:
+        with Schedule(app, backend=backend, actor="setup") as s:
+            s.add("hidden", "t.x", "every 1h", args=[SECRET_ARG], check_task=False,
+                  options={"argsrepr": "('***',)"})  # fmt: skip
+        bodies = [
+            call(w, "/").body,
+            call(w, "/api/state").body,
+            call(w, "/api/entries").body,
+            call(w, "/api/entry?name=login").body,
+            call(w, "/api/entry?name=hidden").body,
+        ]
+        for body in bodies:
+            assert DB_PASSWORD.encode() not in body and SECRET_ARG.encode() not in body
+        state = json.loads(bodies[1])
+        assert state["database"] == "postgresql+psycopg://ops:***@127.0.0.1:1/app"
+        login = json.loads(bodies[3])["entry"]
+        assert login["args"] == "('***',)" and login["kwargs"] == "{'password': '***'}"
+        assert login["args_hidden"] is True
+        hidden = json.loads(bodies[4])["entry"]
+        assert hidden["args"] == "('***',)" and hidden["kwargs"] == {}
+        assert json.loads(bodies[2])["entries"][0]["args_hidden"] in (True, False)
+    finally:
+        w.close()
+
+
+# -- who may act --------------------------------------------------------------------------------
+
+
+def test_read_only_without_a_token(readonly: WebApp, app: Celery) -> None:
+    assert call(readonly, "/api/state").json()["can_act"] is False
+    assert 'content="read-only"' in call(readonly, "/").body.decode()
+    refused = act(readonly, "often", "pause", token="anything")
+    assert refused.status == 403 and "read-only" in refused.json()["error"]
+    with Schedule(app) as s:
+        assert not s.get("often").paused
+
+
+HERE = "http://127.0.0.1:8080"
+BEARER = f"Bearer {TOKEN}"
+
+
+@pytest.mark.parametrize(
+    "headers, why",
+    [
+        ({"ORIGIN": HERE, "AUTHORIZATION": BEARER}, "CSRF"),  # no CSRF header
+        ({"X_CSRF_TOKEN": "forged", "ORIGIN": HERE, "AUTHORIZATION": BEARER}, "CSRF"),
+        ({"X_CSRF_TOKEN": "{csrf}", "ORIGIN": "https://evil.example", "AUTHORIZATION": BEARER},
+         "origin https://evil.example"),
+        ({"X_CSRF_TOKEN": "{csrf}", "REFERER": "https://evil.example/p", "AUTHORIZATION": BEARER},
+         "origin https://evil.example"),
+        ({"X_CSRF_TOKEN": "{csrf}", "ORIGIN": HERE}, "valid token"),
+        ({"X_CSRF_TOKEN": "{csrf}", "ORIGIN": HERE, "AUTHORIZATION": "Bearer wrong"},
+         "valid token"),
+        ({"X_CSRF_TOKEN": "{csrf}", "ORIGIN": HERE, "AUTHORIZATION": f"Basic {TOKEN}"},
+         "valid token"),
+    ],
+    ids=["no-csrf", "forged-csrf", "other-origin", "other-referer", "no-token", "wrong-token",
+         "not-bearer"],
+)  # fmt: skip
+def test_an_action_is_refused_without_csrf_origin_and_token(
+    web: WebApp, app: Celery, headers: dict[str, str], why: str
+) -> None:
+    headers = {k: v.replace("{csrf}", web.csrf) for k, v in headers.items()}
+    body = {"name": "often", "action": "pause"}
+    refused = call(web, "/api/actions", method="POST", body=body, **headers)
+    assert refused.status == 403, refused.body
+    assert why in refused.json()["error"]
+    with Schedule(app) as s:
+        assert not s.get("often").paused
+    assert call(web, "/api/actions").status == 405  # a GET never acts
+
+
+def test_each_action_through_the_schedule_with_who_and_when(web: WebApp, app: Celery) -> None:
+    assert act(web, "often", "pause").json() == {"ok": True, "actor": "web:ops"}
+    assert entries(web)["often"]["state"] == "paused"
+    assert act(web, "often", "resume", missed="catch_up").status == 200
+    assert act(web, "often", "resume", missed="bogus").status == 400
+    assert act(web, "often", "run_now").json()["requested"] is True
+    assert act(web, "often", "run_now").json()["requested"] is False  # two clicks: one run
+    assert entries(web)["often"]["run_now_pending"] is True
+    assert act(web, "tick", "disable").status == 200  # a static entry too
+    assert entries(web)["tick"]["state"] == "disabled"
+    assert act(web, "tick", "enable").status == 200
+    assert act(web, "nope", "pause").status == 400
+    assert act(web, "often", "explode").status == 400
+    with Schedule(app) as s:
+        audit = s.store.audit(s.namespace, limit=20)
+    mine = [(a.action, a.name, a.actor) for a in reversed(audit) if a.actor != "setup"]
+    assert mine == [
+        ("pause", "often", "web:ops"), ("resume", "often", "web:ops"),
+        ("run_now", "often", "web:ops"), ("run_now", "often", "web:ops"),
+        ("disable", "tick", "web:ops"), ("enable", "tick", "web:ops"),
+    ]  # fmt: skip
+    assert all(a.at > 0 for a in audit)
+
+
+def test_edit_schedule_zone_and_policies(web: WebApp) -> None:
+    ok = act(
+        web, "often", "edit", changes={"schedule": "every 2m", "grace": 30, "overlap": "allow"}
+    )
+    assert ok.status == 200, ok.body
+    often = entries(web)["often"]
+    assert often["schedule"] == "every 2m" and often["policies"]["grace"] == 30.0
+    # the zone alone: the crontab is re-read in it
+    assert act(web, "report", "edit", changes={"tz": "Asia/Tokyo"}).status == 200
+    assert entries(web)["report"]["schedule"] == "cron */5 * * * * (Asia/Tokyo)"
+    bad = act(web, "report", "edit", changes={"schedule": "every never"})
+    assert bad.status == 400 and "cannot read the schedule" in bad.json()["error"]
+    static = act(web, "tick", "edit", changes={"schedule": "every 5s"})
+    assert static.status == 400 and "static" in static.json()["error"]
+    assert act(web, "tick", "edit", changes={"catch_up": "skip", "grace": ""}).status == 200
+    assert entries(web)["tick"]["policies"]["catch_up"] == "skip"
+    assert act(web, "tick", "edit", changes={"task": "other"}).status == 400
+    assert act(web, "tick", "edit", changes={}).status == 400
+
+
+def test_the_host_apps_own_check_and_protected_reads(app: Celery) -> None:
+    w = make_app(app, auth=lambda env: "alice" if env.get("HTTP_X_USER") == "alice" else None,
+                 protect_reads=True)  # fmt: skip
+    try:
+        assert call(w, "/api/state").status == 403
+        assert call(w, "/api/state", X_USER="alice").json()["auth"] == "app"
+        headers = {"X_CSRF_TOKEN": w.csrf, "X_USER": "alice"}
+        done = call(w, "/api/actions", method="POST", body={"name": "often", "action": "pause"},
+                    **headers)  # fmt: skip
+        assert done.status == 200 and done.json()["actor"] == "web:alice"
+        nobody = call(w, "/api/actions", method="POST", body={"name": "often", "action": "resume"},
+                      X_CSRF_TOKEN=w.csrf)  # fmt: skip
+        assert nobody.status == 403
+    finally:
+        w.close()
+
+
+def test_a_token_without_a_name_records_the_remote_address(app: Celery) -> None:
+    w = make_app(app, token=TOKEN)
+    try:
+        assert act(w, "often", "pause").json()["actor"] == "web:10.9.8.7"
+        assert call(w, "/api/whoami", AUTHORIZATION=f"Bearer {TOKEN}").json()["actor"] == (
+            "web:10.9.8.7"
+        )
+    finally:
+        w.close()
+    with pytest.raises(ValueError, match="empty web token"):
+        make_app(app, token="")
+
+
+def test_the_commands_server_serves_the_page_and_takes_actions(web: WebApp) -> None:
+    httpd = server(web, port=0)
+    port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(f"{base}/") as r:
+            assert web.csrf in r.read().decode()
+        with urllib.request.urlopen(f"{base}/api/entries") as r:
+            assert len(json.loads(r.read())["entries"]) == 4
+
+        def post(token: str) -> int:
+            req = urllib.request.Request(
+                f"{base}/api/actions", method="POST",
+                data=json.dumps({"name": "often", "action": "pause"}).encode(),
+                headers={"X-CSRF-Token": web.csrf, "Origin": base,
+                         "Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(req) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        assert post("wrong") == 403
+        assert post(TOKEN) == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_command_is_registered(app: Celery) -> None:
+    out = CliRunner().invoke(election, ["web", "--help"])
+    assert out.exit_code == 0
+    assert "--bind" in out.output and "--token" in out.output and "127.0.0.1" in out.output
+    missing = CliRunner().invoke(election, ["web"], env={"CELERY_ELECTION_URL": ""})
+    assert missing.exit_code != 0 and "--url" in missing.output
+
+
+def test_mounted_in_an_asgi_app_through_asgiref(web: WebApp) -> None:
+    """As README's ASGI example: under /ops, through asgiref's WsgiToAsgi."""
+    import asyncio
+
+    wsgi_to_asgi = pytest.importorskip("asgiref.wsgi").WsgiToAsgi
+    asgi = wsgi_to_asgi(web)
+
+    async def get(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
+        scope = {
+            "type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "root_path": "/ops", "query_string": b"",
+            "headers": [(b"host", b"127.0.0.1:8080")], "client": ("127.0.0.1", 5),
+            "server": ("127.0.0.1", 8080),
+        }  # fmt: skip
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await asgi(scope, receive, send)
+        start = sent[0]
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        return start["status"], dict(start["headers"]), body
+
+    status, headers, _ = asyncio.run(get("/ops"))
+    assert status == 308 and headers[b"location"] == b"/ops/"
+    status, _, body = asyncio.run(get("/ops/"))
+    assert status == 200 and b'src="static/page.js"' in body  # relative: /ops/static/page.js
+    status, _, body = asyncio.run(get("/ops/api/entries"))
+    assert status == 200 and len(json.loads(body)["entries"]) == 4
