@@ -35,33 +35,23 @@ Security:
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import hmac
 import json
 import logging
 import re
 import secrets
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import sqlalchemy as sa
 from celery import Celery
 
-from .backends import SQLBackend
-from .backends.schema import entry_key
-from .backends.sql_schedule import EntryRow, RunRecord
-from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, describe, from_spec
+from .entry_spec import POLICY_DEFAULTS, RESUME
 from .errors import ConfigurationError, ElectionError
-from .schedule import Entry, Schedule
-from .settings import ElectionSettings, hide_password
-from .term import Lease
+from .schedule import Schedule
+from .web_observer import Observer
 
 __all__ = ["ACTIONS", "TOKEN_ENV", "Observer", "WebApp", "make_app", "server"]
 
@@ -77,381 +67,6 @@ StartResponse = Callable[..., Any]
 Environ = dict[str, Any]
 #: The host app's own check: the environ of a request, and who it is (None: nobody).
 AuthCheck = Callable[[Environ], "str | bool | None"]
-
-
-def _ms(us: int | None) -> int | None:
-    return None if us is None else us // 1000
-
-
-# -- what the page shows -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Transition:
-    """A change of a namespace's lease that the observer saw."""
-
-    at_ms: int
-    namespace: str
-    term: int | None
-    leader: str | None
-    previous_term: int | None
-    previous_leader: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class Observer:
-    """Reads the election database for the page; one per WSGI app, shared by its requests.
-
-    A daemon thread (started by the first request) looks at every namespace's lease every
-    ``interval`` seconds and keeps the changes it sees (``transitions``): the lease table
-    holds only the current term, so the history of who led is the one this process saw.
-    Entries are read at most every ``interval`` seconds, whatever the number of pages open.
-    """
-
-    def __init__(
-        self,
-        app: Celery,
-        *,
-        namespace: str | None = None,
-        backend: SQLBackend | None = None,
-        interval: float = 0.25,
-        keep: int = 200,
-    ) -> None:
-        self.app = app
-        self.interval = interval
-        self.schedule = Schedule(app, namespace=namespace, actor="web", backend=backend)
-        self.backend = self.schedule.backend
-        self.namespace = self.schedule.namespace
-        self.database = hide_password(ElectionSettings.from_app(app).url)
-        self._lock = threading.Lock()
-        self._status: dict[str, Any] = {"namespaces": [], "error": None, "now_ms": None}
-        self._seen: dict[str, tuple[int | None, str | None]] = {}
-        self.transitions: collections.deque[Transition] = collections.deque(maxlen=keep)
-        self._entries: tuple[float, bytes, str] | None = None
-        self._due: dict[tuple[str, str, int | None], int | None] = {}
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    # -- the leases --------------------------------------------------------------------------
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            self._thread = threading.Thread(target=self._watch, name="election-web", daemon=True)
-            self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        self.schedule.close()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.look()
-            except Exception as exc:  # the page says it, the thread goes on
-                log.warning("celery-election web: cannot read the leases (%s)", exc)
-                with self._lock:
-                    self._status = {**self._status, "error": str(exc)}
-            self._stop.wait(self.interval)
-
-    def look(self) -> dict[str, Any]:
-        """Read every namespace's lease and candidates once; record what changed."""
-        backend = self.backend
-        out = []
-        now_us = None
-        for ns in backend.namespaces():
-            lease = backend.current(ns)
-            candidates = backend.candidates(ns)
-            if lease is not None:
-                now_us = lease.db_now_us
-            out.append(_namespace(ns, lease, candidates))
-        if now_us is None:
-            now_us = self.schedule.store.db_now()
-        with self._lock:
-            for info in out:
-                key = info["namespace"]
-                now = (info["term"], info["leader"])
-                before = self._seen.get(key)
-                if before != now:
-                    self._seen[key] = now
-                    self.transitions.appendleft(
-                        Transition(now_us // 1000, key, now[0], now[1],
-                                   *(before if before is not None else (None, None)))
-                    )  # fmt: skip
-            self._status = {"namespaces": out, "error": None, "now_ms": now_us // 1000}
-            return self._status
-
-    def status(self) -> dict[str, Any]:
-        self.start()
-        with self._lock:
-            status = dict(self._status)
-        if status["now_ms"] is None:  # the thread's first look has not finished
-            status = dict(self.look())
-        with self._lock:
-            transitions = [t.as_dict() for t in self.transitions]
-        audit = self.schedule.store.audit(self.namespace, limit=20)
-        return {
-            **status,
-            "database": self.database,
-            "schedule_namespace": self.namespace,
-            "transitions": transitions,
-            "actions": [
-                {
-                    "at_ms": _ms(a.at),
-                    "name": a.name,
-                    "action": a.action,
-                    "actor": a.actor,
-                    "detail": _redact(a.detail),
-                }
-                for a in audit
-            ],
-        }
-
-    # -- the entries -------------------------------------------------------------------------
-
-    def entries_body(self) -> tuple[bytes, str]:
-        """Every entry as JSON, and its ETag; read again at most every ``interval``."""
-        with self._lock:
-            cached = self._entries
-        if cached is not None and time.monotonic() - cached[0] < self.interval:
-            return cached[1], cached[2]
-        entries = self.entries()
-        body = json.dumps({"entries": entries}, default=str).encode()
-        tag = '"' + hashlib.sha1(body).hexdigest()[:20] + '"'
-        with self._lock:
-            self._entries = (time.monotonic(), body, tag)
-        return body, tag
-
-    def entries(self) -> list[dict[str, Any]]:
-        listed = self.schedule.list()
-        last = self.last_runs([e.name for e in listed])
-        now = datetime.now(timezone.utc)
-        return [self.entry_json(e, last.get(e.name), now) for e in listed]
-
-    def last_runs(self, names: Iterable[str]) -> dict[str, RunRecord]:
-        """Each entry's latest history row, in one query.
-
-        What ``history(name, limit=1)`` gives, without a round trip per entry.
-        """
-        store = self.schedule.store
-        r = store.run
-        by_key = {entry_key(n): n for n in names}
-        latest = (
-            sa.select(sa.func.max(r.c.id))
-            .where(r.c.namespace == self.namespace)
-            .group_by(r.c.entry_key)
-            .scalar_subquery()
-        )
-        stmt = sa.select(r).where(r.c.id.in_(latest))
-        from .backends.sql_schedule import _record
-
-        rows = store._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
-        return {by_key[x.entry_key]: x for x in rows if x.entry_key in by_key}
-
-    def entry_json(self, e: Entry, last: RunRecord | None, now: datetime) -> dict[str, Any]:
-        args: Any = e.args
-        kwargs: Any = e.kwargs
-        hidden = False
-        if "argsrepr" in e.options:
-            args, hidden = e.options["argsrepr"], True
-        if "kwargsrepr" in e.options:
-            kwargs, hidden = e.options["kwargsrepr"], True
-        if hidden and "argsrepr" not in e.options and e.args:
-            args = "(hidden)"
-        if hidden and "kwargsrepr" not in e.options and e.kwargs:
-            kwargs = "(hidden)"
-        # due from the beat's run state (what its is_due reads; a beat that loaded an entry
-        # counts from then); the last run shown is the last one sent
-        sent_at = last.sent_at if last is not None and last.kind in ("run", "run_now") else None
-        due_from = e.last_run_us if e.last_run_us is not None else sent_at
-        last_us = sent_at
-        if last_us is None and e.total_run_count:
-            last_us = e.last_run_us
-        return {
-            "name": e.name,
-            "task": e.task,
-            "kind": "static" if e.static else "dynamic",
-            "schedule": e.schedule_text,
-            "schedule_input": _schedule_input(e.spec),
-            "tz": self._zone(e.spec),
-            "next_due_ms": self._next_due(e, due_from, now),
-            "state": "disabled" if not e.enabled else "paused" if e.paused else "enabled",
-            "enabled": e.enabled,
-            "paused": e.paused,
-            "run_now_pending": e.run_now_pending,
-            "policies": e.policies,
-            "args": args,
-            "kwargs": kwargs,
-            "args_hidden": hidden,
-            "options": e.options,
-            "start_at": e.start_at,
-            "expires_at": e.expires_at,
-            "last_run_ms": _ms(last_us),
-            "last": None if last is None else _run_json(last),
-            "total_run_count": e.total_run_count,
-            "updated_at_ms": _ms(e.updated_at),
-            "updated_by": e.updated_by,
-        }
-
-    def _zone(self, spec: Mapping[str, Any]) -> str | None:
-        if "cron" in spec:
-            return str(spec.get("tz") or f"{self.app.conf.timezone or 'UTC'} (app)")
-        if "at" in spec:
-            return "UTC offset in the time"
-        if "solar" in spec:
-            return "solar (its place)"
-        return None  # an interval has none
-
-    def _next_due(self, e: Entry, last_us: int | None, now: datetime) -> int | None:
-        """When the entry is next due, from its Celery schedule and its last run (epoch ms).
-
-        Celery's own ``remaining_estimate``; an entry that never ran counts from now, as a
-        beat that has just loaded it does. None: never again (a one-off that ran, expired).
-        """
-        if not e.spec:
-            return None
-        key = (e.name, json.dumps(e.spec, sort_keys=True), last_us)
-        now_ms = int(now.timestamp() * 1000)
-        cached = self._due.get(key, -1)
-        if cached is None or (cached != -1 and cached > now_ms):
-            return cached
-        try:
-            sched = from_spec(e.spec, app=self.app)
-            ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
-            if "at" in e.spec and last_us is not None:
-                due = None if ran >= sched.at else sched.at
-            else:
-                due = now + sched.remaining_estimate(ran)
-            if due is not None and e.start_at:
-                due = max(due, datetime.fromisoformat(e.start_at))
-            if due is not None and e.expires_at and due > datetime.fromisoformat(e.expires_at):
-                due = None
-        except Exception as exc:  # a schedule Celery cannot compute: say so, show the rest
-            log.debug("celery-election web: next due of %s: %s", e.name, exc)
-            return None
-        value = None if due is None else int(due.timestamp() * 1000)
-        if len(self._due) > 20_000:
-            self._due.clear()
-        self._due[key] = value
-        return value
-
-    def entry(self, name: str) -> dict[str, Any]:
-        e = self.schedule.get(name)
-        history = self.schedule.history(name, limit=50)
-        changes = [
-            a for a in self.schedule.store.audit(self.namespace, limit=500) if a.name == name
-        ]
-        now = datetime.now(timezone.utc)
-        return {
-            "entry": self.entry_json(e, history[0] if history else None, now),
-            "history": [_run_json(r) for r in history],
-            "changes": [
-                {
-                    "at_ms": _ms(a.at),
-                    "action": a.action,
-                    "actor": a.actor,
-                    "detail": _redact(a.detail),
-                }
-                for a in changes[:50]
-            ],
-        }
-
-    def changed(self) -> None:
-        """An action was taken: the next read of the entries goes to the database."""
-        with self._lock:
-            self._entries = None
-
-
-def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str, Any]:
-    held = lease is not None and lease.held
-    leader = lease.leader_id if lease is not None and held else None
-    now_us = lease.db_now_us if lease is not None else None
-    host = pid = None
-    for c in candidates:
-        if leader is not None and c.candidate_id == leader:
-            host, pid = c.hostname, c.pid
-    if leader is not None and host is None:  # not (yet) registered: read the default id
-        parts = leader.split(":")
-        if len(parts) >= 2 and parts[1].isdigit():
-            host, pid = parts[0], int(parts[1])
-    acquired = lease.acquired_at_us if lease is not None and held else None
-    if now_us is None:
-        now_us = max((c.heartbeat_at_us for c in candidates), default=0)
-    cand_now = now_us
-    return {
-        "namespace": ns,
-        "leader": leader,
-        "host": host,
-        "pid": pid,
-        "term": lease.term if lease is not None else None,
-        "acquired_at_ms": _ms(acquired),
-        "led_for": None if acquired is None else (now_us - acquired) / 1e6,
-        "expires_in": round(lease.remaining, 3) if lease is not None and held else None,
-        "liveness": None
-        if lease is None or not held or lease.liveness_us is None
-        else lease.liveness_us / 1e6,
-        "candidates": [
-            {
-                "id": c.candidate_id,
-                "host": c.hostname,
-                "pid": c.pid,
-                "heartbeat_age": round((cand_now - c.heartbeat_at_us) / 1e6, 3),
-                "leading": c.candidate_id == leader,
-            }
-            for c in candidates
-        ],
-    }
-
-
-def _redact(detail: Mapping[str, Any]) -> dict[str, Any]:
-    """An audit record's detail without arguments.
-
-    They may be secrets: the entry's own view shows them, or its argsrepr/kwargsrepr.
-    """
-    out = dict(detail)
-    for key in ("args", "kwargs"):
-        if key in out:
-            out[key] = "(not shown)"
-    options = out.get("options")
-    if isinstance(options, dict):
-        out["options"] = {k: v for k, v in options.items() if k not in ("argsrepr", "kwargsrepr")}
-    return out
-
-
-def _run_json(r: RunRecord) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "kind": r.kind,
-        "count": r.count,
-        "term": r.term,
-        "due_ms": _ms(r.due_at),
-        "sent_ms": _ms(r.sent_at),
-        "task_id": r.task_id,
-        "finished_ms": _ms(r.finished_at),
-        "outcome": r.outcome or ("running" if r.task_id and r.finished_at is None else None),
-        "duration": None if r.duration_us is None else r.duration_us / 1e6,
-    }
-
-
-def _schedule_input(spec: Mapping[str, Any]) -> str | None:
-    """The spec as the text an operator types (what ``parse_schedule`` reads back)."""
-    if "every" in spec:
-        return describe(spec)  # "every 1h", "every 2.5s": what parse_schedule reads
-    if "cron" in spec:
-        return str(spec["cron"])
-    if "solar" in spec:
-        return f"{spec['solar']} {spec['lat']} {spec['lon']}"
-    if "at" in spec:
-        return f"at {spec['at']}"
-    return None
-
-
-# -- the WSGI application ----------------------------------------------------------------------
 
 
 class HTTPError(Exception):
@@ -642,7 +257,7 @@ class WebApp:
                     raise HTTPError(400, f"missed must be one of {', '.join(RESUME)}")
                 s.resume(name, missed=missed)
             elif action == "edit":
-                _update(s, name, _edits(s, name, body.get("changes")))
+                s.update(name, **_edits(body.get("changes")))
             else:
                 getattr(s, action)(name)
         finally:
@@ -681,33 +296,7 @@ class WebApp:
         return None
 
 
-def _update(s: Schedule, name: str, changes: dict[str, Any]) -> None:
-    """``Schedule.update``; for a static entry no operator has touched yet, its first overlay.
-
-    ``Schedule.update`` refuses a static entry without an overlay row ("no schedule
-    entry"), though pause or run now would create one: the page writes that first overlay
-    itself, in the store's one audited transaction, with the same check.
-    """
-    static = name in (s.app.conf.beat_schedule or {})
-    if not static or s.store.get(s.namespace, name) is not None:
-        s.update(name, **changes)
-        return
-    unknown = set(changes) - set(POLICY_DEFAULTS)
-    if unknown:
-        raise ConfigurationError(
-            f"{name!r} is a static beat_schedule entry: only its policies "
-            f"({', '.join(POLICY_DEFAULTS)}) can change here, not {', '.join(sorted(unknown))}"
-        )
-
-    def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        spec = {**(current.spec if current is not None else {}), **changes}
-        check_policies(spec)
-        return {"spec": json.dumps(spec, sort_keys=True)}, changes
-
-    s.store.change(s.namespace, name, "edit", s.actor, work)
-
-
-def _edits(s: Schedule, name: str, changes: Any) -> dict[str, Any]:
+def _edits(changes: Any) -> dict[str, Any]:
     """The page's edit form as ``Schedule.update`` arguments."""
     if not isinstance(changes, dict) or not changes:
         raise HTTPError(400, "nothing to change: give changes {schedule, tz, policies}")
@@ -723,11 +312,6 @@ def _edits(s: Schedule, name: str, changes: Any) -> dict[str, Any]:
         out[key] = value
     if out.get("tz") == "":
         out["tz"] = None
-    if "tz" in out and "schedule" not in out:
-        # a stored spec is re-read without its new zone: re-state the schedule as text
-        entry = s.get(name)
-        if not entry.static:
-            out["schedule"] = _schedule_input(entry.spec)
     if out.get("tz") is None:
         out.pop("tz", None)
     return out

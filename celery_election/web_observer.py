@@ -1,0 +1,387 @@
+"""What the schedule page shows: the elections and the entries, read for every viewer at once.
+
+An :class:`Observer` reads each namespace's lease four times a second on a thread of its
+own (keeping the leadership changes it sees) and the entries at most every 0.25 s for all
+viewers together, as the JSON the page polls (``celery_election.web``).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import Celery
+
+from .backends import SQLBackend
+from .backends.sql_schedule import RunRecord
+from .entry_spec import describe, from_spec
+from .schedule import Entry, Schedule
+from .settings import ElectionSettings, hide_password
+from .term import Lease
+
+__all__ = ["Observer", "Transition"]
+
+log = logging.getLogger("celery_election.web")
+
+
+def _ms(us: int | None) -> int | None:
+    return None if us is None else us // 1000
+
+
+# -- what the page shows -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of a namespace's lease that the observer saw."""
+
+    at_ms: int
+    namespace: str
+    term: int | None
+    leader: str | None
+    previous_term: int | None
+    previous_leader: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Observer:
+    """Reads the election database for the page; one per WSGI app, shared by its requests.
+
+    A daemon thread (started by the first request) looks at every namespace's lease every
+    ``interval`` seconds and keeps the changes it sees (``transitions``): the lease table
+    holds only the current term, so the history of who led is the one this process saw.
+    Entries are read at most every ``interval`` seconds, whatever the number of pages open.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        namespace: str | None = None,
+        backend: SQLBackend | None = None,
+        interval: float = 0.25,
+        keep: int = 200,
+    ) -> None:
+        self.app = app
+        self.interval = interval
+        self.schedule = Schedule(app, namespace=namespace, actor="web", backend=backend)
+        self.backend = self.schedule.backend
+        self.namespace = self.schedule.namespace
+        self.database = hide_password(ElectionSettings.from_app(app).url)
+        self._lock = threading.Lock()
+        self._status: dict[str, Any] = {"namespaces": [], "error": None, "now_ms": None}
+        self._seen: dict[str, tuple[int | None, str | None]] = {}
+        self.transitions: collections.deque[Transition] = collections.deque(maxlen=keep)
+        self._entries: tuple[float, bytes, str] | None = None
+        self._due: dict[tuple[str, str, int | None], int | None] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- the leases --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._watch, name="election-web", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.schedule.close()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.look()
+            except Exception as exc:  # the page says it, the thread goes on
+                log.warning("celery-election web: cannot read the leases (%s)", exc)
+                with self._lock:
+                    self._status = {**self._status, "error": str(exc)}
+            self._stop.wait(self.interval)
+
+    def look(self) -> dict[str, Any]:
+        """Read every namespace's lease and candidates once; record what changed."""
+        backend = self.backend
+        out = []
+        now_us = None
+        for ns in backend.namespaces():
+            lease = backend.current(ns)
+            candidates = backend.candidates(ns)
+            if lease is not None:
+                now_us = lease.db_now_us
+            out.append(_namespace(ns, lease, candidates))
+        if now_us is None:
+            now_us = self.schedule.store.db_now()
+        with self._lock:
+            for info in out:
+                key = info["namespace"]
+                now = (info["term"], info["leader"])
+                before = self._seen.get(key)
+                if before != now:
+                    self._seen[key] = now
+                    self.transitions.appendleft(
+                        Transition(now_us // 1000, key, now[0], now[1],
+                                   *(before if before is not None else (None, None)))
+                    )  # fmt: skip
+            self._status = {"namespaces": out, "error": None, "now_ms": now_us // 1000}
+            return self._status
+
+    def status(self) -> dict[str, Any]:
+        self.start()
+        with self._lock:
+            status = dict(self._status)
+        if status["now_ms"] is None:  # the thread's first look has not finished
+            status = dict(self.look())
+        with self._lock:
+            transitions = [t.as_dict() for t in self.transitions]
+        audit = self.schedule.store.audit(self.namespace, limit=20)
+        return {
+            **status,
+            "database": self.database,
+            "schedule_namespace": self.namespace,
+            "transitions": transitions,
+            "actions": [
+                {
+                    "at_ms": _ms(a.at),
+                    "name": a.name,
+                    "action": a.action,
+                    "actor": a.actor,
+                    "detail": _redact(a.detail),
+                }
+                for a in audit
+            ],
+        }
+
+    # -- the entries -------------------------------------------------------------------------
+
+    def entries_body(self) -> tuple[bytes, str]:
+        """Every entry as JSON, and its ETag; read again at most every ``interval``."""
+        with self._lock:
+            cached = self._entries
+        if cached is not None and time.monotonic() - cached[0] < self.interval:
+            return cached[1], cached[2]
+        entries = self.entries()
+        body = json.dumps({"entries": entries}, default=str).encode()
+        tag = '"' + hashlib.sha1(body).hexdigest()[:20] + '"'
+        with self._lock:
+            self._entries = (time.monotonic(), body, tag)
+        return body, tag
+
+    def entries(self) -> list[dict[str, Any]]:
+        listed = self.schedule.list()
+        last = self.schedule.store.last_sent_many(self.namespace, [e.name for e in listed])
+        now = datetime.now(timezone.utc)
+        return [self.entry_json(e, last.get(e.name), now) for e in listed]
+
+    def entry_json(self, e: Entry, last: RunRecord | None, now: datetime) -> dict[str, Any]:
+        args: Any = e.args
+        kwargs: Any = e.kwargs
+        hidden = False
+        if "argsrepr" in e.options:
+            args, hidden = e.options["argsrepr"], True
+        if "kwargsrepr" in e.options:
+            kwargs, hidden = e.options["kwargsrepr"], True
+        if hidden and "argsrepr" not in e.options and e.args:
+            args = "(hidden)"
+        if hidden and "kwargsrepr" not in e.options and e.kwargs:
+            kwargs = "(hidden)"
+        # due from the beat's run state (what its is_due reads; a beat that loaded an entry
+        # counts from then); the last run shown is the last one sent
+        sent_at = last.sent_at if last is not None and last.kind in ("run", "run_now") else None
+        due_from = e.last_run_us if e.last_run_us is not None else sent_at
+        last_us = sent_at
+        if last_us is None and e.total_run_count:
+            last_us = e.last_run_us
+        return {
+            "name": e.name,
+            "task": e.task,
+            "kind": "static" if e.static else "dynamic",
+            "schedule": e.schedule_text,
+            "schedule_input": _schedule_input(e.spec),
+            "tz": self._zone(e.spec),
+            "next_due_ms": self._next_due(e, due_from, now),
+            "state": "disabled" if not e.enabled else "paused" if e.paused else "enabled",
+            "enabled": e.enabled,
+            "paused": e.paused,
+            "run_now_pending": e.run_now_pending,
+            "policies": e.policies,
+            "args": args,
+            "kwargs": kwargs,
+            "args_hidden": hidden,
+            "options": e.options,
+            "start_at": e.start_at,
+            "expires_at": e.expires_at,
+            "last_run_ms": _ms(last_us),
+            "last": None if last is None else _run_json(last),
+            "total_run_count": e.total_run_count,
+            "updated_at_ms": _ms(e.updated_at),
+            "updated_by": e.updated_by,
+        }
+
+    def _zone(self, spec: Mapping[str, Any]) -> str | None:
+        if "cron" in spec:
+            return str(spec.get("tz") or f"{self.app.conf.timezone or 'UTC'} (app)")
+        if "at" in spec:
+            return "UTC offset in the time"
+        if "solar" in spec:
+            return "solar (its place)"
+        return None  # an interval has none
+
+    def _next_due(self, e: Entry, last_us: int | None, now: datetime) -> int | None:
+        """When the entry is next due, from its Celery schedule and its last run (epoch ms).
+
+        Celery's own ``remaining_estimate``; an entry that never ran counts from now, as a
+        beat that has just loaded it does. None: never again (a one-off that ran, expired).
+        """
+        if not e.spec:
+            return None
+        key = (e.name, json.dumps(e.spec, sort_keys=True), last_us)
+        now_ms = int(now.timestamp() * 1000)
+        cached = self._due.get(key, -1)
+        if cached is None or (cached != -1 and cached > now_ms):
+            return cached
+        try:
+            sched = from_spec(e.spec, app=self.app)
+            ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
+            if "at" in e.spec and last_us is not None:
+                due = None if ran >= sched.at else sched.at
+            else:
+                due = now + sched.remaining_estimate(ran)
+            if due is not None and e.start_at:
+                due = max(due, datetime.fromisoformat(e.start_at))
+            if due is not None and e.expires_at and due > datetime.fromisoformat(e.expires_at):
+                due = None
+        except Exception as exc:  # a schedule Celery cannot compute: say so, show the rest
+            log.debug("celery-election web: next due of %s: %s", e.name, exc)
+            return None
+        value = None if due is None else int(due.timestamp() * 1000)
+        if len(self._due) > 20_000:
+            self._due.clear()
+        self._due[key] = value
+        return value
+
+    def entry(self, name: str) -> dict[str, Any]:
+        e = self.schedule.get(name)
+        history = self.schedule.history(name, limit=50)
+        changes = [
+            a for a in self.schedule.store.audit(self.namespace, limit=500) if a.name == name
+        ]
+        now = datetime.now(timezone.utc)
+        return {
+            "entry": self.entry_json(e, history[0] if history else None, now),
+            "history": [_run_json(r) for r in history],
+            "changes": [
+                {
+                    "at_ms": _ms(a.at),
+                    "action": a.action,
+                    "actor": a.actor,
+                    "detail": _redact(a.detail),
+                }
+                for a in changes[:50]
+            ],
+        }
+
+    def changed(self) -> None:
+        """An action was taken: the next read of the entries goes to the database."""
+        with self._lock:
+            self._entries = None
+
+
+def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str, Any]:
+    held = lease is not None and lease.held
+    leader = lease.leader_id if lease is not None and held else None
+    now_us = lease.db_now_us if lease is not None else None
+    host = pid = None
+    for c in candidates:
+        if leader is not None and c.candidate_id == leader:
+            host, pid = c.hostname, c.pid
+    if leader is not None and host is None:  # not (yet) registered: read the default id
+        parts = leader.split(":")
+        if len(parts) >= 2 and parts[1].isdigit():
+            host, pid = parts[0], int(parts[1])
+    acquired = lease.acquired_at_us if lease is not None and held else None
+    if now_us is None:
+        now_us = max((c.heartbeat_at_us for c in candidates), default=0)
+    cand_now = now_us
+    return {
+        "namespace": ns,
+        "leader": leader,
+        "host": host,
+        "pid": pid,
+        "term": lease.term if lease is not None else None,
+        "acquired_at_ms": _ms(acquired),
+        "led_for": None if acquired is None else (now_us - acquired) / 1e6,
+        "expires_in": round(lease.remaining, 3) if lease is not None and held else None,
+        "liveness": None
+        if lease is None or not held or lease.liveness_us is None
+        else lease.liveness_us / 1e6,
+        "candidates": [
+            {
+                "id": c.candidate_id,
+                "host": c.hostname,
+                "pid": c.pid,
+                "heartbeat_age": round((cand_now - c.heartbeat_at_us) / 1e6, 3),
+                "leading": c.candidate_id == leader,
+            }
+            for c in candidates
+        ],
+    }
+
+
+def _redact(detail: Mapping[str, Any]) -> dict[str, Any]:
+    """An audit record's detail without arguments.
+
+    They may be secrets: the entry's own view shows them, or its argsrepr/kwargsrepr.
+    """
+    out = dict(detail)
+    for key in ("args", "kwargs"):
+        if key in out:
+            out[key] = "(not shown)"
+    options = out.get("options")
+    if isinstance(options, dict):
+        out["options"] = {k: v for k, v in options.items() if k not in ("argsrepr", "kwargsrepr")}
+    return out
+
+
+def _run_json(r: RunRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "kind": r.kind,
+        "count": r.count,
+        "term": r.term,
+        "due_ms": _ms(r.due_at),
+        "sent_ms": _ms(r.sent_at),
+        "task_id": r.task_id,
+        "finished_ms": _ms(r.finished_at),
+        "outcome": r.outcome or ("running" if r.task_id and r.finished_at is None else None),
+        "duration": None if r.duration_us is None else r.duration_us / 1e6,
+    }
+
+
+def _schedule_input(spec: Mapping[str, Any]) -> str | None:
+    """The spec as the text an operator types (what ``parse_schedule`` reads back)."""
+    if "every" in spec:
+        return describe(spec)  # "every 1h", "every 2.5s": what parse_schedule reads
+    if "cron" in spec:
+        return str(spec["cron"])
+    if "solar" in spec:
+        return f"{spec['solar']} {spec['lat']} {spec['lon']}"
+    if "at" in spec:
+        return f"at {spec['at']}"
+    return None
+
+
+# -- the WSGI application ----------------------------------------------------------------------
