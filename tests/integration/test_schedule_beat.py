@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -330,3 +331,24 @@ def test_the_api_without_a_beat_policies_zones_and_last_runs(ops: Schedule) -> N
     store.record(ops.namespace, "cron", "missed", run_key=3, term=1, count=4)
     last = store.last_sent_many(ops.namespace, ["cron", "tick", "nobody"])
     assert set(last) == {"cron"} and last["cron"].task_id == "t2"  # a sent run, the latest
+
+
+def test_disabled_and_outside_its_window_an_entry_is_not_sent(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    s = leading(beats)
+    now = datetime.now(timezone.utc)
+    ops.add("off", "ops.off", "every 1s", check_task=False, enabled=False)
+    ops.add("later", "ops.later", "every 1s", check_task=False,
+            start_at=now + timedelta(seconds=3))  # fmt: skip
+    ops.add("over", "ops.over", "every 1s", check_task=False,
+            expires_at=now + timedelta(seconds=2))  # fmt: skip
+    tick_until(s, lambda: s.count("over") >= 1)  # inside its window: sent
+    assert s.count("off") == 0 and s.count("later") == 0  # disabled; not started yet
+    tick_until(s, lambda: s.count("later") >= 1)  # its start came: sent from then
+    done = s.count("over")
+    assert "over" not in s.schedule  # expired: out of the schedule
+    ticks_pass(s, 2)
+    assert s.count("over") == done and s.count("off") == 0
+    ops.enable("off")
+    tick_until(s, lambda: s.count("off") >= 1)
