@@ -79,12 +79,12 @@ MUTATIONS = [
     M("fork-guard", SQL, "        with self._fork_guard:\n            return self._run_bounded(",
       "        if True:\n            return self._run_bounded(", ["tests/integration/test_fork_guard.py"]),
     # -- the lease steps (memory: the model every other test trusts) -----------------------
-    M("memory-take-term", MEM, "row.term == seen.term\n", "True\n", LEASE + STATEFUL),
-    M("memory-take-token", MEM, "and row.token == seen.token\n", "and True\n", LEASE + STATEFUL),
+    M("memory-take-term", MEM, "row.term == seen.term\n", "True\n", [*LEASE, *STATEFUL]),
+    M("memory-take-token", MEM, "and row.token == seen.token\n", "and True\n", [*LEASE, *STATEFUL]),
     M("memory-take-tagged", MEM, "and row.liveness_us is not None\n                and row.liveness_us <=",
-      "and True\n                and (row.liveness_us or 0) <=", LEASE + STATEFUL),
+      "and True\n                and (row.liveness_us or 0) <=", [*LEASE, *STATEFUL]),
     M("memory-take-waited", MEM, "and row.liveness_us <= round(waited * 1_000_000)",
-      "and True", LEASE + STATEFUL),
+      "and True", [*LEASE, *STATEFUL]),
     # -- trust and configuration --------------------------------------------------------------
     M("trust-margin", "celery_election/term.py", "return attempt_started + ttl - safety_margin",
       "return attempt_started + ttl", ["tests/unit/test_elector.py", "tests/unit/test_config.py"]),
@@ -119,7 +119,10 @@ MUTATIONS = [
       ".where(t.c.namespace == namespace)", SCHED),
     M("sched-finish-once", SQL_SCHED, ".where(r.c.task_id == task_id, r.c.finished_at.is_(None))",
       ".where(r.c.task_id == task_id)", SCHED),
-    M("sched-last-sent-kind", SQL_SCHED, '                r.c.kind.in_(("run", "run_now")),\n', "", SCHED),
+    M("sched-last-sent-kind", SQL_SCHED, 'r.c.entry_key == entry_key(name),\n                r.c.kind.in_(("run", "run_now")),\n',
+      "r.c.entry_key == entry_key(name),\n", SCHED),
+    M("sched-last-sent-many-kind", SQL_SCHED, 'r.c.entry_key.in_(list(keys)),\n                r.c.kind.in_(("run", "run_now")),\n',
+      "r.c.entry_key.in_(list(keys)),\n", [*SCHED, "tests/integration/test_web_app.py"]),
     M("sched-overlap-busy", OPS, "    if busy:\n        return Decision(skip_to=now", "    if False:\n        return Decision(skip_to=now", SCHED),
     M("sched-skip-before", OPS, "if skip_before is not None and times[0] < skip_before:",
       "if False:", SCHED),
@@ -130,6 +133,9 @@ MUTATIONS = [
       "if True:", SCHED),
     M("sched-dynamic-origin", OPS, "return entry.name not in self._identity and bool(super()._follows_deploys(entry))",
       "return bool(super()._follows_deploys(entry))", SCHED),
+    M("sched-window-start", OPS, "if start is not None and now < datetime.fromisoformat(start):",
+      "if False:", SCHED),
+    M("sched-window-end", OPS, "return end is None or now < datetime.fromisoformat(end)", "return True", SCHED),
     M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
 ]  # fmt: skip
 
