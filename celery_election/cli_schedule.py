@@ -26,7 +26,7 @@ from .entry_spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
 from .errors import ElectionError
 from .schedule import Entry, Schedule
 
-__all__ = ["schedule"]
+__all__ = ["command_app", "schedule"]
 
 
 def _when(us: int | None) -> str | None:
@@ -35,32 +35,41 @@ def _when(us: int | None) -> str | None:
     return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat(timespec="seconds")
 
 
+def command_app(ctx: click.Context, command: str) -> tuple[Any, bool]:
+    """The ``-A`` app (True), or a bare app on ``--url`` (False), with the ``election``
+    group's ``--url``/``--table-prefix`` applied as settings (validated as any).
+    """
+    params: dict[str, Any] = {}
+    node: click.Context | None = ctx
+    while node is not None:
+        if node.command.name == "election":
+            params = dict(node.params)
+        node = node.parent
+    app = getattr(ctx.find_root().obj, "app", None)
+    given = app is not None
+    if app is None:
+        if not params.get("url"):
+            raise click.UsageError(
+                f"give the election database: --url URL (or CELERY_ELECTION_URL), or run "
+                f"it as `celery -A proj election {command} ...` to use the app's settings"
+            )
+        from celery import Celery
+
+        app = Celery("celery-election", set_as_current=False)
+    overrides = {"url": params.get("url"), "table_prefix": params.get("table_prefix")}
+    app.conf.update({f"election_{k}": v for k, v in overrides.items() if v})
+    return app, given
+
+
 @contextmanager
 def _opened(ctx: click.Context) -> Iterator[Schedule]:
     """The Schedule the command acts on; errors become one line."""
     group = ctx.parent.params if ctx.parent is not None else {}  # the schedule group's
-    election_params = _election_params(ctx)
-    app = getattr(ctx.find_root().obj, "app", None)
-    check_tasks = app is not None  # without the app, its task names are unknown here
+    app, given = command_app(ctx, "schedule")
     try:
-        if app is None:
-            url = election_params.get("url")
-            if not url:
-                raise click.UsageError(
-                    "give the election database: --url URL (or CELERY_ELECTION_URL), or run "
-                    "it as `celery -A proj election schedule ...` to use the app's settings"
-                )
-            from celery import Celery
-
-            app = Celery("celery-election", set_as_current=False)
-            app.conf.election_url = url
-        if election_params.get("url"):
-            app.conf.election_url = election_params["url"]
-        if election_params.get("table_prefix"):
-            app.conf.election_table_prefix = election_params["table_prefix"]
-        s = Schedule(
-            app, namespace=group.get("namespace"), actor=group.get("actor"), check_tasks=check_tasks
-        )
+        # without the app, its task names are unknown here
+        s = Schedule(app, namespace=group.get("namespace"), actor=group.get("actor"),
+                     check_tasks=given)  # fmt: skip
     except ElectionError as exc:
         raise click.ClickException(str(exc)) from exc
     try:
@@ -69,15 +78,6 @@ def _opened(ctx: click.Context) -> Iterator[Schedule]:
         raise click.ClickException(str(exc)) from exc
     finally:
         s.close()
-
-
-def _election_params(ctx: click.Context) -> dict[str, Any]:
-    node: click.Context | None = ctx
-    while node is not None:
-        if node.command.name == "election":
-            return dict(node.params)
-        node = node.parent
-    return {}
 
 
 @click.group(name="schedule")

@@ -15,6 +15,7 @@ import logging
 
 import click
 
+from .cli_schedule import command_app
 from .errors import ElectionError
 
 __all__ = ["web"]
@@ -50,7 +51,7 @@ def web(
     """Serve the schedule page: leaders, entries, history; actions with --token."""
     from .web import make_app, server
 
-    app = _app(ctx)
+    app, _ = command_app(ctx, "web")
     try:
         page = make_app(app, token=list(tokens) or None, namespace=namespace)
     except ElectionError as exc:
@@ -78,28 +79,3 @@ def web(
     finally:
         httpd.server_close()
         page.close()
-
-
-def _app(ctx: click.Context) -> object:
-    """The ``-A`` app, or a bare app on ``--url`` (as ``election schedule`` does)."""
-    params: dict[str, object] = {}
-    node: click.Context | None = ctx
-    while node is not None:
-        if node.command.name == "election":
-            params = dict(node.params)
-        node = node.parent
-    app = getattr(ctx.find_root().obj, "app", None)
-    if app is None:
-        if not params.get("url"):
-            raise click.UsageError(
-                "give the election database: --url URL (or CELERY_ELECTION_URL), or run it "
-                "as `celery -A proj election web` to use the app's settings"
-            )
-        from celery import Celery
-
-        app = Celery("celery-election", set_as_current=False)
-    if params.get("url"):
-        app.conf.election_url = params["url"]
-    if params.get("table_prefix"):
-        app.conf.election_table_prefix = params["table_prefix"]
-    return app
