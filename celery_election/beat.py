@@ -47,11 +47,8 @@ changes between deploys as a restarted ``PersistentScheduler`` does (``follow_de
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -59,15 +56,13 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from . import metrics, shared_state
-from .backends import auto_install, backend_from_url
-from .backends.base import Backend, BeatStore, RunClaim, RunState
+from .backends.base import RunClaim, RunState
+from .beat_election import BeatElection, backend_description
 from .beat_ops import OperableScheduleMixin
+from .beat_rows import DjangoRowsMixin
 from .clock import boottime
-from .config import without_celery_prefix
-from .elector import Elector
 from .errors import ConfigurationError, ElectionError, cannot_start
-from .history import Recorder
-from .settings import ElectionSettings, hide_password
+from .settings import ElectionSettings
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
@@ -77,92 +72,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 _FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
 _OFFSET_EVERY = 60.0
-
-
-class _BeatElection:
-    """The leadership a scheduler acts on: its own Elector, or the worker's record."""
-
-    def __init__(self, app: Any) -> None:
-        self.record = shared_state.current()
-        self.settings = ElectionSettings.from_app(app)
-        self.settings.refuse_split()
-        # Embedded (`celery worker -B --election`): the worker's leadership and namespace.
-        embedded = self.record is not None
-        self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
-        # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
-        listen = False if self.record is not None else None
-        options = self.settings.backend_options(listen=listen)
-        self.backend: Backend = backend_from_url(self.settings.url, **options)
-        self.store: BeatStore = self.backend.beat
-        if self.settings.auto_install:
-            auto_install(self.backend, log)
-        self.elector: Elector | None = None
-        if self.record is None:
-            self.elector = Elector(
-                self.backend,
-                self.namespace,
-                f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
-                config=self.settings.config,
-            )
-        history = self.settings.history_file
-        self.recorder = Recorder(history, role="beat") if history else None
-        self.server: metrics.MetricsServer | None = None
-        if self.elector is not None:
-            if self.settings.metrics_port is not None:
-                self.server = self._bind(self.settings.metrics_port, self.elector)
-            if self.recorder is not None:
-                self.recorder.attach(self.elector)
-            self.elector.start()
-            if self.server is not None:
-                self.server.start()
-                port = self.server.port
-                log.info("beat election: /metrics, /healthz and /readyz on port %d", port)
-
-    def _bind(self, port: int, elector: Elector) -> metrics.MetricsServer:
-        """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
-        if metrics.store() is None:
-            metrics.install(metrics.LocalCounters())
-        beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
-        metrics.allow_start(self.namespace, 60.0)
-        return metrics.bind(port, lambda: metrics.health([elector], beats))
-
-    def leadership(self) -> tuple[int, str] | None:
-        """(term, token) while this process may act as leader, else None. No I/O."""
-        if self.record is not None:
-            reading = self.record.read()
-            if reading.trusted() and reading.term is not None and reading.token:
-                return reading.term, reading.token
-            return None
-        assert self.elector is not None
-        term = self.elector.term
-        return None if term is None else (term, self.elector.token)
-
-    def wait_for_leadership(self, timeout: float) -> bool:
-        """Block until this process leads (True) or ``timeout`` seconds pass (False)."""
-        if self.elector is not None:
-            return self.elector.wait_for_leadership(timeout)
-        deadline = boottime() + timeout
-        while self.leadership() is None:  # the worker's record has no waiter: poll it
-            if boottime() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def describe(self) -> str:
-        mode = "embedded: the worker's leadership" if self.record is not None else "candidate"
-        return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.elector is not None:
-            self.elector.stop()
-            self.elector = None
-        if self.recorder is not None:
-            self.recorder.close()
-            self.recorder = None
-        self.backend.close()
 
 
 @dataclass(frozen=True)
@@ -175,7 +84,7 @@ class _Fence:
     at: int  # its own last_run_at, as stored (database clock, epoch us)
 
 
-class LeaderSchedulerMixin:
+class LeaderSchedulerMixin(DjangoRowsMixin):
     """Make a Celery beat scheduler send only on the leader, each run at most once."""
 
     app: Any
@@ -190,7 +99,7 @@ class LeaderSchedulerMixin:
     #: not for django-celery-beat, whose disabled entries leave the schedule.
     follow_deploys = False
 
-    _election: _BeatElection | None = None
+    _election: BeatElection | None = None
     _loaded_term: int | None = None
     _lost_term: int | None = None
     _closed = False
@@ -234,10 +143,10 @@ class LeaderSchedulerMixin:
         """
         return self._elect().wait_for_leadership(timeout)
 
-    def _elect(self) -> _BeatElection:
+    def _elect(self) -> BeatElection:
         """The scheduler's election, started on first need (a lazy scheduler's too)."""
         if self._election is None:
-            self._election = _BeatElection(self.app)
+            self._election = BeatElection(self.app)
             log.info("beat election: %s", self._election.describe())
         return self._election
 
@@ -428,78 +337,6 @@ class LeaderSchedulerMixin:
     def _live_names(self) -> set[str]:
         """The entries that exist (sent now or not): the others' run state is retired."""
         return set(self.schedule)
-
-    # -- writing the rows (django-celery-beat) ----------------------------------------------
-
-    def sync(self) -> None:
-        """The wrapped scheduler's sync; model rows are written by the leader only.
-
-        A beat that no longer leads (or leads in a term it has not loaded) forgets the
-        runs it has not written: the leader holds newer ones and writes them itself. A
-        django-celery-beat row is written only if that does not move it back
-        (``total_run_count`` never decreases), so a leader demoted between this check and
-        the write cannot undo the new leader's writes either.
-        """
-        dirty = getattr(self, "_dirty", None)
-        if isinstance(dirty, set) and dirty:
-            if not self._may_write():
-                log.debug("beat election: not leading; %d unsaved runs left to the leader",
-                          len(dirty))  # fmt: skip
-                dirty.clear()
-            else:
-                try:
-                    self._write_rows(dirty)
-                except Exception as exc:  # as the wrapped sync: log, retry at the next
-                    log.warning("beat election: could not write the schedule rows (%s)", exc)
-                    return
-        super().sync()  # type: ignore[misc]
-
-    def _may_write(self) -> bool:
-        """Leading, in the term whose state this process loaded (if it loaded one)."""
-        election = self._election
-        lead = election.leadership() if election is not None else None
-        if lead is None or lead[0] == self._lost_term:
-            return False
-        return self._loaded_term is None or lead[0] == self._loaded_term
-
-    def _write_rows(self, dirty: set[Any]) -> None:
-        """Write the django-celery-beat rows of ``dirty`` entries, never backwards.
-
-        What ``ModelEntry.save`` writes, in one conditional UPDATE instead of a read and
-        a save; entries whose class saves otherwise are left to the wrapped sync.
-        """
-        schedule = getattr(self, "_schedule", None) or {}
-        for name in list(dirty):
-            entry: Any = schedule.get(name)
-            model: Any = getattr(entry, "model", None)
-            manager = getattr(type(model), "_default_manager", None)
-            if manager is None or getattr(model, "pk", None) is None:
-                continue  # not a model entry: the wrapped sync writes it
-            from django.db.models import (  # type: ignore[import-untyped]
-                Case,
-                DateTimeField,
-                Value,
-                When,
-            )
-            from django_celery_beat.schedulers import (  # type: ignore[import-untyped]
-                ModelEntry,
-            )
-
-            if type(entry).save is not ModelEntry.save:
-                continue
-            # a disabled row shows no last run (PeriodicTask.save's rule, as stock's save)
-            last = Case(
-                When(enabled=False, then=Value(None)),
-                default=Value(model.last_run_at),
-                output_field=DateTimeField(),
-            )
-            written = manager.filter(
-                pk=model.pk, total_run_count__lte=model.total_run_count
-            ).update(last_run_at=last, total_run_count=model.total_run_count)
-            dirty.discard(name)
-            changes = getattr(self, "Changes", None)
-            if written and changes is not None and not getattr(model, "no_changes", True):
-                changes.changed(model)  # as PeriodicTask.save tells the beats
 
     # -- the clock --------------------------------------------------------------------------
 
@@ -728,11 +565,6 @@ def _held(entry: Any) -> tuple[Any, Any]:
 def _has_row(entry: Any) -> bool:
     """Whether the entry keeps its run state on a row of its own (django-celery-beat)."""
     return hasattr(getattr(entry, "model", None), "last_run_at")
-
-
-def backend_description(url: str) -> str:
-    """A database URL (``db+``/``sqla+`` prefixes dropped) with its password hidden."""
-    return hide_password(without_celery_prefix(url))
 
 
 class LeaderScheduler(OperableScheduleMixin, LeaderSchedulerMixin, PersistentScheduler):

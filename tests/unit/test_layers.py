@@ -13,8 +13,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: Modules that may import Celery (docs/design.md); every other module is the core.
 CELERY_SIDE = {
-    "app", "bootstep", "shared_state", "beat", "beat_ops", "schedule", "entry_spec", "tasks",
-    "control", "signals", "cli", "cli_schedule", "cli_web", "web_observer", "web",
+    "app", "bootstep", "shared_state", "beat", "beat_election", "beat_rows", "beat_ops",
+    "schedule", "entry_spec", "tasks", "control", "signals", "cli", "cli_schedule", "cli_web",
+    "web_observer", "web",
 }  # fmt: skip
 #: Core modules allowed one Celery-side module, and why: the test kit writes the shared
 #: leadership record that leader tasks read, and shared_state itself imports no Celery

@@ -1,0 +1,120 @@
+"""The leadership a beat scheduler acts on: its own Elector, or its worker's record.
+
+A standalone ``celery beat`` runs an Elector of its own in the beats' namespace
+(``election_beat_namespace``), with its own /metrics and probes; the beat embedded in
+``celery worker -B --election`` shares the worker's leadership through the worker's
+shared record and only claims runs (no second candidate, no LISTEN).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from . import metrics, shared_state
+from .backends import auto_install, backend_from_url
+from .backends.base import Backend, BeatStore
+from .clock import boottime
+from .config import without_celery_prefix
+from .elector import Elector
+from .history import Recorder
+from .settings import ElectionSettings, hide_password
+
+__all__ = ["BeatElection", "backend_description"]
+
+log = logging.getLogger("celery_election.beat")
+
+
+class BeatElection:
+    """The leadership a scheduler acts on: its own Elector, or the worker's record."""
+
+    def __init__(self, app: Any) -> None:
+        self.record = shared_state.current()
+        self.settings = ElectionSettings.from_app(app)
+        self.settings.refuse_split()
+        # Embedded (`celery worker -B --election`): the worker's leadership and namespace.
+        embedded = self.record is not None
+        self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
+        # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
+        listen = False if self.record is not None else None
+        options = self.settings.backend_options(listen=listen)
+        self.backend: Backend = backend_from_url(self.settings.url, **options)
+        self.store: BeatStore = self.backend.beat
+        if self.settings.auto_install:
+            auto_install(self.backend, log)
+        self.elector: Elector | None = None
+        if self.record is None:
+            self.elector = Elector(
+                self.backend,
+                self.namespace,
+                f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                config=self.settings.config,
+            )
+        history = self.settings.history_file
+        self.recorder = Recorder(history, role="beat") if history else None
+        self.server: metrics.MetricsServer | None = None
+        if self.elector is not None:
+            if self.settings.metrics_port is not None:
+                self.server = self._bind(self.settings.metrics_port, self.elector)
+            if self.recorder is not None:
+                self.recorder.attach(self.elector)
+            self.elector.start()
+            if self.server is not None:
+                self.server.start()
+                port = self.server.port
+                log.info("beat election: /metrics, /healthz and /readyz on port %d", port)
+
+    def _bind(self, port: int, elector: Elector) -> metrics.MetricsServer:
+        """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
+        if metrics.store() is None:
+            metrics.install(metrics.LocalCounters())
+        beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
+        metrics.allow_start(self.namespace, 60.0)
+        return metrics.bind(port, lambda: metrics.health([elector], beats))
+
+    def leadership(self) -> tuple[int, str] | None:
+        """(term, token) while this process may act as leader, else None. No I/O."""
+        if self.record is not None:
+            reading = self.record.read()
+            if reading.trusted() and reading.term is not None and reading.token:
+                return reading.term, reading.token
+            return None
+        assert self.elector is not None
+        term = self.elector.term
+        return None if term is None else (term, self.elector.token)
+
+    def wait_for_leadership(self, timeout: float) -> bool:
+        """Block until this process leads (True) or ``timeout`` seconds pass (False)."""
+        if self.elector is not None:
+            return self.elector.wait_for_leadership(timeout)
+        deadline = boottime() + timeout
+        while self.leadership() is None:  # the worker's record has no waiter: poll it
+            if boottime() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def describe(self) -> str:
+        mode = "embedded: the worker's leadership" if self.record is not None else "candidate"
+        return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.elector is not None:
+            self.elector.stop()
+            self.elector = None
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+        self.backend.close()
+
+
+def backend_description(url: str) -> str:
+    """A database URL (``db+``/``sqla+`` prefixes dropped) with its password hidden."""
+    return hide_password(without_celery_prefix(url))
