@@ -10,10 +10,12 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  the liveness rules and thread (failover in about a second);
                  transitions.py what an elector reports; aio.py wraps it for asyncio
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
-                 schema.py (tables, database clock), connection.py (engines, deadlines,
-                 error classes), dialects.py (how each database runs a step), sql.py
-                 (lease, candidates), sql_beat.py (beat runs), liveness.py (the lock
-                 sessions), postgres.py (NOTIFY + LISTEN)
+                 dialects.py (what differs between the databases), schema.py (tables,
+                 database clock), connection.py (engines, deadlines), sql_calls.py
+                 (each call's transaction and errors), sql_lease.py (the lease steps),
+                 sql.py (lease, candidates), sql_install.py (tables), sql_beat.py
+                 (beat runs), sql_schedule.py (operable schedule), liveness.py (the
+                 lock sessions), postgres.py (NOTIFY + LISTEN)
     core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py;
                  shm.py (the /dev/shm file a worker shares with its pool children)
 
@@ -23,9 +25,7 @@ the benchmarks (not installed).
 To add a backend: implement ``backends.base.Backend`` (its ``beat`` property returns a
 ``BeatStore``), run it through ``tests/integration/test_backend_suite.py`` and the
 ``backend`` fixture in ``tests/conftest.py``, and name its URL scheme in
-``backends/__init__.py``. A new SQL dialect needs ``schema.db_now_us``/``greatest``, its
-error codes in ``connection.classify``, a ``dialects.StepStyle``, and (for liveness) a
-session in ``backends/liveness.py``.
+``backends/__init__.py``. A new SQL dialect: see ``backends/dialects.py``.
 
 The core (Elector, backends, config, settings) never imports Celery; the Celery-side names
 (``init_app``, ``leader_task``, ``LeaderTask``) load it on first use.

@@ -263,86 +263,33 @@ class ElectionSettings:
         namespace: str | None = None,
     ) -> ElectionSettings:
         """Check every setting; one ConfigurationError with every problem."""
-        problems: list[str] = []
-
-        def text(key: str) -> str | None:
-            value = values.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, str) or not value:
-                problems.append(f"{key} must be a non-empty string: got {value!r}")
-                return None
-            return value
-
-        def flag(key: str, default: bool, given: bool | None = None) -> bool:
-            value = values.get(key) if given is None else given
-            if value is None:
-                return default
-            if not isinstance(value, bool):
-                problems.append(f"{key} must be True or False: got {value!r}")
-                return default
-            return value
-
-        def check(fn: Any, value: Any, default: Any) -> Any:
-            try:
-                return fn(value)
-            except ConfigurationError as exc:
-                problems.extend(exc.problems)
-                return default
-
-        url = text("election_url")
-        source = "election_url"
-        split = None
-        if url is None:
-            url, source = default_election_url(conf)
-            if url.startswith("sqlite:///"):  # a file of its own: this host only
-                split = _split_reason(conf, url)
+        read = _Reader(values)
+        url, source, split = _election_url(conf, read)
         # None means "not set"; an empty string is a mistake, not "default"
         chosen = namespace if namespace is not None else values.get("election_namespace")
-        ns = check(validate_namespace, "default" if chosen is None else chosen, "default")
+        ns = read.check(validate_namespace, "default" if chosen is None else chosen, "default")
         prefix = values.get("election_table_prefix")
-        table_prefix = check(
+        table_prefix = read.check(
             validate_table_prefix,
             DEFAULT_TABLE_PREFIX if prefix is None else prefix,
             DEFAULT_TABLE_PREFIX,
         )
         beat_ns = values.get("election_beat_namespace")
-        beat_namespace = check(
+        beat_namespace = read.check(
             validate_namespace, f"{ns}-beat" if beat_ns is None else beat_ns, f"{ns}-beat"
         )
-        config = check(ElectionConfig.from_settings, values, None)
-        auto_install = flag("election_auto_install", True)
-        listen = flag("election_listen", True)
-        on = flag("election_enabled", False, enabled)
-        listen_url = text("election_listen_url")
-        direct_url = text("election_direct_url")
-        leader_queue = text("election_leader_queue") or leader_queue_name(ns)
-        history_file = text("election_history_file")
-        metrics_port = values.get("election_metrics_port")
-        if metrics_port is not None:
-            if (
-                isinstance(metrics_port, bool)
-                or not isinstance(metrics_port, int)
-                or not (0 <= metrics_port <= 65535)
-            ):
-                problems.append(
-                    f"election_metrics_port must be a port number: got {metrics_port!r}"
-                )
-                metrics_port = None
-            else:
-                check(_require_metrics_client, None, None)
-        retention = values.get("election_schedule_retention")
-        if retention is None:
-            retention = 30.0
-        elif (
-            isinstance(retention, bool) or not isinstance(retention, (int, float)) or retention <= 0
-        ):
-            problems.append(
-                f"election_schedule_retention must be a number of days > 0: got {retention!r}"
-            )
-            retention = 30.0
-        if problems:  # every problem at once
-            raise ConfigurationError(problems)
+        config = read.check(ElectionConfig.from_settings, values, None)
+        auto_install = read.flag("election_auto_install", True)
+        listen = read.flag("election_listen", True)
+        on = read.flag("election_enabled", False, enabled)
+        listen_url = read.text("election_listen_url")
+        direct_url = read.text("election_direct_url")
+        leader_queue = read.text("election_leader_queue") or leader_queue_name(ns)
+        history_file = read.text("election_history_file")
+        metrics_port = read.metrics_port()
+        retention = read.retention()
+        if read.problems:  # every problem at once
+            raise ConfigurationError(read.problems)
         return cls(
             url=url,
             url_source=source,
@@ -357,7 +304,7 @@ class ElectionSettings:
             beat_namespace=beat_namespace,
             history_file=history_file,
             metrics_port=metrics_port,
-            schedule_retention=float(retention),
+            schedule_retention=retention,
             split=split,
             direct_url=direct_url,
         )
@@ -387,6 +334,72 @@ class ElectionSettings:
 
 #: Brokers and result backends that live on this host only (or ride on the broker: rpc).
 _LOCAL_SCHEMES = {"memory", "filesystem", "file", "sqlite", "rpc", "disabled", "cache+memory"}
+
+
+def _election_url(conf: Any, read: _Reader) -> tuple[str, str, str | None]:
+    """The election URL, the setting it came from, and why hosts may split (the default)."""
+    url = read.text("election_url")
+    if url is not None:
+        return url, "election_url", None
+    url, source = default_election_url(conf)
+    split = None
+    if url.startswith("sqlite:///"):  # a file of its own: this host only
+        split = _split_reason(conf, url)
+    return url, source, split
+
+
+class _Reader:
+    """Reads the ``election_*`` values and collects every problem, to raise them at once."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self.problems: list[str] = []
+
+    def text(self, key: str) -> str | None:
+        value = self.values.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.problems.append(f"{key} must be a non-empty string: got {value!r}")
+            return None
+        return value
+
+    def flag(self, key: str, default: bool, given: bool | None = None) -> bool:
+        value = self.values.get(key) if given is None else given
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.problems.append(f"{key} must be True or False: got {value!r}")
+            return default
+        return value
+
+    def check(self, fn: Any, value: Any, default: Any) -> Any:
+        try:
+            return fn(value)
+        except ConfigurationError as exc:
+            self.problems.extend(exc.problems)
+            return default
+
+    def metrics_port(self) -> int | None:
+        port = self.values.get("election_metrics_port")
+        if port is None:
+            return None
+        if isinstance(port, bool) or not isinstance(port, int) or not (0 <= port <= 65535):
+            self.problems.append(f"election_metrics_port must be a port number: got {port!r}")
+            return None
+        self.check(_require_metrics_client, None, None)
+        return port
+
+    def retention(self) -> float:
+        days = self.values.get("election_schedule_retention")
+        if days is None:
+            return 30.0
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or days <= 0:
+            self.problems.append(
+                f"election_schedule_retention must be a number of days > 0: got {days!r}"
+            )
+            return 30.0
+        return float(days)
 
 
 def _split_reason(conf: Any, url: str) -> str | None:

@@ -47,7 +47,8 @@ class Mutation:
 
 
 M = Mutation
-SQL = "celery_election/backends/sql.py"
+SQL_LEASE = "celery_election/backends/sql_lease.py"
+SQL_CALLS = "celery_election/backends/sql_calls.py"
 MEM = "celery_election/backends/memory.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
 SQL_SCHED = "celery_election/backends/sql_schedule.py"
@@ -55,28 +56,28 @@ OPS = "celery_election/beat_ops.py"
 
 MUTATIONS = [
     # -- the lease steps (SQL) ------------------------------------------------------------
-    M("lease-elect-expired", SQL, "t.c.token.is_(None), t.c.expires_at <= now",
+    M("lease-elect-expired", SQL_LEASE, "t.c.token.is_(None), t.c.expires_at <= now",
       "t.c.token.is_(None), sa.true()", LEASE),
-    M("lease-take-term", SQL, "                t.c.term == term,\n                t.c.token == sa.bindparam(\"p_seen_token\"",
-      "                sa.true(),\n                t.c.token == sa.bindparam(\"p_seen_token\"", LEASE),
-    M("lease-take-token", SQL, 't.c.token == sa.bindparam("p_seen_token", type_=sa.String()),',
+    M("lease-take-term", SQL_LEASE, "            t.c.term == term,\n            t.c.token == sa.bindparam(\"p_seen_token\"",
+      "            sa.true(),\n            t.c.token == sa.bindparam(\"p_seen_token\"", LEASE),
+    M("lease-take-token", SQL_LEASE, 't.c.token == sa.bindparam("p_seen_token", type_=sa.String()),',
       "sa.true(),", LEASE),
-    M("lease-take-tagged", SQL, "t.c.liveness_us.is_not(None),", "sa.true(),", LEASE),
-    M("lease-take-waited", SQL, 't.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),',
+    M("lease-take-tagged", SQL_LEASE, "t.c.liveness_us.is_not(None),", "sa.true(),", LEASE),
+    M("lease-take-waited", SQL_LEASE, 't.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),',
       "sa.true(),", LEASE),
-    M("lease-renew-token", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+    M("lease-renew-token", SQL_LEASE, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
       "t.c.namespace == ns, t.c.term == term, t.c.expires_at > now", LEASE),
-    M("lease-renew-term", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+    M("lease-renew-term", SQL_LEASE, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
       "t.c.namespace == ns, t.c.token == token, t.c.expires_at > now", LEASE),
-    M("lease-renew-unexpired", SQL, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
+    M("lease-renew-unexpired", SQL_LEASE, "t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now",
       "t.c.namespace == ns, t.c.token == token, t.c.term == term", LEASE),
-    M("lease-resign-token", SQL, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n            .values(token=None",
-      ".where(t.c.namespace == ns, t.c.term == term)\n            .values(token=None", LEASE),
-    M("lease-resign-term", SQL, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n            .values(token=None",
-      ".where(t.c.namespace == ns, t.c.token == token)\n            .values(token=None", LEASE),
-    M("lease-term-floor", SQL, 'greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger))',
+    M("lease-resign-token", SQL_LEASE, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n        .values(token=None",
+      ".where(t.c.namespace == ns, t.c.term == term)\n        .values(token=None", LEASE),
+    M("lease-resign-term", SQL_LEASE, ".where(t.c.namespace == ns, t.c.token == token, t.c.term == term)\n        .values(token=None",
+      ".where(t.c.namespace == ns, t.c.token == token)\n        .values(token=None", LEASE),
+    M("lease-term-floor", SQL_LEASE, 'greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger))',
       'greatest(t.c.term + 1, now)', LEASE),
-    M("fork-guard", SQL, "        with self._fork_guard:\n            return self._run_bounded(",
+    M("fork-guard", SQL_CALLS, "        with self._fork_guard:\n            return self._run_bounded(",
       "        if True:\n            return self._run_bounded(", ["tests/integration/test_fork_guard.py"]),
     # -- the lease steps (memory: the model every other test trusts) -----------------------
     M("memory-take-term", MEM, "row.term == seen.term\n", "True\n", [*LEASE, *STATEFUL]),

@@ -2,16 +2,16 @@
 
 Why each piece exists (docs/design.md, "Rules found by experiment"):
 
-* ``classify``: lock timeouts, deadlocks, duplicate keys and SQLite's busy errors mean
-  "lost this round" (rule 1), a missing table means ``SchemaMissingError``, connection
-  errors mean the backend is unavailable.
+* ``LostRound``: a step that lost to contention (what ``Dialect.classify`` calls
+  "contention": lock timeouts, deadlocks, duplicate keys, SQLite's busy errors; rule 1).
 * The watchdog: every call has a client-side deadline; a stalled socket is shut down
   from another thread (SQLAlchemy's pre-ping froze past 8 s despite server timeouts,
   rule 8).
-* ``private_engine``: the elector never shares the application's pool; per-dialect
-  session timeouts, SQLite's WAL and BEGIN IMMEDIATE, and a network-filesystem refusal
-  (rule 11); after a fork the child drops the parent's connections without closing them
-  (rule 12). ``fork_lock`` keeps forks out of in-process SQLite calls.
+* ``private_engine``: the elector never shares the application's pool; the dialect
+  (``dialects.py``) brings its session timeouts, SQLite's WAL and BEGIN IMMEDIATE, and a
+  network-filesystem refusal (rule 11); after a fork the child drops the parent's
+  connections without closing them (rule 12). ``fork_lock`` keeps forks out of
+  in-process SQLite calls.
 """
 
 from __future__ import annotations
@@ -25,19 +25,18 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import URL, Engine
 
-from ..errors import ConfigurationError
+if TYPE_CHECKING:
+    from .dialects import Dialect
 
 __all__ = [
     "WATCHDOG",
     "Deadline",
     "LostRound",
-    "classify",
     "fork_lock",
     "interrupt",
     "one_line",
@@ -47,47 +46,9 @@ __all__ = [
 
 log = logging.getLogger("celery_election.backends.sql")
 
-# -- error classification -------------------------------------------------------------------
-
-_PG_CONTENTION = {"40P01", "55P03", "40001", "23505", "57014"}
-_PG_MISSING = {"42P01"}
-_PG_READ_ONLY = {"25006"}  # read_only_sql_transaction: a hot standby
-_MYSQL_CONTENTION = {1213, 1205, 1062, 1969, 3024}
-_MYSQL_MISSING = {1146}
-
 
 class LostRound(Exception):
     """The step lost to contention; nothing changed."""
-
-
-def classify(exc: DBAPIError) -> str:
-    orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate in _PG_CONTENTION:
-        return "contention"
-    if sqlstate in _PG_MISSING:
-        return "missing"
-    if sqlstate in _PG_READ_ONLY:
-        return "read-only"
-    code = orig.args[0] if orig is not None and orig.args else None
-    if type(orig).__module__.startswith("pymysql"):
-        if code in _MYSQL_CONTENTION:
-            return "contention"
-        if code in _MYSQL_MISSING:
-            return "missing"
-    message = str(orig).lower()
-    if type(orig).__module__.startswith("sqlite3"):
-        if "locked" in message or "busy" in message:
-            return "contention"
-        if "no such table" in message:
-            return "missing"
-        if not any(w in message for w in ("interrupt", "unable to open", "disk", "readonly")):
-            return "other"  # a bad statement, not an unreachable file
-    if exc.connection_invalidated or isinstance(
-        exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
-    ):
-        return "unavailable"
-    return "other"
 
 
 # -- call deadlines -------------------------------------------------------------------------
@@ -183,8 +144,6 @@ WATCHDOG = Watchdog()
 
 # -- engines --------------------------------------------------------------------------------
 
-_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "fuse.sshfs", "9p", "afs", "ceph"}
-
 
 def filesystem_type(path: Path) -> str | None:
     try:
@@ -254,6 +213,7 @@ def pg_connect_args(connect_timeout: float, application_name: str) -> dict[str, 
 
 def private_engine(
     url: URL,
+    dialect: Dialect,
     *,
     statement_timeout: float,
     connect_timeout: float,
@@ -261,105 +221,23 @@ def private_engine(
     allow_network_filesystem: bool,
     engine_options: dict[str, Any],
 ) -> Engine:
-    backend = url.get_backend_name()
+    """The elector's own engine, never the application's.
+
+    ``dialect``'s options and session set-up, then the caller's ``engine_options`` on top;
+    a forked child drops it without closing it.
+    """
+    url = dialect.engine_url(url, allow_network_filesystem=allow_network_filesystem)
     options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
-    connect_args: dict[str, Any] = {}
-    if backend == "sqlite":
-        database = url.database or ""
-        is_uri = str(url.query.get("uri", "")).lower() in ("true", "1")
-        in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
-        if in_memory or (is_uri and "mode=memory" in str(url)):
-            raise ConfigurationError(
-                "an in-memory SQLite database cannot be shared between processes or "
-                "connections: give a file path (sqlite:////abs/path/election.db), or use "
-                "MemoryBackend for in-process tests"
-            )
-        if is_uri:
-            raise ConfigurationError(
-                f"SQLite URI filenames (uri=true) are not supported for the election "
-                f"database: give a plain path like sqlite:////abs/path/election.db, "
-                f"got {url.render_as_string(hide_password=True)}"
-            )
-        path = Path(database).expanduser().resolve()
-        url = url.set(database=str(path))
-        fstype = filesystem_type(path.parent)
-        if fstype in _NETWORK_FILESYSTEMS and not allow_network_filesystem:
-            raise ConfigurationError(
-                f"SQLite election file {path} is on a network filesystem ({fstype}): its "
-                f"locks are not reliable there. Use PostgreSQL or MySQL, or pass "
-                f"allow_network_filesystem=True if you know its locking works"
-            )
-        connect_args["timeout"] = sqlite_busy_timeout
-        connect_args["check_same_thread"] = False
-    elif backend == "postgresql":
-        connect_args.update(
-            pg_connect_args(connect_timeout, "celery-election"),
-            tcp_user_timeout=int(statement_timeout * 1000),
-        )
-        options.update(pool_size=2, max_overflow=4)
-    elif backend in ("mysql", "mariadb"):
-        connect_args.update(
-            connect_timeout=max(1, round(connect_timeout)),
-            read_timeout=statement_timeout,
-            write_timeout=statement_timeout,
-        )
-        options.update(pool_size=2, max_overflow=4)
-    if backend != "sqlite":
-        # Each call is one statement (or a few whose order, not atomicity, matters): run
-        # them in autocommit, so the server commits a step as it executes it and never
-        # holds a lease or beat row while waiting for the client's COMMIT. A link that
-        # froze between the two (half-open TCP) held the row against a take-over until the
-        # server gave up on the session: 2 x call_timeout on PostgreSQL, never on MySQL.
-        # Transactions that need one ask for it (SQLBackend._transaction). On PostgreSQL
-        # it also saves the BEGIN and COMMIT round trips.
-        options["isolation_level"] = "AUTOCOMMIT"
+    own, connect_args = dialect.engine_options(
+        statement_timeout=statement_timeout,
+        connect_timeout=connect_timeout,
+        sqlite_busy_timeout=sqlite_busy_timeout,
+    )
+    options.update(own)
     options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
     options.update(engine_options)
     engine = sa.create_engine(url, **options)
-
-    if backend == "sqlite":
-
-        @sa.event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn: Any, record: Any) -> None:
-            # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it).
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Connection) -> None:
-            # Writers take the write lock at BEGIN, where the busy timeout waits for it,
-            # instead of failing to upgrade a read lock midway.
-            mode = "DEFERRED" if conn.get_execution_options().get("_election_read") else "IMMEDIATE"
-            conn.exec_driver_sql(f"BEGIN {mode}")
-
-    elif backend == "postgresql":
-        ms = int(statement_timeout * 1000)
-
-        @sa.event.listens_for(engine, "connect")
-        def _pg_connect(dbapi_conn: Any, record: Any) -> None:
-            # Session settings, set once per connection (a SET LOCAL per transaction would
-            # double the statement count). Behind PgBouncer in transaction mode these may
-            # not stick; the client-side call deadline still bounds every call.
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {ms}")
-                cur.execute(f"SET lock_timeout = {ms}")
-                cur.execute(f"SET idle_in_transaction_session_timeout = {ms * 2}")
-            dbapi_conn.commit()
-
-    elif backend in ("mysql", "mariadb"):
-        secs = statement_timeout
-
-        @sa.event.listens_for(engine, "connect")
-        def _mysql_connect(dbapi_conn: Any, record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(secs))}")
-            cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')")
-            if "mariadb" in dbapi_conn.get_server_info().lower():
-                cur.execute(f"SET SESSION max_statement_time = {secs}")
-            cur.close()
-
+    dialect.set_up_sessions(engine, statement_timeout)
     os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
     return engine
 

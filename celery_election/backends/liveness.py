@@ -21,9 +21,9 @@ Three kinds, one protocol (``LivenessSession``):
   dies; nothing ends a paused holder's lock, so there a pause is survived by the lease
   alone, as without liveness (followers keep looking at the lease while they wait).
 
-A session is made by ``backend.liveness_session(namespace, delta)``; None means the
-backend cannot hold one (an old server, a pooler): the elector then runs the lease
-protocol alone.
+A session is made by ``backend.liveness_session(namespace, delta)`` (which kind: the
+backend's ``dialects.Dialect.liveness_session``); None means the backend cannot hold
+one (an old server, a pooler): the elector then runs the lease protocol alone.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ __all__ = [
     "lock_key",
     "pg_connector",
     "sessions_pinned",
-    "sql_session",
 ]
 
 log = logging.getLogger(__name__)
@@ -377,37 +376,3 @@ def pg_connector(
     cargs, cparams = dialect.create_connect_args(url)
     cparams.update(pg_connect_args(connect_timeout, application_name))
     return lambda: dialect.connect(*cargs, **cparams)
-
-
-def sql_session(
-    engine: Engine,
-    url: URL,
-    table_prefix: str,
-    namespace: str,
-    delta: float,
-    max_wait: float,
-    connect_timeout: float,
-) -> LivenessSession:
-    """The liveness lock of ``namespace`` for an SQL backend's database.
-
-    A connection of its own to ``url`` (the direct URL, or the lease engine's), never from
-    the engine's pool: a pooled connection is shared, and a session lock must die with
-    this candidate alone. ``max_wait`` bounds one ``acquire``; the connection's read
-    timeout allows for it.
-    """
-    key = lock_key(table_prefix, namespace)
-    description = url.render_as_string(hide_password=True)
-    dialect = engine.dialect
-    if dialect.name == "sqlite":
-        db = Path(str(engine.url.database))
-        return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
-    if dialect.name == "postgresql":
-        connect = pg_connector(engine, url, connect_timeout, "celery-election-liveness")
-        return PostgresSession(connect, delta, description, key)
-    cargs, cparams = dialect.create_connect_args(url)
-    cparams.update(
-        connect_timeout=max(1, round(connect_timeout)),
-        read_timeout=max_wait + connect_timeout + 5,
-        write_timeout=connect_timeout + 5,
-    )
-    return MySQLSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)

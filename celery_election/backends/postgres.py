@@ -39,7 +39,7 @@ from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt
 from .connection import one_line
-from .dialects import StepStyle
+from .dialects import PostgreSQL, StepStyle
 from .liveness import PROBE_EVERY, pg_connector, sessions_pinned
 from .schema import DEFAULT_TABLE_PREFIX, db_now_us
 from .sql import SQLBackend
@@ -372,7 +372,7 @@ class PostgresBackend(SQLBackend):
         **options: Any,
     ) -> None:
         super().__init__(url_or_engine, table_prefix=table_prefix, **options)
-        if self.dialect != "postgresql":
+        if not isinstance(self.db, PostgreSQL):
             raise ConfigurationError(
                 f"PostgresBackend needs a postgresql+psycopg:// URL: got {self.description}"
             )

@@ -3,16 +3,15 @@
 Pure definitions, no I/O: ``make_metadata(prefix)`` gives the tables (also for an Alembic
 env), ``db_now_us()`` the database's clock in epoch microseconds for each dialect
 (docs/design.md, rule 2), ``greatest`` the portable GREATEST, and ``entry_key`` the hashed key
-of a beat entry (any name fits a MySQL primary key, rule 9).
-
-To add a dialect: teach ``db_now_us`` and ``greatest`` to compile for it, check the key
-collation in ``key_type``, then its error codes in ``connection.classify``.
+of a beat entry (any name fits a MySQL primary key, rule 9). Each dialect's spelling of
+the clock is its ``dialects.Dialect.clock_sql``; how to add a dialect: ``dialects.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +21,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from ..errors import ConfigurationError
+from .dialects import DIALECTS, Dialect, unsupported
 
 __all__ = [
     "DEFAULT_TABLE_PREFIX",
@@ -66,27 +66,23 @@ class greatest(FunctionElement[int]):
 
 
 def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
-    raise ConfigurationError(
-        f"celery_election supports SQLite, PostgreSQL and MySQL/MariaDB, "
-        f"not {compiler.dialect.name}"
-    )
+    raise unsupported(compiler.dialect.name)
 
 
+def _clock(sql: str) -> Callable[..., str]:
+    return lambda element, compiler, **kw: sql
+
+
+def _greatest(function: str) -> Callable[..., str]:
+    return lambda element, compiler, **kw: f"{function}({compiler.process(element.clauses, **kw)})"
+
+
+# Each dialect's spelling lives in dialects.py (docs/design.md, rule 2).
 compiles(db_now_us)(_unsupported)
-
-# PostgreSQL's now() is frozen at transaction start; statement_timestamp() is not.
-compiles(db_now_us, "postgresql")(
-    lambda e, c, **kw: "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
-)
-# UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
-_MYSQL_NOW_US = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
-compiles(db_now_us, "mysql")(lambda e, c, **kw: _MYSQL_NOW_US)
-# SQLite's 'now' is the host clock, constant within one statement step.
-compiles(db_now_us, "sqlite")(
-    lambda e, c, **kw: "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-)
-compiles(greatest)(lambda e, c, **kw: f"GREATEST({c.process(e.clauses, **kw)})")
-compiles(greatest, "sqlite")(lambda e, c, **kw: f"max({c.process(e.clauses, **kw)})")
+compiles(greatest)(_greatest(Dialect.greatest_function))
+for _dialect in {d.name: d for d in DIALECTS.values()}.values():
+    compiles(db_now_us, _dialect.name)(_clock(_dialect.clock_sql))
+    compiles(greatest, _dialect.name)(_greatest(_dialect.greatest_function))
 
 
 # -- schema ---------------------------------------------------------------------------------
@@ -100,12 +96,30 @@ def key_type(length: int) -> sa.types.TypeEngine[str]:
     )
 
 
+#: Every table's options on MySQL/MariaDB (ignored elsewhere).
+_MYSQL_OPTIONS: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+
 def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
-    """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env."""
+    """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env.
+
+    The lease and candidates (backends/sql.py), beat run state (sql_beat.py) and the
+    operable schedule (sql_schedule.py): entries, their changes, runs, audit.
+    """
     metadata = sa.MetaData()
-    mysql_opts: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
-    sa.Table(
-        f"{table_prefix}lease",
+    for table in _TABLES:
+        table(metadata, table_prefix)
+    return metadata
+
+
+def _serial() -> sa.types.TypeEngine[int]:
+    return sa.BigInteger().with_variant(sa.Integer, "sqlite")  # SQLite: INTEGER PRIMARY KEY
+
+
+def _lease(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """One row per namespace: the lease (docs/design.md, the protocol)."""
+    return sa.Table(
+        f"{prefix}lease",
         metadata,
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("term", sa.BigInteger, nullable=False, default=0),
@@ -117,10 +131,14 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         # The holder's liveness delta (us) when its trust is bound by a liveness session
         # (backends/liveness.py): only such a term may be taken over before it expires.
         sa.Column("liveness_us", sa.BigInteger, nullable=True),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
-    sa.Table(
-        f"{table_prefix}candidate",
+
+
+def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """One row per live candidate: its label and heartbeat."""
+    return sa.Table(
+        f"{prefix}candidate",
         metadata,
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("token", key_type(TOKEN_LENGTH), primary_key=True),
@@ -130,13 +148,19 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("registered_at", sa.BigInteger, nullable=False),
         sa.Column("heartbeat_at", sa.BigInteger, nullable=False),
         sa.Column("expires_at", sa.BigInteger, nullable=False),
-        sa.Index(f"{table_prefix}candidate_expiry", "namespace", "expires_at"),
-        **mysql_opts,
+        sa.Index(f"{prefix}candidate_expiry", "namespace", "expires_at"),
+        **_MYSQL_OPTIONS,
     )
-    # Beat: one row per (namespace, entry), the entry's shared run state. A leader advances
-    # it with a compare-and-set under its term before it sends (backends/sql_beat.py).
-    sa.Table(
-        f"{table_prefix}beat_run",
+
+
+def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """Beat: one row per (namespace, entry), the entry's shared run state.
+
+    A leader advances it with a compare-and-set under its term before it sends
+    (backends/sql_beat.py).
+    """
+    return sa.Table(
+        f"{prefix}beat_run",
         metadata,
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("entry_key", key_type(40), primary_key=True),  # sha1 of the entry name
@@ -148,17 +172,17 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         # Whose state it is (e.g. a PeriodicTask id): a re-created entry starts fresh.
         # Nullable: added to older tables by install(); NULL is any entry of that name.
         sa.Column("identity", sa.String(200), nullable=True),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
-    _schedule_tables(metadata, table_prefix, mysql_opts)
-    return metadata
 
 
-def _schedule_tables(metadata: sa.MetaData, prefix: str, mysql_opts: dict[str, Any]) -> None:
-    """The operable schedule (backends/sql_schedule.py): entries, their changes, runs, audit."""
-    # One row per entry changed at runtime: a dynamic entry (task set), or an operator's
-    # overlay on a static ``beat_schedule`` entry (task NULL: paused, run now, policies).
-    sa.Table(
+def _schedule_entry(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """One row per entry changed at runtime (backends/sql_schedule.py).
+
+    A dynamic entry (task set), or an operator's overlay on a static ``beat_schedule``
+    entry (task NULL: paused, run now, policies).
+    """
+    return sa.Table(
         f"{prefix}schedule_entry",
         metadata,
         sa.Column("namespace", key_type(190), primary_key=True),
@@ -176,21 +200,30 @@ def _schedule_tables(metadata: sa.MetaData, prefix: str, mysql_opts: dict[str, A
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.Column("updated_by", sa.String(255), nullable=False),
         sa.Index(f"{prefix}schedule_entry_version", "namespace", "version"),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
-    # The namespace's change counter: writers take its row lock, so versions commit in order.
-    sa.Table(
+
+
+def _schedule_rev(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """The namespace's change counter.
+
+    Writers take its row lock, so versions commit in order.
+    """
+    return sa.Table(
         f"{prefix}schedule_rev",
         metadata,
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("version", sa.BigInteger, nullable=False),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
-    serial = sa.BigInteger().with_variant(sa.Integer, "sqlite")  # SQLite: INTEGER PRIMARY KEY
-    sa.Table(
+
+
+def _schedule_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """The run history: one row per run sent, missed or skipped."""
+    return sa.Table(
         f"{prefix}schedule_run",
         metadata,
-        sa.Column("id", serial, primary_key=True, autoincrement=True),
+        sa.Column("id", _serial(), primary_key=True, autoincrement=True),
         sa.Column("namespace", key_type(190), nullable=False),
         sa.Column("entry_key", key_type(40), nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),  # run / run_now / missed / skipped
@@ -206,12 +239,16 @@ def _schedule_tables(metadata: sa.MetaData, prefix: str, mysql_opts: dict[str, A
         sa.Index(f"{prefix}schedule_run_entry", "namespace", "entry_key", "id"),
         sa.Index(f"{prefix}schedule_run_task", "task_id"),
         sa.Index(f"{prefix}schedule_run_sent", "namespace", "sent_at"),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
-    sa.Table(
+
+
+def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """Who changed which entry, how and when."""
+    return sa.Table(
         f"{prefix}schedule_audit",
         metadata,
-        sa.Column("id", serial, primary_key=True, autoincrement=True),
+        sa.Column("id", _serial(), primary_key=True, autoincrement=True),
         sa.Column("namespace", key_type(190), nullable=False),
         sa.Column("name", sa.String(500), nullable=False),
         sa.Column("action", sa.String(16), nullable=False),
@@ -219,8 +256,19 @@ def _schedule_tables(metadata: sa.MetaData, prefix: str, mysql_opts: dict[str, A
         sa.Column("at", sa.BigInteger, nullable=False),
         sa.Column("detail", sa.Text, nullable=False),
         sa.Index(f"{prefix}schedule_audit_at", "namespace", "id"),
-        **mysql_opts,
+        **_MYSQL_OPTIONS,
     )
+
+
+_TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
+    _lease,
+    _candidate,
+    _beat_run,
+    _schedule_entry,
+    _schedule_rev,
+    _schedule_run,
+    _schedule_audit,
+]
 
 
 def entry_key(name: str) -> str:

@@ -22,7 +22,6 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from .base import RunClaim, RunState, next_run_count
@@ -130,25 +129,8 @@ class SQLBeatStore:
             identity.label("identity"),
         )
         source = source.where(*holds).with_for_update(read=True)
-        columns = [
-            "namespace",
-            "entry_key",
-            "entry_name",
-            "last_run_at",
-            "total_run_count",
-            "term",
-            "updated_at",
-            "identity",
-        ]
-        insert: sa.Insert
-        if backend.dialect == "postgresql":
-            insert = postgresql.insert(t).from_select(columns, source).on_conflict_do_nothing()
-        elif backend.dialect == "sqlite":
-            insert = sqlite.insert(t).from_select(columns, source).on_conflict_do_nothing()
-        else:
-            # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
-            # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
-            insert = sa.insert(t).from_select(columns, source).prefix_with("IGNORE")
+        columns = [c.name for c in source.selected_columns]
+        insert = backend.db.insert_ignore(t, from_select=(columns, source))
         if backend.engine.dialect.insert_returning:
             insert = insert.returning(t.c.last_run_at)
         lease_term = sa.select(lease.c.term).where(*holds).with_for_update(read=True)

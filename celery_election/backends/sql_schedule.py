@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ..errors import ConfigurationError
@@ -163,9 +162,7 @@ class SQLScheduleStore:
             version = self._bump(conn, namespace)
             now = int(conn.execute(sa.select(db_now_us())).scalar_one())
             locked = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == key)
-            if backend.dialect != "sqlite":
-                locked = locked.with_for_update()
-            found = conn.execute(locked).first()
+            found = conn.execute(backend.db.for_update(locked)).first()
             current = None if found is None else _entry(found)
             if current is not None and current.deleted:
                 current = None
@@ -174,18 +171,7 @@ class SQLScheduleStore:
                 raise ConfigurationError(f"nothing to change for {name!r}")
             values = {**values, "version": version, "updated_at": now, "updated_by": actor[:255]}
             if found is None:
-                insert = {
-                    "namespace": namespace,
-                    "entry_key": key,
-                    "name": name[:500],
-                    "task": None,
-                    "spec": "{}",
-                    "enabled": True,
-                    "deleted": False,
-                    "created_at": now,
-                    **values,
-                }
-                conn.execute(sa.insert(t).values(**insert))
+                self._insert_entry(conn, namespace, name, now, values)
             else:
                 if current is None:  # re-created after a delete: a fresh row
                     values = {
@@ -197,39 +183,61 @@ class SQLScheduleStore:
                     }
                 where = sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
                 conn.execute(sa.update(t).where(where).values(**values))
-            conn.execute(
-                sa.insert(self.audit_table).values(
-                    namespace=namespace,
-                    name=name[:500],
-                    action=action,
-                    actor=actor[:255],
-                    at=now,
-                    detail=json.dumps(detail, default=str, sort_keys=True),
-                )
-            )
+            self._audit(conn, namespace, name, action, actor, now, detail)
             row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
             return _entry(row)
 
         return backend._in_transaction(run, table=t)
 
+    def _insert_entry(
+        self, conn: Connection, namespace: str, name: str, now: int, values: dict[str, Any]
+    ) -> None:
+        """The entry's first row: an overlay's defaults, then ``values``."""
+        insert = {
+            "namespace": namespace,
+            "entry_key": entry_key(name),
+            "name": name[:500],
+            "task": None,
+            "spec": "{}",
+            "enabled": True,
+            "deleted": False,
+            "created_at": now,
+            **values,
+        }
+        conn.execute(sa.insert(self.entry).values(**insert))
+
+    def _audit(
+        self,
+        conn: Connection,
+        namespace: str,
+        name: str,
+        action: str,
+        actor: str,
+        now: int,
+        detail: dict[str, Any],
+    ) -> None:
+        """Record who changed ``name``, how and when."""
+        conn.execute(
+            sa.insert(self.audit_table).values(
+                namespace=namespace,
+                name=name[:500],
+                action=action,
+                actor=actor[:255],
+                at=now,
+                detail=json.dumps(detail, default=str, sort_keys=True),
+            )
+        )
+
     def _bump(self, conn: Connection, namespace: str) -> int:
         """The namespace's next version; holds its counter row's lock until commit."""
         rev = self.rev
-        conn.execute(self._insert_ignore(rev, {"namespace": namespace, "version": 0}))
+        conn.execute(self.backend.db.insert_ignore(rev, {"namespace": namespace, "version": 0}))
         conn.execute(
             sa.update(rev).where(rev.c.namespace == namespace).values(version=rev.c.version + 1)
         )
         return int(
             conn.execute(sa.select(rev.c.version).where(rev.c.namespace == namespace)).scalar_one()
         )
-
-    def _insert_ignore(self, table: sa.Table, values: dict[str, Any]) -> sa.Insert:
-        dialect = self.backend.dialect
-        if dialect == "postgresql":
-            return postgresql.insert(table).values(**values).on_conflict_do_nothing()
-        if dialect == "sqlite":
-            return sqlite.insert(table).values(**values).on_conflict_do_nothing()
-        return sa.insert(table).values(**values).prefix_with("IGNORE")
 
     # -- the leader -------------------------------------------------------------------------
 
@@ -380,12 +388,7 @@ class SQLScheduleStore:
         """Delete up to ``batch`` history rows sent before ``older_than_us``; how many."""
         r = self.run
         where = sa.and_(r.c.namespace == namespace, r.c.sent_at < older_than_us)
-        stmt: sa.Delete
-        if self.backend.dialect in ("mysql", "mariadb"):
-            stmt = sa.delete(r).where(where).with_dialect_options(mysql_limit=batch)
-        else:
-            ids = sa.select(r.c.id).where(where).limit(batch).scalar_subquery()
-            stmt = sa.delete(r).where(r.c.id.in_(ids))
+        stmt = self.backend.db.delete_at_most(r.c.id, where, batch)
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, r))
 
 

@@ -1,0 +1,173 @@
+"""Every call of the SQL backend: one short transaction of its own, bounded, errors mapped.
+
+(docs/design.md, rules 1 and 8.) A call runs in its own transaction on the private engine,
+under a client-side deadline (``connection.WATCHDOG``): a call that outlives it has its
+socket shut down and its connection discarded. A pooled connection that died while idle
+is retried once on a fresh one (every step is safe to repeat). The dialect says what a
+failed call means (``Dialect.classify``): a lost round (``LostRound``, for writes), a
+missing table (``SchemaMissingError``), a read-only standby or an unreachable database
+(``BackendUnavailableError``). A caller's own Connection or ORM Session runs the work in
+the caller's transaction instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, NoSuchTableError
+from sqlalchemy.orm import Session
+
+from ..errors import BackendUnavailableError, SchemaMissingError
+from .connection import WATCHDOG, Deadline, LostRound, one_line
+from .dialects import Dialect
+
+__all__ = ["Caller", "SQLCalls"]
+
+T = TypeVar("T")
+
+#: Where a caller's own transaction can be passed: a Core Connection or an ORM Session.
+Caller = Connection | Session
+
+
+class SQLCalls:
+    """How :class:`~celery_election.backends.sql.SQLBackend` runs each call (see the module)."""
+
+    engine: Engine
+    #: what differs on this database (dialects.py)
+    db: Dialect
+    description: str
+    #: SQLite runs inside this process: forks wait for a call (``connection.fork_lock``)
+    _fork_guard: threading.Lock | contextlib.nullcontext[None]
+
+    @contextmanager
+    def _errors(self, table: sa.Table, *, write: bool) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            kind = self.db.classify(exc)
+            if kind == "missing":
+                raise SchemaMissingError(table.name, self.description) from exc
+            if kind == "contention" and write:
+                raise LostRound() from exc
+            if kind == "read-only":
+                raise BackendUnavailableError(self._read_only()) from (exc.orig or exc)
+            if kind in ("unavailable", "contention"):
+                error = BackendUnavailableError(
+                    f"election database {self.description} is unavailable: {one_line(exc)}"
+                )
+                error.connection_invalidated = exc.connection_invalidated
+                raise error from (exc.orig or exc)
+            raise
+        except NoSuchTableError as exc:
+            raise SchemaMissingError(table.name, self.description) from exc
+
+    def _run(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        write: bool,
+        timeout: float | None,
+        connection: Caller | None,
+    ) -> T:
+        """Run ``work`` in one short transaction of its own, bounded by ``timeout``."""
+        if connection is not None:
+            # The caller's transaction: no commit, no deadline, no retry here.
+            conn = connection.connection() if isinstance(connection, Session) else connection
+            with self._errors(table, write=write):
+                return work(conn)
+        with self._fork_guard:
+            return self._run_bounded(work, table=table, write=write, timeout=timeout)
+
+    def _run_bounded(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        write: bool,
+        timeout: float | None,
+    ) -> T:
+        started = time.monotonic()
+        for attempt in (1, 2):
+            left = None if timeout is None else max(0.05, timeout - (time.monotonic() - started))
+            deadline: Deadline | None = None
+            try:
+                with self._errors(table, write=write), self.engine.connect() as conn:
+                    if not write:
+                        conn.execution_options(_election_read=True)
+                    deadline = WATCHDOG.arm(conn.connection.dbapi_connection, left)
+                    try:
+                        with conn.begin():
+                            return work(conn)
+                    finally:
+                        deadline.cancel()
+                        if deadline.fired:
+                            conn.invalidate()
+            except (LostRound, SchemaMissingError, BackendUnavailableError) as exc:
+                if deadline is not None and deadline.fired:
+                    raise BackendUnavailableError(
+                        f"election database {self.description} did not answer within "
+                        f"{timeout}s; the connection was shut down{self.db.deadline_hint}"
+                    ) from exc
+                if attempt == 1 and getattr(exc, "connection_invalidated", False):
+                    # A pooled connection died while idle (server restart, killed
+                    # backend). Every step is safe to repeat: renew and resign are
+                    # scoped to (token, term), and a repeated take shows up as "held
+                    # by this token". So try once more on a fresh connection.
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        table: sa.Table,
+        lost: T,
+        timeout: float | None,
+        connection: Caller | None = None,
+    ) -> T:
+        """A write whose loss to contention means ``lost``, not an error."""
+        try:
+            return self._run(work, table=table, write=True, timeout=timeout, connection=connection)
+        except LostRound:
+            return lost
+
+    def _in_transaction(self, work: Callable[[Connection], T], *, table: sa.Table) -> T:
+        """``work`` in one real transaction (an operator's change: several statements)."""
+        for attempt in range(5):
+            try:
+                with (
+                    self._fork_guard,
+                    self._errors(table, write=True),
+                    self._transaction() as conn,
+                ):
+                    return work(conn)
+            except LostRound:  # a deadlock or serialisation failure: nothing was written
+                if attempt == 4:
+                    raise BackendUnavailableError(
+                        f"election database {self.description} kept refusing the change "
+                        f"(lock contention); try again"
+                    ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _transaction(self) -> Any:
+        """A real transaction, for install's advisory lock (held until it ends).
+
+        The engine autocommits its one-statement calls (see ``private_engine``).
+        """
+        return self.db.transaction(self.engine)
+
+    def _read_only(self) -> str:
+        return (
+            f"election database {self.description} is a read-only standby: point "
+            f"election_url at the primary, or list every host and add "
+            f"target_session_attrs=read-write"
+        )

@@ -1,0 +1,96 @@
+"""The election's tables in a database: create (safe to race), upgrade, drop, show the DDL.
+
+``install`` creates the missing tables in one transaction, under the dialect's lock
+against concurrent DDL (``Dialect.install_lock``; docs/design.md, rule 10), then adds the
+nullable columns that tables made by an older version lack. It retries a lost race, and
+says "cannot reach" at once when the database is down. ``uninstall`` drops them; terms
+stay increasing after a re-install (rule 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+
+from ..errors import BackendUnavailableError
+from .connection import one_line
+
+if TYPE_CHECKING:
+    from .sql import SQLBackend
+
+__all__ = ["create_ddl", "drop_ddl", "install", "uninstall"]
+
+log = logging.getLogger("celery_election.backends.sql")
+
+
+def install(backend: SQLBackend) -> list[str]:
+    """Create the tables if missing; the names of those created. Safe to race."""
+    last: Exception | None = None
+    for _attempt in range(5):
+        try:
+            with backend._transaction() as conn:
+                backend.db.install_lock(conn, backend.table_prefix, backend._read_only())
+                have = set(sa.inspect(conn).get_table_names())
+                created = [t.name for t in backend.metadata.sorted_tables if t.name not in have]
+                backend.metadata.create_all(conn, checkfirst=True)
+                add_missing_columns(backend, conn)
+            if created:
+                log.info("created tables %s in %s", ", ".join(created), backend.description)
+            return created
+        except DBAPIError as exc:
+            if backend.db.classify(exc) == "unavailable" and "connect" in str(exc).lower():
+                raise BackendUnavailableError(
+                    f"cannot reach election database {backend.description}: {one_line(exc)}"
+                ) from (exc.orig or exc)
+            last = exc
+    raise BackendUnavailableError(
+        f"could not create the election tables in {backend.description}: {last}"
+    ) from last
+
+
+def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:
+    """Add the columns that tables made by an older version lack.
+
+    ``lease.liveness_us`` and ``beat_run.identity``: they are nullable, so electors and
+    beats of the older version still running are unaffected.
+    """
+    inspector = sa.inspect(conn)
+    for table in (backend.lease, backend.beat_run):
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have:
+                type_ = column.type.compile(dialect=backend.engine.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {type_}")
+
+
+def uninstall(backend: SQLBackend) -> None:
+    """Drop the tables if they exist. Terms stay increasing after a re-install."""
+    with backend._transaction() as conn:
+        backend.metadata.drop_all(conn, checkfirst=True)
+        legacy = sa.MetaData()  # the beat ledger of 0.1 (replaced by beat_run)
+        for name in ("beat_state", "beat_ledger"):
+            sa.Table(f"{backend.table_prefix}{name}", legacy).drop(conn, checkfirst=True)
+
+
+def drop_ddl(backend: SQLBackend) -> list[str]:
+    """The DROP statements uninstall() would run, for this database's dialect."""
+    return [
+        str(DropTable(t, if_exists=True).compile(dialect=backend.engine.dialect)).strip()
+        for t in reversed(backend.metadata.sorted_tables)
+    ]
+
+
+def create_ddl(backend: SQLBackend) -> list[str]:
+    """The CREATE statements install() would run, for this database's dialect."""
+    dialect = backend.engine.dialect
+    out = []
+    for table in backend.metadata.sorted_tables:
+        out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in table.indexes:
+            out.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    return out

@@ -1,0 +1,118 @@
+"""The lease steps as statements: one conditional UPDATE of the lease row each.
+
+docs/design.md, rule 1: every condition of a step is in its WHERE clause and the new
+term is computed in SQL, so whoever changed the row won. The statements are built once
+per backend with bound parameters (building one, on PostgreSQL its CTE and UNION, cost
+more than running it); the dialect's ``StepStyle`` wraps each UPDATE (RETURNING, the
+row count, or PostgreSQL's NOTIFY statement).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..term import Lease
+from .dialects import StepStyle
+from .schema import db_now_us, greatest
+
+__all__ = ["EVENTS", "lease_columns", "lease_from_row", "lease_statements", "lease_updates"]
+
+#: What NOTIFY tells listeners each step did (a take-over is an election).
+EVENTS = {
+    "elected": "elected",
+    "taken": "elected",
+    "renewed": "renewed",
+    "resigned": "resigned",
+}
+
+
+def lease_columns(lease: sa.Table) -> list[sa.ColumnElement[Any]]:
+    """The columns a step returns (and ``lease_from_row`` reads), the database clock too."""
+    t = lease
+    return [
+        t.c.namespace,
+        t.c.term,
+        t.c.leader_id,
+        t.c.expires_at,
+        db_now_us().label("db_now"),
+        t.c.acquired_at,
+        t.c.renewed_at,
+        t.c.token,
+        t.c.liveness_us,
+    ]
+
+
+def lease_from_row(row: sa.Row[Any] | None) -> Lease | None:
+    """The lease in a row of ``lease_columns`` (None: no row)."""
+    if row is None:
+        return None
+    return Lease(
+        namespace=row.namespace,
+        term=int(row.term),
+        leader_id=row.leader_id,
+        expires_at_us=int(row.expires_at),
+        db_now_us=int(row.db_now),
+        acquired_at_us=None if row.acquired_at is None else int(row.acquired_at),
+        renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
+        token=row.token,
+        liveness_us=None if row.liveness_us is None else int(row.liveness_us),
+    )
+
+
+def lease_statements(lease: sa.Table, style: StepStyle) -> dict[str, sa.Executable]:
+    """Each step's statement, as ``style`` runs it, by step name."""
+    columns = lease_columns(lease)
+    return {
+        step: style.statement(stmt, columns, EVENTS[step])
+        for step, stmt in lease_updates(lease).items()
+    }
+
+
+def lease_updates(t: sa.Table) -> dict[str, sa.Update]:
+    """Each step's conditional UPDATE of the lease row ``t``, with bound parameters."""
+    now = db_now_us()
+    ns = sa.bindparam("p_ns", type_=sa.String())
+    token = sa.bindparam("p_token", type_=sa.String())
+    term = sa.bindparam("p_term", type_=sa.BigInteger)
+    ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
+    live = sa.bindparam("p_live", type_=sa.BigInteger)  # None: trust not session-bound
+    taken = {
+        # the floor: the greatest term the candidate saw + 1, and its host's clock, so
+        # a term lost with a failed-over primary is never reused (whatever the
+        # promoted standby's clock says)
+        "term": greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger)),
+        "token": token,
+        "leader_id": sa.bindparam("p_cid"),
+        "acquired_at": now,
+        "renewed_at": now,
+        "expires_at": now + ttl,
+        "liveness_us": live,
+    }
+    steps: dict[str, sa.Update] = {
+        # vacant or expired -> a new, strictly greater term for this token
+        "elected": sa.update(t)
+        .where(t.c.namespace == ns, sa.or_(t.c.token.is_(None), t.c.expires_at <= now))
+        .values(taken),
+        # the exact term a liveness-lock holder saw, held by a leader whose trust is
+        # bound by a session delta it has waited out: taken even before it expires
+        "taken": sa.update(t)
+        .where(
+            t.c.namespace == ns,
+            t.c.term == term,
+            t.c.token == sa.bindparam("p_seen_token", type_=sa.String()),
+            t.c.liveness_us.is_not(None),
+            t.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),
+        )
+        .values(taken),
+        # only the exact (token, term), only before it expired
+        "renewed": sa.update(t)
+        .where(t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now)
+        .values(renewed_at=now, expires_at=now + ttl, liveness_us=live),
+        # only the exact (token, term); the term stays: it never goes back
+        "resigned": sa.update(t)
+        .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
+        .values(token=None, leader_id=None, expires_at=now, liveness_us=None),
+    }
+    return steps
