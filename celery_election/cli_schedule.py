@@ -36,8 +36,10 @@ def _when(us: int | None) -> str | None:
 
 
 def command_app(ctx: click.Context, command: str) -> tuple[Any, bool]:
-    """The ``-A`` app (True), or a bare app on ``--url`` (False), with the ``election``
-    group's ``--url``/``--table-prefix`` applied as settings (validated as any).
+    """The ``-A`` app (True), or a bare app on ``--url`` (False).
+
+    The ``election`` group's ``--url``/``--table-prefix`` apply as settings, validated as
+    any settings are.
     """
     params: dict[str, Any] = {}
     node: click.Context | None = ctx

@@ -85,6 +85,21 @@ def test_resign_vacates_and_the_term_never_goes_back(backend: Any) -> None:
     assert taken.won and taken.lease.term > lease.term
 
 
+def test_a_late_resign_of_an_old_term_leaves_the_new_one(backend: Any) -> None:
+    """Resign is scoped to (token, term): the same instance, elected again after its lease
+    ran out, is not vacated by a resign of its previous term arriving late."""
+    a, b = token(), token()
+    old = backend.elect(NS, a, "a", 30.0).lease
+    expire(backend, NS)
+    new = backend.elect(NS, a, "a", 30.0).lease
+    assert new.term > old.term
+    assert not backend.resign(NS, a, old.term)  # late: the term has changed
+    assert backend.current(NS).held and backend.current(NS).term == new.term
+    assert not backend.resign(NS, b, new.term)  # another instance's token
+    assert backend.current(NS).held
+    assert backend.resign(NS, a, new.term)
+
+
 def test_terms_strictly_increase_across_many_changes(backend: Any) -> None:
     terms = []
     for i in range(12):
