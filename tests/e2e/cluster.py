@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -152,6 +153,16 @@ class Cluster:
         self.engine.dispose()
         self.backend.uninstall()
         self.backend.close()
+
+    def schedule_cli(self, *args: str, actor: str = "e2e-operator") -> str:
+        """``celery -A tests.e2e.proj election schedule <args>`` as an operator types it."""
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "schedule",
+             "--as", actor, *args],
+            cwd=self.tmp, env=self.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
 
     def logs(self) -> str:
         return tail_logs(self.tmp)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import collections
 import itertools
 import signal
-import subprocess
-import sys
 import threading
 from typing import Any
 
@@ -40,14 +38,7 @@ TICK = "tests.e2e.proj.tick"
 
 
 def cli(c: Cluster, *args: str) -> str:
-    """``celery -A tests.e2e.proj election schedule <args>`` as an operator types it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "schedule",
-         "--as", "e2e-operator", *args],
-        cwd=c.tmp, env=c.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    return c.schedule_cli(*args, actor="e2e-operator")
 
 
 def executions(c: Cluster, entry: str) -> list[Any]:

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -113,13 +112,7 @@ def text(browser: Any, selector: str) -> str:
 
 
 def cli(c: Cluster, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "schedule",
-         "--as", "e2e-setup", *args],
-        cwd=c.tmp, env=c.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    return c.schedule_cli(*args, actor="e2e-setup")
 
 
 def executions(c: Cluster, entry: str) -> int:
