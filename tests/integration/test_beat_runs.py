@@ -96,6 +96,25 @@ def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> 
     assert not first.won and store.load_runs(NS) == {"job": nxt.state}
 
 
+def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
+    """A run dropped by a policy moves the last run and keeps the count (beat_ops): a claim
+    made from the state before it must be refused, though the counts match."""
+    store = backend.beat
+    a = token()
+    lease = backend.elect(NS, a, "beat-a", 30.0).lease
+    first = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
+    dropped = store.claim_run(NS, a, lease.term, "job", first.state, 2_000_000, total_run_count=1)
+    assert dropped.won and dropped.state == RunState(2_000_000, 1, lease.term)
+    stale = store.claim_run(NS, a, lease.term, "job", first.state, 3_000_000)
+    assert not stale.won and stale.state == dropped.state
+    # and the count, not only the last run: an adopted edit keeps the time, sets the count
+    edited = store.claim_run(NS, a, lease.term, "job", dropped.state, 2_000_000, total_run_count=7)
+    assert edited.won and edited.state == RunState(2_000_000, 7, lease.term)
+    stale = store.claim_run(NS, a, lease.term, "job", dropped.state, 4_000_000)
+    assert not stale.won and stale.state == edited.state
+    assert store.load_runs(NS) == {"job": edited.state}
+
+
 def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -> None:
     """Tables made before beat_run.identity get it from install(); their rows read as
     "any entry of that name" (None) and are claimed as before."""
