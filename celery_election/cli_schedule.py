@@ -200,6 +200,22 @@ def _policy_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _entry_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What add and edit both take: arguments, options, time zone, window, policies."""
+    options = [
+        _json_option("--args", "Positional arguments"),
+        _json_option("--kwargs", "Keyword arguments"),
+        _json_option("--options", 'apply_async options, e.g. {"queue": "q"}'),
+        click.option("--tz", help="The crontab's time zone (IANA name; default: the app's)."),
+        click.option("--start", help="Not before this time (ISO 8601 with a zone)."),
+        click.option("--expires", help="Not after this time (ISO 8601 with a zone)."),
+        click.option("--no-check-task", is_flag=True, help="Accept a task this app does not know."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return _policy_options(fn)
+
+
 _POLICY_ARGS = ("catch_up", "catch_up_max", "grace", "overlap", "overlap_timeout")
 
 
@@ -207,15 +223,8 @@ _POLICY_ARGS = ("catch_up", "catch_up_max", "grace", "overlap", "overlap_timeout
 @click.argument("name")
 @click.argument("task")
 @click.argument("when", metavar="SCHEDULE")
-@_json_option("--args", "Positional arguments")
-@_json_option("--kwargs", "Keyword arguments")
-@_json_option("--options", 'apply_async options, e.g. {"queue": "q"}')
-@click.option("--tz", help="The crontab's time zone (IANA name; default: the app's).")
-@click.option("--start", help="Not before this time (ISO 8601 with a zone).")
-@click.option("--expires", help="Not after this time (ISO 8601 with a zone).")
 @click.option("--disabled", is_flag=True, help="Add it disabled.")
-@click.option("--no-check-task", is_flag=True, help="Accept a task this app does not know.")
-@_policy_options
+@_entry_options
 @click.pass_context
 def add(ctx: click.Context, /, name: str, task: str, when: str, **kw: Any) -> None:
     """Add an entry.
@@ -238,14 +247,7 @@ def add(ctx: click.Context, /, name: str, task: str, when: str, **kw: Any) -> No
 @click.argument("name")
 @click.option("--task", help="Another task.")
 @click.option("--schedule", "when", help="Another schedule (as for add).")
-@_json_option("--args", "Positional arguments")
-@_json_option("--kwargs", "Keyword arguments")
-@_json_option("--options", "apply_async options")
-@click.option("--tz", help="The crontab's time zone.")
-@click.option("--start", help="Not before this time (ISO 8601 with a zone).")
-@click.option("--expires", help="Not after this time (ISO 8601 with a zone).")
-@click.option("--no-check-task", is_flag=True, help="Accept a task this app does not know.")
-@_policy_options
+@_entry_options
 @click.pass_context
 def edit(ctx: click.Context, /, name: str, **kw: Any) -> None:
     """Change an entry (a static one: only its policies)."""

@@ -170,11 +170,8 @@ class Dialect:
         from_select: tuple[list[str], sa.Select[Any]] | None = None,
     ) -> sa.Insert:
         """INSERT the row(s) unless the key exists; a duplicate inserts nothing, silently."""
-        ins = self.insert(table)
-        ins = (
-            ins.from_select(*from_select) if from_select is not None else ins.values(**values or {})
-        )
-        result: sa.Insert = ins.on_conflict_do_nothing()
+        filled = _filled(self.insert(table), values, from_select)
+        result: sa.Insert = filled.on_conflict_do_nothing()
         return result
 
     def insert_if_absent(self, table: sa.Table, values: dict[str, Any], column: str) -> sa.Insert:
@@ -472,11 +469,8 @@ class MySQL(Dialect):
     ) -> sa.Insert:
         # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
         # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
-        ins = sa.insert(table)
-        ins = (
-            ins.from_select(*from_select) if from_select is not None else ins.values(**values or {})
-        )
-        return ins.prefix_with("IGNORE")
+        result: sa.Insert = _filled(sa.insert(table), values, from_select)
+        return result.prefix_with("IGNORE")
 
     def insert_if_absent(self, table: sa.Table, values: dict[str, Any], column: str) -> sa.Insert:
         ins = mysql.insert(table).values(values)
@@ -539,3 +533,10 @@ def unsupported(name: str) -> ConfigurationError:
     return ConfigurationError(
         f"celery_election supports SQLite, PostgreSQL and MySQL/MariaDB, not {name}"
     )
+
+
+def _filled(
+    ins: Any, values: dict[str, Any] | None, from_select: tuple[list[str], Any] | None
+) -> Any:
+    """An INSERT of ``values``, or of the rows ``from_select`` = (columns, SELECT) gives."""
+    return ins.from_select(*from_select) if from_select is not None else ins.values(**values or {})

@@ -292,23 +292,13 @@ class SQLScheduleStore:
             .values(run_now_at=None)
         )
 
-    def record(
-        self,
-        namespace: str,
-        name: str,
-        kind: str,
-        *,
-        run_key: int,
-        term: int,
-        due_at: int | None = None,
-        task_id: str | None = None,
-        count: int = 1,
-        sent_at: int | None = None,
-    ) -> None:
-        """Add a history row (``sent_at`` default: the database's clock now)."""
-        row = history_row(namespace, name, kind, run_key=run_key, term=term, due_at=due_at,
-                          task_id=task_id, count=count, sent_at=sent_at)  # fmt: skip
-        if sent_at is None:
+    def record(self, namespace: str, name: str, kind: str, **fields: Any) -> None:
+        """Add a history row (``fields`` as :func:`history_row`; sent_at default: now).
+
+        The default is the database's clock at the insert.
+        """
+        row = history_row(namespace, name, kind, **fields)
+        if row["sent_at"] is None:
             row["sent_at"] = db_now_us()
         stmt = sa.insert(self.run).values(**row)
         self._do(lambda conn: conn.execute(stmt), self.run)
