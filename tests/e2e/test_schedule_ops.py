@@ -51,6 +51,12 @@ def history(c: Cluster, entry: str) -> list[Any]:
     return backend.schedule.history(f"{c.namespace}-beat", entry, limit=1000)
 
 
+def recorded(c: Cluster, entry: str, pick: Any, what: str) -> list[Any]:
+    """The entry's history rows ``pick`` accepts, once there are some: the leader writes
+    its history in batches, a moment after the sends the workers already ran."""
+    return wait_until(lambda: [h for h in history(c, entry) if pick(h)], 30, what)
+
+
 def audit_at(c: Cluster, action: str, name: str) -> int:
     backend = c.backend
     assert isinstance(backend, SQLBackend)
@@ -71,7 +77,7 @@ def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluste
     cli(c, "edit", "dyn", "--schedule", "every 2s")  # 10 s -> 2 s
     edited = audit_at(c, "edit", "dyn")
     wait_until(lambda: len(executions(c, "dyn")) >= 2, 30, "two runs of the edited entry")
-    first_run = min(h.sent_at for h in history(c, "dyn") if h.kind == "run")
+    first_run = min(h.sent_at for h in recorded(c, "dyn", lambda h: h.kind == "run", "a run"))
     # created with 10 s, edited at once to 2 s: the first run comes 2 s after it was added
     delays["edit 10 s -> 2 s (first run after)"] = (first_run - edited) / 1e6
     assert first_run - audit_at(c, "add", "dyn") < 10_000_000
@@ -85,7 +91,7 @@ def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluste
         t.join()
     wait_until(lambda: any(r.run is None for r in executions(c, "dyn")), 30, "the run now")
     delays["run now"] = (
-        next(h.sent_at for h in history(c, "dyn") if h.kind == "run_now")
+        recorded(c, "dyn", lambda h: h.kind == "run_now", "the run now")[0].sent_at
         - audit_at(c, "run_now", "dyn")
     ) / 1e6
 
@@ -115,7 +121,7 @@ def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluste
     resumed = audit_at(c, "resume", "dyn")
     wait_until(lambda: len(executions(c, "dyn")) > caught, 30, "the catch-up run")
     delays["resume, catch up"] = (
-        min(h.sent_at for h in history(c, "dyn") if h.sent_at > resumed) - resumed
+        min(h.sent_at for h in recorded(c, "dyn", lambda h: h.sent_at > resumed, "a run")) - resumed
     ) / 1e6
 
     # overlap: a task that runs 3 periods is not sent again while it runs
@@ -126,8 +132,9 @@ def test_operations_from_a_third_shell_take_effect_on_the_leader(cluster: Cluste
     slow = sorted(executions(c, "slow"), key=lambda r: r.started_at)
     for a, b in itertools.pairwise(slow):
         assert a.ended_at is not None and b.started_at >= a.ended_at, "slow runs overlapped"
-    assert sum(h.count for h in history(c, "slow") if h.kind == "skipped") >= 2
-    finished = [h for h in history(c, "slow") if h.kind == "run" and h.finished_at]
+    wait_until(lambda: sum(h.count for h in history(c, "slow") if h.kind == "skipped") >= 2,
+               30, "two skipped runs, counted in the history")  # fmt: skip
+    finished = recorded(c, "slow", lambda h: h.kind == "run" and h.finished_at, "an end")
     assert finished and all(h.outcome == "SUCCESS" for h in finished)  # workers' reports
     assert all(h.duration_us and h.duration_us >= 2_900_000 for h in finished)
 

@@ -212,6 +212,7 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
     assert executions(c, "rare") == 0
     css(browser, f'{rare} button[data-action="run_now"]').click()
     wait_until(lambda: executions(c, "rare") >= 1, 30, "the run now executed")
+    wait_until(lambda: history(c, "rare"), 30, "its history row (written in batches)")
     assert [h.kind for h in history(c, "rare")] == ["run_now"]
     wait_dom(browser, lambda: text(browser, f"{rare} td.last") != "never", 10, "its last run")
     css(browser, f'{rare} button[data-action="detail"]').click()
