@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from .liveness import LivenessSession
 
 __all__ = [
-    "WAKEUP_KINDS",
     "Backend",
     "BeatStore",
     "RunClaim",
@@ -28,15 +27,15 @@ __all__ = [
     "next_run_count",
 ]
 
-#: What a wakeup can report. "elected", "renewed" and "resigned" come from the row change
-#: that sent them; "lost" and "reconnected" from the listener itself (events may have been
-#: missed: look at the row).
-WAKEUP_KINDS = ("elected", "renewed", "resigned", "lost", "reconnected")
 
 
 @dataclass(frozen=True)
 class Wakeup:
-    """A hint that the lease of a namespace may have changed. Never a decision."""
+    """A hint that the lease of a namespace may have changed. Never a decision.
+
+    ``kind``: "elected", "renewed" or "resigned" from the row change that sent it; "lost"
+    or "reconnected" from the listener itself (events may have been missed: look at the row).
+    """
 
     kind: str
     term: int | None = None

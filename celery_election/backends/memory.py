@@ -302,7 +302,6 @@ class MemoryBackend:
                 token=token,
             )
 
-    heartbeat = register
 
     def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:
         self._enter("unregister")
@@ -375,11 +374,6 @@ class MemoryBackend:
     def kill_liveness(self, namespace: str) -> bool:
         """Test helper: end the session holding ``namespace``'s lock (pg_terminate_backend)."""
         return self._locks.kill(namespace)
-
-    def liveness_holder(self, namespace: str) -> MemorySession | None:
-        """The session holding ``namespace``'s liveness lock now, if any."""
-        with self._locks.cond:
-            return self._locks.holder(namespace)
 
     def close(self) -> None:
         with self._lock:

@@ -68,20 +68,25 @@ def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:
                 conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {type_}")
 
 
+def _legacy(backend: SQLBackend) -> list[sa.Table]:
+    """The beat ledger of 0.1 (replaced by beat_run): uninstall drops it too."""
+    legacy = sa.MetaData()
+    return [sa.Table(f"{backend.table_prefix}{n}", legacy) for n in ("beat_state", "beat_ledger")]
+
+
 def uninstall(backend: SQLBackend) -> None:
     """Drop the tables if they exist. Terms stay increasing after a re-install."""
     with backend._transaction() as conn:
         backend.metadata.drop_all(conn, checkfirst=True)
-        legacy = sa.MetaData()  # the beat ledger of 0.1 (replaced by beat_run)
-        for name in ("beat_state", "beat_ledger"):
-            sa.Table(f"{backend.table_prefix}{name}", legacy).drop(conn, checkfirst=True)
+        for table in _legacy(backend):
+            table.drop(conn, checkfirst=True)
 
 
 def drop_ddl(backend: SQLBackend) -> list[str]:
-    """The DROP statements uninstall() would run, for this database's dialect."""
+    """The DROP statements uninstall() runs, for this database's dialect (legacy ones too)."""
     return [
         str(DropTable(t, if_exists=True).compile(dialect=backend.engine.dialect)).strip()
-        for t in reversed(backend.metadata.sorted_tables)
+        for t in [*reversed(backend.metadata.sorted_tables), *_legacy(backend)]
     ]
 
 

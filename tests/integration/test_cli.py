@@ -149,10 +149,15 @@ def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -
     assert out.exit_code == 0, out.output
     for fragment in expected:
         assert fragment.format(p=prefix) in out.output
-    for table in ("lease", "candidate", "beat_run"):
+    tables = ["lease", "candidate", "beat_run"]
+    tables += [f"schedule_{t}" for t in ("entry", "rev", "run", "audit")]
+    for table in tables:
         assert f"CREATE TABLE {prefix}{table}" in out.output
     drop = cli(urls[kind], prefix, "uninstall", "--dry-run")
-    assert drop.exit_code == 0 and f"DROP TABLE IF EXISTS {prefix}lease" in drop.output
+    assert drop.exit_code == 0
+    # every table uninstall drops, the 0.1 beat ledger's included
+    for table in [*tables, "beat_state", "beat_ledger"]:
+        assert f"DROP TABLE IF EXISTS {prefix}{table};" in drop.output, table
     assert not Path("/tmp/never-created.db").exists()  # a dry run touches nothing
 
 
