@@ -19,7 +19,7 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 
-from celery_election import beat as beat_module
+from celery_election import beat_election as beat_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
 

@@ -82,7 +82,8 @@ def cycle_from(start: str) -> list[str] | None:
 
 
 def test_the_graph_is_read() -> None:
-    assert GRAPH["beat"] >= {"settings", "elector", "backends.base"}
+    assert GRAPH["beat"] >= {"settings", "beat_election", "backends.base"}
+    assert "elector" in GRAPH["beat_election"]
     assert "backends.sql_beat" in GRAPH["backends.sql"]
 
 

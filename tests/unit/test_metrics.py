@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -122,11 +124,24 @@ def test_elector_metrics_and_probes(tmp_path) -> None:
         assert "celery_election_trust_left_seconds" in body
         status, body = get(base + "/readyz")
         assert status == 200 and json.loads(body)["ready"] is True
-        # a wedged election thread: busy for more than 3 ttl
+        # a wedged election thread: held inside its renew, busy for more than 3 ttl (set
+        # while it is held: a stepping thread would write its own busy_since over it)
+        gate, inside = threading.Event(), threading.Event()
+        renew = backend.renew
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            inside.set()
+            gate.wait(10)
+            return renew(*args, **kwargs)
+
+        backend.renew = held  # type: ignore[method-assign]
+        assert inside.wait(10)
         e.stats.busy_since = boottime() - 7
         status, body = get(base + "/healthz")
         assert status == 503 and "busy" in body
         e.stats.busy_since = None
+        backend.renew = renew  # type: ignore[method-assign]
+        gate.set()
         assert get(base + "/healthz")[0] == 200
         assert get(base + "/nope")[0] == 404
     finally:
