@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class Wakeup:
     """A hint that the lease of a namespace may have changed. Never a decision.

@@ -302,7 +302,6 @@ class MemoryBackend:
                 token=token,
             )
 
-
     def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:
         self._enter("unregister")
         with self._lock:

@@ -473,7 +473,6 @@ class SQLBackend(SQLCalls):
         # lost to contention: the next heartbeat refreshes it
         self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
-
     def unregister(
         self,
         namespace: str,
