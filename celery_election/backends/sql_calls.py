@@ -13,6 +13,7 @@ the caller's transaction instead.
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -151,6 +152,7 @@ class SQLCalls:
                 ):
                     return work(conn)
             except LostRound:  # a deadlock or serialisation failure: nothing was written
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))  # apart, then again
                 if attempt == 4:
                     raise BackendUnavailableError(
                         f"election database {self.description} kept refusing the change "

@@ -229,12 +229,17 @@ class SQLScheduleStore:
         )
 
     def _bump(self, conn: Connection, namespace: str) -> int:
-        """The namespace's next version; holds its counter row's lock until commit."""
+        """The namespace's next version; holds its counter row's lock until commit.
+
+        UPDATE first, which takes the row's exclusive lock at once: an INSERT IGNORE of an
+        existing row takes a shared one on MySQL, and two writers that both held it then
+        deadlocked on their UPDATEs. The row is inserted only the first time.
+        """
         rev = self.rev
-        conn.execute(self.backend.db.insert_ignore(rev, {"namespace": namespace, "version": 0}))
-        conn.execute(
-            sa.update(rev).where(rev.c.namespace == namespace).values(version=rev.c.version + 1)
-        )
+        bump = sa.update(rev).where(rev.c.namespace == namespace).values(version=rev.c.version + 1)
+        if conn.execute(bump).rowcount == 0:
+            conn.execute(self.backend.db.insert_ignore(rev, {"namespace": namespace, "version": 0}))
+            conn.execute(bump)
         return int(
             conn.execute(sa.select(rev.c.version).where(rev.c.namespace == namespace)).scalar_one()
         )
