@@ -109,6 +109,7 @@ def ticks_pass(s: Counting, n: int) -> None:
     tick_until(s, lambda: s.count("tick") >= goal)
 
 
+@pytest.mark.tier2  # the real-process test (tests/e2e/test_schedule_ops.py) does the same
 def test_an_entry_added_edited_paused_resumed_and_removed_at_runtime(
     beats: Callable[[], Counting], ops: Schedule
 ) -> None:
@@ -182,6 +183,7 @@ def test_run_now_clicked_twice_at_once_runs_once(
     assert [(r.kind, r.task_id) for r in runs] == [("run_now", sent_id)]
 
 
+@pytest.mark.tier2  # the real-process test (tests/e2e/test_schedule_ops.py) does the same
 def test_a_static_entry_is_paused_and_run_now_but_not_edited_away(
     beats: Callable[[], Counting], ops: Schedule
 ) -> None:
