@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend, backend_from_url
 
@@ -47,19 +49,29 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
     connection holds it) is inside the backend's guard, so the fork waits for it: the
     child finds the elect committed. Without the guard it forks mid-call and finds none."""
     path = tmp_path / "e.db"
-    backend = backend_from_url(f"sqlite:///{path}")
+    # a busy timeout far past the blocker's release: under load the elect must still wait
+    # for the lock, not give up on it (a lost elect would look like a fork mid-call)
+    backend = backend_from_url(f"sqlite:///{path}", sqlite_busy_timeout=30.0)
     assert isinstance(backend, SQLBackend)
     backend.install()
     first = backend.elect("x", "b" * 32, "b", 10.0).lease  # the row exists: one step
     assert first is not None and backend.resign("x", "b" * 32, first.term)
     blocker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the elect below waits for this write lock
-    t = threading.Thread(target=lambda: backend.elect("x", "a" * 32, "a", 10.0))
+    # The elect's write step is waiting for the lock once its BEGIN IMMEDIATE is sent (its
+    # look at the lease before, a read, does not wait: forking then is not what is tested).
+    writing = threading.Event()
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):
+            writing.set()
+
+    sa.event.listen(backend.engine, "before_cursor_execute", seen)
+    outcome: list[Any] = []
+    t = threading.Thread(target=lambda: outcome.append(backend.elect("x", "a" * 32, "a", 10.0)))
     t.start()
-    deadline = time.monotonic() + 5
-    while not backend._fork_guard.locked():  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "the elect never entered the guard"
-        time.sleep(0.001)
+    assert writing.wait(5), "the elect never began its write"
+    assert backend._fork_guard.locked()  # type: ignore[union-attr]
     threading.Timer(0.3, lambda: blocker.execute("ROLLBACK")).start()
     pid = os.fork()
     if pid == 0:  # what the child inherits: the elect's outcome, committed or not yet
@@ -71,5 +83,6 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     t.join()
     blocker.close()
+    assert outcome and outcome[0].won  # the elect itself went through
     assert os.waitstatus_to_exitcode(status) == 0, "the fork landed inside the call"
     backend.close()
