@@ -6,6 +6,8 @@ README's table is checked against that one definition).
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from celery import Celery
 
@@ -33,7 +35,6 @@ def init_app(app: Celery) -> Celery:
         return app
     from . import control  # noqa: F401  (registers the remote control commands)
     from .bootstep import ElectionStep
-    from .schedule import report_runs
 
     app.user_options["worker"].add(
         click.Option(
@@ -75,8 +76,32 @@ def init_app(app: Celery) -> Celery:
     )
     app.steps["worker"].add(ElectionStep)
     _route_leader_tasks(app)
-    report_runs(app)
+    _report_runs(app)
     app._celery_election_initialized = True
+    return app
+
+
+def _report_runs(app: Celery) -> None:
+    """Workers record when a beat-sent run ends (``schedule.run_ended``): the task signals."""
+    from celery.signals import task_postrun, task_prerun
+
+    from .schedule import run_ended, run_started
+
+    def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        run_started(task, task_id)
+
+    def ended(task_id: str | None = None, task: Any = None, state: str | None = None,
+              **_: Any) -> None:  # fmt: skip
+        run_ended(app, task, task_id, state)
+
+    task_prerun.connect(started, weak=False)
+    task_postrun.connect(ended, weak=False)
+
+
+def bare_app(**conf: Any) -> Celery:
+    """An app of no project, for commands given only ``--url`` (``celery-election``)."""
+    app = Celery("celery-election", set_as_current=False)
+    app.conf.update(conf)
     return app
 
 

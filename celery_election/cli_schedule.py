@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from .app import bare_app
 from .entry_spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
 from .errors import ElectionError
 from .schedule import Entry, Schedule
@@ -55,9 +56,7 @@ def command_app(ctx: click.Context, command: str) -> tuple[Any, bool]:
                 f"give the election database: --url URL (or CELERY_ELECTION_URL), or run "
                 f"it as `celery -A proj election {command} ...` to use the app's settings"
             )
-        from celery import Celery
-
-        app = Celery("celery-election", set_as_current=False)
+        app = bare_app()
     overrides = {"url": params.get("url"), "table_prefix": params.get("table_prefix")}
     app.conf.update({f"election_{k}": v for k, v in overrides.items() if v})
     return app, given

@@ -48,9 +48,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
-
-from celery import Celery
+from typing import TYPE_CHECKING, Any
 
 from .backends import SQLBackend, backend_from_url
 from .backends.base import RunState
@@ -59,7 +57,10 @@ from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, describe, insta
 from .errors import ConfigurationError, ElectionError
 from .settings import ElectionSettings
 
-__all__ = ["Entry", "Schedule", "report_runs"]
+if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
+    from celery import Celery
+
+__all__ = ["Entry", "Schedule", "run_ended", "run_started"]
 
 log = logging.getLogger("celery_election.schedule")
 
@@ -480,35 +481,30 @@ _STARTED: dict[str, float] = {}
 _STORES: dict[tuple[int, int], SQLScheduleStore | None] = {}
 
 
-def report_runs(app: Celery) -> None:
-    """Connect the task signals that record when a beat-sent run finished (``init_app``).
+def run_ended(app: Celery, task: Any, task_id: str | None, state: str | None) -> None:
+    """Record that a beat-sent run ended (``init_app`` connects it to ``task_postrun``).
 
     One UPDATE by task id when a run sent by a LeaderScheduler ends (its headers name the
     entry), in the process that ran it, on the election database: the overlap policy and
     the history know finished runs from the workers, without polling the result backend.
     A retry is not an end: the run goes on.
     """
-    from celery.signals import task_postrun, task_prerun
+    began = _STARTED.pop(task_id or "", None)
+    if not task_id or state == "RETRY" or not getattr(task.request, "election_entry", None):
+        return
+    if task.app is not app:
+        return
+    store = _store_of(app)
+    if store is None:
+        return
+    duration = None if began is None else round((time.monotonic() - began) * 1e6)
+    _finish(store, task_id, str(state or "?"), duration, RETRIES)
 
-    def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-        if task_id and getattr(task.request, "election_entry", None):
-            _STARTED[task_id] = time.monotonic()
 
-    def finished(task_id: str | None = None, task: Any = None, state: str | None = None,
-                 **_: Any) -> None:  # fmt: skip
-        began = _STARTED.pop(task_id or "", None)
-        if not task_id or state == "RETRY" or not getattr(task.request, "election_entry", None):
-            return
-        if task.app is not app:
-            return
-        store = _store_of(app)
-        if store is None:
-            return
-        duration = None if began is None else round((time.monotonic() - began) * 1e6)
-        _finish(store, task_id, str(state or "?"), duration, RETRIES)
-
-    task_prerun.connect(started, weak=False)
-    task_postrun.connect(finished, weak=False)
+def run_started(task: Any, task_id: str | None) -> None:
+    """Note when a beat-sent run starts (``task_prerun``), for its duration."""
+    if task_id and getattr(task.request, "election_entry", None):
+        _STARTED[task_id] = time.monotonic()
 
 
 #: Seconds to wait before each new try when a run's history row is not there yet: the

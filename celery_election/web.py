@@ -43,15 +43,16 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
-
-from celery import Celery
 
 from .entry_spec import POLICY_DEFAULTS, RESUME
 from .errors import ConfigurationError, ElectionError
 from .schedule import Schedule
 from .web_observer import Observer
+
+if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
+    from celery import Celery
 
 __all__ = ["ACTIONS", "TOKEN_ENV", "Observer", "WebApp", "make_app", "server"]
 

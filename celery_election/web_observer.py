@@ -16,9 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
-
-from celery import Celery
+from typing import TYPE_CHECKING, Any
 
 from .backends import SQLBackend
 from .backends.sql_schedule import RunRecord
@@ -26,6 +24,9 @@ from .entry_spec import describe, from_spec
 from .schedule import Entry, Schedule
 from .settings import ElectionSettings, hide_password
 from .term import Lease
+
+if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
+    from celery import Celery
 
 __all__ = ["Observer", "Transition"]
 
