@@ -1,4 +1,4 @@
-"""The Elector: one background thread running the election protocol against a backend.
+"""The Elector: one thread running the election protocol against a backend.
 
 The protocol
 ============
@@ -13,36 +13,35 @@ only for the exact token and term).
 
               elect won, in time                     renew lost / trust ran out /
     FOLLOWER ------------------------> LEADER ------ resign() / stop() ------> FOLLOWER
-       ^  |  elect lost: sleep until      |  renew won: trusted again
-       |  |  the lease ends (or a         |  until start + ttl - margin
-       +--+  wakeup, or poll_interval)    +--+
+       ^  |  elect lost: wait on the      |  renew won: trusted again
+       |  |  lock, the lease's end or     |  until start + ttl - margin
+       +--+  a wakeup                     +--+
 
 Leadership is believed only inside the trust window: an attempt that started at ``t`` (on
 the boot-time clock, read *before* the statement is sent) and won is trusted until
-``t + ttl - safety_margin``. The database cannot expire the lease before ``t + ttl``
-(it computed the expiry after ``t``), so the elector stops believing it leads before
-anyone else can take over, by at least the margin. ``is_leader`` compares the deadline
-with the clock on every read: it turns False at the deadline even while the thread is
-stuck in a database call, and the dispatcher thread announces the revocation then. A
-success that returns after its own deadline counts as a failure: the term is resigned and
-a fresh one is sought, so every ``elected`` event has its own term.
+``t + ttl - safety_margin``. The database cannot expire the lease before ``t + ttl``, so
+the elector stops believing it leads before anyone else can take over, by at least the
+margin. ``is_leader`` compares the deadline with the clock on every read: it turns False
+at the deadline even while the thread is stuck in a database call, and the dispatcher
+thread announces the revocation then. A success that returns after its own deadline
+counts as a failure: the term is resigned and a fresh one is sought. With a liveness lock
+(liveness.py) trust also ends with the lock's proof; decisions.py has the rules.
 
-With a liveness session (``config.liveness``, ``liveness.py``) the leader also holds a lock
-on a connection of its own and pings it every delta / 4, and its trust ends at the
-earlier of the lease's bound and its last good ping + delta; the row says so
-(``lease.liveness_us``). Followers then wait on that lock instead of a timer: the
-database releases it when the leader dies (at once) or goes silent (after delta), and the
-follower it is granted to takes the term over delta later, before the lease ends. A term
-the row does not mark as bound by the lock is only ever taken when its lease ends. Belief
-tightens before the row says so and loosens only after.
+Threads
+=======
+
+One thread, the election thread, owns every field of the protocol (the belief, the lease
+last read, the schedule). The others only post to it: the lock thread (grants, pings,
+losses), the backend's wakeup listener, ``resign()`` and ``stop()``. What it does with
+what it knows is decided by the pure functions of decisions.py. ``resign()`` and
+``stop()`` end belief at once through one field of their own (a veto) that ``is_leader``
+reads; the dispatcher owns the announcements, in order and each once: events
+(``elected``, ``revoked`` with a reason, ``error``) reach callbacks and subscriptions
+there, and a slow consumer delays only later events, never the protocol.
 
 Failures never kill the thread. A follower retries with back-off; a leader keeps renewing
 until its trust window ends, then steps down. ``stop()`` drops the belief first, then
 resigns the term so a follower takes over at once, then unregisters the candidate.
-
-Events (``elected``, ``revoked`` with a reason, ``error``) are delivered in order by a
-dispatcher thread, to callbacks and to subscriptions; a slow consumer delays only later
-events, never the protocol.
 """
 
 from __future__ import annotations
@@ -56,17 +55,20 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import decisions as rules
+from .announce import Announcer
 from .backends.base import Backend, Wakeup, WakeupHandle
 from .clock import Clock, RealClock, boottime
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
+from .decisions import Call, Next, Proof
 from .errors import ConfigurationError, ElectionError
-from .liveness import Liveness, LivenessRules
+from .liveness import Liveness, start_liveness
 from .metrics.stats import ElectorStats, track
-from .term import Lease, trusted_until
+from .term import ElectResult, Lease, trusted_until
 from .transitions import (
     Backoff,
     Lead,
@@ -90,7 +92,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_ERROR_REPEAT = 60.0  # seconds between two ERROR lines for one persisting failure
+_NO_PROOF = Proof()
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class ElectorSnapshot:
     failures: int
 
 
-class Elector(LivenessRules):
+class Elector:
     """Runs the election for one candidate in one namespace.
 
     Timings come from ``config`` or the keyword arguments (see ElectionConfig); a bad
@@ -133,13 +135,7 @@ class Elector(LivenessRules):
         register: bool = True,
         **timings: Seconds,
     ) -> None:
-        # The timing arguments are ElectionConfig's fields (one definition, checked there).
-        timings = {k: v for k, v in timings.items() if v is not None}
-        if config is not None and timings:
-            raise ConfigurationError(
-                f"pass either config= or timing arguments, not both: got {sorted(timings)}"
-            )
-        self.config = config or ElectionConfig.create(**timings)
+        self.config = _config(config, timings)
         if isinstance(backend, type) or not isinstance(backend, Backend):
             raise ConfigurationError(
                 f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"
@@ -152,47 +148,44 @@ class Elector(LivenessRules):
             candidate_id = f"{self.hostname}:{os.getpid()}:{self._token[:8]}"
         self.candidate_id = validate_candidate_id(candidate_id)
         self._clock: Clock = clock or RealClock()
-        self._backoff = backoff or exponential_backoff(
-            base=min(0.1, self.config.poll_interval), cap=max(self.config.poll_interval, 2.0)
-        )
+        poll = self.config.poll_interval
+        self._backoff = backoff or exponential_backoff(base=min(0.1, poll), cap=max(poll, 2.0))
         self._register = register
-        self._callbacks = (on_elected, on_revoked, on_error)
-
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._lead: Lead | None = None
-        self._held_term: int | None = None  # the term the row holds for our token
-        self._last_lease: Lease | None = None
-        self._greatest_term = 0  # the greatest term this elector has seen: a floor
-        self._started = False
-        self._stopping = False
-        self._resign_requested = False
-        self._resign_done = threading.Event()
-        self._backoff_until = 0.0
-        self._failures = 0
-        self._next_renew = 0.0
-        # Follower schedule (boot-time clock): no attempt before _follow_until unless
-        # poked by a wakeup; with working wakeups, a look at the row at least by _look_by.
-        self._follow_until = 0.0
-        self._look_by = 0.0
-        self._poke = False
-        self._next_prune = 0.0
-        #: (kind, when last logged, first failure) of the error being reported
-        self._error_logged: tuple[type[BaseException], float, float] | None = None
-        # Each event goes to the subscriptions that existed when it was posted.
-        self._events: collections.deque[tuple[Transition | BaseException, list[Subscription]]]
-        self._events = collections.deque()
-        self._subscriptions: list[Subscription] = []
-        self._trust_watchers: list[Callable[[int | None, float | None], Any]] = []
-        self._wakeup: WakeupHandle | None = None
-        self._live: Liveness | None = None
-        self._sleeper = self._clock.sleeper()
-        self._dispatch_sleeper = self._clock.sleeper()
-        self._thread: threading.Thread | None = None
-        self._dispatcher: threading.Thread | None = None
         #: counters for metrics and the health probe (celery_election.metrics)
         self.stats = ElectorStats()
+        # The caller's side (start, stop, resign, subscribe): guarded by _lock.
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._started = self._stopping = False
+        self._vetoed = 0  # belief in terms up to this one ended by resign()
+        self._resign_done = threading.Event()
+        self._resign_done.set()
+        self._trust_watchers: list[Callable[[int | None, float | None], Any]] = []
+        self._thread: threading.Thread | None = None
+        self._wakeup: WakeupHandle | None = None
+        self._live: Liveness | None = None
+        self._announcer = Announcer(self, (on_elected, on_revoked, on_error))
+        # What other threads post to the election thread: (kind, detail).
+        self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._sleeper = self._clock.sleeper()
+        # The election thread's own fields (see _reset).
+        self._lead: Lead | None = None
+        self._last_lease: Lease | None = None
+        self._greatest_term = 0  # the greatest term this elector has seen: a floor
+        self._failures = 0
+        self._reset()
         track(self)
+
+    def _reset(self) -> None:
+        """The election thread's schedule, as at start."""
+        self._held: int | None = None  # the term the row holds for our token
+        self._next_renew = 0.0
+        self._follow_until = 0.0  # no look before this unless woken
+        self._look_by = 0.0  # wakeups may push the next look back, never past this
+        self._vacant_since: float | None = None
+        self._backoff_until = 0.0
+        self._resign_pending = False
+        self._next_prune = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -200,33 +193,46 @@ class Elector(LivenessRules):
             f"state={self.state.value} term={self.term}>"
         )
 
-    # -- public view ------------------------------------------------------------------------
+    # -- public view (no I/O, safe from any thread) -------------------------------------------
+
+    def _proof(self) -> Proof:
+        live = self._live
+        return _NO_PROOF if live is None else live.proof
+
+    def _trusted(self) -> Lead | None:
+        """The lead believed now: set, not vetoed, its trust not ended."""
+        lead = self._lead
+        if lead is None or self._stopping or lead.term <= self._vetoed:
+            return None
+        if self._clock.monotonic() >= rules.trust_end(lead, self._proof()):
+            return None
+        return lead
+
+    def _trust_end(self, lead: Lead) -> float:
+        return rules.trust_end(lead, self._proof())
 
     @property
     def is_leader(self) -> bool:
-        """True only while leading inside the trust window; no I/O, safe from any thread."""
-        lead = self._lead
-        return lead is not None and self._clock.monotonic() < lead.trusted_until
+        """True only while leading inside the trust window."""
+        return self._trusted() is not None
 
     @property
     def term(self) -> int | None:
         """The term this elector leads under (its fencing token), None when not leading."""
-        lead = self._lead
-        if lead is not None and self._clock.monotonic() < lead.trusted_until:
-            return lead.term
-        return None
+        lead = self._trusted()
+        return None if lead is None else lead.term
 
     @property
     def trusted_for(self) -> float:
         """Seconds of trust left (0 when not leading)."""
-        lead = self._lead
-        return 0.0 if lead is None else max(0.0, lead.trusted_until - self._clock.monotonic())
+        lead = self._trusted()
+        return 0.0 if lead is None else max(0.0, self._trust_end(lead) - self._clock.monotonic())
 
     @property
     def trusted_until(self) -> float | None:
         """The boot-time clock reading at which leadership stops being trusted."""
-        lead = self._lead
-        return None if lead is None else lead.trusted_until
+        lead = self._trusted()
+        return None if lead is None else self._trust_end(lead)
 
     @property
     def token(self) -> str:
@@ -253,25 +259,37 @@ class Elector(LivenessRules):
             return State.STOPPED
         if self._stopping:
             return State.STOPPING
-        if self._resign_requested:
+        if not self._resign_done.is_set():
             return State.RESIGNING
         return State.LEADER if self.is_leader else State.FOLLOWER
 
+    @property
+    def liveness(self) -> str:
+        """The liveness lock: "off", "holding" it, "waiting" for it, or "idle".
+
+        Idle: on, but nobody's trust is bound by the lock now (no leader, or one that
+        has not taken the lock yet), so this candidate neither holds nor waits.
+        """
+        live = self._live
+        if live is None or live.unsupported:
+            return "off"
+        if live.held:
+            return "holding"
+        return "waiting" if live.wanted else "idle"
+
     def snapshot(self) -> ElectorSnapshot:
-        """A look at the elector for probes and exporters; no I/O, never takes the lock.
+        """A look at the elector for probes and exporters; never takes the lock.
 
         Lock-free so that a probe answers even while the election thread is wedged.
         """
-        lead = self._lead
-        thread = self._thread
-        seen = self._last_lease
+        lead, seen, thread = self._trusted(), self._last_lease, self._thread
         term = lead.term if lead is not None else seen.term if seen is not None else 0
         return ElectorSnapshot(
             started=self._started,
             running=thread is not None and thread.is_alive(),
-            leading=lead is not None and self._clock.monotonic() < lead.trusted_until,
+            leading=lead is not None,
             term=term,
-            trusted_until=None if lead is None else lead.trusted_until,
+            trusted_until=None if lead is None else self._trust_end(lead),
             failures=self._failures,
         )
 
@@ -291,23 +309,18 @@ class Elector(LivenessRules):
         """
         with self._lock:
             self._trust_watchers.append(watcher)
-            lead = self._lead
-        if lead is not None:
-            watcher(lead.term, lead.trusted_until)
+            lead = self._trusted()
+            if lead is not None:
+                watcher(lead.term, self._trust_end(lead))
 
     def subscribe(self) -> Subscription:
         """An ordered stream of this elector's transitions from now on."""
-        sub = Subscription(self)
-        with self._lock:
-            self._subscriptions.append(sub)
-        return sub
+        return self._announcer.subscribe()
 
     def _unsubscribe(self, sub: Subscription) -> None:
-        with self._lock:
-            if sub in self._subscriptions:
-                self._subscriptions.remove(sub)
+        self._announcer.unsubscribe(sub)
 
-    # -- life cycle -------------------------------------------------------------------------
+    # -- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> Elector:
         """Start the election threads; returns at once (see wait_for_leadership)."""
@@ -317,16 +330,23 @@ class Elector(LivenessRules):
             self._started = True
             self._stopping = False
             self._token = self._token if self._thread is None else uuid.uuid4().hex
-        self._follow_until = self._look_by = 0.0
-        self._wakeup = self.backend.subscribe_wakeups(self.namespace, self._on_wakeup)
-        self._live = self._start_liveness()
-        self._dispatcher = threading.Thread(
-            target=self._dispatch, name=f"celery-election-events-{self.namespace}", daemon=True
+        self._reset()
+        self._inbox.clear()
+        self._wakeup = self.backend.subscribe_wakeups(
+            self.namespace, lambda w: self._post_in("wakeup", w)
+        )
+        self._live = start_liveness(
+            self.backend,
+            self.namespace,
+            self.config.liveness,
+            self.config.fallback_interval,
+            self._clock,
+            self._on_lock,
         )
         self._thread = threading.Thread(
             target=self._run, name=f"celery-election-{self.namespace}", daemon=True
         )
-        self._dispatcher.start()
+        self._announcer.start(f"celery-election-events-{self.namespace}")
         self._thread.start()
         return self
 
@@ -335,8 +355,10 @@ class Elector(LivenessRules):
         with self._lock:
             if not self._started:
                 return
+            lead = self._trusted()
             self._stopping = True
-            self._drop_lead(RevokeReason.STOPPED)
+            if lead is not None:
+                self._end_belief(lead, RevokeReason.STOPPED)
             self._changed.notify_all()
         self._sleeper.wake()
         if timeout is None:
@@ -348,17 +370,9 @@ class Elector(LivenessRules):
             self._wakeup = None
         if self._live is not None and (self._thread is None or not self._thread.is_alive()):
             self._live.close()  # normally closed by _shutdown, after the resign
-            self._live = None
-        self._dispatch_sleeper.wake()
-        if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
-            self._dispatcher.join(timeout)
+        self._announcer.stop(timeout, self._thread)
         with self._lock:
             self._started = False
-            subs = list(self._subscriptions)
-        for sub in subs:
-            with sub._cond:
-                sub.closed = True
-                sub._cond.notify_all()
 
     def resign(self, wait: bool = True, timeout: float | None = None) -> bool:
         """Step down now and stay out for ``resign_backoff``; False if not leading.
@@ -367,13 +381,14 @@ class Elector(LivenessRules):
         handoff. With ``wait``, returns after the term has been resigned in the database.
         """
         with self._lock:
-            if self._lead is None and self._held_term is None:
+            lead, held = self._lead, self._held
+            if lead is None and held is None:
                 return False
             self._resign_done.clear()
-            self._resign_requested = True
-            self._backoff_until = self._clock.monotonic() + self.config.resign_backoff
-            self._drop_lead(RevokeReason.RESIGNED)
-        self._sleeper.wake()
+            self._vetoed = max(self._vetoed, held or 0, lead.term if lead else 0)
+            if lead is not None:
+                self._end_belief(lead, RevokeReason.RESIGNED)
+        self._post_in("resign", None)
         if wait:
             self._resign_done.wait(timeout if timeout is not None else self.config.call_timeout + 1)
         return True
@@ -384,39 +399,40 @@ class Elector(LivenessRules):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- belief (call with self._lock held) --------------------------------------------------
+    # -- posting (any thread) --------------------------------------------------------------------
 
-    def _post(self, item: Transition | BaseException) -> None:
-        self._events.append((item, list(self._subscriptions)))
-        self._dispatch_sleeper.wake()
+    def _post_in(self, kind: str, detail: Any) -> None:
+        """Hand something to the election thread; the only way other threads reach it."""
+        self._inbox.append((kind, detail))
+        self._sleeper.wake()
+
+    def _on_lock(self, kind: str) -> None:
+        """From the lock thread: "granted", "renewed", "lost" or "unsupported"."""
+        self._post_in("lock", kind)
+        self._announcer.wake()  # trust may end earlier now: announce it on time
+
+    def _end_belief(self, lead: Lead, reason: RevokeReason) -> None:
+        """Announce the end of ``lead`` and tell the watchers (call with _lock held)."""
+        self._announcer.post(self._transition("revoked", lead.term, reason))
+        self._watchers(None)
+        self._changed.notify_all()
 
     def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:
-        self.stats.transition(kind, reason.value if reason is not None else "won")
         return Transition(
             kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
         )
 
-    def _set_lead(self, lead: Lead | None) -> None:
-        self._lead = lead
+    def _watchers(self, lead: Lead | None) -> None:
         for watcher in self._trust_watchers:
             try:
-                watcher(None, None) if lead is None else watcher(lead.term, lead.trusted_until)
+                if lead is None:
+                    watcher(None, None)
+                else:
+                    watcher(lead.term, self._trust_end(lead))
             except Exception:
                 log.exception("a trust watcher raised; the election goes on")
 
-    def _drop_lead(self, reason: RevokeReason) -> None:
-        lead = self._lead
-        if lead is not None:
-            self._set_lead(None)
-            self._post(self._transition("revoked", lead.term, reason))
-            self._changed.notify_all()
-            if self._live is not None and reason in (RevokeReason.EXPIRED, RevokeReason.LOST):
-                # Let a follower have the lock now, even if this thread is stuck in a call
-                # (the dispatcher drops an expired lead): our belief has ended. A resign
-                # or stop releases it after the resign instead, so the row is vacant then.
-                self._live.want(False)
-
-    # -- the election thread ----------------------------------------------------------------
+    # -- the election thread -------------------------------------------------------------------
 
     def _run(self) -> None:
         next_heartbeat = self._clock.monotonic()
@@ -425,23 +441,20 @@ class Elector(LivenessRules):
         if warnings is not None:  # what the database's set-up means for this election
             for line in warnings(liveness=self.config.liveness is not None):
                 log.warning("election in namespace %r: %s", self.namespace, line)
-        while not self._stopping:
+        while True:
+            self._drain()
+            if self._stopping:
+                break
             stats.busy_since = boottime()  # the health probe's "wedged" clock
             now = self._clock.monotonic()
-            if self._resign_requested:
+            if self._resign_pending:
                 self._do_resign()
                 continue
             if self._register and now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self._jittered(self.config.heartbeat_interval)
-            if self._held_term is None:
-                if now < self._backoff_until:
-                    wait = self._backoff_until - now
-                elif now < self._follow_until and not self._poke:
-                    wait = self._follow_until - now
-                else:
-                    self._poke = False
-                    wait = self._follower_step()
+            if self._held is None:
+                wait = self._follow(now)
             elif now >= self._next_renew:
                 wait = self._leader_step()
             else:
@@ -449,10 +462,54 @@ class Elector(LivenessRules):
             if self._register:
                 wait = min(wait, next_heartbeat - self._clock.monotonic())
             stats.busy_since = None
-            if wait > 0 and not self._stopping:
+            if wait > 0 and not self._inbox and not self._stopping:
                 self._sleeper.wait(wait)
         stats.busy_since = None
         self._shutdown()
+
+    def _drain(self) -> None:
+        """Act on what other threads posted; each only changes what to do next."""
+        while self._inbox:
+            kind, detail = self._inbox.popleft()
+            if kind == "resign":
+                self._resign_pending = True
+                self._backoff_until = self._clock.monotonic() + self.config.resign_backoff
+            elif kind == "wakeup":
+                self._on_wakeup(detail)
+            elif detail == "renewed":  # a good ping: the watchers see the longer trust
+                with self._lock:
+                    lead = self._trusted()
+                    if lead is not None and lead.tagged:
+                        self._watchers(lead)
+            elif self._held is not None:
+                # granted: renew now to tag the term; lost: renew untagged now, before
+                # the ping trust runs out; unsupported: the lease alone from now on.
+                self._next_renew = 0.0
+            elif detail in ("granted", "unsupported"):
+                self._follow_until = 0.0  # a grant: look now (elect, or take over)
+
+    def _on_wakeup(self, wakeup: Wakeup) -> None:
+        """A hint from the backend. Only ever changes *when* we look."""
+        lease = self._last_lease
+        if wakeup.kind == "renewed":
+            if self._held is not None or lease is None or not lease.held:
+                return
+            if wakeup.term != lease.term:
+                return
+            if self._live is None or lease.liveness_us is not None:
+                # The leader we last read renewed just now, so its lease ends about one
+                # lease length from now: nothing to look at before then (and a forged
+                # stream of these can delay us at most until _look_by).
+                start = lease.renewed_at_us or lease.acquired_at_us or lease.expires_at_us
+                length = (lease.expires_at_us - start) / 1_000_000
+                later = self._clock.monotonic() + length + random.uniform(0, 0.02)
+                self._follow_until = min(max(self._follow_until, later), self._look_by)
+                return
+            # The term we read was not bound by the lock yet: this renewal may be the one
+            # that tags it. Look now, to wait on the lock for it rather than on its lease.
+        if wakeup.kind == "elected" and wakeup.term == self._held:
+            return  # our own
+        self._follow_until = 0.0
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One backend call with the attempt deadline; errors are reported, then raised."""
@@ -463,203 +520,197 @@ class Elector(LivenessRules):
         except Exception as exc:
             self.stats.call(op, time.perf_counter() - began, False)
             self._failures += 1
-            with self._lock:
-                self._post(exc)
+            self._announcer.post(exc)
             raise
         self.stats.call(op, time.perf_counter() - began, True)
         if self._failures:
             log.info("election database reachable again (namespace %r)", self.namespace)
-            self._error_logged = None
+            self._announcer.recovered()
         self._failures = 0
         return result
 
     def _retry_delay(self) -> float:
         return self._backoff(max(1, self._failures))
 
-    def _follower_step(self) -> float:
-        started = self._clock.monotonic()
-        tag = self._tag()
+    def _seen(self, now: float) -> rules.Seen:
+        live = self._live
+        proof = None if live is None or live.unsupported else live.proof
+        return rules.Seen(now, self._last_lease, self._token, proof, self._vacant_since)
+
+    def _read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:
+        """Remember the row a step returned (a look's None: the namespace has no row)."""
+        if lease is None:
+            if looked and self._vacant_since is None:
+                self._vacant_since = now
+            return
+        self._last_lease = lease
+        self._greatest_term = max(self._greatest_term, lease.term)
+        if lease.held:
+            self._vacant_since = None
+        elif self._vacant_since is None:
+            self._vacant_since = now
+
+    def _want_lock(self, wanted: bool) -> None:
+        if self._live is not None:
+            self._live.want(wanted)
+
+    def _follow(self, now: float) -> float:
+        """A follower's turn: look if it is time, then decide how long to wait."""
+        if now < self._backoff_until:
+            self._want_lock(False)
+            return self._backoff_until - now
+        if now < self._follow_until:
+            return self._follow_until - now
+        grace = self.config.liveness or 0.0
+        call, waited = rules.follower_call(self._seen(now), grace)
+        proof = self._proof()
+        tag = self._live.delta if self._live is not None and proof.held else None
         args = (self.namespace, self._token, self.candidate_id, self.config.ttl)
         # never below a term seen before, nor this host's clock (a promoted standby's
         # clock may be behind the primary that issued a term it never received)
         floor = max(self._greatest_term + 1, self._clock.wall_us())
         try:
-            seen, waited = self._takeover_due(started)
-            if seen is not None:
-                # Holding the liveness lock for longer than the leader's delta: its
-                # session ended before our grant, so its trust has ended (liveness.py).
+            if call is Call.TAKE_OVER:
+                seen = self._last_lease
                 result = self._call(
                     self.backend.take_over, *args, seen, waited, liveness=tag, floor=floor
                 )
-            else:
+            elif call is Call.ELECT:
                 result = self._call(self.backend.elect, *args, liveness=tag, floor=floor)
+            else:
+                result = ElectResult(False, self._call(self.backend.current, self.namespace))
         except Exception:
             return self._retry_delay()
         lease = result.lease
+        self._read(lease, now, looked=call is Call.LOOK)
+        lead = None
         if lease is not None:
-            self._last_lease = lease
-            self._greatest_term = max(self._greatest_term, lease.term)
-        if result.won and lease is not None:
-            self._held_term = lease.term
-            lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
-            lead = self._new_lead(lease.term, lease_until, tag is not None)
-            deadline = lead.trusted_until
-            if self._live is not None:
-                self._live.want(True)  # a leader holds the lock: its grant tags the term
-            with self._lock:
-                if self._stopping or self._resign_requested:
-                    return 0.0  # the loop resigns this term
-                if self._clock.monotonic() >= deadline:
-                    # Won, but too late to trust: give the term back and seek a fresh one.
-                    log.warning(
-                        "election in namespace %r won term %s after its trust window "
-                        "ended (slow database?); resigning it",
-                        self.namespace,
-                        lease.term,
-                    )
-                    self._resign_requested = True
-                    return 0.0
-                self._set_lead(lead)
-                self._post(self._transition("elected", lease.term))
-                self._changed.notify_all()
-            self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
-            return self._next_renew - self._clock.monotonic()
-        if lease is not None and lease.held_by(self._token):
-            # Still ours from a term we had given up on: renew it before trusting it.
-            self._held_term = lease.term
-            self._next_renew = 0.0
+            lease_until = trusted_until(now, self.config.ttl, self.config.safety_margin)
+            lead = Lead(lease.term, lease_until, proof.grant if tag is not None else None)
+        in_time = lead is not None and self._clock.monotonic() < rules.trust_end(lead, proof)
+        step = rules.after_elect(result, self._token, in_time=in_time)
+        if step is Next.LEAD or step is Next.GIVE_UP:
+            assert lead is not None
+            self._held = lead.term
+            self._want_lock(True)  # a leader holds the lock: its grant tags the term
+            return self._won(lead, now) if step is Next.LEAD else self._late(lead.term)
+        if step is Next.RENEW:  # still ours from a term we had given up on
+            assert lease is not None
+            self._held, self._next_renew = lease.term, 0.0
             return 0.0
-        return self._follower_wait(lease)
+        return self._plan_follow(self._clock.monotonic())
 
-    def _follower_wait(self, lease: Lease | None) -> float:
-        """Sleep until the lease ends on the database's clock, capped by the poll interval.
+    def _won(self, lead: Lead, started: float) -> float:
+        with self._lock:
+            if self._stopping or lead.term <= self._vetoed:
+                return 0.0  # the loop resigns this term
+            self._lead = lead
+            self._announcer.post(self._transition("elected", lead.term))
+            self._watchers(lead)
+            self._changed.notify_all()
+        self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
+        return self._next_renew - self._clock.monotonic()
 
-        ``lease.remaining`` was computed by the database, so no host clock is compared
-        with the lease. With working wakeups a resign wakes us early and a renewal pushes
-        the next look back, so the cap is the slow ``fallback_interval``; without them,
-        ``poll_interval`` bounds how long a clean handoff can take.
-        """
-        now = self._clock.monotonic()
-        live = self._live
-        if live is not None:
-            if lease is not None and lease.held and lease.liveness_us is not None:
-                return self._liveness_wait(live, lease, now)
-            # Vacant, or a leader not bound by the lock (yet): let it have the lock.
-            live.want(False)
+    def _late(self, term: int) -> float:
+        log.warning(
+            "election in namespace %r won term %s after its trust window ended (slow "
+            "database?); resigning it",
+            self.namespace,
+            term,
+        )
+        self._resign_pending = True
+        return 0.0
+
+    def _plan_follow(self, now: float) -> float:
         healthy = self._wakeup is not None and self._wakeup.healthy
-        if lease is None or not lease.held:
-            wait = self._jittered(self.config.poll_interval)
-        else:
-            wait = lease.remaining + random.uniform(0, min(0.05, lease.remaining * 0.01))
-            wait = min(
-                wait, self.config.fallback_interval if healthy else self.config.poll_interval
-            )
-        with self._lock:
-            self._follow_until = now + wait
-            self._look_by = now + max(wait, self.config.fallback_interval if healthy else 0.0)
-        return wait
-
-    def _on_wakeup(self, wakeup: Wakeup) -> None:
-        """A hint from the backend (listener thread). Only ever changes *when* we look."""
-        with self._lock:
-            lease = self._last_lease
-            if wakeup.kind == "renewed":
-                if (
-                    self._held_term is not None
-                    or lease is None
-                    or not lease.held
-                    or wakeup.term != lease.term
-                ):
-                    return
-                if self._live is None or lease.liveness_us is not None:
-                    # The leader we last read renewed just now, so its lease ends about
-                    # one lease length from now: nothing to look at before then (and a
-                    # forged stream of these can delay us at most until _look_by).
-                    start = lease.renewed_at_us or lease.acquired_at_us or lease.expires_at_us
-                    length = (lease.expires_at_us - start) / 1_000_000
-                    later = self._clock.monotonic() + length + random.uniform(0, 0.02)
-                    self._follow_until = min(max(self._follow_until, later), self._look_by)
-                    return
-                # The term we read was not bound by the lock yet (every term starts so):
-                # this renewal may be the one that tags it. Look now, to wait on the lock
-                # for it rather than on its lease (8.5 s instead of 1 s after a crash
-                # soon after a change of leader).
-            if wakeup.kind == "elected" and wakeup.term == self._held_term:
-                return  # our own
-            self._poke = True
-        self._sleeper.wake()
+        grace = self.config.liveness or 0.0
+        plan = rules.follower_wait(
+            self._seen(now), self.config, healthy=healthy, grace=grace, spread=random.random()
+        )
+        self._want_lock(plan.want_lock)
+        self._follow_until = now + plan.wait
+        self._look_by = now + plan.look_by
+        return plan.wait
 
     def _leader_step(self) -> float:
-        term = self._held_term
+        term = self._held
         assert term is not None
         started = self._clock.monotonic()
-        if self._live is not None and self._lead is not None:
-            self._live.want(True)  # a leader holds the lock (if it can: tagged from then on)
-        tag = self._tag()
-        with self._lock:
-            lead = self._lead
-            if tag is not None and lead is not None and not lead.tagged:
-                # Belief tightens before the row says so, and loosens only after.
-                self._set_lead(self._new_lead(term, lead.lease_until, True))
+        lead = self._trusted()
+        if self._live is not None and lead is not None:
+            self._want_lock(True)  # a leader holds the lock (if it can: tagged from then on)
+        proof = self._proof()
+        tag = self._live.delta if self._live is not None and proof.held else None
+        if tag is not None and lead is not None and not lead.tagged:
+            # Belief tightens before the row says so, and loosens only after.
+            self._set_lead(Lead(term, lead.lease_until, proof.grant))
         try:
             result = self._call(
-                self.backend.renew,
-                self.namespace,
-                self._token,
-                term,
-                self.config.ttl,
+                self.backend.renew, self.namespace, self._token, term, self.config.ttl,
                 liveness=tag,
-            )
+            )  # fmt: skip
         except Exception:
-            with self._lock:
-                lead = self._lead
-                if lead is None or self._clock.monotonic() >= lead.trusted_until:
-                    return self._give_up(term, RevokeReason.EXPIRED)
-                left = lead.trusted_until - self._clock.monotonic()
+            lead = self._trusted()
+            if lead is None:
+                return self._give_up(term, RevokeReason.EXPIRED)
             self._next_renew = 0.0
+            left = self._trust_end(lead) - self._clock.monotonic()
             return min(self._retry_delay(), max(0.01, left / 3))
-        lease = result.lease
-        if lease is not None:
-            self._last_lease = lease
-            self._greatest_term = max(self._greatest_term, lease.term)
+        self._read(result.lease, started)
+        in_time = self._trusted() is not None
+        step = rules.after_renew(result, term, self._token, in_time=in_time)
+        if step is Next.LEAD:
+            lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
+            self._set_lead(Lead(term, lease_until, proof.grant if tag is not None else None))
+            self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
+            return self._next_renew - self._clock.monotonic()
+        if step is Next.RETRY:  # lost to contention, nothing known: retry while trusted
+            self._next_renew = 0.0
+            return min(self.config.poll_interval, self.trusted_for / 3)
+        if step is Next.GIVE_UP:
+            return self._give_up(term, RevokeReason.EXPIRED)
+        self._held = None
+        self._drop(RevokeReason.LOST)
+        return self._plan_follow(self._clock.monotonic())
+
+    def _set_lead(self, lead: Lead) -> None:
+        """A renewed (or tightened) belief in the term held; the watchers see it."""
         with self._lock:
-            lead = self._lead
-            in_time = lead is not None and self._clock.monotonic() < lead.trusted_until
-            if result.won and in_time:
-                lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
-                self._set_lead(self._new_lead(term, lease_until, tag is not None))
-                self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
-                return self._next_renew - self._clock.monotonic()
-            if result.won:
-                return self._give_up(term, RevokeReason.EXPIRED)
-            if lease is None and in_time:
-                # Lost to contention, nothing known: retry soon while still trusted.
-                self._next_renew = 0.0
-                return min(self.config.poll_interval, self.trusted_for / 3)
-            if lease is not None and lease.term == term and lease.token == self._token:
-                return self._give_up(term, RevokeReason.EXPIRED)
-            self._held_term = None
-            self._drop_lead(RevokeReason.LOST)
-        return self._follower_wait(lease)
+            if self._lead is not None and self._trusted() is not None:
+                self._lead = lead
+                self._watchers(lead)
+
+    def _drop(self, reason: RevokeReason) -> None:
+        """Stop believing the lead (if any) and let the lock go to a follower now."""
+        with self._lock:
+            lead, self._lead = self._lead, None
+            if lead is not None:
+                self._end_belief(lead, reason)
+        if reason in (RevokeReason.EXPIRED, RevokeReason.LOST):
+            # A resign or stop releases the lock after the resign instead, so the row is
+            # vacant when a follower is granted it.
+            self._want_lock(False)
 
     def _give_up(self, term: int, reason: RevokeReason) -> float:
-        """Stop believing (lock held) and resign the term so the next one is fresh."""
-        self._drop_lead(reason)
-        self._resign_requested = True
+        """Stop believing and resign the term so the next one is fresh."""
+        self._drop(reason)
+        self._resign_pending = True
         return 0.0
 
     def _do_resign(self) -> None:
-        term = self._held_term
+        term = self._held
+        with self._lock:
+            lead, self._lead = self._lead, None
+            if lead is not None and lead.term > self._vetoed and not self._stopping:
+                self._end_belief(lead, RevokeReason.RESIGNED)
         if term is not None:
             try:
                 self._call(self.backend.resign, self.namespace, self._token, term)
             except Exception:
                 log.debug("resign of term %s failed; it will expire", term, exc_info=True)
-        if self._live is not None:
-            self._live.want(False)  # after the resign: a granted follower finds it vacant
-        with self._lock:
-            self._held_term = None
-            self._resign_requested = False
+        self._want_lock(False)  # after the resign: a granted follower finds it vacant
+        self._held = None
+        self._resign_pending = False
         self._resign_done.set()
 
     def _heartbeat(self) -> None:
@@ -688,103 +739,24 @@ class Elector(LivenessRules):
                 self._live.close()
             except Exception:  # the session ends with this process anyway
                 log.exception("closing the liveness session failed")
-            self._live = None
         if self._register:
             with contextlib.suppress(Exception):  # reported by _call
                 self._call(self.backend.unregister, self.namespace, self._token)
         with self._lock:
             self._changed.notify_all()
-        self._dispatch_sleeper.wake()
+        self._announcer.wake()
 
     def _jittered(self, seconds: float, *, up: bool = True) -> float:
         """``seconds`` stretched or shrunk by up to the jitter fraction (only shrunk if not up)."""
         j = self.config.jitter
         return seconds * (1 + random.uniform(-j, j if up else 0))
 
-    # -- the dispatcher thread --------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        while True:
-            with self._lock:
-                items = list(self._events)
-                self._events.clear()
-                lead = self._lead
-                done = (
-                    not items
-                    and self._stopping
-                    and not (self._thread is not None and self._thread.is_alive())
-                )
-            for item, subs in items:
-                self._deliver(item, subs)
-            if done:
-                return
-            if items:
-                continue
-            timeout = None
-            if lead is not None:
-                timeout = lead.trusted_until - self._clock.monotonic()
-                if timeout <= 0:
-                    with self._lock:
-                        # The trust window ended and no renewal came: announce it now,
-                        # even if the election thread is stuck in a database call.
-                        if self._lead is lead:
-                            self._drop_lead(RevokeReason.EXPIRED)
-                    continue
-            if self._stopping:
-                timeout = 0.05 if timeout is None else min(timeout, 0.05)
-            self._dispatch_sleeper.wait(timeout)
-
-    def _deliver(self, item: Transition | BaseException, subs: list[Subscription]) -> None:
-        on_elected, on_revoked, on_error = self._callbacks
-        try:
-            if isinstance(item, BaseException):
-                self._log_error(item)
-                if on_error is not None:
-                    on_error(item)
-                return
-            # One line per change, every field in it, for a log search
-            # ("election leader elected namespace=jobs").
-            reason = item.reason.value if item.reason is not None else "won"
-            log.info(
-                "election leader %s namespace=%s term=%s candidate=%s reason=%s",
-                item.kind,
-                self.namespace,
-                item.term,
-                self.candidate_id,
-                reason,
-            )
-            if item.kind == "elected":
-                if on_elected is not None:
-                    on_elected(item.term)
-            else:
-                assert item.reason is not None
-                if on_revoked is not None:
-                    on_revoked(item.term, item.reason)
-        except Exception:
-            log.exception("an election callback raised; the election goes on")
-        if isinstance(item, Transition):
-            for sub in subs:
-                sub._put(item)
-
-    def _log_error(self, exc: BaseException) -> None:
-        """ERROR at the first failure of a kind, then again every ``_ERROR_REPEAT`` s.
-
-        A worker that could not reach its election database at start said "ready" and
-        logged one line, then ran with nobody leading: the repeat keeps it visible until
-        the database answers (then one INFO line says so).
-        """
-        now = self._clock.monotonic()
-        logged = self._error_logged
-        if logged is not None and logged[0] is type(exc) and now - logged[1] < _ERROR_REPEAT:
-            log.debug("election error (namespace %r): %s", self.namespace, exc)
-            return
-        first = logged[2] if logged is not None and logged[0] is type(exc) else now
-        self._error_logged = (type(exc), now, first)
-        log.error(
-            "election error (namespace %r, %s): %s; this process cannot lead until it "
-            "answers (failing for %.0fs; retrying)",
-            self.namespace,
-            self.backend.description,
-            exc,
-            now - first,
+def _config(config: ElectionConfig | None, timings: Mapping[str, Seconds | None]) -> ElectionConfig:
+    """The timings from ``config`` or keyword arguments (ElectionConfig's fields), not both."""
+    given = {k: v for k, v in timings.items() if v is not None}
+    if config is not None and given:
+        raise ConfigurationError(
+            f"pass either config= or timing arguments, not both: got {sorted(given)}"
         )
+    return config or ElectionConfig.create(**given)

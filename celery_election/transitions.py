@@ -114,11 +114,18 @@ class Subscription:
 
 @dataclass(frozen=True)
 class Lead:
-    """What a leading elector believes: its term and until when it may trust it."""
+    """What a leading elector believes: its term, and what bounds its trust.
+
+    Trust lasts until ``lease_until`` (attempt start + ttl - margin) and, when ``grant``
+    is set, no longer than that liveness grant's proof (``decisions.trust_end``): the
+    row says this term's trust is bound by the lock held under that grant.
+    """
 
     term: int
-    trusted_until: float
-    #: the lease's own bound (attempt start + ttl - margin)
-    lease_until: float = 0.0
-    #: whether the row says this term's trust is bound by the liveness session
-    tagged: bool = False
+    lease_until: float
+    grant: int | None = None
+
+    @property
+    def tagged(self) -> bool:
+        """Whether the term's trust is bound by the liveness lock."""
+        return self.grant is not None

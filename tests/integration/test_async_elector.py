@@ -154,7 +154,11 @@ def test_the_loop_is_never_blocked_while_the_database_stalls(tmp_path: Any) -> N
         stop = asyncio.Event()
         revoked = asyncio.Event()
         ticks = asyncio.ensure_future(ticker(stop))
-        elector = AsyncElector(backend, "stall", "a", on_revoked=lambda *_: revoked.set(), **FAST)
+        # Lease-bound trust (no liveness lock): with the lock, a stall ends trust at the
+        # next missed ping, before any renewal is due, and no renewal would hang here.
+        elector = AsyncElector(
+            backend, "stall", "a", on_revoked=lambda *_: revoked.set(), liveness=False, **FAST
+        )
         # what resign() and the exit of async with wait for, in the executor: each waits
         # on the election thread, which is stuck in a stalled call
         watch(elector.elector, "resign", "Elector.resign")

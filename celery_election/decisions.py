@@ -1,0 +1,246 @@
+"""The election thread's decisions, as pure functions of what it knows and the time.
+
+No I/O, no threads, no clock reads: the Elector (elector.py) reads the clock and the lock,
+makes the call a function chooses, and feeds the answer back. Each function is tested
+from a table (tests/unit/test_decisions.py) and each bound in it is a mutation target
+(harness/mutations.py), so a maintainer can check the protocol here, apart from threads.
+
+The liveness rules (docs/design.md, "Liveness"), with ``delta`` the lock session's
+silence bound:
+
+* Whoever holds the lock pings it every ``delta / 4``. A ping that started at ``p`` and
+  succeeded proves the server will not end the session before ``p + delta``; a leader
+  whose term is tagged with its delta trusts itself until
+  ``min(lease trust, p + delta x 11/12)`` (the 1/12 allows for clock rate error).
+* A grant means the previous holder's session has ended, and with it, at most delta
+  later, the previous leader's trust: so ``waited`` seconds after the grant a follower
+  may take over a term tagged with a delta no longer than ``waited``.
+* The lock comes before the election: the candidate holding the lock elects (its term is
+  tagged from the start, so a leader that dies a moment after its election is replaced
+  delta later, not a lease later); the others wait on the lock, and elect untagged only
+  when a vacancy has lasted ``grace`` (a lock whose holder cannot elect must not stop
+  the election: the lease stays the net).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from .config import ElectionConfig
+from .term import ElectResult, Lease
+from .transitions import Lead
+
+__all__ = [
+    "RATE_ALLOWANCE",
+    "Call",
+    "Next",
+    "Proof",
+    "Seen",
+    "Wait",
+    "after_elect",
+    "after_renew",
+    "extend",
+    "follower_call",
+    "follower_wait",
+    "granted",
+    "trust_end",
+]
+
+#: A ping's proof lasts delta x (1 - this): clocks may run fast by up to 1/12 (chrony).
+RATE_ALLOWANCE = 1 / 12
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What this candidate's liveness lock proves, as one value (the lock thread's only).
+
+    ``grant`` counts the grants seen (0: none yet); ``granted_at`` is the boot-time
+    reading of the current one (None: not held). ``good_until`` is until when the last
+    good ping of that grant proves the session alive, frozen once the grant is lost;
+    ``previous`` is the final bound of the grant before, which a term tagged under that
+    grant keeps until its leader renews under the new one.
+    """
+
+    grant: int = 0
+    granted_at: float | None = None
+    good_until: float = -math.inf
+    previous: float = -math.inf
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is held now (and was pinged since the grant)."""
+        return self.granted_at is not None
+
+
+def granted(proof: Proof, at: float, ping_started: float, delta: float) -> Proof:
+    """The proof after a new grant whose first ping started at ``ping_started``."""
+    return Proof(proof.grant + 1, at, ping_started + delta * (1 - RATE_ALLOWANCE), proof.good_until)
+
+
+def extend(proof: Proof, started: float, done: float, delta: float) -> Proof:
+    """The proof after a good ping (``started`` .. ``done``) of the held grant.
+
+    Only a ping that returns while the last proof still holds extends it: a proof that
+    lapsed stays lapsed, so trust that ended (and was announced ended) never comes back.
+    """
+    if not proof.held or done >= proof.good_until:
+        return proof
+    return Proof(
+        proof.grant,
+        proof.granted_at,
+        max(proof.good_until, started + delta * (1 - RATE_ALLOWANCE)),
+        proof.previous,
+    )
+
+
+def trust_end(lead: Lead, proof: Proof) -> float:
+    """Until when ``lead`` may be believed: its lease's bound, and its lock's if tagged."""
+    if lead.grant is None:
+        return lead.lease_until
+    if proof.grant == lead.grant:
+        bound = proof.good_until
+    elif proof.grant == lead.grant + 1:
+        bound = proof.previous  # re-granted since: the old grant's proof, frozen
+    else:
+        bound = -math.inf
+    return min(lead.lease_until, bound)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a follower knows at ``now``: the row as last read, and its lock."""
+
+    now: float
+    lease: Lease | None
+    token: str
+    #: None when there is no liveness lock (off, or the server cannot hold one)
+    proof: Proof | None
+    #: since when every read of the row has found it vacant (None: not vacant)
+    vacant_since: float | None = None
+
+
+class Call(str, enum.Enum):
+    """What a follower sends when it looks."""
+
+    #: try to take a vacant lease; the row comes back either way
+    ELECT = "elect"
+    #: take the term seen over, ``waited`` seconds after our grant (backend.take_over)
+    TAKE_OVER = "take_over"
+    #: only read the row: the lock's holder elects first
+    LOOK = "look"
+
+
+def _tagged_by_other(lease: Lease | None, token: str) -> bool:
+    return (
+        lease is not None and lease.held and lease.liveness_us is not None and lease.token != token
+    )
+
+
+def follower_call(seen: Seen, grace: float) -> tuple[Call, float]:
+    """The statement a follower sends when it looks, and the seconds waited since its grant."""
+    proof = seen.proof
+    if proof is None:
+        return Call.ELECT, 0.0
+    if proof.granted_at is not None:
+        waited = seen.now - proof.granted_at
+        lease = seen.lease
+        if (
+            _tagged_by_other(lease, seen.token)
+            and lease is not None
+            and lease.liveness_us is not None
+            and waited * 1_000_000 >= lease.liveness_us
+        ):
+            return Call.TAKE_OVER, waited
+        return Call.ELECT, 0.0
+    if seen.vacant_since is not None and seen.now - seen.vacant_since >= grace:
+        return Call.ELECT, 0.0  # the lock's holder had its chance: the lease decides
+    return Call.LOOK, 0.0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A follower's next look: ``wait`` seconds from now unless something wakes it."""
+
+    wait: float
+    #: a wakeup may push the next look back, but never past now + ``look_by``
+    look_by: float
+    #: whether to hold (or queue for) the liveness lock meanwhile
+    want_lock: bool
+
+
+def follower_wait(
+    seen: Seen, config: ElectionConfig, *, healthy: bool, grace: float, spread: float
+) -> Wait:
+    """How long a follower waits after a look, and whether it wants the lock meanwhile.
+
+    ``lease.remaining`` was computed by the database, so no host clock is compared with
+    the lease. ``healthy``: wakeups (NOTIFY) arrive, so a resign wakes us early and the
+    cap is the slow ``fallback_interval``; without them ``poll_interval`` bounds a
+    handoff. ``spread`` in [0, 1) spreads candidates apart (the caller's random number).
+    """
+    lease, proof = seen.lease, seen.proof
+    fallback = config.fallback_interval
+    held = lease is not None and lease.held
+    if proof is not None and _tagged_by_other(lease, seen.token):
+        assert lease is not None and lease.liveness_us is not None
+        if proof.granted_at is not None:  # take it over once its delta has passed
+            wait = max(0.0, proof.granted_at + lease.liveness_us / 1e6 - seen.now) + 0.001
+            return Wait(wait, wait, True)
+        # The grant pokes us (a resign releases the lock); the lease stays the net: a
+        # lock wait can hang on a link that died without a word.
+        wait = min(fallback, lease.remaining + spread * 0.05)
+        return Wait(wait, max(wait, fallback if healthy else 0.0), True)
+    if proof is not None and not held:
+        # Vacant: the lock's holder elects; without a grant, elect once grace has passed.
+        since = seen.now if seen.vacant_since is None else seen.vacant_since
+        if proof.granted_at is not None:
+            wait = config.poll_interval * (1 + config.jitter * (2 * spread - 1))
+        else:
+            wait = max(0.0, since + grace - seen.now)
+        return Wait(wait, wait, True)
+    # No lock, or a leader not bound by it (yet): let that leader have the lock.
+    if not held:
+        wait = config.poll_interval * (1 + config.jitter * (2 * spread - 1))
+    else:
+        assert lease is not None
+        wait = lease.remaining + spread * min(0.05, lease.remaining * 0.01)
+        wait = min(wait, fallback if healthy else config.poll_interval)
+    return Wait(wait, max(wait, fallback if healthy else 0.0), False)
+
+
+class Next(str, enum.Enum):
+    """What the election thread does after an elect, take-over or renew comes back."""
+
+    #: won in time: believe the new trust window
+    LEAD = "lead"
+    #: won too late, or the row says our term ran out: stop believing, resign the term
+    GIVE_UP = "give_up"
+    #: lost to contention and nothing known, still trusted: try again soon
+    RETRY = "retry"
+    #: the row is ours from a term we had given up on: renew it before trusting it
+    RENEW = "renew"
+    #: someone else's lease, or none: follow it (after a renew: leadership was lost)
+    FOLLOW = "follow"
+
+
+def after_elect(result: ElectResult, token: str, *, in_time: bool) -> Next:
+    """After a follower's elect or take-over (``in_time``: its trust would still hold)."""
+    if result.won and result.lease is not None:
+        return Next.LEAD if in_time else Next.GIVE_UP
+    if result.lease is not None and result.lease.held_by(token):
+        return Next.RENEW
+    return Next.FOLLOW
+
+
+def after_renew(result: ElectResult, term: int, token: str, *, in_time: bool) -> Next:
+    """After a leader's renew of ``term`` (``in_time``: its trust held when it returned)."""
+    lease = result.lease
+    if result.won:
+        return Next.LEAD if in_time else Next.GIVE_UP
+    if lease is None:
+        return Next.RETRY if in_time else Next.GIVE_UP
+    if lease.term == term and lease.token == token:
+        return Next.GIVE_UP  # still ours but not renewable: it expired
+    return Next.FOLLOW
