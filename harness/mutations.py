@@ -53,6 +53,10 @@ MEM = "celery_election/backends/memory.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
 SQL_SCHED = "celery_election/backends/sql_schedule.py"
 OPS = "celery_election/beat_ops.py"
+DEC = "celery_election/decisions.py"
+ELECTOR = "celery_election/elector.py"
+RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
+ELECTION = ["tests/unit/test_elector.py", "tests/unit/test_liveness_rules.py"]
 
 MUTATIONS = [
     # -- the lease steps (SQL) ------------------------------------------------------------
@@ -94,6 +98,35 @@ MUTATIONS = [
     M("config-liveness-window", "celery_election/config.py",
       "elif ttl is not None and margin is not None and not delta < ttl - margin:",
       "elif False:", ["tests/unit/test_config.py"]),
+    # -- the elector's decisions (pure) and belief --------------------------------------------
+    M("dec-takeover-waited", DEC, "and waited * 1_000_000 >= lease.liveness_us", "and True", RULES),
+    M("dec-takeover-tagged", DEC, "        and lease.liveness_us is not None\n        and lease.token != token",
+      "        and True\n        and lease.token != token", RULES),
+    M("dec-takeover-token", DEC, "        and lease.token != token\n", "        and True\n", RULES),
+    M("dec-takeover-held", DEC, "        and lease.held\n        and lease.liveness_us", "        and lease.liveness_us", RULES),
+    M("dec-grace", DEC, "seen.now - seen.vacant_since >= grace", "seen.now - seen.vacant_since >= 0", RULES),
+    M("dec-grace-wait", DEC, "wait = max(0.0, since + grace - seen.now)", "wait = 0.0", RULES),
+    M("dec-trust-ping", DEC, "return min(lead.lease_until, bound)", "return lead.lease_until", RULES),
+    M("dec-trust-lease", DEC, "return min(lead.lease_until, bound)", "return bound", RULES),
+    M("dec-trust-regrant", DEC, "bound = proof.previous", "bound = proof.good_until", RULES),
+    M("dec-trust-two-grants", DEC, "        bound = -math.inf\n", "        bound = proof.good_until\n", RULES),
+    M("dec-extend-lapsed", DEC, "if not proof.held or done >= proof.good_until:", "if not proof.held:", RULES),
+    M("dec-extend-lost", DEC, "if not proof.held or done >= proof.good_until:", "if done >= proof.good_until:", RULES),
+    M("dec-rate", DEC, "RATE_ALLOWANCE = 1 / 12", "RATE_ALLOWANCE = 0", RULES),
+    M("dec-elect-late", DEC, "        return Next.LEAD if in_time else Next.GIVE_UP\n    if result.lease is not None",
+      "        return Next.LEAD\n    if result.lease is not None", RULES),
+    M("dec-renew-late", DEC, "        return Next.LEAD if in_time else Next.GIVE_UP\n    if lease is None",
+      "        return Next.LEAD\n    if lease is None", RULES),
+    M("dec-renew-expired", DEC, "return Next.GIVE_UP  # still ours but not renewable: it expired",
+      "return Next.FOLLOW", RULES),
+    M("elector-veto", ELECTOR, "if lead is None or self._stopping or lead.term <= self._vetoed:",
+      "if lead is None or self._stopping:", ELECTION),
+    M("elector-stop-ends-belief", ELECTOR, "if lead is None or self._stopping or lead.term <= self._vetoed:",
+      "if lead is None or lead.term <= self._vetoed:", ELECTION),
+    M("elector-trust-clock", ELECTOR, "if self._clock.monotonic() >= rules.trust_end(lead, self._proof()):",
+      "if False:", ELECTION),
+    M("announce-once", "celery_election/announce.py", "if item.term != self._announced:\n                    return",
+      "if False:\n                    return", ELECTION),
     # -- the beat fence -------------------------------------------------------------------------
     M("beat-claim-was-at", SQL_BEAT, 't.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),',
       'sa.bindparam("p_was_at", type_=sa.BigInteger).is_not(None),', BEAT),

@@ -1,0 +1,192 @@
+"""The election thread's decisions, from tables: what it does given what it knows.
+
+Each row is one situation; the functions are pure (decisions.py), so no thread, clock or
+backend is involved. Every bound here is also a mutation target (harness/mutations.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from celery_election.config import ElectionConfig
+from celery_election.decisions import (
+    RATE_ALLOWANCE,
+    Call,
+    Next,
+    Proof,
+    Seen,
+    after_elect,
+    after_renew,
+    extend,
+    follower_call,
+    follower_wait,
+    granted,
+    trust_end,
+)
+from celery_election.term import ElectResult, Lease
+from celery_election.transitions import Lead
+
+ME, OTHER = "me" * 16, "other" * 6
+NOW = 100.0
+DELTA = 1.0
+CFG = ElectionConfig(ttl=10, jitter=0, liveness=DELTA)  # poll 1, fallback 60
+
+
+def lease(
+    token: str | None = OTHER, term: int = 7, left: float = 6.0, tag: float | None = DELTA
+) -> Lease:
+    """A row read at db time 1e12 us with ``left`` seconds to run (vacant if token None)."""
+    now_us = 10**12
+    return Lease(
+        "ns", term, "x", now_us + round(left * 1e6), now_us, now_us - 4_000_000, None, token,
+        None if tag is None else round(tag * 1e6),
+    )  # fmt: skip
+
+
+HELD = Proof(grant=3, granted_at=NOW - 0.4, good_until=NOW + 0.5)
+WAITING = Proof(grant=3, granted_at=None, good_until=NOW - 5)
+
+
+@pytest.mark.parametrize(
+    ("why", "seen", "expected"),
+    [
+        ("no lock: the lease alone", Seen(NOW, lease(), ME, None), (Call.ELECT, 0.0)),
+        ("granted, tagged leader, delta not yet passed", Seen(NOW, lease(), ME, HELD),
+         (Call.ELECT, 0.0)),
+        ("granted, tagged leader, delta passed", Seen(NOW + 0.6, lease(), ME, HELD),
+         (Call.TAKE_OVER, pytest.approx(1.0))),
+        ("granted exactly delta ago", Seen(NOW + 0.6, lease(tag=1.0), ME, HELD),
+         (Call.TAKE_OVER, pytest.approx(1.0))),
+        ("granted, tag longer than waited", Seen(NOW + 0.6, lease(tag=1.5), ME, HELD),
+         (Call.ELECT, 0.0)),
+        ("granted, untagged leader: never taken over", Seen(NOW + 9, lease(tag=None), ME, HELD),
+         (Call.ELECT, 0.0)),
+        ("granted, our own term", Seen(NOW + 9, lease(token=ME), ME, HELD), (Call.ELECT, 0.0)),
+        ("granted, lease expired", Seen(NOW + 9, lease(left=-1), ME, HELD), (Call.ELECT, 0.0)),
+        ("granted, vacant: elect, tagged", Seen(NOW, lease(token=None), ME, HELD),
+         (Call.ELECT, 0.0)),
+        ("waiting, vacant for less than grace: the holder elects",
+         Seen(NOW, lease(token=None), ME, WAITING, NOW - 0.5), (Call.LOOK, 0.0)),
+        ("waiting, vacant for grace: the lease decides",
+         Seen(NOW, lease(token=None), ME, WAITING, NOW - 1.0), (Call.ELECT, 0.0)),
+        ("waiting, held: only look", Seen(NOW, lease(), ME, WAITING), (Call.LOOK, 0.0)),
+        ("waiting, never read", Seen(NOW, None, ME, WAITING), (Call.LOOK, 0.0)),
+    ],
+)  # fmt: skip
+def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float]) -> None:
+    assert follower_call(seen, grace=DELTA) == expected, why
+
+
+@pytest.mark.parametrize(
+    ("why", "seen", "healthy", "wait", "look_by", "want"),
+    [
+        ("no lock, held: until the lease ends, capped by poll", Seen(NOW, lease(), ME, None),
+         False, 1.0, 1.0, False),
+        ("no lock, held, wakeups: until the lease ends", Seen(NOW, lease(), ME, None),
+         True, 6.0, 60.0, False),
+        ("no lock, vacant: poll", Seen(NOW, lease(token=None), ME, None), False, 1.0, 1.0, False),
+        ("tagged leader, granted: until delta after the grant",
+         Seen(NOW, lease(), ME, HELD), False, pytest.approx(0.601), pytest.approx(0.601), True),
+        ("tagged leader, waiting: on the lock, the lease end as net",
+         Seen(NOW, lease(), ME, WAITING), False, 6.0, 6.0, True),
+        ("tagged leader, waiting, wakeups: look by fallback",
+         Seen(NOW, lease(), ME, WAITING), True, 6.0, 60.0, True),
+        ("untagged leader: let it have the lock", Seen(NOW, lease(tag=None), ME, WAITING),
+         False, 1.0, 1.0, False),
+        ("vacant, waiting: until grace has passed",
+         Seen(NOW, lease(token=None), ME, WAITING, NOW - 0.25), False, 0.75, 0.75, True),
+        ("vacant, granted but lost the elect: poll",
+         Seen(NOW, lease(token=None), ME, HELD, NOW), False, 1.0, 1.0, True),
+        ("never read, waiting: grace from now", Seen(NOW, None, ME, WAITING), False, 1.0, 1.0,
+         True),
+    ],
+)  # fmt: skip
+def test_how_long_a_follower_waits(
+    why: str, seen: Seen, healthy: bool, wait: float, look_by: float, want: bool
+) -> None:
+    got = follower_wait(seen, CFG, healthy=healthy, grace=DELTA, spread=0.0)
+    assert (got.wait, got.look_by, got.want_lock) == (wait, look_by, want), why
+
+
+def test_spread_only_delays_by_a_bounded_amount() -> None:
+    low = follower_wait(Seen(NOW, lease(), ME, WAITING), CFG, healthy=True, grace=1, spread=0)
+    high = follower_wait(Seen(NOW, lease(), ME, WAITING), CFG, healthy=True, grace=1, spread=0.99)
+    assert 0 < high.wait - low.wait <= 0.05
+
+
+@pytest.mark.parametrize(
+    ("why", "result", "in_time", "expected"),
+    [
+        ("won in time", ElectResult(True, lease(token=ME)), True, Next.LEAD),
+        ("won too late", ElectResult(True, lease(token=ME)), False, Next.GIVE_UP),
+        ("won, row unknown", ElectResult(True, None), True, Next.FOLLOW),
+        ("lost, row ours from before", ElectResult(False, lease(token=ME)), True, Next.RENEW),
+        ("lost, row ours but expired", ElectResult(False, lease(token=ME, left=-1)), True,
+         Next.FOLLOW),
+        ("lost to another", ElectResult(False, lease()), True, Next.FOLLOW),
+        ("lost to contention", ElectResult(False, None), True, Next.FOLLOW),
+    ],
+)  # fmt: skip
+def test_after_an_elect(why: str, result: ElectResult, in_time: bool, expected: Next) -> None:
+    assert after_elect(result, ME, in_time=in_time) is expected, why
+
+
+@pytest.mark.parametrize(
+    ("why", "result", "in_time", "expected"),
+    [
+        ("renewed in time", ElectResult(True, lease(token=ME)), True, Next.LEAD),
+        ("renewed after trust ended", ElectResult(True, lease(token=ME)), False, Next.GIVE_UP),
+        ("contention, still trusted", ElectResult(False, None), True, Next.RETRY),
+        ("contention, trust ended", ElectResult(False, None), False, Next.GIVE_UP),
+        ("our term, not renewable: expired", ElectResult(False, lease(token=ME, left=-1)), True,
+         Next.GIVE_UP),
+        ("another term of ours", ElectResult(False, lease(token=ME, term=8)), True, Next.FOLLOW),
+        ("same term, other holder", ElectResult(False, lease(term=7)), True, Next.FOLLOW),
+        ("taken by another", ElectResult(False, lease(term=9)), True, Next.FOLLOW),
+    ],
+)  # fmt: skip
+def test_after_a_renew(why: str, result: ElectResult, in_time: bool, expected: Next) -> None:
+    assert after_renew(result, 7, ME, in_time=in_time) is expected, why
+
+
+@pytest.mark.parametrize(
+    ("why", "lead", "proof", "end"),
+    [
+        ("untagged: the lease", Lead(7, 108.0), HELD, 108.0),
+        ("tagged: the earlier of lease and ping", Lead(7, 108.0, grant=3), HELD, NOW + 0.5),
+        ("tagged, lease earlier", Lead(7, 100.2, grant=3), HELD, 100.2),
+        ("grant lost: the frozen proof", Lead(7, 108.0, grant=3), WAITING, NOW - 5),
+        ("re-granted since: the old grant's final proof", Lead(7, 108.0, grant=2),
+         Proof(3, NOW, NOW + 0.9, previous=NOW + 0.1), NOW + 0.1),
+        ("two grants since: nothing", Lead(7, 108.0, grant=1), HELD, -math.inf),
+        ("tagged before any grant", Lead(7, 108.0, grant=0), Proof(), -math.inf),
+    ],
+)  # fmt: skip
+def test_trust_end(why: str, lead: Lead, proof: Proof, end: float) -> None:
+    assert trust_end(lead, proof) == end, why
+
+
+def test_a_grant_starts_a_new_proof_and_keeps_the_old_ones_end() -> None:
+    after = granted(Proof(2, None, 50.0), at=NOW, ping_started=NOW, delta=DELTA)
+    assert after == Proof(3, NOW, NOW + DELTA * (1 - RATE_ALLOWANCE), previous=50.0)
+
+
+@pytest.mark.parametrize(
+    ("why", "started", "done", "good_until"),
+    [
+        ("a ping back in time extends", NOW + 0.2, NOW + 0.3, NOW + 0.2 + DELTA * 11 / 12),
+        ("a ping back after the proof lapsed: trust stays ended", NOW + 0.2, NOW + 0.5,
+         NOW + 0.5),
+        ("an older ping never shortens", NOW - 1, NOW, NOW + 0.5),
+    ],
+)  # fmt: skip
+def test_a_ping_extends_only_a_proof_that_still_holds(
+    why: str, started: float, done: float, good_until: float
+) -> None:
+    assert extend(HELD, started, done, DELTA).good_until == pytest.approx(good_until), why
+
+
+def test_a_lost_grant_is_never_extended() -> None:
+    assert extend(WAITING, NOW - 6, NOW - 5.5, DELTA) == WAITING
