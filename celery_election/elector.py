@@ -167,6 +167,7 @@ class Elector:
         self._announcer = Announcer(self, (on_elected, on_revoked, on_error))
         # What other threads post to the election thread: (kind, detail).
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
+        self._release: Callable[[], None] | None = getattr(backend, "release_idle", None)
         self._sleeper = self._clock.sleeper()
         # The election thread's own fields (see _reset).
         self._lead: Lead | None = None
@@ -458,6 +459,8 @@ class Elector:
                 wait = self._next_renew - now
             if self._register:
                 wait = min(wait, next_heartbeat - self._clock.monotonic())
+            if self._held is None and wait >= self.config.ttl and self._release is not None:
+                self._release()  # a standby holds no lease connection while it waits
             stats.busy_since = None
             if wait > 0 and not self._inbox and not self._stopping:
                 self._sleeper.wait(wait)
@@ -641,9 +644,6 @@ class Elector:
         self._want_lock(plan.want_lock)
         self._follow_until = now + plan.wait
         self._look_by = now + plan.look_by
-        release = getattr(self.backend, "release_idle", None)
-        if release is not None and plan.wait >= self.config.ttl:
-            release()  # a standby holds no lease connection while it waits
         return plan.wait
 
     def _leader_step(self) -> float:
