@@ -1110,9 +1110,11 @@ def matrix_main(args: argparse.Namespace) -> int:
             t.join(90)
     finally:
         if args.sqlite_path is None:
-            for suffix in ("", "-wal", "-shm", "-journal"):
+            # and the liveness lock files the SQLite backend keeps next to the database
+            locks = [str(p) for p in sqlite_path.parent.glob(f"{sqlite_path.name}.*.lock")]
+            for name in [f"{sqlite_path}{s}" for s in ("", "-wal", "-shm", "-journal")] + locks:
                 with contextlib.suppress(OSError):
-                    os.unlink(f"{sqlite_path}{suffix}")
+                    os.unlink(name)
     results.sort(key=lambda r: configs.index(r["config"]))
     out["results"] = results
     out["interrupted"] = interrupted
@@ -1310,9 +1312,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         log("interrupted: children stopped, tables dropped; writing what was measured")
     finally:
         if args.sqlite_path is None:
-            for suffix in ("", "-wal", "-shm", "-journal"):
+            # and the liveness lock files the SQLite backend keeps next to the database
+            locks = [str(p) for p in sqlite_path.parent.glob(f"{sqlite_path.name}.*.lock")]
+            for name in [f"{sqlite_path}{s}" for s in ("", "-wal", "-shm", "-journal")] + locks:
                 with contextlib.suppress(OSError):
-                    os.unlink(f"{sqlite_path}{suffix}")
+                    os.unlink(name)
     out["interrupted"] = interrupted
     out["seconds"] = round(time.monotonic() - started, 1)
     out["machine"]["loadavg_at_end"] = os.getloadavg()
