@@ -52,7 +52,7 @@ SQL_CALLS = "celery_election/backends/sql_calls.py"
 MEM = "celery_election/backends/memory.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
 SQL_SCHED = "celery_election/backends/sql_schedule.py"
-OPS = "celery_election/beat_ops.py"
+OPS = "celery_election/beat/ops.py"
 
 MUTATIONS = [
     # -- the lease steps (SQL) ------------------------------------------------------------
