@@ -123,7 +123,7 @@ class Announcer:
     def _expiry(self) -> float | None:
         """Seconds until the announced lead's trust ends; announce it if it has."""
         e = self._elector
-        lead = e._lead
+        lead = e._loop.lead
         if lead is None or lead.term != self._announced:
             return None
         left = e._trust_end(lead) - e._clock.monotonic()
@@ -132,7 +132,7 @@ class Announcer:
         with e._lock:
             # The trust window ended and no renewal came: announce it now, even if the
             # election thread is stuck in a database call.
-            ended = e._lead is lead and e._trusted() is None
+            ended = e._loop.lead is lead and e._trusted() is None
             if ended:
                 e._end_belief(lead, RevokeReason.EXPIRED)
         if ended:
