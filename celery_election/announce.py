@@ -46,7 +46,8 @@ class Announcer:
         # Each event goes to the subscriptions that existed when it was posted.
         self._events: collections.deque[tuple[Item, list[Subscription]]] = collections.deque()
         self._subscriptions: list[Subscription] = []
-        self._sleeper = elector._clock.sleeper()
+        #: this thread's wait (a test with a fake clock waits for it to be asleep)
+        self.sleeper = elector._clock.sleeper()
         self._thread: threading.Thread | None = None
         self._closing = False
         # This thread's own: the term announced elected and not yet revoked, and the
@@ -58,7 +59,7 @@ class Announcer:
         """Queue an event (any thread)."""
         with self._lock:
             self._events.append((item, list(self._subscriptions)))
-        self._sleeper.wake()
+        self.sleeper.wake()
 
     def recovered(self) -> None:
         """The database answers again: the next error is logged at once."""
@@ -66,7 +67,7 @@ class Announcer:
 
     def wake(self) -> None:
         """Look again now (a trust window may end earlier than planned)."""
-        self._sleeper.wake()
+        self.sleeper.wake()
 
     def subscribe(self) -> Subscription:
         """A new ordered stream of transitions."""
@@ -89,7 +90,7 @@ class Announcer:
     def stop(self, timeout: float, election: threading.Thread | None) -> None:
         """Deliver what is queued once ``election`` has ended, then close subscriptions."""
         self._closing = True
-        self._sleeper.wake()
+        self.sleeper.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self._lock:
@@ -118,7 +119,7 @@ class Announcer:
             if self._closing:
                 timeout = 0.05 if timeout is None else min(timeout, 0.05)
             if timeout is None or timeout > 0:
-                self._sleeper.wait(timeout)
+                self.sleeper.wait(timeout)
 
     def _expiry(self) -> float | None:
         """Seconds until the announced lead's trust ends; announce it if it has."""

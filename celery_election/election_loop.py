@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import decisions as rules
 from .backends.base import Wakeup, WakeupHandle
-from .clock import boottime
+from .clock import Sleeper, boottime
 from .decisions import Call, Next
 from .term import ElectResult, Lease, trusted_until
 from .transitions import Lead, RevokeReason
@@ -93,6 +93,11 @@ class ElectionLoop:
     @property
     def wakeup(self) -> WakeupHandle | None:
         return self._wakeup
+
+    @property
+    def sleeper(self) -> Sleeper:
+        """The election thread's wait (a test with a fake clock waits for it to be asleep)."""
+        return self._sleeper
 
     def post(self, kind: str, detail: Any) -> None:
         """Hand something to this thread; the only way other threads reach it."""

@@ -58,7 +58,7 @@ from typing import Any
 from . import decisions as rules
 from .announce import Announcer
 from .backends.base import Backend
-from .clock import Clock, RealClock
+from .clock import Clock, RealClock, Sleeper
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .decisions import Proof
 from .election_loop import ElectionLoop
@@ -257,6 +257,10 @@ class Elector:
         if not live.wanted:
             return "idle"
         return "standby" if live.cold else "waiting"
+
+    def sleepers(self) -> list[Sleeper]:
+        """The waits of its election thread and dispatcher (for ``FakeClock.settled``)."""
+        return [self._loop.sleeper, self._announcer.sleeper]
 
     def snapshot(self) -> ElectorSnapshot:
         """A look at the elector for probes and exporters; never takes the lock.
