@@ -6,6 +6,7 @@ timeout) for the events the elector announces, never for a duration.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -174,17 +175,32 @@ def test_crash_failover_waits_for_the_lease_to_end_on_the_database_clock(
     frozen.gate.set()
 
 
-def test_trust_ends_while_the_renewal_hangs(
-    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
-) -> None:
+def elected_alone(
+    electors: list[Elector], mem: MemoryBackend, clock: FakeClock
+) -> tuple[Elector, Subscription, Transition]:
+    """A lone elector that has won, with its subscription and its ``elected``, asleep."""
     e = make(electors, mem, clock)
     sub = e.subscribe()
     e.start()
     elected = next_event(sub)
     assert clock.settled(e.sleepers())
+    return e, sub, elected
+
+
+@contextlib.contextmanager
+def stuck_in_renewal(mem: MemoryBackend, clock: FakeClock) -> Iterator[None]:
+    """The next renewal is stuck in the "database" for the block."""
     with mem.hold():
         clock.advance(RENEW)
-        assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
+        assert mem.wait_for_blocked(1)
+        yield
+
+
+def test_trust_ends_while_the_renewal_hangs(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    e, sub, elected = elected_alone(electors, mem, clock)
+    with stuck_in_renewal(mem, clock):
         clock.advance(TTL - MARGIN - RENEW - 0.001)
         assert e.is_leader  # still inside the window
         clock.advance(0.002)
@@ -203,14 +219,8 @@ def test_resign_and_stop_end_belief_before_the_database_hears_of_it(
 ) -> None:
     """Belief ends when resign() or stop() is called, even with the election thread stuck
     in a renewal: nothing runs as leader while the term is being handed over."""
-    e = make(electors, mem, clock)
-    sub = e.subscribe()
-    e.start()
-    elected = next_event(sub)
-    assert clock.settled(e.sleepers())
-    with mem.hold():
-        clock.advance(RENEW)
-        assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
+    e, sub, elected = elected_alone(electors, mem, clock)
+    with stuck_in_renewal(mem, clock):
         assert e.is_leader
         stopper = threading.Thread(target=getattr(e, how), kwargs={"timeout": WAIT})
         stopper.start()
