@@ -926,14 +926,32 @@ def run_scale_kind(
 
 def run_failover_n(n: int, args: argparse.Namespace, sessions: Sessions) -> dict[str, Any]:
     """celery-election at N: sessions held, then SIGKILL of the (solo) leader's process,
-    --failover-trials times, each on a fresh cluster."""
+    --failover-trials times, each on a fresh cluster (per-candidate backends, or with
+    ``--ce-backend auto`` per-process ones when those do not fit)."""
+    choices = {"elector": [False], "process": [True], "auto": [False, True]}[args.ce_backend]
+    started = time.monotonic()
+    result: dict[str, Any] = {}
+    nofit = ""
+    for shared in choices:
+        result = failover_at(n, args, sessions, shared)
+        if result["status"] != "no fit" or shared is choices[-1]:
+            break
+        nofit = result["failures"][-1]
+        log(f"  per-candidate backends do not fit ({nofit}): one backend per process")
+    if len(choices) > 1 and result["backend"] == "per-process":
+        result["no_fit_per_candidate_backend"] = nofit
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def failover_at(
+    n: int, args: argparse.Namespace, sessions: Sessions, shared: bool
+) -> dict[str, Any]:
     name = "celery-election"
-    shared = args.ce_backend == "process"
     result: dict[str, Any] = {
         "kind": name, "n": n, "status": "ok", "failures": [], "trials": [],
         "backend": "per-process" if shared else "per-candidate",
     }  # fmt: skip
-    started = time.monotonic()
     kind = make_kind(name, args, [])
     try:
         with _events.outcome(result, f"failover N={n}", any_error=True):
@@ -974,6 +992,7 @@ def run_failover_n(n: int, args: argparse.Namespace, sessions: Sessions) -> dict
                         f"({cand} -> {new['cand']}), sessions {samples}"
                     )
                 finally:
+                    result["overlaps"] = result.get("overlaps", []) + cl.overlaps()
                     cl.close()
     finally:
         drop_kind(kind)
@@ -983,7 +1002,6 @@ def run_failover_n(n: int, args: argparse.Namespace, sessions: Sessions) -> dict
     conns = [c for t in result["trials"] for c in t["connections"]]
     result["failover_ms"] = stats(fo)
     result["connections_max"] = max(conns) if conns else None
-    result["seconds"] = round(time.monotonic() - started, 1)
     return result
 
 
@@ -1099,9 +1117,9 @@ def scale_main(args: argparse.Namespace) -> int:
     out["interrupted"] = interrupted
     out["seconds"] = round(time.monotonic() - started, 1)
     out["machine"]["loadavg_at_end"] = os.getloadavg()
-    text = [f"# peers.py --scale ({head}; ttl {args.ttl:g}s, liveness {cfg.liveness}s)", ""]
+    text = [f"# peers.py --scale ({head}; ttl {args.ttl:g}s, liveness {cfg.liveness}s)"]
     if out["steady"]:
-        text.append(scale_table(out["steady"], sessions.fits))
+        text += ["", scale_table(out["steady"], sessions.fits)]
     if out["failover"]:
         text += ["", failover_table(out["failover"], args, sessions.fits)]
     table = "\n".join(text)
