@@ -638,6 +638,9 @@ class Sessions:
         row = self.conn.execute("SELECT current_setting('max_connections')::int").fetchone()
         self.max_connections = int(row[0]) if row else 100
         self.reserve = reserve
+        #: the most sessions per candidate one process brought, by (kind, shared backend):
+        #: how the next process's sessions are foreseen before it starts
+        self.rate: dict[tuple[str, bool], float] = {}
 
     @property
     def fits(self) -> int:
@@ -726,6 +729,16 @@ class ScaleCluster(Cluster):
         """Start one process and wait for all its candidates; stop it at once (NoFit) if the
         run's sessions outgrow the room left on the server."""
         before = self.sessions.sample(self.pids())
+        key = (self.kind.name, self.shared)
+        foreseen = before["ours"] + threads * self.sessions.rate.get(key, 0.0)
+        if foreseen > self.sessions.room(before):
+            raise NoFit(
+                f"{before['ours']} sessions with {len(self.cands)} candidates started, "
+                f"{threads} more would bring about {foreseen:.0f} (room "
+                f"{self.sessions.room(before)}: max_connections {self.sessions.max_connections}"
+                f" - reserve {self.sessions.reserve} - {before['others']} of other users - "
+                f"{before['admin']} of this run)"
+            )
         proc = self.spawn_threads(threads)
         ready = 0
         timeout = 30 + self.kind.cycle * 2 + threads * self.kind.args.stagger
@@ -756,6 +769,10 @@ class ScaleCluster(Cluster):
                 raise BenchError(f"{errors[0]['cand']}: {errors[0]['error']}")
             if not proc.alive:
                 raise BenchError(f"{proc.name} exited with {proc.popen.returncode}")
+        self.pump(0.5)  # the last candidates' sessions (a LISTEN after the first look)
+        s = self.sessions.sample(self.pids())
+        rate = (s["ours"] - before["ours"]) / threads
+        self.sessions.rate[key] = max(self.sessions.rate.get(key, 0.0), rate)
         return proc
 
 
