@@ -771,8 +771,11 @@ class ScaleCluster(Cluster):
                 raise BenchError(f"{proc.name} exited with {proc.popen.returncode}")
         self.pump(0.5)  # the last candidates' sessions (a LISTEN after the first look)
         s = self.sessions.sample(self.pids())
-        rate = (s["ours"] - before["ours"]) / threads
-        self.sessions.rate[key] = max(self.sessions.rate.get(key, 0.0), rate)
+        # A process of a few candidates on one backend says little of a large one's
+        # sessions per candidate (its LISTEN and pool are shared by fewer).
+        if threads >= 5 or not self.shared:
+            rate = (s["ours"] - before["ours"]) / threads
+            self.sessions.rate[key] = max(self.sessions.rate.get(key, 0.0), rate)
         return proc
 
 
