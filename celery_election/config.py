@@ -100,6 +100,10 @@ class ElectionConfig:
         its last good ping. Default min(1, (ttl - safety_margin) / 4), off when that is
         under 0.2 (measured: benchmarks/RESULTS.md); at least 0.2 and less than the trust
         window (ttl - safety_margin).
+    standbys: with liveness, how many followers wait on the lock (hot standbys, one
+        connection each); the others hold no connection and try for a standby slot about
+        once per ttl, so a server's connections bound the leader's hot standbys, not the
+        number of candidates. 0: every follower waits on the lock. Default 2.
     """
 
     ttl: float = 10.0
@@ -112,6 +116,7 @@ class ElectionConfig:
     candidate_ttl: float = _UNSET
     fallback_interval: float = _UNSET
     liveness: float | None = _UNSET
+    standbys: int = 2
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -150,6 +155,12 @@ class ElectionConfig:
             liveness: float | None = default if default >= MIN_LIVENESS else None
         else:
             liveness = _liveness(given["liveness"], ttl_s, margin, problems)
+        standbys = given["standbys"]
+        if isinstance(standbys, bool) or not isinstance(standbys, int) or standbys < 0:
+            problems.append(
+                f"standbys (election_standbys) must be a whole number >= 0 (0: every follower "
+                f"waits on the lock): got {standbys!r}"
+            )
         if problems:
             raise ConfigurationError(problems)
         for name, value in values.items():

@@ -119,6 +119,8 @@ class Seen:
     proof: Proof | None
     #: since when every read of the row has found it vacant (None: not vacant)
     vacant_since: float | None = None
+    #: no standby slot was free: this follower does not wait on the lock (no connection)
+    cold: bool = False
 
 
 class Call(str, enum.Enum):
@@ -188,8 +190,13 @@ def follower_wait(
         if proof.granted_at is not None:  # take it over once its delta has passed
             wait = max(0.0, proof.granted_at + lease.liveness_us / 1e6 - seen.now) + 0.001
             return Wait(wait, wait, True)
+        if seen.cold:
+            # Its lock thread tries for a standby slot about once per ttl, and a slot
+            # leads to the lock at once if nobody holds it: that is its look.
+            return Wait(fallback, fallback, True)
         # The grant pokes us (a resign releases the lock); the lease stays the net: a
-        # lock wait can hang on a link that died without a word.
+        # lock wait can hang on a link that died without a word, and a stopped process
+        # keeps a file lock.
         wait = min(fallback, lease.remaining + spread * 0.05)
         return Wait(wait, max(wait, fallback if healthy else 0.0), True)
     if proof is not None and not held:

@@ -265,17 +265,20 @@ class Elector:
 
     @property
     def liveness(self) -> str:
-        """The liveness lock: "off", "holding" it, "waiting" for it, or "idle".
+        """The liveness lock: "off", "holding" it, "waiting" for it, "standby", or "idle".
 
-        Idle: on, but nobody's trust is bound by the lock now (no leader, or one that
-        has not taken the lock yet), so this candidate neither holds nor waits.
+        Standby: it would wait, but the standby slots are taken (``standbys``): it holds
+        no connection and tries again about once per ttl. Idle: on, but nobody's trust is
+        bound by the lock now (no leader, or one not bound by it), so it does not wait.
         """
         live = self._live
         if live is None or live.unsupported:
             return "off"
         if live.held:
             return "holding"
-        return "waiting" if live.wanted else "idle"
+        if not live.wanted:
+            return "idle"
+        return "standby" if live.cold else "waiting"
 
     def snapshot(self) -> ElectorSnapshot:
         """A look at the elector for probes and exporters; never takes the lock.
@@ -332,17 +335,11 @@ class Elector:
             self._token = self._token if self._thread is None else uuid.uuid4().hex
         self._reset()
         self._inbox.clear()
-        self._wakeup = self.backend.subscribe_wakeups(
-            self.namespace, lambda w: self._post_in("wakeup", w)
-        )
         self._live = start_liveness(
-            self.backend,
-            self.namespace,
-            self.config.liveness,
-            self.config.fallback_interval,
-            self._clock,
-            self._on_lock,
+            self.backend, self.namespace, self.config, self._clock, self._on_lock
         )
+        if self._live is None:  # else the lock is the wake-up: no LISTEN connection
+            self._subscribe()
         self._thread = threading.Thread(
             target=self._run, name=f"celery-election-{self.namespace}", daemon=True
         )
@@ -476,17 +473,29 @@ class Elector:
                 self._backoff_until = self._clock.monotonic() + self.config.resign_backoff
             elif kind == "wakeup":
                 self._on_wakeup(detail)
-            elif detail == "renewed":  # a good ping: the watchers see the longer trust
-                with self._lock:
-                    lead = self._trusted()
-                    if lead is not None and lead.tagged:
-                        self._watchers(lead)
-            elif self._held is not None:
-                # granted: renew now to tag the term; lost: renew untagged now, before
-                # the ping trust runs out; unsupported: the lease alone from now on.
-                self._next_renew = 0.0
-            elif detail in ("granted", "unsupported"):
-                self._follow_until = 0.0  # a grant: look now (elect, or take over)
+            else:
+                self._on_lock_news(detail)
+
+    def _on_lock_news(self, kind: str) -> None:
+        if kind == "renewed":  # a good ping: the watchers see the longer trust
+            with self._lock:
+                lead = self._trusted()
+                if lead is not None and lead.tagged:
+                    self._watchers(lead)
+            return
+        if kind == "unsupported" and self._wakeup is None:
+            self._subscribe()  # no lock to wake us: wakeups (LISTEN) instead
+        if self._held is not None:
+            # granted: renew now to tag the term; lost: renew untagged now, before the
+            # ping trust runs out; unsupported: the lease alone from now on.
+            self._next_renew = 0.0
+        elif kind in ("granted", "unsupported", "hot"):
+            self._follow_until = 0.0  # look now (elect, take over, or plan the wait anew)
+
+    def _subscribe(self) -> None:
+        self._wakeup = self.backend.subscribe_wakeups(
+            self.namespace, lambda w: self._post_in("wakeup", w)
+        )
 
     def _on_wakeup(self, wakeup: Wakeup) -> None:
         """A hint from the backend. Only ever changes *when* we look."""
@@ -534,8 +543,10 @@ class Elector:
 
     def _seen(self, now: float) -> rules.Seen:
         live = self._live
-        proof = None if live is None or live.unsupported else live.proof
-        return rules.Seen(now, self._last_lease, self._token, proof, self._vacant_since)
+        if live is None or live.unsupported:
+            return rules.Seen(now, self._last_lease, self._token, None, self._vacant_since)
+        cold = live.cold and not live.proof.held
+        return rules.Seen(now, self._last_lease, self._token, live.proof, self._vacant_since, cold)
 
     def _read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:
         """Remember the row a step returned (a look's None: the namespace has no row)."""
@@ -630,6 +641,9 @@ class Elector:
         self._want_lock(plan.want_lock)
         self._follow_until = now + plan.wait
         self._look_by = now + plan.look_by
+        release = getattr(self.backend, "release_idle", None)
+        if release is not None and plan.wait >= self.config.ttl:
+            release()  # a standby holds no lease connection while it waits
         return plan.wait
 
     def _leader_step(self) -> float:

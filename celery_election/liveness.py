@@ -10,12 +10,14 @@ the rules run on the fake clock too, and is interruptible so ``stop()`` is promp
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
 
 from .backends.base import Backend
 from .backends.sessions import LivenessSession, LivenessUnsupported
 from .clock import Clock
+from .config import ElectionConfig
 from .decisions import Proof, extend, granted
 from .errors import BackendUnavailableError
 
@@ -28,7 +30,12 @@ class Liveness:
     """Holds one namespace's liveness lock while ``want(True)``; pings while held.
 
     ``on_change(kind)`` is called from this thread with "granted", "lost", "renewed" (a
-    good ping) or "unsupported"; it must be quick and only post (it runs on this thread).
+    good ping), "hot" (a standby slot taken after a cold spell) or "unsupported"; it must
+    be quick and only post (it runs on this thread).
+
+    With ``standbys`` > 0 it waits on the lock only while it holds one of that many
+    standby slots (a hot standby); without one it is cold: it holds no connection and
+    tries for a slot again every ``cold_wait`` seconds (jittered).
     """
 
     def __init__(
@@ -39,8 +46,15 @@ class Liveness:
         clock: Clock,
         on_change: Callable[[str], None],
         name: str,
+        *,
+        standbys: int = 0,
+        cold_wait: float = 10.0,
     ) -> None:
         self.session = session
+        self.standbys = standbys
+        self.cold_wait = cold_wait
+        #: wanted, but no standby slot was free at the last try: no connection held
+        self.cold = False
         self.delta = delta
         self.ping_interval = delta / 4
         self.max_wait = max_wait
@@ -104,6 +118,8 @@ class Liveness:
                 elif wanted and not self.unsupported:
                     self._acquire()
                 else:
+                    self.cold = False
+                    self.session.release()  # a standby slot goes to another candidate
                     self._sleeper.wait(None)
             except Exception:  # never kill the thread; the lease still protects
                 log.exception("liveness thread error; retrying")
@@ -118,6 +134,13 @@ class Liveness:
                 return
             self._acquiring = True
         try:
+            if self.standbys:
+                if not self.session.claim_slot(self.standbys):
+                    self._go_cold()
+                    return
+                if self.cold:
+                    self.cold = False
+                    self._on_change("hot")
             got = self.session.acquire(self.max_wait)
         except InterruptedError:
             return
@@ -149,6 +172,12 @@ class Liveness:
         self.proof = granted(self.proof, at, started, self.delta)
         self._on_change("granted")
 
+    def _go_cold(self) -> None:
+        """Every standby slot is taken: hold no connection until the next try."""
+        self.session.release()
+        self.cold = True
+        self._sleeper.wait(self.cold_wait * random.uniform(0.9, 1.1))
+
     def _ping(self) -> None:
         started = self._clock.monotonic()
         try:
@@ -177,13 +206,13 @@ class Liveness:
 def start_liveness(
     backend: Backend,
     namespace: str,
-    delta: float | None,
-    max_wait: float,
+    config: ElectionConfig,
     clock: Clock,
     on_change: Callable[[str], None],
 ) -> Liveness | None:
-    """The lock thread, if ``delta`` is set and the backend can hold a session."""
+    """The lock thread, if liveness is on and the backend can hold a session."""
     make = getattr(backend, "liveness_session", None)
+    delta, max_wait = config.liveness, config.fallback_interval
     if delta is None or make is None:
         return None
     try:
@@ -194,5 +223,12 @@ def start_liveness(
     if session is None:
         return None
     return Liveness(
-        session, delta, max_wait, clock, on_change, f"celery-election-liveness-{namespace}"
+        session,
+        delta,
+        max_wait,
+        clock,
+        on_change,
+        f"celery-election-liveness-{namespace}",
+        standbys=config.standbys,
+        cold_wait=config.ttl,
     )

@@ -81,6 +81,11 @@ _TIMINGS: dict[str, tuple[str, str]] = {
         "liveness session delta (`False`: off): failover about delta after a crash, "
         "2 delta after a pause or cut link",
     ),
+    "standbys": (
+        "2",
+        "with liveness, followers that wait on the lock (one connection each); the "
+        "others hold none and look about once per ttl",
+    ),
 }
 
 #: Every setting, in the README's order.

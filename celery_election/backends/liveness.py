@@ -34,6 +34,7 @@ import hashlib
 import logging
 import math
 import os
+import random
 import threading
 import time
 import weakref
@@ -68,6 +69,15 @@ def lock_key(table_prefix: str, namespace: str) -> bytes:
     return hashlib.sha1(f"celery_election:{table_prefix}:{namespace}".encode()).digest()
 
 
+#: Standby slots a session can name (``standbys`` is validated against it).
+MAX_SLOTS = 64
+
+
+def slot_key(key: bytes, slot: int) -> bytes:
+    """Standby slot ``slot``'s identity, derived from the lock's."""
+    return hashlib.sha1(b"slot:%d:" % slot + key).digest()
+
+
 _TIMED_OUT = object()
 
 
@@ -85,12 +95,34 @@ class _DBSession:
         self.description = description
         self._conn: Any = None
         self._held = False
+        self._slot: int | None = None  # the standby slot held, if any
         self._interrupted = False
         self._mutex = threading.Lock()
 
     @property
     def held(self) -> bool:
         return self._held
+
+    def claim_slot(self, count: int) -> bool:
+        with self._mutex:
+            if self._slot is None:
+                for slot in random.sample(range(count), count):
+                    if self._try_slot(slot):
+                        self._slot = slot
+                        break
+            return self._slot is not None
+
+    def _try_slot(self, slot: int) -> bool:
+        raise NotImplementedError
+
+    def _free_slot(self) -> None:
+        """After a grant: the slot goes to another candidate (the session keeps the lock)."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            self._unlock_slot(slot)
+
+    def _unlock_slot(self, slot: int) -> None:
+        raise NotImplementedError
 
     def _connection(self) -> Any:
         if self._conn is None:
@@ -144,6 +176,7 @@ class _DBSession:
 
     def _drop(self) -> None:
         self._held = False
+        self._slot = None  # the server frees a closed session's locks
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -234,8 +267,19 @@ class PostgresSession(_DBSession):
     def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
         super().__init__(connect, delta, description)
         self.key = int.from_bytes(key[:8], "big", signed=True)
+        self._slot_keys = [
+            int.from_bytes(slot_key(key, slot)[:8], "big", signed=True) for slot in range(MAX_SLOTS)
+        ]
+        self._lock_timeout: int | None = None  # as set on this connection
+
+    def _try_slot(self, slot: int) -> bool:
+        return bool(self._execute("SELECT pg_try_advisory_lock(%s)", (self._slot_keys[slot],)))
+
+    def _unlock_slot(self, slot: int) -> None:
+        self._execute("SELECT pg_advisory_unlock(%s)", (self._slot_keys[slot],))
 
     def _setup(self, conn: Any) -> None:
+        self._lock_timeout = None
         conn.autocommit = True  # idle in a transaction is a different timeout
         if not sessions_pinned(conn, self._connect, self.description):
             raise PooledSessions(
@@ -252,9 +296,14 @@ class PostgresSession(_DBSession):
 
     def acquire(self, timeout: float) -> bool:
         with self._mutex:
-            self._execute(f"SET lock_timeout = {max(1, math.ceil(timeout * 1000))}")
+            millis = max(1, math.ceil(timeout * 1000))
+            if self._lock_timeout != millis:  # once per connection: a waiting standby
+                self._execute(f"SET lock_timeout = {millis}")  # sends nothing else
+                self._lock_timeout = millis
             got = self._execute("SELECT pg_advisory_lock(%s)", (self.key,), wait=True)
             self._held = got is not _TIMED_OUT
+            if self._held:
+                self._free_slot()
             return self._held
 
 
@@ -264,6 +313,15 @@ class MySQLSession(_DBSession):
     def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
         super().__init__(connect, delta, description)
         self.name = "celery_election:" + key.hex()[:40]  # GET_LOCK names: 64 characters
+        self._slot_names = [
+            "celery_election:" + slot_key(key, n).hex()[:40] for n in range(MAX_SLOTS)
+        ]
+
+    def _try_slot(self, slot: int) -> bool:
+        return bool(self._execute("SELECT GET_LOCK(%s, 0)", (self._slot_names[slot],)) == 1)
+
+    def _unlock_slot(self, slot: int) -> None:
+        self._execute("SELECT RELEASE_LOCK(%s)", (self._slot_names[slot],))
 
     def _setup(self, conn: Any) -> None:
         conn.autocommit(True)
@@ -277,6 +335,8 @@ class MySQLSession(_DBSession):
         with self._mutex:
             got = self._execute("SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))))
             self._held = got == 1
+            if self._held:
+                self._free_slot()
             return self._held
 
 
@@ -287,11 +347,12 @@ _FILES: weakref.WeakSet[FileSession] = weakref.WeakSet()
 
 def _forget_in_child() -> None:
     for session in list(_FILES):
-        if session._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(session._fd)
-            session._fd = None
-            session._held = False
+        for fd in (session._fd, session._slot_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        session._fd = session._slot_fd = None
+        session._held = False
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -310,6 +371,7 @@ class FileSession:
         self.path = path
         self.delta = delta
         self._fd: int | None = None
+        self._slot_fd: int | None = None
         self._held = False
         self._wake = threading.Event()
         _FILES.add(self)
@@ -318,19 +380,46 @@ class FileSession:
     def held(self) -> bool:
         return self._held
 
+    def _slot_path(self, slot: int) -> Path:
+        name = self.path.name.removesuffix(".lock")
+        return self.path.with_name(f"{name}.slot{slot}.lock")
+
+    def claim_slot(self, count: int) -> bool:
+        for slot in random.sample(range(count), count):
+            if self._slot_fd is not None:
+                break
+            fd = self._open(self._slot_path(slot))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self._slot_fd = fd
+        return self._slot_fd is not None
+
+    def _free_slot(self) -> None:
+        fd, self._slot_fd = self._slot_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor drops its lock
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise BackendUnavailableError(
+                f"cannot open the liveness lock file {path}: {exc}"
+            ) from exc
+
     def acquire(self, timeout: float) -> bool:
         if self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise BackendUnavailableError(
-                    f"cannot open the liveness lock file {self.path}: {exc}"
-                ) from exc
+            self._fd = self._open(self.path)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self._held = True
+                self._free_slot()
                 return True
             except BlockingIOError:
                 pass
@@ -348,6 +437,7 @@ class FileSession:
             raise BackendUnavailableError(f"liveness lock file {self.path} is not held")
 
     def release(self) -> None:
+        self._free_slot()
         if self._held and self._fd is not None:
             self._held = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -358,6 +448,7 @@ class FileSession:
     def close(self) -> None:
         self.interrupt()
         self._held = False
+        self._free_slot()
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor drops the lock

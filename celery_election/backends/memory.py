@@ -8,6 +8,7 @@ elector must survive: a call that hangs and a database that errors.
 from __future__ import annotations
 
 import functools
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -432,6 +433,8 @@ class _Locks:
         self.clock = clock
         self.cond = threading.Condition()
         self._holders: dict[str, MemorySession] = {}
+        #: standby slots: held until released (a waiting session is not silent)
+        self.slots: dict[str, MemorySession] = {}
 
     def holder(self, namespace: str) -> MemorySession | None:
         """The live holder (cond held); a holder silent for its delta loses the lock."""
@@ -473,6 +476,23 @@ class MemorySession:
         self.last_seen = 0.0
         self.lost = True
         self._interrupted = False
+        self._slot: str | None = None
+
+    def claim_slot(self, count: int) -> bool:
+        with self._locks.cond:
+            for n in random.sample(range(count), count):
+                if self._slot is not None:
+                    break
+                name = f"{self.namespace}\0slot{n}"
+                if self._locks.slots.setdefault(name, self) is self:
+                    self._slot = name
+            return self._slot is not None
+
+    def _free_slot(self) -> None:
+        """(cond held) Let another session have the slot."""
+        name, self._slot = self._slot, None
+        if name is not None and self._locks.slots.get(name) is self:
+            del self._locks.slots[name]
 
     @property
     def held(self) -> bool:
@@ -491,6 +511,7 @@ class MemorySession:
                     return False
                 # also wakes to notice a holder gone silent (the server's idle timeout)
                 self._locks.cond.wait(min(left, 0.01))
+            self._free_slot()
             return True
 
     def ping(self) -> None:
@@ -503,6 +524,7 @@ class MemorySession:
     def release(self) -> None:
         with self._locks.cond:
             self.lost = True
+            self._free_slot()
             self._locks.drop(self.namespace, self)
 
     def interrupt(self) -> None:

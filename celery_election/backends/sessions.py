@@ -24,6 +24,13 @@ class LivenessSession(Protocol):
     def held(self) -> bool:
         """Whether this session holds the lock (as far as it knows)."""
 
+    def claim_slot(self, count: int) -> bool:
+        """Hold one of ``count`` standby slots, without waiting; True if one is held.
+
+        Only a slot's holder waits on the lock (a hot standby); a grant frees the slot
+        for another candidate. Raises BackendUnavailableError as ``acquire`` does.
+        """
+
     def acquire(self, timeout: float) -> bool:
         """Block until the lock is held (True) or ``timeout`` seconds pass (False).
 

@@ -547,6 +547,16 @@ class SQLBackend(SQLCalls):
         """Plain SQL has no notifications: followers poll."""
         return None
 
+    def release_idle(self) -> None:
+        """Close the pooled connections nobody is using: a waiting follower holds none.
+
+        Called by an elector about to wait long (a standby); the next call reconnects.
+        A connection in use elsewhere (beat, the schedule) is left alone.
+        """
+        pool = self.engine.pool
+        if not self._closed and pool.checkedout() == 0 and pool.checkedin() > 0:  # type: ignore[attr-defined]
+            self.engine.dispose(close=True)
+
     def close(self) -> None:
         """Dispose of the private engine (idempotent)."""
         if not self._closed:

@@ -93,6 +93,8 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
          Seen(NOW, lease(), ME, WAITING), False, 6.0, 6.0, True),
         ("tagged leader, waiting, wakeups: look by fallback",
          Seen(NOW, lease(), ME, WAITING), True, 6.0, 60.0, True),
+        ("tagged leader, cold standby: its slot tries are its looks",
+         Seen(NOW, lease(), ME, WAITING, cold=True), False, 60.0, 60.0, True),
         ("untagged leader: let it have the lock", Seen(NOW, lease(tag=None), ME, WAITING),
          False, 1.0, 1.0, False),
         ("vacant, waiting: until grace has passed",

@@ -195,6 +195,32 @@ def test_trust_ends_while_the_renewal_hangs(
     assert mem.current("ns").term == ev.term
 
 
+@pytest.mark.parametrize("how", ["resign", "stop"])
+def test_resign_and_stop_end_belief_before_the_database_hears_of_it(
+    how: str, mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    """Belief ends when resign() or stop() is called, even with the election thread stuck
+    in a renewal: nothing runs as leader while the term is being handed over."""
+    e = make(electors, mem, clock)
+    sub = e.subscribe()
+    e.start()
+    elected = next_event(sub)
+    assert clock.settle(2)
+    with mem.hold():
+        clock.advance(RENEW)
+        assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
+        assert e.is_leader
+        stopper = threading.Thread(target=getattr(e, how), kwargs={"timeout": WAIT})
+        stopper.start()
+        ev = next_event(sub)
+        reason = RevokeReason.RESIGNED if how == "resign" else RevokeReason.STOPPED
+        assert (ev.kind, ev.term, ev.reason) == ("revoked", elected.term, reason)
+        assert not e.is_leader and e.term is None and e.trusted_until is None
+        assert mem.calls.get("resign", 0) == 0  # the database has not heard of it yet
+    stopper.join(WAIT)
+    assert sub.get(timeout=0.05) is None  # announced once
+
+
 def test_a_win_that_returns_after_its_trust_window_is_not_trusted(
     mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
 ) -> None:
