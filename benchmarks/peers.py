@@ -819,6 +819,7 @@ def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[
             continue
         per_name[name] = {
             "stmts_per_s": (b["stmts"] - a["stmts"]) / dt,
+            "connects_per_s": (b["connections"] - a["connections"]) / dt,
             "notifications_per_s": (b["notifications"] - a["notifications"]) / dt,
             "verbs_per_s": {
                 k: round((v - a["verbs"].get(k, 0)) / dt, 3)
@@ -859,6 +860,7 @@ def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[
         if cl.shared or not follower_rates
         else max(follower_rates),
         "verbs_per_s": verbs,
+        "connects_per_s": sum(r["connects_per_s"] for r in per_name.values()) if per_name else None,
         "notifications_per_s": sum(r["notifications_per_s"] for r in per_name.values())
         if per_name
         else None,
@@ -979,11 +981,11 @@ def failover_at(
                 cl = start_scaled(kind, f"f{n}x{i}", n, args, None, sessions, shared, True)
                 try:
                     result["processes"] = len(cl.procs)
-                    cl.pump(args.settle)
-                    samples = []
-                    for _ in range(3):
-                        samples.append(cl.sessions.sample(cl.pids())["ours"])
+                    samples = []  # every second of the settling time
+                    settled = time.monotonic() + args.settle
+                    while time.monotonic() < settled:
                         cl.pump(1.0)
+                        samples.append(cl.sessions.sample(cl.pids())["ours"])
                     proc, cand = cl.one_leader()
                     cl.pump(random.uniform(0.05, 1.0))
                     proc, cand = cl.one_leader()
@@ -1028,10 +1030,10 @@ def failover_at(
 def scale_table(rows: list[dict[str, Any]], fits: int) -> str:
     head = (
         "| kind | N | processes | backend | connections mean / max | per candidate | "
-        "stmts/s total | leader | per follower (mean / max) | client CPU % per candidate | "
-        "server CPU % per candidate |"
+        "stmts/s total | leader | per follower (mean / max) | new sessions/s | "
+        "client CPU % per candidate | server CPU % per candidate |"
     )
-    lines = [head, "|" + " --- |" * 11]
+    lines = [head, "|" + " --- |" * 12]
 
     def f(x: float | None, d: int = 2) -> str:
         return "-" if x is None else f"{x:.{d}f}"
@@ -1052,7 +1054,7 @@ def scale_table(rows: list[dict[str, Any]], fits: int) -> str:
             f"| {r['kind']} | {n} | {r['processes']} | {r['backend']} | "
             f"{w['connections_mean']:.1f} / {w['connections_max']} | "
             f"{w['connections_mean'] / n:.2f} | {f(w['stmts_per_s_total'])} | "
-            f"{f(w['stmts_per_s_leader'])} | {per_f} | "
+            f"{f(w['stmts_per_s_leader'])} | {per_f} | {f(w.get('connects_per_s'))} | "
             f"{f(w['client_cpu_pct_per_candidate'], 3)} | "
             f"{f(w['server_cpu_pct_per_candidate'], 3)} |"
         )
@@ -1111,6 +1113,7 @@ def scale_main(args: argparse.Namespace) -> int:
         "settings": {
             "electors": kinds, "scale": ns_list, "max_n": max_ns, "procs": args.procs,
             "ttl": args.ttl, "liveness": cfg.liveness, "settle": args.settle,
+            "standbys": getattr(cfg, "standbys", None),
             "scale_seconds": args.scale_seconds, "stagger": args.stagger,
             "ce_backend": args.ce_backend, "failover_trials": args.failover_trials,
             "reserve": args.reserve, "max_connections": sessions.max_connections,
@@ -1170,10 +1173,13 @@ they start, the sessions are sampled every 0.25 s and a process is SIGKILLed (th
 reported "no fit") once they pass min(max_connections - reserve, max_connections - reserve
 - other users' sessions - the parent's).
 --max-n N1,..: celery-election only, directly (no proxy): a first candidate alone in its
-process leads, then N - 1 others start in --procs - 1 processes; after --settle s the
-sessions are sampled 3 times, the leader's process is SIGKILLed and the failover is the
-next `elected` Transition.at (CLOCK_BOOTTIME) of another candidate minus the kill time.
---failover-trials fresh clusters per N.
+process leads, then N - 1 others start in --procs - 1 processes; the sessions are sampled
+every second of --settle s, then at a random point of a second the leader's process is
+SIGKILLed and the failover is the next `elected` Transition.at (CLOCK_BOOTTIME) of another
+candidate minus the kill time. --failover-trials fresh clusters per N. Before each process
+starts, its sessions are foreseen from the most sessions per candidate a process brought so
+far; it is not started when they would not fit (a process of under 5 candidates on one
+backend does not count). The wire proxy also counts the sessions opened (new sessions/s).
 """
 
 
