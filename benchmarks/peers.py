@@ -622,6 +622,29 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu_seconds(postmaster: int | None) -> float | None:
+    """CPU time of the whole server so far: the postmaster, its live children and the
+    children it has reaped (cutime + cstime), so short-lived sessions count too."""
+    if postmaster is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    total = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(f[1]) == postmaster:
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
 class Sessions:
     """Server sessions of a run's processes, counted in pg_stat_activity.
 
@@ -638,6 +661,12 @@ class Sessions:
         row = self.conn.execute("SELECT current_setting('max_connections')::int").fetchone()
         self.max_connections = int(row[0]) if row else 100
         self.reserve = reserve
+        #: the server's postmaster, if it runs on this machine (/proc shows it)
+        self.postmaster: int | None = None
+        row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        with contextlib.suppress(OSError, TypeError, IndexError):
+            stat = Path(f"/proc/{row[0] if row else 0}/stat").read_text()
+            self.postmaster = int(stat.rsplit(")", 1)[1].split()[1])
         #: the most sessions per candidate one process brought, by (kind, shared backend):
         #: how the next process's sessions are foreseen before it starts
         self.rate: dict[tuple[str, bool], float] = {}
@@ -794,6 +823,7 @@ def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[
     server_pids = first["backend_pids"]
     cpu0 = {p: cpu_seconds(p) for p in pids + server_pids}
     snap0 = proxy.snapshot() if proxy is not None else {}
+    whole0 = server_cpu_seconds(cl.sessions.postmaster)
     t0 = time.monotonic()
     samples = [first]
     n_samples = max(3, int(seconds // 5))
@@ -803,6 +833,7 @@ def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[
     t1 = time.monotonic()
     snap1 = proxy.snapshot() if proxy is not None else {}
     cpu1 = {p: cpu_seconds(p) for p in cpu0}
+    whole1 = server_cpu_seconds(cl.sessions.postmaster)
     cl.drain()
     dt = t1 - t0
     changed = sorted({e["cand"] for e in cl.events[mark:] if e["event"] in ("elected", "revoked")})
@@ -866,6 +897,10 @@ def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[
         else None,
         "client_cpu_pct_per_candidate": cpu_pct(pids),
         "server_cpu_pct_per_candidate": cpu_pct(server_pids),
+        # every session of the server, other users' too, and the short-lived ones
+        "whole_server_cpu_pct": None
+        if whole0 is None or whole1 is None
+        else 100.0 * (whole1 - whole0) / dt,
     }
 
 
@@ -1059,6 +1094,14 @@ def scale_table(rows: list[dict[str, Any]], fits: int) -> str:
             f"{f(w['server_cpu_pct_per_candidate'], 3)} |"
         )
     lines.append(f"\n(connections: the candidates' sessions in pg_stat_activity; fits = {fits})")
+    lines.append(
+        "whole server CPU % over each window (every user's sessions, short-lived ones too): "
+        + ", ".join(
+            f"{r['kind']} N={r['n']}: {r['window']['whole_server_cpu_pct']:.1f}"
+            for r in rows
+            if r.get("window") and r["window"].get("whole_server_cpu_pct") is not None
+        )
+    )
     return "\n".join(lines)
 
 
@@ -1168,7 +1211,9 @@ sampled every ~5 s in pg_stat_activity (the rows whose client port is a connecti
 run's processes, or of the proxy for them; the parent's own sessions are left out), statements
 per second from proxy snapshots, CPU per candidate = (utime + stime of the child processes
 from /proc over the window) / window / N, and the same for the server backends of the
-candidates' sessions present at the window's start. Processes start one at a time; while
+candidates' sessions present at the window's start (short-lived sessions are missed: the
+whole server's CPU over the window, every user's and reaped sessions' included, is in the
+JSON and under the table). Processes start one at a time; while
 they start, the sessions are sampled every 0.25 s and a process is SIGKILLed (the N is
 reported "no fit") once they pass min(max_connections - reserve, max_connections - reserve
 - other users' sessions - the parent's).
