@@ -83,8 +83,9 @@ import secrets
 import signal
 import sqlite3
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ class Cluster(Collector[Proc]):
 
     # -- processes ------------------------------------------------------------------------
 
-    def spawn(self, electors: int = 1) -> Proc:
+    def spawn(self, electors: int = 1, hold: bool = False) -> Proc:
         self._seq += 1
         name = f"{self.ns}-p{self._seq}"
         options = [
@@ -150,6 +151,7 @@ class Cluster(Collector[Proc]):
             str(electors),
             "--backend-options",
             json.dumps(self.run.options),
+            *(["--hold"] if hold else []),
         ]
         proc = Proc(name, self.launch(__file__, name, options), electors=electors)
         self.procs[name] = proc
@@ -628,8 +630,547 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# =========================================================================================
+# --matrix: crash failover by how the leader got its term, and how long it has led
+# =========================================================================================
+
+AFTERS = ("election", "handoff", "takeover")
+MATRIX_DELAYS = (0.5, 2.0, 5.0, 15.0, 65.0)
+DEFAULT_MATRIX_JSON = HERE / "results" / "failover_matrix.json"
+
+
+class Aborted(BenchError):
+    """Ctrl-C reached the main thread: a configuration's thread stops at its next wait."""
+
+
+class Quiet:
+    """Keeps process start-ups out of the other configurations' measurement windows.
+
+    With ``--parallel`` > 1 several configurations share the machine, and starting an
+    elector process costs about a second of CPU (imports), enough to delay another
+    configuration's takeover by more than the 150 ms the bound allows. A measurement
+    window runs from its kill (registered ahead with ``plan``) to the next ``elected``
+    transition; a spawn waits (at most ``patience`` seconds, then goes ahead) while a
+    window is open or a planned kill is due within ``lead`` seconds. Kills never wait:
+    the delay after the election is what is measured.
+    """
+
+    def __init__(self, enabled: bool, lead: float = 3.0, patience: float = 30.0) -> None:
+        self.enabled = enabled
+        self.lead = lead
+        self.patience = patience
+        self.abort = threading.Event()
+        self.waited = 0.0  # seconds spent waiting, all configurations together
+        self._cond = threading.Condition()
+        self._kills: dict[int, float] = {}  # token -> planned kill (boot time)
+        self._open = 0
+        self._token = 0
+
+    def plan(self, at: float) -> int:
+        with self._cond:
+            self._token += 1
+            self._kills[self._token] = at
+            return self._token
+
+    def done(self, token: int) -> None:
+        with self._cond:
+            self._kills.pop(token, None)
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def window(self, token: int) -> Iterator[None]:
+        with self._cond:
+            self._kills.pop(token, None)
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify_all()
+
+    def before_spawn(self) -> None:
+        if not self.enabled:
+            return
+        t0 = time.monotonic()
+        with self._cond:
+            while time.monotonic() < t0 + self.patience and not self.abort.is_set():
+                now = boottime()
+                if not self._open and all(at - now > self.lead for at in self._kills.values()):
+                    break
+                self._cond.wait(0.1)
+            self.waited += time.monotonic() - t0
+
+
+def wait_until(cluster: Cluster, at: float, abort: threading.Event) -> None:
+    """Collect reports until boot time ``at``."""
+    while (left := at - boottime()) > 0:
+        if abort.is_set():
+            raise Aborted("interrupted")
+        cluster.pump(min(left, 0.5))
+
+
+def winning_call(cluster: Cluster, proc: str, mark: int) -> str | None:
+    """How ``proc`` won its term: "elect" or "take_over" (the liveness lock), from its
+    call report (sent when the call returns, just before the transition)."""
+    call = cluster.wait_for(
+        lambda e: e["event"] == "call" and e["proc"] == proc and e["name"] != "resign", mark, 1
+    )
+    return None if call is None else str(call["name"])
+
+
+def top_up(cluster: Cluster, n: int, quiet: Quiet) -> None:
+    """Start processes until ``n`` are alive, each having made its first election step."""
+    missing = n - sum(1 for p in cluster.procs.values() if p.alive)
+    if missing <= 0:
+        return
+    quiet.before_spawn()
+    started = [cluster.spawn() for _ in range(missing)]
+    for proc in started:
+        cluster.wait_ready(proc, timeout=60)
+
+
+def wait_tagged(cluster: Cluster, cand: str, term: int, timeout: float) -> float:
+    """Wait until the lease row says term ``term`` is bound by the liveness lock (tagged);
+    returns when, in boot time. A crash of an untagged leader waits out its lease."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lease = cluster.run.admin.current(cluster.ns, timeout=5)
+        if lease is None or lease.leader_id != cand or lease.term != term:
+            raise BenchError(f"{cand} lost term {term} while waiting for its tag")
+        if lease.liveness_us is not None:
+            return boottime()
+        cluster.pump(0.1)
+    raise BenchError(f"term {term} of {cand} was not tagged within {timeout:g}s")
+
+
+def kill_after(
+    cluster: Cluster, elected: dict[str, Any], delay: float, cfg: ElectionConfig, quiet: Quiet
+) -> dict[str, Any]:
+    """SIGKILL the process that reported ``elected``, ``delay`` s after its transition; the
+    failover is the next ``elected`` of another process, minus the kill."""
+    leader = cluster.procs[elected["proc"]]
+    cand, term = elected["cand"], elected["term"]
+    token = quiet.plan(elected["at"] + delay)
+    try:
+        wait_until(cluster, elected["at"] + delay, quiet.abort)
+        cluster.drain()
+        if cluster.leading.get(cand) != (leader.name, term) or not leader.alive:
+            raise BenchError(f"{cand} no longer led term {term} at the planned kill")
+        with quiet.window(token):
+            mark = len(cluster.events)
+            t_kill = cluster.signal(leader, signal.SIGKILL)
+            lease = cluster.run.admin.current(cluster.ns, timeout=5)
+            t_read = boottime()
+            leader.popen.wait(10)
+            leader.ended_at = t_kill  # its belief ended with the process
+            remaining = lease.remaining if lease is not None else 0.0
+            new = cluster.next_elected(leader, t_kill, mark, remaining + cfg.ttl + 10)
+    finally:
+        quiet.done(token)
+    if new is None:
+        raise BenchError(f"no new leader after SIGKILL of {cand}")
+    sample: dict[str, Any] = {
+        "leader": cand,
+        "term": term,
+        "elected_at": elected["at"],
+        "kill_at": t_kill,
+        "led_s": t_kill - elected["at"],  # the delay as it happened
+        "failover_s": new["at"] - t_kill,
+        "new": new["cand"],
+        "new_term": new["term"],
+        "new_via": winning_call(cluster, new["proc"], mark),
+        "tagged_at_kill": None if lease is None else lease.liveness_us is not None,
+        "remaining_at_kill_s": remaining,
+        "kill_to_read_ms": (t_read - t_kill) * 1000,
+        "lease_holder_at_kill": None if lease is None else lease.leader_id,
+        "loadavg_at_kill": os.getloadavg()[0],
+    }
+    if lease is None or lease.leader_id != cand or lease.term != term:
+        sample["error"] = "the lease read after the kill was not the killed leader's"
+    if new["term"] <= term:
+        sample["error"] = "term did not increase"
+    return sample
+
+
+def election_trial(
+    cluster: Cluster, delay: float, args: argparse.Namespace, cfg: ElectionConfig, quiet: Quiet
+) -> dict[str, Any]:
+    """A fresh namespace: N processes are built, then all start at once; the winner of
+    the vacant lease is killed ``delay`` after its election."""
+    quiet.before_spawn()
+    procs = [cluster.spawn(hold=True) for _ in range(args.n)]
+    for proc in procs:
+        held = cluster.wait_for(
+            lambda e, p=proc.name: e["event"] == "held" and e["proc"] == p, 0, 60
+        )
+        if held is None:
+            raise BenchError(f"{proc.name} was not built within 60s")
+    mark = len(cluster.events)
+    t_go = boottime()
+    for proc in procs:
+        assert proc.popen.stdin is not None
+        proc.popen.stdin.write("go\n")
+        proc.popen.stdin.flush()
+    elected = cluster.wait_for(lambda e: e["event"] == "elected", mark, cfg.ttl * 3 + 10)
+    if elected is None:
+        raise BenchError("nobody won the vacant lease")
+    prev = {"go_to_elected_ms": (elected["at"] - t_go) * 1000}
+    return {**kill_after(cluster, elected, delay, cfg, quiet), "prev": prev}
+
+
+def succession_trial(
+    cluster: Cluster,
+    after: str,
+    delay: float,
+    args: argparse.Namespace,
+    cfg: ElectionConfig,
+    quiet: Quiet,
+) -> dict[str, Any]:
+    """N + 1 processes; the leader is SIGTERMed (handoff: it resigns) or, once its term
+    is tagged, SIGKILLed (takeover: the next one takes over through the liveness lock).
+    That leaves N, whose new leader is killed ``delay`` after its election."""
+    top_up(cluster, args.n + 1, quiet)
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    tagged_at = None
+    if after == "takeover":
+        tagged_at = wait_tagged(cluster, cand, term, timeout=cfg.ttl * 2)
+    cluster.pump(random_phase(cluster.run, cfg))
+    proc, cand, term = cluster.single_leader(timeout=cfg.ttl * 3 + 10)
+    mark = len(cluster.events)
+    sig = signal.SIGTERM if after == "handoff" else signal.SIGKILL
+    t_sig = cluster.signal(proc, sig)
+    if sig == signal.SIGKILL:
+        proc.popen.wait(10)
+        proc.ended_at = t_sig
+    new = cluster.next_elected(proc, t_sig, mark, cfg.ttl * 2 + 10)
+    if new is None:
+        raise BenchError(f"no new leader after {sig.name} of {cand}")
+    prev = {
+        "old": cand,
+        "old_term": term,
+        "signal": sig.name,
+        "signal_to_elected_ms": (new["at"] - t_sig) * 1000,
+        "via": winning_call(cluster, new["proc"], mark),
+        "old_tagged_s_before_signal": None if tagged_at is None else t_sig - tagged_at,
+    }
+    sample = {**kill_after(cluster, new, delay, cfg, quiet), "prev": prev}
+    if sig == signal.SIGTERM:
+        proc.popen.wait(15)
+    return sample
+
+
+def matrix_trials(args: argparse.Namespace, delay: float) -> int:
+    return int(args.long_trials if delay >= args.long_delay else args.trials)
+
+
+def matrix_after(
+    run: BackendRun,
+    after: str,
+    args: argparse.Namespace,
+    cfg: ElectionConfig,
+    quiet: Quiet,
+    result: dict[str, Any],
+) -> None:
+    """Every delay's trials for one "after", interleaved (trial 1 of each delay, then
+    trial 2, ...) so that a change in the machine's load spreads over all delays."""
+    most = max(matrix_trials(args, d) for d in args.delays)
+    plan = [(i, d) for i in range(most) for d in args.delays if i < matrix_trials(args, d)]
+    label = f"[{run.config} {after}]"
+    cluster: Cluster | None = None
+    seq = errors = 0
+
+    def finish(c: Cluster) -> None:
+        c.close()
+        result["overlaps"] += [f"{after} {c.ns}: {o}" for o in c.overlaps()]
+
+    try:
+        for i, delay in plan:
+            if quiet.abort.is_set():
+                raise Aborted("interrupted")
+            try:
+                if after == "election":
+                    seq += 1
+                    c = Cluster(run, f"{after}{seq}")
+                    try:
+                        sample = election_trial(c, delay, args, cfg, quiet)
+                    finally:
+                        finish(c)
+                else:
+                    if cluster is None:
+                        seq += 1
+                        cluster = Cluster(run, f"{after}{seq}")
+                    sample = succession_trial(cluster, after, delay, args, cfg, quiet)
+            except Aborted:
+                raise
+            except BenchError as exc:
+                errors += 1
+                result["failures"].append(f"{after} delay {delay:g} trial {i + 1}: {exc}")
+                log(f"{label} delay {delay:g}s trial {i + 1} FAILED: {exc}")
+                if cluster is not None:  # start over on a fresh namespace
+                    finish(cluster)
+                    cluster = None
+                if errors > 3:
+                    raise
+                continue
+            sample = {"after": after, "delay": delay, "trial": i + 1, **sample}
+            result["samples"].append(sample)
+            log(
+                f"{label} delay {delay:g}s trial {i + 1}: {sample['leader']} killed after "
+                f"{sample['led_s']:.3f}s (tagged: {sample['tagged_at_kill']}), "
+                f"{sample['new']} elected {sample['failover_s']:.3f}s later "
+                f"via {sample['new_via']}" + (f"  [{sample['error']}]" if "error" in sample else "")
+            )
+    finally:
+        if cluster is not None:
+            finish(cluster)
+
+
+def matrix_config(
+    config: str,
+    url: str,
+    args: argparse.Namespace,
+    cfg: ElectionConfig,
+    quiet: Quiet,
+    into: list[Any],
+) -> None:
+    """One configuration's matrix; its result is appended to ``into`` first, then filled."""
+    prefix = f"fomx{os.getpid() % 100000}_{secrets.token_hex(3)}_"
+    result: dict[str, Any] = {
+        "config": config,
+        "url": sa.make_url(url).render_as_string(hide_password=True),
+        "table_prefix": prefix,
+        "status": "ok",
+        "notes": [],
+        "samples": [],
+        "overlaps": [],
+        "failures": [],
+    }
+    into.append(result)
+    try:
+        admin, options, notes = make_admin(config, url, prefix)
+    except Exception as exc:  # no driver, bad URL, no listen=
+        result["status"] = "error"
+        result["notes"].append(f"{type(exc).__name__}: {exc}")
+        log(f"[{config}] error: {exc}")
+        return
+    result["notes"] += notes
+    options = {**options, "liveness": args.liveness}
+    run = BackendRun(config, url, prefix, cfg.ttl, options, admin, result["notes"])
+    started = time.monotonic()
+    try:
+        result["db_version"] = db_version(admin)
+        admin.install()
+        log(f"[{config}] {result['db_version']}; tables {prefix}*")
+        for after in args.after:
+            if quiet.abort.is_set():
+                break
+            with _events.outcome(result, f"{config} {after}"):
+                matrix_after(run, after, args, cfg, quiet, result)
+    except Exception as exc:
+        result["status"] = "error"
+        result["failures"].append(f"{type(exc).__name__}: {exc}")
+        log(f"[{config}] FAILED: {exc!r}")
+    finally:
+        with contextlib.suppress(Exception):
+            admin.uninstall()
+        admin.close()
+        result["seconds"] = round(time.monotonic() - started, 1)
+        log(f"[{config}] done in {result['seconds']:.0f}s")
+
+
+def matrix_bound(config: str, delta: float) -> float:
+    """The issue's bound on the crash failover p95: delta + 150 ms (MariaDB: + 1.1 s)."""
+    return delta + (1.1 if config.startswith("mariadb") else 0.15)
+
+
+def matrix_rows(results: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        bound = matrix_bound(r["config"], args.liveness)
+        for after in args.after:
+            for delay in args.delays:
+                cell = [
+                    s
+                    for s in r["samples"]
+                    if s["after"] == after and s["delay"] == delay and "error" not in s
+                ]
+                xs = [s["failover_s"] for s in cell]
+                row: dict[str, Any] = {
+                    "config": r["config"],
+                    "after": after,
+                    "delay": delay,
+                    "n": len(xs),
+                    "bound": bound,
+                    "untagged": sum(1 for s in cell if s["tagged_at_kill"] is False),
+                    "over_bound": sum(1 for x in xs if x > bound),
+                    "errors": sum(
+                        1 for s in r["samples"] if s["after"] == after and s["delay"] == delay
+                    )
+                    - len(cell),
+                }
+                if xs:
+                    row.update(p50=pct(xs, 0.5), p95=pct(xs, 0.95), max=max(xs))
+                    row["ok"] = row["p95"] <= bound
+                rows.append(row)
+    return rows
+
+
+def format_matrix(rows: list[dict[str, Any]]) -> str:
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    head = (
+        f"{'config':<10} {'after':<9} {'delay':>6} {'n':>3} {'p50':>7} {'p95':>7} "
+        f"{'max':>7} {'bound':>6}  {'ok':<6} {'>bound':>6} untagged"
+    )
+    lines = [head, "-" * len(head)]
+    last = None
+    for row in rows:
+        if last is not None and (row["config"], row["after"]) != last:
+            lines.append("")
+        last = (row["config"], row["after"])
+        ok = "-" if "ok" not in row else "ok" if row["ok"] else "MISSED"
+        lines.append(
+            f"{row['config']:<10} {row['after']:<9} {row['delay']:>5g}s {row['n']:>3} "
+            f"{num(row.get('p50')):>7} {num(row.get('p95')):>7} {num(row.get('max')):>7} "
+            f"{row['bound']:>6.2f}  {ok:<6} {row['over_bound']:>6} {row['untagged']:>8}"
+            + (f"  ({row['errors']} with errors)" if row["errors"] else "")
+        )
+    return "\n".join(lines)
+
+
+def matrix_main(args: argparse.Namespace) -> int:
+    configs = _events.start_parent(args, args.configs, BASE_CONFIGS, "configuration")
+    args.after = [a.strip() for a in args.after.split(",") if a.strip()]
+    if unknown := [a for a in args.after if a not in AFTERS]:
+        raise SystemExit(f"unknown --after {unknown}; choose from {', '.join(AFTERS)}")
+    args.trials = 5 if args.trials is None else args.trials
+    args.ttl = 10.0 if args.ttl is None else args.ttl
+    cfg = ElectionConfig.create(ttl=args.ttl, liveness=args.liveness)
+    json_path = args.json or DEFAULT_MATRIX_JSON
+    sqlite_path = Path(args.sqlite_path or f"/tmp/celery-election-matrix-{os.getpid()}.db")
+    urls = {
+        "pg-notify": args.pg_url,
+        "pg-poll": args.pg_url,
+        "mariadb": args.mysql_url,
+        "sqlite": f"sqlite:///{sqlite_path.resolve()}",
+    }
+    quiet = Quiet(enabled=args.parallel > 1)
+    out: dict[str, Any] = {
+        "benchmark": "failover --matrix",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "settings": {
+            "configs": configs,
+            "after": args.after,
+            "delays": args.delays,
+            "trials": args.trials,
+            "long_trials": args.long_trials,
+            "long_delay": args.long_delay,
+            "n": args.n,
+            "ttl": args.ttl,
+            "liveness": args.liveness,
+            "parallel": args.parallel,
+            "seed": args.seed,
+            "argv": sys.argv[1:],
+        },
+        "elector_config": {**dataclasses.asdict(cfg), "heartbeat_interval": cfg.heartbeat_interval},
+        "method": MATRIX_METHOD,
+        "results": [],
+    }
+    log(
+        f"matrix: {', '.join(configs)} x after {', '.join(args.after)} x delays "
+        f"{', '.join(f'{d:g}' for d in args.delays)} s; ttl {cfg.ttl:g}s, liveness delta "
+        f"{cfg.liveness}s, {args.parallel} configuration(s) at a time"
+    )
+    started = time.monotonic()
+    interrupted = False
+    results: list[dict[str, Any]] = []
+    pending = list(configs)
+    threads: list[threading.Thread] = []
+    try:
+        while pending or any(t.is_alive() for t in threads):
+            while pending and sum(t.is_alive() for t in threads) < args.parallel:
+                config = pending.pop(0)
+                t = threading.Thread(
+                    target=matrix_config,
+                    args=(config, urls[config], args, cfg, quiet, results),
+                    name=config,
+                    daemon=True,
+                )
+                t.start()
+                threads.append(t)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        interrupted = True
+        quiet.abort.set()
+        log("interrupted: stopping children and dropping tables; writing what was measured")
+        for t in threads:
+            t.join(90)
+    finally:
+        if args.sqlite_path is None:
+            # and the liveness lock files the SQLite backend keeps next to the database
+            locks = [str(p) for p in sqlite_path.parent.glob(f"{sqlite_path.name}.*.lock")]
+            for name in [f"{sqlite_path}{s}" for s in ("", "-wal", "-shm", "-journal")] + locks:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+    results.sort(key=lambda r: configs.index(r["config"]))
+    out["results"] = results
+    out["interrupted"] = interrupted
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["spawn_wait_s"] = round(quiet.waited, 1)
+    out["machine"]["loadavg_at_end"] = os.getloadavg()
+    rows = matrix_rows(results, args)
+    out["summary"] = rows
+    print(format_matrix(rows))
+    print(
+        f"failover = next elected (another process) - SIGKILL, seconds; bound on p95: "
+        f"delta + 0.15 s (MariaDB: + 1.1 s), delta = {cfg.liveness:g} s; >bound: samples "
+        f"above it; untagged: kills that found the leader's term not yet bound by the "
+        f"liveness lock on the lease row"
+    )
+    for r in results:
+        for note in r["notes"] + r["failures"]:
+            print(f"{r['config']}: {note}")
+        print(f"{r['config']}: overlapping leaders: {len(r['overlaps'])}")
+        for o in r["overlaps"]:
+            print(f"{r['config']}:   {o}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"raw results: {json_path} ({out['seconds']:.0f}s)")
+    failed = any(r["status"] == "error" or r["overlaps"] for r in results)
+    return 130 if interrupted else 1 if failed else 0
+
+
+MATRIX_METHOD = """\
+--matrix: crash failover as a function of how the leader got its term and how long it
+has led. For each configuration (liveness lock on, --liveness delta, ttl --ttl) and each
+"after" (--after), for each delay D (--delays): the leader is SIGKILLed D seconds after
+its own `elected` transition (Transition.at, CLOCK_BOOTTIME), and the failover is the next
+`elected` transition of another process minus the kill time. N (--n, 3) elector
+processes are alive at the kill.
+
+after=election: a fresh namespace per trial; N processes are built (imports, backend)
+held, then all told to start at once; the winner of the vacant lease is the leader.
+after=handoff: N + 1 processes on one namespace; the leader is SIGTERMed (stop(): it
+drops its belief and resigns) and the winner of the resigned lease is the leader.
+after=takeover: N + 1 processes; once the leader's term is tagged on the lease row
+(bound by the liveness lock) it is SIGKILLed, and the follower that takes over (normally
+through the liveness lock: `new_via`/`prev.via` = take_over) is the leader.
+Killed and stopped processes are replaced before the next trial (the replacement has made
+its first election step). Trials of a cell are interleaved with the other delays'.
+Right after each kill the lease is read: `tagged_at_kill` says whether the killed term
+was bound by the liveness lock (if not, the followers wait out the lease).
+"""
+
+
 def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
@@ -660,7 +1201,12 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="smoke run: --trials 3 --ttl 2 --steady-seconds 5"
     )
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the raw results")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help=f"where to write the raw results [{DEFAULT_JSON}; --matrix: {DEFAULT_MATRIX_JSON}]",
+    )
     p.add_argument("--pg-url", default=os.environ.get("CELERY_ELECTION_TEST_PG_URL", PG_DEFAULT))
     p.add_argument(
         "--mysql-url", default=os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", MYSQL_DEFAULT)
@@ -671,6 +1217,36 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
         help="SQLite file (default: a new file in /tmp, removed at the end)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for the trial timing")
+    m = p.add_argument_group(
+        "--matrix",
+        "crash failover D seconds after an election, a clean handoff or a takeover "
+        "(liveness lock on); --trials defaults to 5 and --ttl to 10 here",
+    )
+    m.add_argument("--matrix", action="store_true", help="run the matrix instead")
+    m.add_argument(
+        "--configs",
+        default=",".join(BASE_CONFIGS),
+        help="comma list of " + ", ".join(BASE_CONFIGS),
+    )
+    m.add_argument(
+        "--after",
+        default=",".join(AFTERS),
+        help="how the killed leader got its term: comma list of " + ", ".join(AFTERS),
+    )
+    m.add_argument(
+        "--delays",
+        type=float_list,
+        default=list(MATRIX_DELAYS),
+        help="seconds from the leader's election to its SIGKILL",
+    )
+    m.add_argument(
+        "--long-trials", type=int, default=3, help="trials per cell for delays >= --long-delay"
+    )
+    m.add_argument("--long-delay", type=float, default=30.0, help="see --long-trials")
+    m.add_argument("--liveness", type=float, default=1.0, help="liveness delta, seconds")
+    m.add_argument(
+        "--parallel", type=int, default=1, help="configurations measured at the same time"
+    )
     # child mode
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
@@ -678,7 +1254,10 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ns", help=argparse.SUPPRESS)
     p.add_argument("--electors", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--backend-options", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.matrix:
+        return args  # matrix_main fills in its own defaults
     return _events.quick_defaults(
         args, ("trials", "ttl", "steady_seconds"), (3, 2.0, 5.0), (20, 10.0, 60.0)
     )
@@ -688,6 +1267,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args)
+    if args.matrix:
+        return matrix_main(args)
+    args.json = args.json or DEFAULT_JSON
     configs = _events.start_parent(args, args.backends, ALL_CONFIGS, "backend")
     cfg = ElectionConfig.create(ttl=args.ttl)
     sqlite_path = Path(args.sqlite_path or f"/tmp/celery-election-failover-{os.getpid()}.db")
@@ -730,9 +1312,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         log("interrupted: children stopped, tables dropped; writing what was measured")
     finally:
         if args.sqlite_path is None:
-            for suffix in ("", "-wal", "-shm", "-journal"):
+            # and the liveness lock files the SQLite backend keeps next to the database
+            locks = [str(p) for p in sqlite_path.parent.glob(f"{sqlite_path.name}.*.lock")]
+            for name in [f"{sqlite_path}{s}" for s in ("", "-wal", "-shm", "-journal")] + locks:
                 with contextlib.suppress(OSError):
-                    os.unlink(f"{sqlite_path}{suffix}")
+                    os.unlink(name)
     out["interrupted"] = interrupted
     out["seconds"] = round(time.monotonic() - started, 1)
     out["machine"]["loadavg_at_end"] = os.getloadavg()

@@ -201,12 +201,22 @@ def child_main(args: argparse.Namespace) -> int:
             }
         )
 
+    go = threading.Event()
+
     def command(cmd: str, rest: str) -> None:
         if cmd == "snap":
             snapshot(rest)
+        elif cmd == "go":
+            go.set()
 
     _events.read_commands(stop, command)
     try:
+        if getattr(args, "hold", False):
+            # The matrix's "after an election": every process is built (imports done,
+            # backend made) before any elector starts, then all start on one "go".
+            emit({"event": "held", "at": boottime()})
+            while not go.wait(0.05) and not stop.is_set():
+                pass
         for elector in electors:
             elector.start()
         # Ready once every elector has made its first election step.

@@ -3,7 +3,7 @@
 Where things are (imports point down; ``tests/unit/test_layers.py`` checks the graph)::
 
     Celery side  app.py (init_app), bootstep.py (worker step), shared_state.py (record
-                 shared with pool children), beat.py (LeaderScheduler), tasks.py
+                 shared with pool children), beat/ (LeaderScheduler), tasks.py
                  (leader_task), control.py, signals.py, cli.py   -- import celery
     settings.py  every election_* setting, parsed and validated once per app
     elector.py   the Elector; its docstring is the protocol (start there); liveness.py

@@ -3,7 +3,9 @@
 Nothing but Python is needed: the broker is kombu's SQLAlchemy transport on a SQLite file,
 the election a SQLite file of its own (or ``--url``), and every event (elected, revoked,
 each periodic task run with its run key) goes to a third SQLite file that this
-process reads to draw the story and to check it: no tick may run twice.
+process reads to draw the story and to check it: no tick may run twice. With
+``--history FILE`` the workers and their beats also append their election history (trust
+windows and beat sends, ``celery_election.history``) to FILE, for ``harness/checker.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _die_with_parent() -> None:
 
 
 class Demo:
-    def __init__(self, url: str | None, ttl: float, keep: bool) -> None:
+    def __init__(self, url: str | None, ttl: float, keep: bool, history: str | None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="celery-election-demo-"))
         self.keep = keep
         self.ttl = ttl
@@ -72,6 +74,7 @@ class Demo:
             "DEMO_PREFIX": self.prefix,
             "DEMO_TTL": str(ttl),
             "DEMO_EVENTS": str(self.events),
+            "DEMO_HISTORY": str(Path(history).resolve()) if history else "",
             "PYTHONPATH": f"{self.tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         }
 
@@ -236,13 +239,15 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run(url: str | None = None, ttl: float = 3.0, keep: bool = False) -> int:
-    """Run the demo; 0 if every invariant held."""
+def run(
+    url: str | None = None, ttl: float = 3.0, keep: bool = False, history: str | None = None
+) -> int:
+    """Run the demo; 0 if every invariant held. ``history``: the election history's file."""
     # Ctrl-C must stop the demo even when started with SIGINT ignored (a background job of
     # a non-interactive shell is), and SIGTERM means the same: clean up every worker.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    demo = Demo(url, ttl, keep)
+    demo = Demo(url, ttl, keep, history)
     try:
         return demo.play()
     except KeyboardInterrupt:

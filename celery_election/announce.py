@@ -46,7 +46,8 @@ class Announcer:
         # Each event goes to the subscriptions that existed when it was posted.
         self._events: collections.deque[tuple[Item, list[Subscription]]] = collections.deque()
         self._subscriptions: list[Subscription] = []
-        self._sleeper = elector._clock.sleeper()
+        #: this thread's wait (a test with a fake clock waits for it to be asleep)
+        self.sleeper = elector._clock.sleeper()
         self._thread: threading.Thread | None = None
         self._closing = False
         # This thread's own: the term announced elected and not yet revoked, and the
@@ -58,7 +59,7 @@ class Announcer:
         """Queue an event (any thread)."""
         with self._lock:
             self._events.append((item, list(self._subscriptions)))
-        self._sleeper.wake()
+        self.sleeper.wake()
 
     def recovered(self) -> None:
         """The database answers again: the next error is logged at once."""
@@ -66,7 +67,7 @@ class Announcer:
 
     def wake(self) -> None:
         """Look again now (a trust window may end earlier than planned)."""
-        self._sleeper.wake()
+        self.sleeper.wake()
 
     def subscribe(self) -> Subscription:
         """A new ordered stream of transitions."""
@@ -89,7 +90,7 @@ class Announcer:
     def stop(self, timeout: float, election: threading.Thread | None) -> None:
         """Deliver what is queued once ``election`` has ended, then close subscriptions."""
         self._closing = True
-        self._sleeper.wake()
+        self.sleeper.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         with self._lock:
@@ -118,12 +119,12 @@ class Announcer:
             if self._closing:
                 timeout = 0.05 if timeout is None else min(timeout, 0.05)
             if timeout is None or timeout > 0:
-                self._sleeper.wait(timeout)
+                self.sleeper.wait(timeout)
 
     def _expiry(self) -> float | None:
         """Seconds until the announced lead's trust ends; announce it if it has."""
         e = self._elector
-        lead = e._lead
+        lead = e._loop.lead
         if lead is None or lead.term != self._announced:
             return None
         left = e._trust_end(lead) - e._clock.monotonic()
@@ -132,7 +133,7 @@ class Announcer:
         with e._lock:
             # The trust window ended and no renewal came: announce it now, even if the
             # election thread is stuck in a database call.
-            ended = e._lead is lead and e._trusted() is None
+            ended = e._loop.lead is lead and e._trusted() is None
             if ended:
                 e._end_belief(lead, RevokeReason.EXPIRED)
         if ended:

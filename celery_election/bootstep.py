@@ -309,7 +309,7 @@ class ElectionStep(bootsteps.StartStopStep):
             "trusted_for": round(e.trusted_for, 3) if e is not None else 0.0,
             "database": self.backend.description if self.backend is not None else None,
             "leader_queue": self.settings.leader_queue,
-            # "off", or this worker's use of the liveness lock: holding / waiting / idle
+            # "off", or this worker's use of the liveness lock: holding / waiting / standby / idle
             "liveness": e.liveness if e is not None else "off",
             "liveness_delta": e.config.liveness if e is not None else None,
         }

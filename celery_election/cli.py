@@ -361,11 +361,16 @@ def watch(
 @click.option("--url", "demo_url", help="Run the election on this database (default SQLite).")
 @click.option("--ttl", default=3.0, show_default=True, help="Lease length in seconds.")
 @click.option("--keep", is_flag=True, help="Keep the temporary directory.")
-def demo(demo_url: str | None, ttl: float, keep: bool) -> None:
+@click.option(
+    "--history",
+    type=click.Path(dir_okay=False),
+    help="Append the workers' election history here (JSON lines for harness/checker.py).",
+)
+def demo(demo_url: str | None, ttl: float, keep: bool, history: str | None) -> None:
     """Three `celery worker -B --election` processes: failover and handoff, live."""
     from ._demo import run
 
-    sys.exit(run(url=demo_url, ttl=ttl, keep=keep))
+    sys.exit(run(url=demo_url, ttl=ttl, keep=keep, history=history))
 
 
 def _add_schedule() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from .app import bare_app
-from .entry_spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
+from .beat.spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
 from .errors import ElectionError
 from .schedule import Entry, Schedule
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 __all__ = ["FakeClock", "RealClock", "Sleeper", "boottime"]
@@ -104,21 +105,25 @@ class FakeClock:
             self._now += seconds
             self._cond.notify_all()
 
-    def _idle(self) -> int:
-        return sum(
-            1
-            for sleeper, deadline in self._sleeping.items()
-            if not sleeper._woken and (deadline is None or deadline > self._now)
-        )
+    def settled(self, sleepers: Iterable[Sleeper], timeout: float = 5.0) -> bool:
+        """Block (real time) until each of ``sleepers`` waits on a deadline still ahead.
 
-    def settle(self, count: int, timeout: float = 5.0) -> bool:
-        """Block (real time) until ``count`` threads sleep on deadlines still ahead.
-
-        After ``advance`` this means the threads it woke have done their work and gone
-        back to sleep, so the next step of a test sees their effects.
+        After ``advance`` this means the threads that wait on them have done what it
+        woke them for and gone back to sleep, so the next step of a test sees the
+        effects. Tests name the waits they mean (``Elector`` exposes its threads'
+        waits), not how many threads the process happens to have.
         """
+        wanted = list(sleepers)
+
+        def asleep(sleeper: Sleeper) -> bool:
+            assert isinstance(sleeper, _FakeSleeper), "a sleeper of this clock"
+            if sleeper not in self._sleeping or sleeper._woken:
+                return False
+            deadline = self._sleeping[sleeper]
+            return deadline is None or deadline > self._now
+
         with self._cond:
-            return self._cond.wait_for(lambda: self._idle() >= count, timeout)
+            return self._cond.wait_for(lambda: all(asleep(s) for s in wanted), timeout)
 
     def sleeper(self) -> Sleeper:
         return _FakeSleeper(self)

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from .backends import SQLBackend, backend_from_url
 from .backends.base import RunState
 from .backends.sql_schedule import EntryRow, RunRecord, SQLScheduleStore
-from .entry_spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
+from .beat.spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
 from .errors import ConfigurationError, ElectionError
 from .settings import ElectionSettings
 
@@ -508,7 +508,7 @@ def run_started(task: Any, task_id: str | None) -> None:
 
 
 #: Seconds to wait before each new try when a run's history row is not there yet: the
-#: leader writes its rows in batches (beat_ops.HistoryWriter), a fast task can end first.
+#: leader writes its rows in batches (beat/ops.py, HistoryWriter), a fast task can end first.
 RETRIES = (0.5, 1.0, 2.0, 4.0)
 
 

@@ -46,7 +46,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from .entry_spec import POLICY_DEFAULTS, RESUME
+from .beat.spec import POLICY_DEFAULTS, RESUME
 from .errors import ConfigurationError, ElectionError
 from .schedule import Schedule
 from .web_observer import Observer

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import SQLBackend
 from .backends.sql_schedule import RunRecord
-from .entry_spec import describe, from_spec
+from .beat.spec import describe, from_spec
 from .schedule import Entry, Schedule
 from .settings import ElectionSettings, hide_password
 from .term import Lease

@@ -1,12 +1,14 @@
 """Three processes elect one leader on a SQLite file, then hand over twice.
 
-    python examples/three_electors.py [--url sqlite:////tmp/x.db] [--ttl 3]
+    python examples/three_electors.py [--url sqlite:////tmp/x.db] [--ttl 3] [--history FILE]
 
 Each child runs an Elector and reports every change of belief (elected / revoked, with
 the boot-time clock, which all processes on one host share). The parent stops the leader
 cleanly (SIGTERM: it resigns, a follower takes over at once), then kills the next leader
 (SIGKILL: the others wait for its lease to end), and finally checks from the reports that
 no two processes ever believed they led at the same instant. Exit status 0 means it held.
+With ``--history FILE`` each child also appends its election history there (trust windows,
+``celery_election.history``), which the repository's ``harness/checker.py`` judges.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any
 
 from celery_election import Elector, backend_from_url
 from celery_election.clock import boottime
+from celery_election.history import Recorder
 
 
-def child(url: str, ttl: float, name: str) -> None:
+def child(url: str, ttl: float, name: str, history: str | None) -> None:
     """Run one candidate until SIGTERM; print one JSON line per change of belief."""
     backend = backend_from_url(url)
     stop = threading.Event()
@@ -47,14 +50,17 @@ def child(url: str, ttl: float, name: str) -> None:
         on_elected=lambda term: report("elected", term),
         on_revoked=lambda term, why: report("revoked", term, why.value),
     )
+    recorder = Recorder(history, role=name).attach(elector) if history else None
     with elector:
         print(json.dumps({"who": name, "pid": os.getpid(), "event": "ready"}), flush=True)
         stop.wait()
+    if recorder is not None:
+        recorder.close()
     backend.close()
 
 
 class Cluster:
-    def __init__(self, url: str, ttl: float, n: int = 3) -> None:
+    def __init__(self, url: str, ttl: float, history: str | None, n: int = 3) -> None:
         self.url, self.ttl = url, ttl
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.history: list[dict[str, Any]] = []
@@ -62,8 +68,9 @@ class Cluster:
         self.sel = selectors.DefaultSelector()
         for i in range(n):
             name = f"elector-{i + 1}"
+            cmd = [sys.executable, __file__, "--child", name, "--url", url, "--ttl", str(ttl)]
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--child", name, "--url", url, "--ttl", str(ttl)],
+                cmd + (["--history", history] if history else []),
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -139,10 +146,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="election database (default: a temporary SQLite file)")
     parser.add_argument("--ttl", type=float, default=3.0)
+    parser.add_argument("--history", help="append the electors' history (JSON lines) here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.url, args.ttl, args.child)
+        child(args.url, args.ttl, args.child, args.history)
         return 0
 
     tmp = tempfile.TemporaryDirectory(prefix="celery-election-demo-")
@@ -150,7 +158,7 @@ def main() -> int:
     backend = backend_from_url(url)
     backend.install()
     print(f"election database: {backend.description}, ttl {args.ttl}s")
-    cluster = Cluster(url, args.ttl)
+    cluster = Cluster(url, args.ttl, args.history)
     try:
         print("three candidates start:")
         first = cluster.leader(timeout=20)

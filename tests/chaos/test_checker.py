@@ -142,10 +142,10 @@ def test_recorder_follows_an_elector(tmp_path: Path) -> None:
     rec = Recorder(path, role="test", monotonic=clock.monotonic).attach(elector)
     t0 = clock.monotonic()
     elector.start()
-    assert clock.settle(2) and elector.is_leader  # election thread and dispatcher asleep
+    assert clock.settled(elector.sleepers()) and elector.is_leader
     term = elector.term
     clock.advance(1.3)  # past one renew interval (0.4 x ttl)
-    assert clock.settle(2)
+    assert clock.settled(elector.sleepers())
     elector.stop()
     rec.close()
     records = load([path])

@@ -97,7 +97,7 @@ def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> 
 
 
 def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
-    """A run dropped by a policy moves the last run and keeps the count (beat_ops): a claim
+    """A run dropped by a policy moves the last run and keeps the count (beat/ops.py): a claim
     made from the state before it must be refused, though the counts match."""
     store = backend.beat
     a = token()

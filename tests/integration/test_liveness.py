@@ -11,7 +11,9 @@ database's clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -32,7 +34,7 @@ from celery_election.term import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 
-from ..conftest import unique_prefix, url_for
+from ..conftest import server_url, unique_prefix, url_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_TTL = 30.0
@@ -335,4 +337,85 @@ def test_a_leader_whose_link_stalls_mid_renew_is_replaced_through_the_lock(
         leader.stop()
         backend.close()
         proxy.close()
+    _no_overlap(env)
+
+
+def _tcp_ports(pids: list[int]) -> set[int]:
+    """Local ports of the TCP sockets the processes ``pids`` hold open (Linux /proc)."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _connections(pids: list[int], application_name: str) -> int:
+    """PostgreSQL sessions named ``application_name`` that the processes ``pids`` hold."""
+    ports = _tcp_ports(pids)
+    engine = sa.create_engine(server_url("postgresql"), poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT client_port FROM pg_stat_activity WHERE application_name = :a"),
+            {"a": application_name},
+        ).scalars()
+        count = sum(1 for port in rows if port in ports)
+    engine.dispose()
+    return count
+
+
+@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
+    setup: dict[str, Any],
+) -> None:
+    """Six candidates, two standby slots: the leader holds the lock, two wait on it, three
+    are cold (no connection). The leader dies: a waiting one takes over through the lock
+    and its freed slot goes to a cold one, so two wait again."""
+    env = setup
+    child, old = _leader_child(env)
+    followers = []
+    for i in range(5):  # ttl 6 s: a cold one tries for a slot every 6 s
+        follower = Elector(
+            backend_from_url(env["url"], table_prefix=env["prefix"]), NS, f"f{i}", ttl=6.0
+        )
+        Recorder(env["history"], role=follower.candidate_id).attach(follower)
+        env["electors"].append(follower)
+        followers.append(follower.start())
+    deadline = time.monotonic() + 15
+    while sorted(f.liveness for f in followers) != ["standby"] * 3 + ["waiting"] * 2:
+        assert time.monotonic() < deadline, [f.liveness for f in followers]
+        time.sleep(0.05)
+    if env["backend"].dialect == "postgresql":
+        # a lock session each for the leader and the two waiting; none for the cold
+        held = _connections([os.getpid(), child.proc.pid], "celery-election-liveness")
+        assert held == 3, held
+        # and no follower keeps a lease connection while it waits (this process's one
+        # is the test's own backend, which reads the lease): each gives it back after
+        # its step (one may be mid-step when we look)
+        end = time.monotonic() + 10
+        while _connections([os.getpid()], "celery-election") > 1:
+            assert time.monotonic() < end, "followers keep their lease connections"
+            time.sleep(0.1)
+    hot = {f.candidate_id for f in followers if f.liveness == "waiting"}
+    child.proc.send_signal(signal.SIGKILL)
+    end = time.monotonic() + 15
+    while not any(f.is_leader for f in followers):
+        assert time.monotonic() < end, "no standby took over"
+        time.sleep(0.02)
+    (new_leader,) = [f for f in followers if f.is_leader]
+    assert new_leader.candidate_id in hot  # a hot standby, through the lock:
+    assert env["backend"].current(NS).acquired_at_us < old.expires_at_us
+    rest = [f for f in followers if f is not new_leader]
+    end = time.monotonic() + 30  # a cold one tries for a slot every ttl (6 s)
+    while sorted(f.liveness for f in rest) != ["standby"] * 2 + ["waiting"] * 2:
+        assert time.monotonic() < end, [f.liveness for f in rest]
+        time.sleep(0.1)
     _no_overlap(env)

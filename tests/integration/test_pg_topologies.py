@@ -82,11 +82,11 @@ def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
         admin.close()
 
 
-def electors(env: dict[str, Any], n: int, ttl: float) -> list[Elector]:
+def electors(env: dict[str, Any], n: int, ttl: float, **kw: Any) -> list[Elector]:
     started = []
     for i in range(n):
         backend = backend_from_url(env["url"], table_prefix=env["prefix"], **env["options"])
-        elector = Elector(backend, NS, candidate_id=f"e{i}", ttl=ttl)
+        elector = Elector(backend, NS, candidate_id=f"e{i}", ttl=ttl, **kw)
         Recorder(env["history"], role=f"e{i}").attach(elector)
         env["electors"].append(elector)
         started.append(elector.start())
@@ -146,7 +146,8 @@ def test_a_url_of_several_hosts_reaches_the_live_one_for_every_connection(
     env: dict[str, Any],
 ) -> None:
     """libpq's comma form and SQLAlchemy's repeated form, a dead host first: the lease,
-    the liveness lock and LISTEN all connect."""
+    the liveness lock and (for an elector without the lock, which listens) LISTEN all
+    connect."""
     dead = "127.0.0.1:1"  # nothing listens there
     pg = server_url("postgresql")
     live = pg.split("@", 1)[1].split("/", 1)[0]
@@ -155,14 +156,16 @@ def test_a_url_of_several_hosts_reaches_the_live_one_for_every_connection(
         env["url"] = f"postgresql+psycopg://postgres@/{db}?{hosts}&target_session_attrs=read-write"
         (elector,) = electors(env, 1, ttl=3.0)
         assert elector.wait_for_leadership(10)
+        (listener,) = electors(env, 1, ttl=3.0, liveness=False)
         deadline = time.monotonic() + 10
-        backend = elector.backend
+        backend = listener.backend
         assert isinstance(backend, PostgresBackend)
         while elector.liveness != "holding" or not backend.listener_healthy:
             assert time.monotonic() < deadline, (elector.liveness, backend.listener_healthy)
             time.sleep(0.05)
-        elector.stop()
-        env["electors"].remove(elector)
+        for e in (elector, listener):
+            e.stop()
+            env["electors"].remove(e)
 
 
 def test_a_listen_connection_that_cannot_be_opened_is_a_warning(
@@ -171,7 +174,7 @@ def test_a_listen_connection_that_cannot_be_opened_is_a_warning(
     caplog.set_level(logging.WARNING, "celery_election.backends.postgres")
     env["url"] = server_url("postgresql")
     env["options"] = {"listen_url": "postgresql+psycopg://postgres@127.0.0.1:1/test"}
-    (elector,) = electors(env, 1, ttl=3.0)
+    (elector,) = electors(env, 1, ttl=3.0, liveness=False)  # with the lock, no LISTEN
     assert elector.wait_for_leadership(10)
     deadline = time.monotonic() + 10
     while not any("LISTEN connection to" in r.getMessage() for r in caplog.records):

@@ -1,6 +1,8 @@
 """PostgreSQL LISTEN/NOTIFY: wakeups that only wake, survive a killed listener, and stay
 inside their table prefix. Followers here poll every 30 s and the lease lasts 20 s, so a
-takeover within seconds can only come from a notification."""
+takeover within seconds can only come from a notification. The liveness lock is off here:
+with it on, the lock is the followers' wake-up and they do not LISTEN at all
+(tests/integration/test_liveness.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from celery_election.backends.postgres import PostgresBackend, _Listener, parse_
 
 from ..conftest import unique_prefix
 
-SLOW_POLL = dict(ttl=20.0, renew_interval=5.0, poll_interval=30.0, fallback_interval=60.0)
+SLOW_POLL: dict[str, Any] = dict(
+    ttl=20.0, renew_interval=5.0, poll_interval=30.0, fallback_interval=60.0, liveness=False
+)
 WAIT = 10.0
 
 

@@ -19,9 +19,9 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 
-from celery_election import beat_election as beat_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
+from celery_election.beat import election as beat_module
 
 NS = "default-beat"
 

@@ -75,9 +75,9 @@ def test_a_lone_candidate_is_elected_and_renews(
     assert e.trusted_for == pytest.approx(TTL - MARGIN)
     # renewals keep it leading far past one ttl, with the same term
     for _ in range(10):
-        assert clock.settle(2)
+        assert clock.settled(e.sleepers())
         clock.advance(RENEW)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     assert e.is_leader and e.term == ev.term
     assert mem.calls["renew"] >= 9
     assert sub.get(timeout=0) is None  # no transition happened
@@ -91,7 +91,7 @@ def test_a_second_candidate_follows_and_takes_over_on_clean_stop(
     a.start()
     first = next_event(sa)
     b.start()
-    assert clock.settle(4)
+    assert clock.settled([*a.sleepers(), *b.sleepers()])
     assert not b.is_leader and b.state is State.FOLLOWER and b.leader_id == "a"
     assert not b.wait_for_leadership(timeout=0.01)
     a.stop()
@@ -111,9 +111,9 @@ def test_without_wakeups_a_follower_takes_over_within_one_poll(
     assert a.wait_for_leadership(WAIT)
     b.start()
     sb = b.subscribe()
-    assert clock.settle(4)
+    assert clock.settled([*a.sleepers(), *b.sleepers()])
     a.stop()
-    assert clock.settle(2)  # a's threads are gone; b's two went (back) to sleep
+    assert clock.settled(b.sleepers())  # a's threads are gone; b's two went (back) to sleep
     assert sb.get(timeout=0.05) is None  # asleep until its poll
     clock.advance(1.0)
     assert next_event(sb).kind == "elected"
@@ -149,19 +149,21 @@ def test_crash_failover_waits_for_the_lease_to_end_on_the_database_clock(
     a.start()
     elected_a = next_event(sa)
     b.start()
-    assert clock.settle(4)
+    assert clock.settled([*a.sleepers(), *b.sleepers()])
     frozen.gate.clear()  # a hangs from now on, like a paused or partitioned process
     t0 = clock.monotonic()
     for _ in range(int(TTL - MARGIN) - 1):
         clock.advance(1.0)
-        assert clock.settle(3)  # a's elector thread is stuck; the other three sleep
+        assert clock.settled(
+            [a.sleepers()[1], *b.sleepers()]
+        )  # a's elector thread is stuck; the other three sleep
     assert a.is_leader and sb.get(timeout=0) is None
     clock.advance(1.0)  # t0 + ttl - margin: a stops trusting its lease
     revoked = next_event(sa)
     assert (revoked.kind, revoked.reason) == ("revoked", RevokeReason.EXPIRED)
     assert not a.is_leader and not b.is_leader
     clock.advance(MARGIN - 0.01)
-    assert clock.settle(3)
+    assert clock.settled([a.sleepers()[1], *b.sleepers()])
     assert sb.get(timeout=0) is None  # the lease has not ended on the database clock
     clock.advance(0.07)  # past the expiry and the follower's jitter (<= 50 ms)
     elected_b = next_event(sb)
@@ -179,7 +181,7 @@ def test_trust_ends_while_the_renewal_hangs(
     sub = e.subscribe()
     e.start()
     elected = next_event(sub)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     with mem.hold():
         clock.advance(RENEW)
         assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
@@ -205,7 +207,7 @@ def test_resign_and_stop_end_belief_before_the_database_hears_of_it(
     sub = e.subscribe()
     e.start()
     elected = next_event(sub)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     with mem.hold():
         clock.advance(RENEW)
         assert mem.wait_for_blocked(1)  # the renewal is stuck in the "database"
@@ -233,7 +235,7 @@ def test_a_win_that_returns_after_its_trust_window_is_not_trusted(
     ev = next_event(sub)
     # no elected event for the slow term: it was resigned, and a fresh term won instead
     assert ev.kind == "elected"
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     assert sub.get(timeout=0) is None
     assert mem.calls["resign"] == 1
     assert mem.calls["elect"] == 2
@@ -247,7 +249,7 @@ def test_renewal_lost_to_a_takeover_revokes(
     sub = e.subscribe()
     e.start()
     elected = next_event(sub)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     mem.expire("ns")
     intruder = mem.elect("ns", uuid.uuid4().hex, "intruder", TTL)
     assert intruder.won
@@ -279,27 +281,27 @@ def test_database_errors_never_kill_the_thread(
     e.start()
     wait_for_error(BackendUnavailableError)
     for _ in range(5):
-        assert clock.settle(2)
+        assert clock.settled(e.sleepers())
         clock.advance(2.0)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     assert not e.is_leader and e.state is State.FOLLOWER
     # an error of no expected type (a bug in a driver) takes the same path: the thread
     # meets it (on_error says so), survives it, and goes back to sleep until its retry
     mem.fail(RuntimeError("a bug in a driver"))
     clock.advance(5.0)
     wait_for_error(RuntimeError)
-    assert clock.settle(2), "the election thread did not survive the RuntimeError"
+    assert clock.settled(e.sleepers()), "the election thread did not survive the RuntimeError"
     assert e._thread is not None and e._thread.is_alive()
     mem.fail(None)
     clock.advance(5.0)
     assert next_event(sub).kind == "elected"
     assert {type(x) for x in errors} == {BackendUnavailableError, RuntimeError}
     # and a leader whose database goes away steps down when its trust ends
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     mem.fail(BackendUnavailableError("database down again"))
     for _ in range(8):
         clock.advance(1.0)
-        assert clock.settle(2)
+        assert clock.settled(e.sleepers())
     ev = next_event(sub)
     assert (ev.kind, ev.reason) == ("revoked", RevokeReason.EXPIRED)
     assert e._thread is not None and e._thread.is_alive()
@@ -323,7 +325,7 @@ def test_resign_hands_over_and_stays_out_for_the_backoff(
     assert not a.resign()  # not leading: nothing to do
     b.stop()
     clock.advance(5.0)  # a is still backing off
-    assert clock.settle(2)
+    assert clock.settled(a.sleepers())
     assert sa.get(timeout=0.05) is None
     clock.advance(16.0)
     ev = next_event(sa)
@@ -357,9 +359,9 @@ def test_subscriptions_are_ordered_and_a_slow_consumer_blocks_nothing(
     assert e.wait_for_leadership(WAIT)
     # the callback is blocked, yet the elector keeps renewing and can resign and re-win
     for _ in range(3):
-        assert clock.settle(1)
+        assert clock.settled(e.sleepers()[:1])
         clock.advance(RENEW)
-    assert clock.settle(1)
+    assert clock.settled(e.sleepers()[:1])
     assert mem.calls["renew"] >= 3 and e.is_leader
     e.resign(wait=True)
     clock.advance(TTL)
@@ -381,7 +383,7 @@ def test_two_electors_with_one_candidate_id_never_both_lead(
     assert a.wait_for_leadership(WAIT) or b.wait_for_leadership(WAIT)
     for _ in range(6):
         clock.advance(RENEW)
-        assert clock.settle(4)
+        assert clock.settled([*a.sleepers(), *b.sleepers()])
         assert a.is_leader != b.is_leader
     assert a._token != b._token
 
@@ -406,9 +408,9 @@ def test_a_failing_callback_does_not_stop_the_election(
     renewals = mem.calls.get("renew", 0)
     # four renew intervals: well past the trust the election won (ttl - margin = 8 s)
     for _ in range(4):
-        assert clock.settle(2)
+        assert clock.settled(e.sleepers())
         clock.advance(RENEW)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     assert clock.monotonic() > first_window
     assert e.is_leader and e.term == elected.term  # trusted only because renewals went on
     assert mem.calls["renew"] - renewals == 4
@@ -418,7 +420,7 @@ def test_a_failing_callback_does_not_stop_the_election(
     assert e.resign(wait=True)
     revoked = next_event(sub)
     assert (revoked.kind, revoked.reason) == ("revoked", RevokeReason.RESIGNED)
-    assert clock.settle(2)
+    assert clock.settled(e.sleepers())
     clock.advance(1.0)  # the resign backoff
     again = next_event(sub)
     assert again.kind == "elected" and again.term > elected.term
@@ -449,7 +451,7 @@ def test_an_unreachable_database_is_logged_again_every_minute_until_it_answers(
     mem.fail(BackendUnavailableError("database down"))
     e.start()
     for _ in range(65):  # 130 s of fake time, failing all along
-        assert clock.settle(2)
+        assert clock.settled(e.sleepers())
         clock.advance(2.0)
     mem.fail(None)
     clock.advance(5.0)

@@ -114,8 +114,12 @@ def test_elector_metrics_and_probes(tmp_path) -> None:
     try:
         base = f"http://127.0.0.1:{server.port}"
         assert get(base + "/readyz")[0] == 503  # not started: not taking part yet
+        sub = e.subscribe()
         e.start()
         assert e.wait_for_leadership(10)
+        # transitions are counted as the dispatcher announces them, before subscribers
+        elected = sub.get(timeout=10)
+        assert elected is not None and elected.kind == "elected"
         status, body = get(base + "/metrics")
         assert status == 200
         assert 'celery_election_leading{candidate="me",namespace="jobs"} 1.0' in body

@@ -13,8 +13,8 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from celery_election.beat_ops import Decision, decide, due_times
-from celery_election.entry_spec import (
+from celery_election.beat.ops import Decision, decide, due_times
+from celery_election.beat.spec import (
     POLICY_DEFAULTS,
     ZonedCrontab,
     check_policies,

@@ -36,11 +36,11 @@ from typing import Any
 from celery.beat import event_t
 from celery.schedules import schedstate
 
-from . import metrics
-from .backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
-from .clock import boottime
-from .entry_spec import SKIP_GRACE, check_policies, from_spec
-from .errors import ElectionError
+from .. import metrics
+from ..backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
+from ..clock import boottime
+from ..errors import ElectionError
+from .spec import SKIP_GRACE, check_policies, from_spec
 
 __all__ = ["Decision", "HistoryWriter", "OperableScheduleMixin", "decide", "due_times"]
 

@@ -55,14 +55,14 @@ from typing import Any
 
 from celery.beat import PersistentScheduler
 
-from . import metrics, shared_state
-from .backends.base import RunClaim, RunState
-from .beat_election import BeatElection, backend_description
-from .beat_ops import OperableScheduleMixin
-from .beat_rows import DjangoRowsMixin
-from .clock import boottime
-from .errors import ConfigurationError, ElectionError, cannot_start
-from .settings import ElectionSettings
+from .. import metrics, shared_state
+from ..backends.base import RunClaim, RunState
+from ..clock import boottime
+from ..errors import ConfigurationError, ElectionError, cannot_start
+from ..settings import ElectionSettings
+from .election import BeatElection, backend_description
+from .ops import OperableScheduleMixin
+from .rows import DjangoRowsMixin
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
@@ -574,7 +574,7 @@ class LeaderScheduler(OperableScheduleMixin, LeaderSchedulerMixin, PersistentSch
     decides is the shared one in the election database. Changes of ``beat_schedule``
     between deploys behave as with a restarted PersistentScheduler (``follow_deploys``).
     Entries added, paused, run or given policies at runtime (``celery_election.schedule``)
-    are served beside it (``beat_ops``).
+    are served beside it (``beat/ops.py``).
     """
 
     follow_deploys = True

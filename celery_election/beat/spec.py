@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import BaseSchedule, crontab, schedstate, solar
 from celery.schedules import schedule as interval
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = [
     "CATCH_UP",

@@ -15,14 +15,14 @@ import time
 import uuid
 from typing import Any
 
-from . import metrics, shared_state
-from .backends import auto_install, backend_from_url
-from .backends.base import Backend, BeatStore
-from .clock import boottime
-from .config import without_celery_prefix
-from .elector import Elector
-from .history import Recorder
-from .settings import ElectionSettings, hide_password
+from .. import metrics, shared_state
+from ..backends import auto_install, backend_from_url
+from ..backends.base import Backend, BeatStore
+from ..clock import boottime
+from ..config import without_celery_prefix
+from ..elector import Elector
+from ..history import Recorder
+from ..settings import ElectionSettings, hide_password
 
 __all__ = ["BeatElection", "backend_description"]
 
