@@ -655,6 +655,7 @@ class Sessions:
     """
 
     def __init__(self, pg_url: str, reserve: int) -> None:
+        self.pg_url = pg_url
         url = child_url(pg_url, "advisory", None)
         self.conn = psycopg.connect(url, autocommit=True, application_name=ADMIN_APP)
         self.port = sa.make_url(pg_url).port or 5432
@@ -675,6 +676,13 @@ class Sessions:
     def fits(self) -> int:
         """What the candidates may hold of a server to themselves: max_connections - reserve."""
         return self.max_connections - self.reserve
+
+    def reconnect(self) -> None:
+        """A new session of our own (after the server restarted under the old one)."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        url = child_url(self.pg_url, "advisory", None)
+        self.conn = psycopg.connect(url, autocommit=True, application_name=ADMIN_APP)
 
     def sample(self, pids: Iterable[int]) -> dict[str, Any]:
         ports = sorted(sessions_of(pids, self.port))
@@ -1001,6 +1009,35 @@ def run_failover_n(n: int, args: argparse.Namespace, sessions: Sessions) -> dict
     return result
 
 
+def failover_trial(kind: Kind, cl: ScaleCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Sessions every second of --settle, then SIGKILL of the leader's process."""
+    samples = []
+    settled = time.monotonic() + args.settle
+    while time.monotonic() < settled:
+        cl.pump(1.0)
+        samples.append(cl.sessions.sample(cl.pids())["ours"])
+    proc, cand = cl.one_leader()
+    cl.pump(random.uniform(0.05, 1.0))
+    proc, cand = cl.one_leader()
+    mark = len(cl.events)
+    t_kill = cl.signal(proc, signal.SIGKILL)
+    lease = kind.admin.current(cl.ns, timeout=5)
+    proc.popen.wait(10)
+    proc.ended_at = t_kill
+    new = cl.next_elected(proc, t_kill, mark, kind.wait_bound)
+    if new is None:
+        raise BenchError(f"no new leader within {kind.wait_bound:.0f}s")
+    return {
+        "old": cand,
+        "killed_process_candidates": sum(1 for p in cl.cands.values() if p == proc.name),
+        "new": new["cand"],
+        "failover_ms": (new["at"] - t_kill) * 1000,
+        "lease_remaining_s": None if lease is None else lease.remaining,
+        "connections": samples,
+        "peak_sessions_at_start": cl.peak,
+    }
+
+
 def failover_at(
     n: int, args: argparse.Namespace, sessions: Sessions, shared: bool
 ) -> dict[str, Any]:
@@ -1010,47 +1047,41 @@ def failover_at(
         "backend": "per-process" if shared else "per-candidate",
     }  # fmt: skip
     kind = make_kind(name, args, [])
+    result["restarts_seen"] = 0
     try:
         with _events.outcome(result, f"failover N={n}", any_error=True):
-            for i in range(args.failover_trials):
-                cl = start_scaled(kind, f"f{n}x{i}", n, args, None, sessions, shared, True)
+            i = 0
+            while len(result["trials"]) < args.failover_trials:
+                i += 1
+                before = server_started(args.pg_url)
+                if sessions.conn.closed or sessions.conn.broken:
+                    sessions.reconnect()
+                cl: ScaleCluster | None = None
                 try:
-                    result["processes"] = len(cl.procs)
-                    samples = []  # every second of the settling time
-                    settled = time.monotonic() + args.settle
-                    while time.monotonic() < settled:
-                        cl.pump(1.0)
-                        samples.append(cl.sessions.sample(cl.pids())["ours"])
-                    proc, cand = cl.one_leader()
-                    cl.pump(random.uniform(0.05, 1.0))
-                    proc, cand = cl.one_leader()
-                    mark = len(cl.events)
-                    t_kill = cl.signal(proc, signal.SIGKILL)
-                    lease = kind.admin.current(cl.ns, timeout=5)
-                    proc.popen.wait(10)
-                    proc.ended_at = t_kill
-                    new = cl.next_elected(proc, t_kill, mark, kind.wait_bound)
-                    if new is None:
-                        raise BenchError(f"no new leader within {kind.wait_bound:.0f}s")
-                    sample = {
-                        "old": cand,
-                        "killed_process_candidates": sum(
-                            1 for p in cl.cands.values() if p == proc.name
-                        ),
-                        "new": new["cand"],
-                        "failover_ms": (new["at"] - t_kill) * 1000,
-                        "lease_remaining_s": None if lease is None else lease.remaining,
-                        "connections": samples,
-                        "peak_sessions_at_start": cl.peak,
-                    }
-                    result["trials"].append(sample)
-                    log(
-                        f"  N={n} trial {i + 1}: {sample['failover_ms']:.0f} ms "
-                        f"({cand} -> {new['cand']}), sessions {samples}"
-                    )
+                    cl = start_scaled(kind, f"f{n}x{i}", n, args, None, sessions, shared, True)
+                    sample = failover_trial(kind, cl, args)
+                except (BenchError, psycopg.Error) as exc:
+                    if isinstance(exc, NoFit) or server_started(args.pg_url) == before:
+                        raise
+                    sample = None
                 finally:
-                    result["overlaps"] = result.get("overlaps", []) + cl.overlaps()
-                    cl.close()
+                    if cl is not None:
+                        result["overlaps"] = result.get("overlaps", []) + cl.overlaps()
+                        cl.close()
+                if sample is None or server_started(args.pg_url) != before:
+                    # Other test runs on the machine restart the server: discard, redo.
+                    result["restarts_seen"] += 1
+                    log(f"  N={n}: the database server restarted during the trial: discarded")
+                    if result["restarts_seen"] > 2 * args.failover_trials:
+                        raise BenchError("the database server keeps restarting")
+                    sessions.reconnect()
+                    continue
+                result["processes"] = len(cl.procs) if cl is not None else None
+                result["trials"].append(sample)
+                log(
+                    f"  N={n} trial {len(result['trials'])}: {sample['failover_ms']:.0f} ms "
+                    f"({sample['old']} -> {sample['new']}), sessions {sample['connections']}"
+                )
     finally:
         drop_kind(kind)
     if result["status"] == "error" and any("sessions with" in f for f in result["failures"]):
