@@ -21,6 +21,7 @@ import _root  # noqa: F401  (the repository root on sys.path: harness)
 import psycopg
 
 from celery_election import Elector, backend_from_url
+from celery_election.backends.base import Backend
 from celery_election.clock import boottime
 from harness import events as _events
 from harness.events import emit
@@ -64,8 +65,14 @@ class Reporter:
             self.stopping = True
 
 
-def run_celery_election(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
-    backend = backend_from_url(args.url, table_prefix=args.prefix, listen=True)
+def run_celery_election(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    rep: Reporter,
+    shared: Backend | None = None,
+) -> None:
+    """One Elector; on its own backend, or on ``shared`` (the process's, left open)."""
+    backend = shared or backend_from_url(args.url, table_prefix=args.prefix, listen=True)
     elector = Elector(backend, args.ns, args.child, ttl=args.ttl)
     sub = elector.subscribe()
 
@@ -100,7 +107,8 @@ def run_celery_election(args: argparse.Namespace, stop: threading.Event, rep: Re
         reader.join(5)
         rep.stop(boottime())
     finally:
-        backend.close()
+        if shared is None:
+            backend.close()
 
 
 def run_advisory(args: argparse.Namespace, stop: threading.Event, rep: Reporter) -> None:
@@ -228,5 +236,55 @@ def child_main(args: argparse.Namespace) -> int:
         "notifelect": run_notifelect,
     }[args.kind]
     run(args, stop, rep)
+    emit({"event": "stopped", "at": boottime()})
+    return 0
+
+
+def scale_child_main(args: argparse.Namespace) -> int:
+    """``--threads`` candidates of ``--kind`` in this process, one thread each (scale mode).
+
+    Thread i is candidate ``<child>-t<i>`` and connects to ``--urls``[i] (one proxy port per
+    candidate), or to ``--url``. Threads start ``--stagger`` seconds apart. celery-election
+    with ``--shared-backend`` runs every Elector of the process on one backend.
+    """
+    stop = _events.start_child(args.child)
+    _events.read_commands(stop)
+    urls = args.urls.split(",") if args.urls else [args.url] * args.threads
+    run = {
+        "celery-election": run_celery_election,
+        "advisory": run_advisory,
+        "tooz": run_tooz,
+        "notifelect": run_notifelect,
+    }[args.kind]
+    shared: Backend | None = None
+    if args.kind == "celery-election" and args.shared_backend:
+        shared = backend_from_url(urls[0], table_prefix=args.prefix, listen=True)
+
+    def one(i: int) -> None:
+        mine = argparse.Namespace(**vars(args))
+        mine.child = f"{args.child}-t{i}"
+        mine.url = urls[i]
+        rep = Reporter(mine.child)
+        try:
+            if shared is not None:
+                run_celery_election(mine, stop, rep, shared)
+            else:
+                run(mine, stop, rep)
+        except Exception as exc:  # one candidate failing must not hide the others
+            emit({"event": "thread_error", "cand": mine.child, "error": repr(exc)})
+
+    threads = []
+    for i in range(args.threads):
+        if stop.is_set():
+            break
+        t = threading.Thread(target=one, args=(i,), name=f"cand-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+        stop.wait(args.stagger)
+    stop.wait()
+    for t in threads:
+        t.join(30)
+    if shared is not None:
+        shared.close()
     emit({"event": "stopped", "at": boottime()})
     return 0

@@ -81,7 +81,7 @@ import _root  # noqa: F401  (the repository root on sys.path: harness)
 import psycopg
 import sqlalchemy as sa
 from _machine import machine_info
-from peer_electors import child_main
+from peer_electors import child_main, scale_child_main
 
 from celery_election import backend_from_url
 from celery_election.clock import boottime
@@ -584,6 +584,682 @@ def describe(key: str, s: dict[str, Any]) -> str:
 
 
 # =========================================================================================
+# scale mode: N candidates as threads in a few processes (--scale, --max-n)
+# =========================================================================================
+
+ADMIN_APP = "peers-scale-admin"  # the parent's own sessions: never counted as a candidate's
+DEFAULT_SCALE_JSON = HERE / "results" / "peers_scale.json"
+
+
+class NoFit(BenchError):
+    """The candidates' sessions would not fit in the connections left on the server."""
+
+
+def sessions_of(pids: Iterable[int], server_port: int) -> set[int]:
+    """Local ports of the TCP connections of ``pids`` to ``server_port`` (from ``ss``)."""
+    out = subprocess.run(
+        ["ss", "-tnpH", "state", "established"], capture_output=True, text=True, check=True
+    ).stdout
+    wanted = {f"pid={p}," for p in pids}
+    ports = set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or not any(w in line for w in wanted):
+            continue
+        local, peer = fields[2], fields[3]
+        if peer.rsplit(":", 1)[1] == str(server_port):
+            ports.add(int(local.rsplit(":", 1)[1]))
+    return ports
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of ``pid`` so far (``/proc/<pid>/stat``), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds(postmaster: int | None) -> float | None:
+    """CPU time of the whole server so far: the postmaster, its live children and the
+    children it has reaped (cutime + cstime), so short-lived sessions count too."""
+    if postmaster is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    total = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(f[1]) == postmaster:
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
+class Sessions:
+    """Server sessions of a run's processes, counted in pg_stat_activity.
+
+    A session is the run's when its client port belongs to a connection of one of the
+    run's processes (``ss``): a child's own, or the proxy's (in the parent) for a child
+    that goes through it. The parent's other sessions carry ``application_name``
+    ADMIN_APP and are left out.
+    """
+
+    def __init__(self, pg_url: str, reserve: int) -> None:
+        self.pg_url = pg_url
+        url = child_url(pg_url, "advisory", None)
+        self.conn = psycopg.connect(url, autocommit=True, application_name=ADMIN_APP)
+        self.port = sa.make_url(pg_url).port or 5432
+        row = self.conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+        self.max_connections = int(row[0]) if row else 100
+        self.reserve = reserve
+        #: the server's postmaster, if it runs on this machine (/proc shows it)
+        self.postmaster: int | None = None
+        row = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        with contextlib.suppress(OSError, TypeError, IndexError):
+            stat = Path(f"/proc/{row[0] if row else 0}/stat").read_text()
+            self.postmaster = int(stat.rsplit(")", 1)[1].split()[1])
+        #: the most sessions per candidate one process brought, by (kind, shared backend):
+        #: how the next process's sessions are foreseen before it starts
+        self.rate: dict[tuple[str, bool], float] = {}
+
+    @property
+    def fits(self) -> int:
+        """What the candidates may hold of a server to themselves: max_connections - reserve."""
+        return self.max_connections - self.reserve
+
+    def reconnect(self) -> None:
+        """A new session of our own (after the server restarted under the old one)."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        url = child_url(self.pg_url, "advisory", None)
+        self.conn = psycopg.connect(url, autocommit=True, application_name=ADMIN_APP)
+
+    def sample(self, pids: Iterable[int]) -> dict[str, Any]:
+        ports = sorted(sessions_of(pids, self.port))
+        rows = self.conn.execute(
+            "SELECT pid, coalesce(application_name, ''), client_port = ANY(%s) "
+            "AND application_name IS DISTINCT FROM %s AND pid <> pg_backend_pid(), "
+            "application_name = %s OR pid = pg_backend_pid() "
+            "FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            (ports, ADMIN_APP, ADMIN_APP),
+        ).fetchall()
+        ours = [(pid, app) for pid, app, mine, _admin in rows if mine]
+        admin = sum(1 for *_x, a in rows if a)
+        by_app: dict[str, int] = {}
+        for _pid, app in ours:
+            by_app[app or "-"] = by_app.get(app or "-", 0) + 1
+        return {
+            "at": time.monotonic(),
+            "ours": len(ours),
+            "by_app": by_app,
+            "backend_pids": [pid for pid, _app in ours],
+            "admin": admin,
+            "others": len(rows) - len(ours) - admin,
+            "all": len(rows),
+        }
+
+    def room(self, s: dict[str, Any]) -> int:
+        """How many sessions the candidates may hold now: the server's room left after the
+        other users and the parent, less the reserve, and never more than ``fits``."""
+        return min(self.fits, self.max_connections - self.reserve - s["others"] - s["admin"])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ScaleCluster(Cluster):
+    """Processes of several candidate threads each; ``leading`` is keyed by candidate."""
+
+    def __init__(
+        self, kind: Kind, ns: str, proxy: Proxy | None, sessions: Sessions, shared: bool
+    ) -> None:
+        super().__init__(kind, ns, proxy)
+        self.sessions = sessions
+        self.shared = shared
+        self.cands: dict[str, str] = {}  # candidate -> process name
+        self.counted: list[str] = []  # the proxy's names of this cluster's candidates
+        self.peak = 0
+
+    def pids(self) -> list[int]:
+        pids = [p.popen.pid for p in self.procs.values() if p.alive]
+        return pids + ([os.getpid()] if self.proxy is not None else [])
+
+    def spawn_threads(self, threads: int) -> Child:
+        self._seq += 1
+        name = f"{self.kind.name[:4]}-{self.ns}-p{self._seq}"
+        a = self.kind.args
+        cands = [f"{name}-t{i}" for i in range(threads)]
+        if self.proxy is None:
+            urls = [child_url(a.pg_url, self.kind.name, None)] * threads
+        elif self.shared:  # one backend per process: one port per process
+            urls = [child_url(a.pg_url, self.kind.name, self.proxy.add(name))] * threads
+            self.counted.append(name)
+        else:
+            urls = [child_url(a.pg_url, self.kind.name, self.proxy.add(c)) for c in cands]
+            self.counted += cands
+        for c in cands:
+            self.cands[c] = name
+        options = [
+            "--kind", self.kind.name, "--urls", ",".join(urls), "--url", urls[0],
+            "--prefix", self.kind.prefix, "--ns", self.ns, "--ttl", repr(a.ttl),
+            "--poll", repr(a.poll), "--ne-interval", repr(a.ne_interval),
+            "--ne-timeout", repr(a.ne_timeout), "--threads", str(threads),
+            "--stagger", repr(a.stagger),
+        ]  # fmt: skip
+        if self.shared:
+            options.append("--shared-backend")
+        popen = self.launch(__file__, name, options, env={**os.environ, **self.kind.env})
+        proc = self.procs[name] = Child(name, popen)
+        return proc
+
+    def start_guarded(self, threads: int) -> Child:
+        """Start one process and wait for all its candidates; stop it at once (NoFit) if the
+        run's sessions outgrow the room left on the server."""
+        before = self.sessions.sample(self.pids())
+        key = (self.kind.name, self.shared)
+        foreseen = before["ours"] + threads * self.sessions.rate.get(key, 0.0)
+        if foreseen > self.sessions.room(before):
+            raise NoFit(
+                f"{before['ours']} sessions with {len(self.cands)} candidates started, "
+                f"{threads} more would bring about {foreseen:.0f} (room "
+                f"{self.sessions.room(before)}: max_connections {self.sessions.max_connections}"
+                f" - reserve {self.sessions.reserve} - {before['others']} of other users - "
+                f"{before['admin']} of this run)"
+            )
+        proc = self.spawn_threads(threads)
+        ready = 0
+        timeout = 30 + self.kind.cycle * 2 + threads * self.kind.args.stagger
+        deadline = time.monotonic() + timeout
+        while ready < threads:
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"{proc.name}: {ready}/{threads} candidates ready in {timeout:.0f}s"
+                )
+            self.pump(0.25)
+            s = self.sessions.sample(self.pids())
+            self.peak = max(self.peak, s["ours"])
+            room = self.sessions.room(s)
+            if s["ours"] > room:
+                proc.popen.kill()
+                proc.popen.wait(10)
+                raise NoFit(
+                    f"{s['ours']} sessions with {len(self.cands)} candidates started "
+                    f"(room {room}: max_connections {self.sessions.max_connections} - reserve "
+                    f"{self.sessions.reserve} - {s['others']} of other users - {s['admin']} "
+                    f"of this run; before this process: {before['ours']})"
+                )
+            ready = sum(1 for e in self.events if e["event"] == "ready" and e["proc"] == proc.name)
+            errors = [
+                e for e in self.events if e["event"] == "thread_error" and e["proc"] == proc.name
+            ]
+            if errors:
+                raise BenchError(f"{errors[0]['cand']}: {errors[0]['error']}")
+            if not proc.alive:
+                raise BenchError(f"{proc.name} exited with {proc.popen.returncode}")
+        self.pump(0.5)  # the last candidates' sessions (a LISTEN after the first look)
+        s = self.sessions.sample(self.pids())
+        # A process of a few candidates on one backend says little of a large one's
+        # sessions per candidate (its LISTEN and pool are shared by fewer).
+        if threads >= 5 or not self.shared:
+            rate = (s["ours"] - before["ours"]) / threads
+            self.sessions.rate[key] = max(self.sessions.rate.get(key, 0.0), rate)
+        return proc
+
+
+def split(n: int, parts: int) -> list[int]:
+    """``n`` candidates over at most ``parts`` processes, as evenly as possible."""
+    parts = max(1, min(parts, n))
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def scale_window(cl: ScaleCluster, proxy: Proxy | None, seconds: float) -> dict[str, Any]:
+    """Sessions (sampled), statements (the proxy) and CPU (/proc) over one steady window."""
+    _proc, leader = cl.one_leader()
+    mark = len(cl.events)
+    pids = [p.popen.pid for p in cl.procs.values() if p.alive]
+    first = cl.sessions.sample(cl.pids())
+    server_pids = first["backend_pids"]
+    cpu0 = {p: cpu_seconds(p) for p in pids + server_pids}
+    snap0 = proxy.snapshot() if proxy is not None else {}
+    whole0 = server_cpu_seconds(cl.sessions.postmaster)
+    t0 = time.monotonic()
+    samples = [first]
+    n_samples = max(3, int(seconds // 5))
+    for i in range(1, n_samples + 1):
+        cl.pump(max(0.0, t0 + seconds * i / n_samples - time.monotonic()))
+        samples.append(cl.sessions.sample(cl.pids()))
+    t1 = time.monotonic()
+    snap1 = proxy.snapshot() if proxy is not None else {}
+    cpu1 = {p: cpu_seconds(p) for p in cpu0}
+    whole1 = server_cpu_seconds(cl.sessions.postmaster)
+    cl.drain()
+    dt = t1 - t0
+    changed = sorted({e["cand"] for e in cl.events[mark:] if e["event"] in ("elected", "revoked")})
+    n = len(cl.cands)
+
+    def cpu_pct(ps: list[int]) -> float | None:
+        used = [cpu1[p] - cpu0[p] for p in ps if cpu0[p] is not None and cpu1[p] is not None]  # type: ignore[operator]
+        return None if not used else 100.0 * sum(used) / dt / n
+
+    per_name: dict[str, dict[str, Any]] = {}
+    for name in cl.counted:
+        a, b = snap0.get(name), snap1.get(name)
+        if a is None or b is None:
+            continue
+        per_name[name] = {
+            "stmts_per_s": (b["stmts"] - a["stmts"]) / dt,
+            "connects_per_s": (b["connections"] - a["connections"]) / dt,
+            "notifications_per_s": (b["notifications"] - a["notifications"]) / dt,
+            "verbs_per_s": {
+                k: round((v - a["verbs"].get(k, 0)) / dt, 3)
+                for k, v in b["verbs"].items()
+                if v - a["verbs"].get(k, 0)
+            },
+        }
+    total = sum(r["stmts_per_s"] for r in per_name.values()) if per_name else None
+    leader_name = cl.cands[leader] if cl.shared else leader
+    leader_rate = per_name[leader_name]["stmts_per_s"] if leader_name in per_name else None
+    follower_rates = [
+        r["stmts_per_s"] for k, r in per_name.items() if k != leader_name and k not in changed
+    ]
+    verbs: dict[str, float] = {}
+    for r in per_name.values():
+        for k, v in r["verbs_per_s"].items():
+            verbs[k] = round(verbs.get(k, 0.0) + v, 3)
+    ours = [s["ours"] for s in samples]
+    by_app: dict[str, int] = {}
+    for s in samples:
+        for app, c in s["by_app"].items():
+            by_app[app] = max(by_app.get(app, 0), c)
+    return {
+        "seconds": dt,
+        "leader": leader,
+        "changed_in_window": changed,
+        "connections_mean": sum(ours) / len(ours),
+        "connections_max": max(ours),
+        "connections_samples": ours,
+        "connections_by_app_max": by_app,
+        "others_max": max(s["others"] for s in samples),
+        "stmts_per_s_total": total,
+        "stmts_per_s_leader": leader_rate,
+        "stmts_per_s_per_follower": (
+            None if cl.shared or not follower_rates else sum(follower_rates) / len(follower_rates)
+        ),
+        "stmts_per_s_follower_max": None
+        if cl.shared or not follower_rates
+        else max(follower_rates),
+        "verbs_per_s": verbs,
+        "connects_per_s": sum(r["connects_per_s"] for r in per_name.values()) if per_name else None,
+        "notifications_per_s": sum(r["notifications_per_s"] for r in per_name.values())
+        if per_name
+        else None,
+        "client_cpu_pct_per_candidate": cpu_pct(pids),
+        "server_cpu_pct_per_candidate": cpu_pct(server_pids),
+        # every session of the server, other users' too, and the short-lived ones
+        "whole_server_cpu_pct": None
+        if whole0 is None or whole1 is None
+        else 100.0 * (whole1 - whole0) / dt,
+    }
+
+
+def start_scaled(
+    kind: Kind, ns: str, n: int, args: argparse.Namespace, proxy: Proxy | None,
+    sessions: Sessions, shared: bool, solo_leader: bool = False,
+) -> ScaleCluster:  # fmt: skip
+    """N candidates in at most --procs processes (the first alone when ``solo_leader``:
+    it is started first and leads before the others start)."""
+    cl = ScaleCluster(kind, ns, proxy, sessions, shared)
+    try:
+        if solo_leader:
+            first = cl.start_guarded(1)
+            _p, cand = cl.one_leader()
+            if cl.cands[cand] != first.name:
+                raise BenchError(f"the first candidate did not lead ({cand} does)")
+            sizes = split(n - 1, args.procs - 1)
+        else:
+            sizes = split(n, args.procs)
+        for t in sizes:
+            cl.start_guarded(t)
+    except BaseException:
+        cl.close()
+        raise
+    return cl
+
+
+def run_scale_kind(
+    name: str, n: int, args: argparse.Namespace, sessions: Sessions
+) -> dict[str, Any]:
+    """The steady state of N candidates of one kind."""
+    result: dict[str, Any] = {"kind": name, "n": n, "status": "ok", "failures": []}
+    choices = [False]
+    if name == "celery-election":
+        choices = {"elector": [False], "process": [True], "auto": [False, True]}[args.ce_backend]
+    started = time.monotonic()
+    for shared in choices:
+        kind = make_kind(name, args, [])
+        url = sa.make_url(args.pg_url)
+        proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+        cl: ScaleCluster | None = None
+        result["backend"] = "per-process" if shared else "per-candidate"
+        try:
+            with _events.outcome(result, f"{name} N={n}", any_error=True):
+                log(f"[{name}] N={n}, {result['backend']}: starting")
+                cl = start_scaled(kind, f"s{n}", n, args, proxy, sessions, shared)
+                result["processes"] = len(cl.procs)
+                log(
+                    f"[{name}] N={n}: settling {args.settle:g}s, "
+                    f"then a {args.scale_seconds:g}s window"
+                )
+                cl.pump(args.settle)
+                result["window"] = scale_window(cl, proxy, args.scale_seconds)
+                result["overlaps"] = cl.overlaps()
+                w = result["window"]
+                log(
+                    f"  connections {w['connections_mean']:.1f}/{w['connections_max']} "
+                    f"{w['connections_by_app_max']}, stmts/s {w['stmts_per_s_total']}, "
+                    f"cpu/cand {w['client_cpu_pct_per_candidate']}"
+                )
+        except KeyboardInterrupt:
+            raise
+        finally:
+            if cl is not None:
+                result["peak_sessions_at_start"] = cl.peak
+                cl.close()
+            proxy.close()
+            drop_kind(kind)
+        nofit = [f for f in result["failures"] if "sessions with" in f]
+        if result["status"] == "error" and nofit and shared is not choices[-1]:
+            result["no_fit_per_candidate_backend"] = nofit[-1]
+            result["status"], result["failures"] = "ok", []
+            continue
+        break
+    if result["status"] == "error" and any("sessions with" in f for f in result["failures"]):
+        result["status"] = "no fit"
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def run_failover_n(n: int, args: argparse.Namespace, sessions: Sessions) -> dict[str, Any]:
+    """celery-election at N: sessions held, then SIGKILL of the (solo) leader's process,
+    --failover-trials times, each on a fresh cluster (per-candidate backends, or with
+    ``--ce-backend auto`` per-process ones when those do not fit)."""
+    choices = {"elector": [False], "process": [True], "auto": [False, True]}[args.ce_backend]
+    started = time.monotonic()
+    result: dict[str, Any] = {}
+    nofit = ""
+    for shared in choices:
+        result = failover_at(n, args, sessions, shared)
+        if result["status"] != "no fit" or shared is choices[-1]:
+            break
+        nofit = result["failures"][-1]
+        log(f"  per-candidate backends do not fit ({nofit}): one backend per process")
+    if len(choices) > 1 and result["backend"] == "per-process":
+        result["no_fit_per_candidate_backend"] = nofit
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def failover_trial(kind: Kind, cl: ScaleCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Sessions every second of --settle, then SIGKILL of the leader's process."""
+    samples = []
+    settled = time.monotonic() + args.settle
+    while time.monotonic() < settled:
+        cl.pump(1.0)
+        samples.append(cl.sessions.sample(cl.pids())["ours"])
+    proc, cand = cl.one_leader()
+    cl.pump(random.uniform(0.05, 1.0))
+    proc, cand = cl.one_leader()
+    mark = len(cl.events)
+    t_kill = cl.signal(proc, signal.SIGKILL)
+    lease = kind.admin.current(cl.ns, timeout=5)
+    proc.popen.wait(10)
+    proc.ended_at = t_kill
+    new = cl.next_elected(proc, t_kill, mark, kind.wait_bound)
+    if new is None:
+        raise BenchError(f"no new leader within {kind.wait_bound:.0f}s")
+    return {
+        "old": cand,
+        "killed_process_candidates": sum(1 for p in cl.cands.values() if p == proc.name),
+        "new": new["cand"],
+        "failover_ms": (new["at"] - t_kill) * 1000,
+        "lease_remaining_s": None if lease is None else lease.remaining,
+        "connections": samples,
+        "peak_sessions_at_start": cl.peak,
+    }
+
+
+def failover_at(
+    n: int, args: argparse.Namespace, sessions: Sessions, shared: bool
+) -> dict[str, Any]:
+    name = "celery-election"
+    result: dict[str, Any] = {
+        "kind": name, "n": n, "status": "ok", "failures": [], "trials": [],
+        "backend": "per-process" if shared else "per-candidate",
+    }  # fmt: skip
+    kind = make_kind(name, args, [])
+    result["restarts_seen"] = 0
+    try:
+        with _events.outcome(result, f"failover N={n}", any_error=True):
+            i = 0
+            while len(result["trials"]) < args.failover_trials:
+                i += 1
+                before = server_started(args.pg_url)
+                if sessions.conn.closed or sessions.conn.broken:
+                    sessions.reconnect()
+                cl: ScaleCluster | None = None
+                try:
+                    cl = start_scaled(kind, f"f{n}x{i}", n, args, None, sessions, shared, True)
+                    sample = failover_trial(kind, cl, args)
+                except (BenchError, psycopg.Error) as exc:
+                    if isinstance(exc, NoFit) or server_started(args.pg_url) == before:
+                        raise
+                    sample = None
+                finally:
+                    if cl is not None:
+                        result["overlaps"] = result.get("overlaps", []) + cl.overlaps()
+                        cl.close()
+                if sample is None or server_started(args.pg_url) != before:
+                    # Other test runs on the machine restart the server: discard, redo.
+                    result["restarts_seen"] += 1
+                    log(f"  N={n}: the database server restarted during the trial: discarded")
+                    if result["restarts_seen"] > 2 * args.failover_trials:
+                        raise BenchError("the database server keeps restarting")
+                    sessions.reconnect()
+                    continue
+                result["processes"] = len(cl.procs) if cl is not None else None
+                result["trials"].append(sample)
+                log(
+                    f"  N={n} trial {len(result['trials'])}: {sample['failover_ms']:.0f} ms "
+                    f"({sample['old']} -> {sample['new']}), sessions {sample['connections']}"
+                )
+    finally:
+        drop_kind(kind)
+    if result["status"] == "error" and any("sessions with" in f for f in result["failures"]):
+        result["status"] = "no fit"
+    fo = [t["failover_ms"] for t in result["trials"]]
+    conns = [c for t in result["trials"] for c in t["connections"]]
+    result["failover_ms"] = stats(fo)
+    result["connections_max"] = max(conns) if conns else None
+    return result
+
+
+def scale_table(rows: list[dict[str, Any]], fits: int) -> str:
+    head = (
+        "| kind | N | processes | backend | connections mean / max | per candidate | "
+        "stmts/s total | leader | per follower (mean / max) | new sessions/s | "
+        "client CPU % per candidate | server CPU % per candidate |"
+    )
+    lines = [head, "|" + " --- |" * 12]
+
+    def f(x: float | None, d: int = 2) -> str:
+        return "-" if x is None else f"{x:.{d}f}"
+
+    for r in rows:
+        w = r.get("window")
+        if w is None:
+            why = r["status"] + (": " + r["failures"][-1] if r["failures"] else "")
+            lines.append(
+                f"| {r['kind']} | {r['n']} | - | {r.get('backend', '-')} | {why} |" + " |" * 6
+            )
+            continue
+        n = r["n"]
+        per_f = f(w["stmts_per_s_per_follower"], 3)
+        if w["stmts_per_s_follower_max"] is not None:
+            per_f += f" / {f(w['stmts_per_s_follower_max'], 3)}"
+        lines.append(
+            f"| {r['kind']} | {n} | {r['processes']} | {r['backend']} | "
+            f"{w['connections_mean']:.1f} / {w['connections_max']} | "
+            f"{w['connections_mean'] / n:.2f} | {f(w['stmts_per_s_total'])} | "
+            f"{f(w['stmts_per_s_leader'])} | {per_f} | {f(w.get('connects_per_s'))} | "
+            f"{f(w['client_cpu_pct_per_candidate'], 3)} | "
+            f"{f(w['server_cpu_pct_per_candidate'], 3)} |"
+        )
+    lines.append(f"\n(connections: the candidates' sessions in pg_stat_activity; fits = {fits})")
+    lines.append(
+        "whole server CPU % over each window (every user's sessions, short-lived ones too): "
+        + ", ".join(
+            f"{r['kind']} N={r['n']}: {r['window']['whole_server_cpu_pct']:.1f}"
+            for r in rows
+            if r.get("window") and r["window"].get("whole_server_cpu_pct") is not None
+        )
+    )
+    return "\n".join(lines)
+
+
+def failover_table(rows: list[dict[str, Any]], args: argparse.Namespace, fits: int) -> str:
+    bound = 1000 * (args.delta or 0) + 150
+    lines = [
+        "| N | processes | backend | connections max | fits in "
+        f"{fits} | failover p50 / max ms | <= {bound:.0f} ms | status |",
+        "|" + " --- |" * 8,
+    ]
+    for r in rows:
+        fo = r["failover_ms"]
+        cm = r["connections_max"]
+        ok_fit = "-" if cm is None else "yes" if cm <= fits else "no"
+        ok_fo = "-" if fo is None else "yes" if fo["max"] <= bound else "no"
+        why = r["status"] + (": " + r["failures"][-1] if r["failures"] else "")
+        times = "-" if fo is None else f"{fo['p50']:.0f} / {fo['max']:.0f}"
+        conns = "-" if cm is None else str(cm)
+        lines.append(
+            f"| {r['n']} | {r.get('processes', '-')} | {r['backend']} | {conns} | "
+            f"{ok_fit} | {times} | {ok_fo} | {why} |"
+        )
+    good = [
+        r["n"] for r in rows
+        if r["failover_ms"] and r["connections_max"] is not None
+        and r["connections_max"] <= fits and r["failover_ms"]["max"] <= bound
+        and r["status"] == "ok"
+    ]  # fmt: skip
+    lines.append(
+        f"\nlargest N that fit with failover <= {bound:.0f} ms: {max(good) if good else 'none'}"
+    )
+    return "\n".join(lines)
+
+
+def scale_main(args: argparse.Namespace) -> int:
+    if args.electors == ",".join(KINDS):
+        args.electors = "celery-election,advisory,tooz"
+    kinds = [k.strip() for k in args.electors.split(",") if k.strip()]
+    ns_list = [int(x) for x in args.scale.split(",")] if args.scale else []
+    max_ns = [int(x) for x in args.max_n.split(",")] if args.max_n else []
+    sessions = Sessions(args.pg_url, args.reserve)
+    cfg = ElectionConfig.create(ttl=args.ttl)
+    args.delta = cfg.liveness
+    head = subprocess.run(
+        ["git", "-C", str(HERE), "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    ).stdout.strip()
+    out: dict[str, Any] = {
+        "benchmark": "peers --scale",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": head,
+        "machine": {**machine_info(), "versions": versions()},
+        "settings": {
+            "electors": kinds, "scale": ns_list, "max_n": max_ns, "procs": args.procs,
+            "ttl": args.ttl, "liveness": cfg.liveness, "settle": args.settle,
+            "standbys": getattr(cfg, "standbys", None),
+            "scale_seconds": args.scale_seconds, "stagger": args.stagger,
+            "ce_backend": args.ce_backend, "failover_trials": args.failover_trials,
+            "reserve": args.reserve, "max_connections": sessions.max_connections,
+            "fits": sessions.fits, "advisory_poll": args.poll,
+        },
+        "method": SCALE_METHOD,
+        "steady": [],
+        "failover": [],
+    }  # fmt: skip
+    started = time.monotonic()
+    interrupted = False
+    try:
+        for n in ns_list:
+            for k in kinds:
+                out["steady"].append(run_scale_kind(k, n, args, sessions))
+        for n in max_ns:
+            log(f"[celery-election] failover at N={n}")
+            out["failover"].append(run_failover_n(n, args, sessions))
+    except KeyboardInterrupt:
+        interrupted = True
+        log("interrupted: children stopped, tables dropped; writing what was measured")
+    finally:
+        sessions.close()
+    out["interrupted"] = interrupted
+    out["seconds"] = round(time.monotonic() - started, 1)
+    out["machine"]["loadavg_at_end"] = os.getloadavg()
+    text = [f"# peers.py --scale ({head}; ttl {args.ttl:g}s, liveness {cfg.liveness}s)"]
+    if out["steady"]:
+        text += ["", scale_table(out["steady"], sessions.fits)]
+    if out["failover"]:
+        text += ["", failover_table(out["failover"], args, sessions.fits)]
+    table = "\n".join(text)
+    print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.table is not None:
+        args.table.write_text(table + "\n")
+    print(f"raw results: {args.json} ({out['seconds']:.0f}s)")
+    return 130 if interrupted else 0
+
+
+SCALE_METHOD = """\
+--scale N1,N2,..: for each N and each kind, N candidates run as threads in at most --procs
+processes (peer_electors.scale_child_main; threads start --stagger s apart). celery-election
+runs one Elector per thread, each on its own backend (per-candidate: lease pool, LISTEN,
+liveness session each), or with --ce-backend process one backend shared by the process's
+Electors; auto tries per-candidate first and falls back to per-process when that does not
+fit. Every candidate (per-process: every process) connects through its own port of the
+wire proxy, which counts statements (simple Query statements and extended-protocol Executes,
+transaction control not counted). After --settle s, a --scale-seconds window: sessions
+sampled every ~5 s in pg_stat_activity (the rows whose client port is a connection of the
+run's processes, or of the proxy for them; the parent's own sessions are left out), statements
+per second from proxy snapshots, CPU per candidate = (utime + stime of the child processes
+from /proc over the window) / window / N, and the same for the server backends of the
+candidates' sessions present at the window's start (short-lived sessions are missed: the
+whole server's CPU over the window, every user's and reaped sessions' included, is in the
+JSON and under the table). Processes start one at a time; while
+they start, the sessions are sampled every 0.25 s and a process is SIGKILLed (the N is
+reported "no fit") once they pass min(max_connections - reserve, max_connections - reserve
+- other users' sessions - the parent's).
+--max-n N1,..: celery-election only, directly (no proxy): a first candidate alone in its
+process leads, then N - 1 others start in --procs - 1 processes; the sessions are sampled
+every second of --settle s, then at a random point of a second the leader's process is
+SIGKILLed and the failover is the next `elected` Transition.at (CLOCK_BOOTTIME) of another
+candidate minus the kill time. --failover-trials fresh clusters per N. Before each process
+starts, its sessions are foreseen from the most sessions per candidate a process brought so
+far; it is not started when they would not fit (a process of under 5 candidates on one
+backend does not count). The wire proxy also counts the sessions opened (new sessions/s).
+"""
+
+
+# =========================================================================================
 # summary
 # =========================================================================================
 
@@ -726,7 +1402,31 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--prefix", help=argparse.SUPPRESS)
     p.add_argument("--ns", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--urls", help=argparse.SUPPRESS)
+    p.add_argument("--shared-backend", action="store_true", help=argparse.SUPPRESS)
+    s = p.add_argument_group("scale mode (--scale / --max-n)")
+    s.add_argument("--scale", help="steady state at these N (comma list), e.g. 3,20,100")
+    s.add_argument("--max-n", help="celery-election failover at these N, e.g. 100,200,500")
+    s.add_argument("--procs", type=int, default=5, help="processes the N candidates share")
+    s.add_argument("--settle", type=float, help="seconds after the start before measuring [15]")
+    s.add_argument("--scale-seconds", type=float, help="steady window, seconds [40]")
+    s.add_argument("--stagger", type=float, default=0.05, help="seconds between thread starts")
+    s.add_argument(
+        "--ce-backend",
+        choices=("auto", "elector", "process"),
+        default="auto",
+        help="celery-election: a backend per candidate, per process, or per candidate "
+        "when it fits (else per process)",
+    )
+    s.add_argument("--failover-trials", type=int, default=3, help="SIGKILLs per --max-n N")
+    s.add_argument("--reserve", type=int, default=10, help="connections left to others")
+    s.add_argument("--table", type=Path, help="also write the printed table here")
     args = p.parse_args(argv)
+    if args.scale or args.max_n:
+        _events.quick_defaults(args, ("settle", "scale_seconds"), (5.0, 10.0), (15.0, 40.0))
+        if args.json == DEFAULT_JSON:
+            args.json = DEFAULT_SCALE_JSON
     _events.quick_defaults(
         args, ("trials", "ttl", "steady_seconds"), (3, 2.0, 10.0), (10, 10.0, 60.0)
     )
@@ -740,7 +1440,10 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
 def main(argv: Iterable[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        return child_main(args)
+        return scale_child_main(args) if args.threads else child_main(args)
+    if args.scale or args.max_n:
+        _events.start_parent(args, args.electors, KINDS, "elector")
+        return scale_main(args)
     kinds = _events.start_parent(args, args.electors, KINDS, "elector")
     with psycopg.connect(child_url(args.pg_url, "advisory", None)) as c:
         row = c.execute("SELECT version()").fetchone()
