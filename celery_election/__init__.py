@@ -6,17 +6,20 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  shared with pool children), beat/ (LeaderScheduler), tasks.py
                  (leader_task), control.py, signals.py, cli.py   -- import celery
     settings.py  every election_* setting, parsed and validated once per app
-    elector.py   the Elector; its docstring is the protocol (start there); liveness.py
-                 the liveness rules and thread (failover in about a second);
-                 transitions.py what an elector reports; aio.py wraps it for asyncio
+    elector.py   the Elector; its docstring is the protocol (start there);
+                 decisions.py what the election thread does, as pure functions (the
+                 liveness rules among them); election_loop.py the election thread, the
+                 one writer of the protocol's fields; liveness.py the lock thread;
+                 announce.py the dispatcher; transitions.py what an elector reports;
+                 aio.py wraps it for asyncio
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
                  dialects.py (what differs between the databases), schema.py (tables,
                  database clock), connection.py (engines, deadlines), sql_calls.py
                  (each call's transaction and errors), sql_lease.py (the lease steps),
                  sql.py (lease, candidates), sql_install.py (tables), sql_beat.py
-                 (beat runs), sql_schedule.py (operable schedule), liveness.py (the
-                 lock sessions), postgres.py (NOTIFY + LISTEN)
-    core values  config.py (ElectionConfig), term.py, clock.py, errors.py, history.py;
+                 (beat runs), sql_schedule.py (operable schedule), locks.py (the
+                 lock sessions and standby slots), postgres.py (NOTIFY + LISTEN)
+    core values  config.py (ElectionConfig), lease.py, clock.py, errors.py, history.py;
                  shm.py (the /dev/shm file a worker shares with its pool children)
 
 Outside the package: ``harness/`` runs processes for the e2e tests, the chaos matrix and
@@ -45,7 +48,7 @@ from .errors import (
     NotLeaderError,
     SchemaMissingError,
 )
-from .term import Lease
+from .lease import Lease
 
 __version__ = "0.1.0"
 

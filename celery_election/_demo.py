@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import Backend, backend_from_url
-from .term import Lease
+from .lease import Lease
 
 __all__ = ["run"]
 

@@ -31,8 +31,8 @@ import click
 from .backends import Backend, SQLBackend, backend_from_url
 from .backends.sql import DEFAULT_TABLE_PREFIX
 from .errors import ElectionError, SchemaMissingError
+from .lease import CandidateInfo, Lease
 from .settings import is_postgres
-from .term import CandidateInfo, Lease
 
 __all__ = ["election", "main"]
 

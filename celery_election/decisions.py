@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from .config import ElectionConfig
-from .term import ElectResult, Lease
+from .lease import ElectResult, Lease
 from .transitions import Lead
 
 __all__ = [

@@ -22,7 +22,7 @@ from . import decisions as rules
 from .backends.base import Wakeup, WakeupHandle
 from .clock import Sleeper, boottime
 from .decisions import Call, Next
-from .term import ElectResult, Lease, trusted_until
+from .lease import ElectResult, Lease, trusted_until
 from .transitions import Lead, RevokeReason
 
 if TYPE_CHECKING:

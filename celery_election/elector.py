@@ -63,9 +63,9 @@ from .config import ElectionConfig, Seconds, validate_candidate_id, validate_nam
 from .decisions import Proof
 from .election_loop import ElectionLoop
 from .errors import ConfigurationError, ElectionError
+from .lease import Lease
 from .liveness import Liveness, start_liveness
 from .metrics.stats import ElectorStats, track
-from .term import Lease
 from .transitions import (
     Backoff,
     Lead,

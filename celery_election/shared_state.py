@@ -35,7 +35,7 @@ from typing import NamedTuple
 from . import shm
 from .clock import boottime
 
-__all__ = ["ENV_VAR", "Leadership", "SharedLeadership", "current", "install", "installed"]
+__all__ = ["ENV_VAR", "SharedLeadership", "TrustRecord", "current", "install", "installed"]
 
 ENV_VAR = "CELERY_ELECTION_SHM"
 _PREFIX = "celery-election-"
@@ -48,7 +48,7 @@ _BOOT = getattr(time, "CLOCK_BOOTTIME", None)
 _clock_gettime = time.clock_gettime
 
 
-class Leadership(NamedTuple):
+class TrustRecord(NamedTuple):
     """One consistent reading of the record."""
 
     leader: bool
@@ -100,19 +100,19 @@ class SharedLeadership:
         m[8:48] = payload
         m[_TAIL] = seq
 
-    def read(self) -> Leadership:
+    def read(self) -> TrustRecord:
         """A consistent reading (retries while a write is in progress)."""
         m = self._map
         if m.closed:  # the worker has shut down
-            return Leadership(False, None, 0.0)
+            return TrustRecord(False, None, 0.0)
         while True:
             tail = m[_TAIL]
             payload = m[8:48]
             if m[0:8] == tail and tail != _ZERO:
                 flag, term, until, raw = _PAYLOAD.unpack(payload)
                 if not flag:
-                    return Leadership(False, None, until)
-                return Leadership(True, term, until, raw.hex() if raw.strip(b"\0") else None)
+                    return TrustRecord(False, None, until)
+                return TrustRecord(True, term, until, raw.hex() if raw.strip(b"\0") else None)
 
     def leader_term(self) -> int | None:
         """The term, if this process's worker leads and trusts it right now.

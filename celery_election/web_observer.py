@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from .backends import SQLBackend
 from .backends.sql_schedule import RunRecord
 from .beat.spec import describe, from_spec
+from .lease import Lease
 from .schedule import Entry, Schedule
 from .settings import ElectionSettings, hide_password
-from .term import Lease
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery

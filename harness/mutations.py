@@ -91,7 +91,7 @@ MUTATIONS = [
     M("memory-take-waited", MEM, "and row.liveness_us <= round(waited * 1_000_000)",
       "and True", [*LEASE, *STATEFUL]),
     # -- trust and configuration --------------------------------------------------------------
-    M("trust-margin", "celery_election/term.py", "return attempt_started + ttl - safety_margin",
+    M("trust-margin", "celery_election/lease.py", "return attempt_started + ttl - safety_margin",
       "return attempt_started + ttl", ["tests/unit/test_elector.py", "tests/unit/test_config.py"]),
     M("config-liveness-min", "celery_election/config.py", "    if delta < MIN_LIVENESS:\n",
       "    if False:\n", ["tests/unit/test_config.py"]),

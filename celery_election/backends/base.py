@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..term import CandidateInfo, ElectResult, Lease
+from ..lease import CandidateInfo, ElectResult, Lease
 
 if TYPE_CHECKING:
-    from .liveness import LivenessSession
+    from .locks import LivenessSession
 
 __all__ = [
     "Backend",

@@ -21,7 +21,7 @@ one, once, from its URL (``dialect_for``). Nothing else branches on the database
     whether the step won or lost, and sends NOTIFY to the other candidates;
 
 * ``install()``'s lock against concurrent DDL (rule 10) and the liveness session
-  (``liveness.py``: advisory lock, GET_LOCK, a lock file).
+  (``locks.py``: advisory lock, GET_LOCK, a lock file).
 
 To add a dialect (the one list of what it takes):
 
@@ -51,7 +51,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..errors import BackendUnavailableError, ConfigurationError
 from . import connection
-from .liveness import FileSession, LivenessSession, MySQLSession, PostgresSession, pg_connector
+from .locks import FileSession, LivenessSession, MySQLSession, PostgresSession, pg_connector
 
 __all__ = [
     "DIALECTS",
@@ -224,7 +224,7 @@ class Dialect:
         max_wait: float,
         connect_timeout: float,
     ) -> LivenessSession:
-        """The liveness lock ``key`` on a connection of its own to ``url`` (liveness.py).
+        """The liveness lock ``key`` on a connection of its own to ``url`` (locks.py).
 
         Never from the engine's pool: a pooled connection is shared, and a session lock
         must die with this candidate alone. ``max_wait`` bounds one ``acquire``.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
-from ..term import CandidateInfo, ElectResult, Lease
+from ..lease import CandidateInfo, ElectResult, Lease
 from .base import RunClaim, RunState, Wakeup, WakeupHandle, next_run_count
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]

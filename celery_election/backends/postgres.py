@@ -40,7 +40,7 @@ from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt
 from .connection import one_line
 from .dialects import PostgreSQL, StepStyle
-from .liveness import PROBE_EVERY, pg_connector, sessions_pinned
+from .locks import PROBE_EVERY, pg_connector, sessions_pinned
 from .schema import DEFAULT_TABLE_PREFIX, db_now_us
 from .sql import SQLBackend
 

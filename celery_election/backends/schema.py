@@ -129,7 +129,7 @@ def _lease(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("renewed_at", sa.BigInteger, nullable=True),
         sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
         # The holder's liveness delta (us) when its trust is bound by a liveness session
-        # (backends/liveness.py): only such a term may be taken over before it expires.
+        # (backends/locks.py): only such a term may be taken over before it expires.
         sa.Column("liveness_us", sa.BigInteger, nullable=True),
         **_MYSQL_OPTIONS,
     )

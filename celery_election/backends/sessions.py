@@ -1,4 +1,4 @@
-"""What a liveness session is, apart from how one is held (``liveness.py``).
+"""What a liveness session is, apart from how one is held (``locks.py``).
 
 The elector imports this, not the sessions themselves: they need SQLAlchemy and a
 driver, and ``import celery_election`` must load neither.

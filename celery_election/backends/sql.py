@@ -42,12 +42,12 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ..config import validate_candidate_id, validate_namespace, without_celery_prefix
 from ..errors import BackendUnavailableError, ConfigurationError
-from ..term import CandidateInfo, ElectResult, Lease
+from ..lease import CandidateInfo, ElectResult, Lease
 from . import sql_install
 from .base import Wakeup, WakeupHandle
 from .connection import LostRound, fork_lock, private_engine
 from .dialects import StepStyle, dialect_for
-from .liveness import LivenessSession, lock_key
+from .locks import LivenessSession, lock_key
 from .schema import (
     DEFAULT_TABLE_PREFIX,
     TOKEN_LENGTH,
@@ -403,7 +403,7 @@ class SQLBackend(SQLCalls):
         return result or self._lost(namespace, timeout, None)
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
-        """A liveness lock for ``namespace`` on a connection of its own (liveness.py).
+        """A liveness lock for ``namespace`` on a connection of its own (locks.py).
 
         ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
         """

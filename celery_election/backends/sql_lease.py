@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..term import Lease
+from ..lease import Lease
 from .dialects import StepStyle
 from .schema import db_now_us, greatest
 

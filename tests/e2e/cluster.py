@@ -22,7 +22,7 @@ from celery.result import AsyncResult
 
 from celery_election.app import leader_queue_name
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.term import Lease
+from celery_election.lease import Lease
 from harness.processes import Proc, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,9 +28,9 @@ import pytest
 import sqlalchemy as sa
 
 from celery_election import Elector, backend_from_url
-from celery_election.backends.liveness import lock_key
+from celery_election.backends.locks import lock_key
 from celery_election.history import Recorder
-from celery_election.term import Lease
+from celery_election.lease import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 

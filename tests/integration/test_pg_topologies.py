@@ -20,7 +20,7 @@ import pytest
 
 from celery_election import Elector, backend_from_url
 from celery_election.backends import PostgresBackend
-from celery_election.backends.liveness import _PINNED, pg_connector, sessions_pinned
+from celery_election.backends.locks import _PINNED, pg_connector, sessions_pinned
 from celery_election.history import Recorder
 
 from ..conftest import server_url, unique_prefix

@@ -14,7 +14,7 @@ from celery import Celery
 from celery_election import init_app, shared_state
 from celery_election.bootstep import ElectionStep
 from celery_election.elector import RevokeReason
-from celery_election.shared_state import ENV_VAR, Leadership, SharedLeadership
+from celery_election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
 from celery_election.signals import leader_elected, leader_revoked
 
 from ..support.apps import new_app
@@ -59,7 +59,7 @@ def test_enabled_step_publishes_not_leader_before_start(step: Any) -> None:
     shared: SharedLeadership = step.shared
     assert shared is not None
     assert shared_state.current() is shared
-    assert shared.read() == Leadership(False, None, 0.0)
+    assert shared.read() == TrustRecord(False, None, 0.0)
     assert os.environ[ENV_VAR] == shared.path
     info = step.info()
     assert info["namespace"] == "sig-ns"

@@ -25,7 +25,7 @@ from celery_election.decisions import (
     granted,
     trust_end,
 )
-from celery_election.term import ElectResult, Lease
+from celery_election.lease import ElectResult, Lease
 from celery_election.transitions import Lead
 
 ME, OTHER = "me" * 16, "other" * 6

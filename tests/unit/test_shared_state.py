@@ -17,7 +17,7 @@ import pytest
 
 from celery_election import shared_state
 from celery_election.clock import boottime
-from celery_election.shared_state import ENV_VAR, Leadership, SharedLeadership
+from celery_election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
 from celery_election.tasks import current_term
 
 from ..support.celery_cli import REPO
@@ -25,7 +25,7 @@ from ..support.celery_cli import REPO
 
 def test_fresh_record_reads_not_leader(record: SharedLeadership) -> None:
     reading = record.read()
-    assert reading == Leadership(False, None, 0.0)
+    assert reading == TrustRecord(False, None, 0.0)
     assert reading.trusted() is False
     assert record.leader_term() is None
     assert os.environ[ENV_VAR] == record.path
@@ -36,7 +36,7 @@ def test_write_read_round_trip(record: SharedLeadership) -> None:
     until = boottime() + 5
     record.write(2**62 + 5, until)
     reading = record.read()
-    assert reading == Leadership(True, 2**62 + 5, until)
+    assert reading == TrustRecord(True, 2**62 + 5, until)
     assert reading.trusted()
     assert reading.trusted(now=until - 0.001)
     assert not reading.trusted(now=until)
@@ -48,7 +48,7 @@ def test_token_round_trip(record: SharedLeadership) -> None:
     token = uuid.uuid4().hex
     until = boottime() + 5
     record.write(8, until, token)
-    assert record.read() == Leadership(True, 8, until, token)
+    assert record.read() == TrustRecord(True, 8, until, token)
     record.write(9, until)  # no token
     assert record.read().token is None
     record.write(None, None, token)  # not leader: no token either
@@ -59,7 +59,7 @@ def test_token_round_trip(record: SharedLeadership) -> None:
 def test_none_means_not_leader(record: SharedLeadership, term: Any, until: Any) -> None:
     record.write(9, boottime() + 5)
     record.write(term, until)
-    assert record.read() == Leadership(False, None, 0.0)
+    assert record.read() == TrustRecord(False, None, 0.0)
     assert record.leader_term() is None
     assert current_term() is None
 
@@ -74,14 +74,14 @@ def test_reading_is_shared_across_fork(record: SharedLeadership) -> None:
         try:
             os.close(w)
             os.read(r, 1)  # wait until the parent has written
-            ok_read = record.read() == Leadership(True, 77, until)
+            ok_read = record.read() == TrustRecord(True, 77, until)
             ok_term = current_term() == 77 and shared_state.current() is record
             code = 0 if ok_read and ok_term else 2
         finally:
             os._exit(code)
     os.close(r)
     try:
-        assert record.read() == Leadership(False, None, 0.0)
+        assert record.read() == TrustRecord(False, None, 0.0)
         record.write(77, until)
         os.write(w, b"x")
     finally:
@@ -172,7 +172,7 @@ READERS = {
 }
 
 
-def _whole(r: Leadership) -> tuple[bool, int | None]:
+def _whole(r: TrustRecord) -> tuple[bool, int | None]:
     term = r.term or 0
     until = BASE + term if term % 2 else 1.0
     return r.leader and r.trusted_until == until, r.term
