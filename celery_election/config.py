@@ -156,10 +156,14 @@ class ElectionConfig:
         else:
             liveness = _liveness(given["liveness"], ttl_s, margin, problems)
         standbys = given["standbys"]
-        if isinstance(standbys, bool) or not isinstance(standbys, int) or standbys < 0:
+        if (
+            isinstance(standbys, bool)
+            or not isinstance(standbys, int)
+            or not 0 <= standbys <= MAX_STANDBYS
+        ):
             problems.append(
-                f"standbys (election_standbys) must be a whole number >= 0 (0: every follower "
-                f"waits on the lock): got {standbys!r}"
+                f"standbys (election_standbys) must be a whole number from 0 to "
+                f"{MAX_STANDBYS} (0: every follower waits on the lock): got {standbys!r}"
             )
         if problems:
             raise ConfigurationError(problems)
@@ -224,6 +228,9 @@ def _linked(
         )
     return problems
 
+
+#: The most standby slots a lock session names (backends/locks.py).
+MAX_STANDBYS = 64
 
 #: Below this a liveness delta ends leadership at a GC pause (benchmarks/liveness.py).
 MIN_LIVENESS = 0.2

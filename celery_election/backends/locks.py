@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import MAX_STANDBYS
 from ..errors import BackendUnavailableError
 from .connection import WATCHDOG, interrupt, one_line, pg_connect_args
 from .sessions import LivenessSession, LivenessUnsupported, PooledSessions
@@ -69,8 +70,8 @@ def lock_key(table_prefix: str, namespace: str) -> bytes:
     return hashlib.sha1(f"celery_election:{table_prefix}:{namespace}".encode()).digest()
 
 
-#: Standby slots a session can name (``standbys`` is validated against it).
-MAX_SLOTS = 64
+#: Standby slots a session can name (``ElectionConfig.standbys`` is at most this).
+MAX_SLOTS = MAX_STANDBYS
 
 
 def slot_key(key: bytes, slot: int) -> bytes:

@@ -228,6 +228,19 @@ def test_jitter_in_range_is_accepted(jitter: float) -> None:
     assert ElectionConfig.create(jitter=jitter).jitter == float(jitter)
 
 
+@pytest.mark.parametrize("standbys", [-1, 65, 1.5, True, "2", None])
+def test_standbys_outside_0_to_64_is_one_clear_problem(standbys: Any) -> None:
+    assert problems_of(standbys=standbys) == [
+        "standbys (election_standbys) must be a whole number from 0 to 64 (0: every "
+        f"follower waits on the lock): got {standbys!r}"
+    ]
+
+
+@pytest.mark.parametrize("standbys", [0, 1, 2, 64])
+def test_standbys_in_range_is_accepted(standbys: int) -> None:
+    assert ElectionConfig.create(standbys=standbys).standbys == standbys
+
+
 # -- inconsistent timings -------------------------------------------------------------------
 
 TTL_VS_RENEW = (
