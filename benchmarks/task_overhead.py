@@ -316,17 +316,17 @@ def micro() -> dict[str, dict[str, float]]:
     leader_task(app=app, shared=False, name="micro.noop")(noop)
     task = app.tasks["micro.noop"]
     record = SharedLeadership.create()
-    shared_state.install(record)
+    shared_state.use(record)
     table = metrics.SharedCounters.create()
 
     @contextlib.contextmanager
     def metrics_on() -> Iterator[None]:
         # a worker with election_metrics_port: each run is counted in the shared table
-        old = metrics.install(table)
+        old = metrics.use_counters(table)
         try:
             yield
         finally:
-            metrics.install(old)
+            metrics.use_counters(old)
 
     try:
         record.write(12345, boottime() + 3600)
@@ -351,7 +351,7 @@ def micro() -> dict[str, dict[str, float]]:
         finally:
             task.pop_request()
     finally:
-        shared_state.install(None)
+        shared_state.use(None)
         record.close()
         table.close()
         if saved is not None:

@@ -105,7 +105,7 @@ class ElectionStep(bootsteps.StartStopStep):
                 raise click.ClickException(cannot_start(exc, fix)) from exc
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
-        shared_state.install(self.shared)
+        shared_state.use(self.shared)
         if self.settings.metrics_port is not None:
             self._share_counters(bool(kwargs.get("beat")))
 
@@ -134,7 +134,7 @@ class ElectionStep(bootsteps.StartStopStep):
         from celery.signals import worker_process_init
 
         self.counters = metrics.SharedCounters.create()
-        metrics.install(self.counters)
+        metrics.use_counters(self.counters)
         # a spawned child attaches by path (a forked one inherits the mapping)
         worker_process_init.connect(lambda **kw: metrics.store(), weak=False)
         if beat:
@@ -224,13 +224,13 @@ class ElectionStep(bootsteps.StartStopStep):
             self.elector.stop()
             self.elector = None
         if self.counters is not None:
-            metrics.install(None)
+            metrics.use_counters(None)
             self.counters.close()
             self.counters = None
         if self.shared is not None:
             self.shared.write(None, None)
             self.shared.close()
-            shared_state.install(None)
+            shared_state.use(None)
             self.shared = None
         if self.backend is not None:
             self.backend.close()

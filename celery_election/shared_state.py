@@ -35,7 +35,7 @@ from typing import NamedTuple
 from . import shm
 from .clock import boottime
 
-__all__ = ["ENV_VAR", "SharedLeadership", "TrustRecord", "current", "install", "installed"]
+__all__ = ["ENV_VAR", "SharedLeadership", "TrustRecord", "current", "in_use", "use"]
 
 ENV_VAR = "CELERY_ELECTION_SHM"
 _PREFIX = "celery-election-"
@@ -150,14 +150,14 @@ def sweep(base: str) -> int:
 _current: SharedLeadership | None = None
 
 
-def install(record: SharedLeadership | None) -> None:
+def use(record: SharedLeadership | None) -> None:
     """Make ``record`` this process's (and its future children's) record."""
     global _current
     _current = record
 
 
-def installed() -> SharedLeadership | None:
-    """The record installed in this process, without attaching one from the environment."""
+def in_use() -> SharedLeadership | None:
+    """The record in use in this process, without attaching one from the environment."""
     return _current
 
 

@@ -90,9 +90,9 @@ class _Controller:
         on :meth:`close`. Until :meth:`lead`, the record says "not leader".
         """
         if self._record is None:
-            self._saved = (shared_state.installed(), os.environ.get(ENV_VAR))
+            self._saved = (shared_state.in_use(), os.environ.get(ENV_VAR))
             self._record = SharedLeadership.create()  # "not leader"; path in ENV_VAR
-            shared_state.install(self._record)
+            shared_state.use(self._record)
         return self
 
     def close(self) -> None:
@@ -102,7 +102,7 @@ class _Controller:
             return
         self._record = self._saved = None
         previous, path = saved
-        shared_state.install(previous)
+        shared_state.use(previous)
         record.write(None, None)
         record.close()
         if path is None:

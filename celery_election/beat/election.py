@@ -71,7 +71,7 @@ class BeatElection:
     def _bind(self, port: int, elector: Elector) -> metrics.MetricsServer:
         """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
         if metrics.store() is None:
-            metrics.install(metrics.LocalCounters())
+            metrics.use_counters(metrics.LocalCounters())
         beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
         metrics.allow_start(self.namespace, 60.0)
         return metrics.bind(port, lambda: metrics.health([elector], beats))

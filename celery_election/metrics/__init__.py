@@ -5,7 +5,7 @@ One module per job; every name is importable from here:
 - ``stats``: an elector's own counters (``ElectorStats``) and the registry of the
   electors this process exports (``track``, ``electors``).
 - ``counters``: the store everything else counts into: ``LocalCounters`` in one process,
-  ``SharedCounters`` shared by a worker's processes; ``install``, ``store``, ``count``,
+  ``SharedCounters`` shared by a worker's processes; ``use_counters``, ``store``, ``count``,
   ``set_gauge``, ``key``.
 - ``health``: the probes (``BeatProbe``, ``elector_problem``, ``health``) and a beat's
   tick announcements (``mark_tick``, ``allow_start``).
@@ -28,10 +28,10 @@ from .counters import (
     SharedCounters,
     Store,
     count,
-    install,
     key,
     set_gauge,
     store,
+    use_counters,
 )
 from .exporter import (
     INSTALL_HINT,
@@ -68,7 +68,6 @@ __all__ = [
     "elector_problem",
     "electors",
     "health",
-    "install",
     "key",
     "mark_tick",
     "render",
@@ -78,4 +77,5 @@ __all__ = [
     "store",
     "tick_late",
     "track",
+    "use_counters",
 ]

@@ -1,12 +1,12 @@
 """Counters of leader tasks and beats: the store of one process, or shared by a worker's.
 
 Counting never needs ``prometheus_client``: everything but the electors' own counters
-(``stats.ElectorStats``) goes to a *store*, and ``count()`` is a no-op until one is
-installed.
+(``stats.ElectorStats``) goes to a *store*, and ``count()`` is a no-op until one is in
+use (``use_counters``).
 
 Leader tasks run in prefork pool children and the embedded beat in a process of its own,
 while one HTTP endpoint serves the worker's main process. So a worker with a metrics port
-installs a ``SharedCounters`` table before anything forks: an anonymous-file mapping in
+puts a ``SharedCounters`` table in use before anything forks: an anonymous-file mapping in
 /dev/shm with one row of counters per process. A process claims a free row (or the row of
 a dead process, keeping its counts) the first time it counts, then is the only writer of
 that row: no lock on the hot path, and the exporter sums the rows, so children replaced by
@@ -41,10 +41,10 @@ __all__ = [
     "SharedCounters",
     "Store",
     "count",
-    "install",
     "key",
     "set_gauge",
     "store",
+    "use_counters",
     "values",
 ]
 
@@ -257,7 +257,7 @@ Store = LocalCounters | SharedCounters
 _store: Store | None = None
 
 
-def install(new: Store | None) -> Store | None:
+def use_counters(new: Store | None) -> Store | None:
     """Make ``new`` this process's store (None: stop counting); returns the old one."""
     global _store
     old, _store = _store, new

@@ -51,7 +51,7 @@ def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
     """Prometheus' own linter on a /metrics body with every family populated: base units,
     ``_total`` on counters, help text on each (``promtool check metrics`` exits 3 on any)."""
     promtool = tool("/usr/bin/promtool", HINT)
-    old = metrics.install(metrics.LocalCounters())
+    old = metrics.use_counters(metrics.LocalCounters())
     elector = Elector(MemoryBackend(), "lint", "me", ttl=2)
     try:
         metrics.count(metrics.key(metrics.TASK, "proj.report", "skipped"))
@@ -64,7 +64,7 @@ def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
         body, _ = metrics.render()
     finally:
         elector.stop()
-        metrics.install(old)
+        metrics.use_counters(old)
     families = {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE")}
     assert len(families) == 17, sorted(families)  # every metric in the README's table
     proc = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)

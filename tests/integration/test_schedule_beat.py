@@ -256,9 +256,9 @@ def test_catch_up_policies_after_every_beat_was_down_five_minutes(
 @pytest.fixture
 def counted() -> Iterator[metrics.LocalCounters]:
     store = metrics.LocalCounters()
-    old = metrics.install(store)
+    old = metrics.use_counters(store)
     yield store
-    metrics.install(old)
+    metrics.use_counters(old)
 
 
 def test_overlap_skip_waits_for_the_previous_run_to_finish(

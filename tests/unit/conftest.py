@@ -19,11 +19,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No record installed and no record path in the environment; restored afterwards."""
     saved = os.environ.get(ENV_VAR)
     monkeypatch.delenv(ENV_VAR, raising=False)
-    shared_state.install(None)
+    shared_state.use(None)
     try:
         yield
     finally:
-        shared_state.install(None)
+        shared_state.use(None)
         if saved is None:
             os.environ.pop(ENV_VAR, None)
         else:
@@ -34,11 +34,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def record(clean_env: None) -> Iterator[SharedLeadership]:
     """A real shared record, installed as this process's; closed and uninstalled after."""
     rec = SharedLeadership.create()
-    shared_state.install(rec)
+    shared_state.use(rec)
     try:
         yield rec
     finally:
-        shared_state.install(None)
+        shared_state.use(None)
         rec.close()
 
 

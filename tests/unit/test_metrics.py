@@ -22,9 +22,9 @@ pytest.importorskip("prometheus_client")
 @pytest.fixture
 def table():
     t = metrics.SharedCounters.create()
-    old = metrics.install(t)
+    old = metrics.use_counters(t)
     yield t
-    metrics.install(old)
+    metrics.use_counters(old)
     t.close()
 
 
@@ -56,21 +56,21 @@ def test_gauges_take_the_largest_value(table) -> None:
 
 
 def test_local_counters_without_a_table() -> None:
-    old = metrics.install(metrics.LocalCounters())
+    old = metrics.use_counters(metrics.LocalCounters())
     try:
         metrics.count("a")
         metrics.count("a")
         assert metrics.store().snapshot() == {"a": 2}  # type: ignore[union-attr]
     finally:
-        metrics.install(old)
+        metrics.use_counters(old)
 
 
 def test_count_is_a_no_op_when_off() -> None:
-    old = metrics.install(None)
+    old = metrics.use_counters(None)
     try:
         metrics.count("a")  # nothing to count into: no error
     finally:
-        metrics.install(old)
+        metrics.use_counters(old)
 
 
 def get(url: str) -> tuple[int, str]:
