@@ -423,23 +423,26 @@ def diff_counter(a: dict[str, int], b: dict[str, int], scale: float) -> dict[str
     return {k: round((b.get(k, 0) - a.get(k, 0)) * scale, 3) for k in sorted(b)}
 
 
-def run_config(
-    config: str, url: str, args: argparse.Namespace, cfg: ElectionConfig, into: list[Any]
-) -> None:
-    """Measure one configuration; its result is appended to ``into`` first, then filled."""
-    prefix = f"fobench{os.getpid() % 100000}_{secrets.token_hex(3)}_"
-    result: dict[str, Any] = {
+def new_result(config: str, url: str, prefix: str, **fields: Any) -> dict[str, Any]:
+    """A configuration's result as both modes start it (``fields``: the mode's own)."""
+    return {
         "config": config,
         "url": sa.make_url(url).render_as_string(hide_password=True),
         "table_prefix": prefix,
         "status": "ok",
         "notes": [],
-        "handoff": [],
-        "crash": [],
-        "steady": {},
+        **fields,
         "overlaps": [],
         "failures": [],
     }
+
+
+def run_config(
+    config: str, url: str, args: argparse.Namespace, cfg: ElectionConfig, into: list[Any]
+) -> None:
+    """Measure one configuration; its result is appended to ``into`` first, then filled."""
+    prefix = f"fobench{os.getpid() % 100000}_{secrets.token_hex(3)}_"
+    result = new_result(config, url, prefix, handoff=[], crash=[], steady={})
     into.append(result)
     try:
         admin, options, notes = make_admin(config, url, prefix)
@@ -936,16 +939,7 @@ def matrix_config(
 ) -> None:
     """One configuration's matrix; its result is appended to ``into`` first, then filled."""
     prefix = f"fomx{os.getpid() % 100000}_{secrets.token_hex(3)}_"
-    result: dict[str, Any] = {
-        "config": config,
-        "url": sa.make_url(url).render_as_string(hide_password=True),
-        "table_prefix": prefix,
-        "status": "ok",
-        "notes": [],
-        "samples": [],
-        "overlaps": [],
-        "failures": [],
-    }
+    result = new_result(config, url, prefix, samples=[])
     into.append(result)
     try:
         admin, options, notes = make_admin(config, url, prefix)

@@ -225,16 +225,20 @@ def run_notifelect(args: argparse.Namespace, stop: threading.Event, rep: Reporte
     asyncio.run(main())
 
 
+#: The elector each ``--kind`` runs.
+RUNNERS = {
+    "celery-election": run_celery_election,
+    "advisory": run_advisory,
+    "tooz": run_tooz,
+    "notifelect": run_notifelect,
+}
+
+
 def child_main(args: argparse.Namespace) -> int:
     stop = _events.start_child(args.child)
     _events.read_commands(stop)
     rep = Reporter(args.child)
-    run = {
-        "celery-election": run_celery_election,
-        "advisory": run_advisory,
-        "tooz": run_tooz,
-        "notifelect": run_notifelect,
-    }[args.kind]
+    run = RUNNERS[args.kind]
     run(args, stop, rep)
     emit({"event": "stopped", "at": boottime()})
     return 0
@@ -250,12 +254,7 @@ def scale_child_main(args: argparse.Namespace) -> int:
     stop = _events.start_child(args.child)
     _events.read_commands(stop)
     urls = args.urls.split(",") if args.urls else [args.url] * args.threads
-    run = {
-        "celery-election": run_celery_election,
-        "advisory": run_advisory,
-        "tooz": run_tooz,
-        "notifelect": run_notifelect,
-    }[args.kind]
+    run = RUNNERS[args.kind]
     shared: Backend | None = None
     if args.kind == "celery-election" and args.shared_backend:
         shared = backend_from_url(urls[0], table_prefix=args.prefix, listen=True)
