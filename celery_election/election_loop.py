@@ -157,12 +157,6 @@ class ElectionLoop:
             # "stop": only wakes the loop, which reads the Elector's stopping flag
 
     def _on_lock_news(self, kind: str) -> None:
-        if kind == "renewed":  # a good ping: the watchers see the longer trust
-            with self.e._lock:
-                lead = self.e._trusted()
-                if lead is not None and lead.tagged:
-                    self.e._watchers(lead)
-            return
         if kind == "unsupported" and self._wakeup is None:
             self._subscribe()  # no lock to wake us: wakeups (LISTEN) instead
         if self._held is not None:

@@ -378,7 +378,20 @@ class Elector:
     # -- posting (any thread) --------------------------------------------------------------------
 
     def _on_lock(self, kind: str) -> None:
-        """From the lock thread: "granted", "renewed", "lost" or "unsupported"."""
+        """From the lock thread: "granted", "renewed", "lost", "hot" or "unsupported".
+
+        A good ping lengthens a tagged leader's trust at once (``is_leader`` reads the
+        proof), so the watchers hear of it here, on the lock thread, not when the
+        election thread gets to it: stuck in a stalled call, it would publish a shorter
+        window than the one the leader acts in (the history checker saw it on SQLite,
+        whose lock pings need no database).
+        """
+        if kind == "renewed":
+            with self._lock:
+                lead = self._trusted()
+                if lead is not None and lead.tagged:
+                    self._watchers(lead)
+            return
         self._loop.post("lock", kind)
         self._announcer.wake()  # trust may end earlier now: announce it on time
 

@@ -203,10 +203,18 @@ class _DBSession:
             deadline.cancel()
 
     def interrupt(self) -> None:
+        # The flag also stops a wait that has not started yet (a stop() while the session
+        # connects): without it, that wait blocked for its whole timeout.
+        self._interrupted = True
         conn = self._conn
         if conn is not None:
-            self._interrupted = True
             interrupt(conn)
+
+    def _not_interrupted(self) -> None:
+        """Before a lock wait: an interrupt that came first ends it now (and is consumed)."""
+        if self._interrupted:
+            self._interrupted = False
+            raise InterruptedError("liveness wait interrupted")
 
     def close(self) -> None:
         self.interrupt()
@@ -301,6 +309,7 @@ class PostgresSession(_DBSession):
             if self._lock_timeout != millis:  # once per connection: a waiting standby
                 self._execute(f"SET lock_timeout = {millis}")  # sends nothing else
                 self._lock_timeout = millis
+            self._not_interrupted()
             got = self._execute("SELECT pg_advisory_lock(%s)", (self.key,), wait=True)
             self._held = got is not _TIMED_OUT
             if self._held:
@@ -334,6 +343,8 @@ class MySQLSession(_DBSession):
 
     def acquire(self, timeout: float) -> bool:
         with self._mutex:
+            self._connection()
+            self._not_interrupted()
             got = self._execute("SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))))
             self._held = got == 1
             if self._held:
