@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import decisions as rules
 from .backends.base import Wakeup, WakeupHandle
 from .clock import Sleeper, boottime
-from .decisions import Call, Next
+from .decisions import Call, Next, Proof
 from .lease import ElectResult, Lease, trusted_until
 from .transitions import Lead, RevokeReason
 
@@ -46,6 +46,8 @@ class ElectionLoop:
         self.candidate_id, self.hostname = elector.candidate_id, elector.hostname
         self._clock, self.stats = elector._clock, elector.stats
         self._live = elector._live  # the lock thread of this run (None: no lock)
+        #: how long a vacancy waits for the lock's holder to elect before anyone may
+        self._grace = self.config.liveness or 0.0
         # What other threads post to this thread: (kind, detail).
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
         self._sleeper = self._clock.sleeper()
@@ -237,6 +239,10 @@ class ElectionLoop:
         elif self._vacant_since is None:
             self._vacant_since = now
 
+    def _tag(self, proof: Proof) -> float | None:
+        """The delta a step tags its term with: only while the lock is held."""
+        return self._live.delta if self._live is not None and proof.held else None
+
     def _want_lock(self, wanted: bool) -> None:
         self.e._want_lock(wanted)
 
@@ -247,10 +253,9 @@ class ElectionLoop:
             return self._backoff_until - now
         if now < self._follow_until:
             return self._follow_until - now
-        grace = self.config.liveness or 0.0
-        call, waited = rules.follower_call(self._seen(now), grace)
+        call, waited = rules.follower_call(self._seen(now), self._grace)
         proof = self.e._proof()
-        tag = self._live.delta if self._live is not None and proof.held else None
+        tag = self._tag(proof)
         args = (self.namespace, self.e._token, self.candidate_id, self.config.ttl)
         # never below a term seen before, nor this host's clock (a promoted standby's
         # clock may be behind the primary that issued a term it never received)
@@ -309,9 +314,8 @@ class ElectionLoop:
 
     def _plan_follow(self, now: float) -> float:
         healthy = self._wakeup is not None and self._wakeup.healthy
-        grace = self.config.liveness or 0.0
         plan = rules.follower_wait(
-            self._seen(now), self.config, healthy=healthy, grace=grace, spread=random.random()
+            self._seen(now), self.config, healthy=healthy, grace=self._grace, spread=random.random()
         )
         self._want_lock(plan.want_lock)
         self._follow_until = now + plan.wait
@@ -326,7 +330,7 @@ class ElectionLoop:
         if self._live is not None and lead is not None:
             self._want_lock(True)  # a leader holds the lock (if it can: tagged from then on)
         proof = self.e._proof()
-        tag = self._live.delta if self._live is not None and proof.held else None
+        tag = self._tag(proof)
         if tag is not None and lead is not None and not lead.tagged:
             # Belief tightens before the row says so, and loosens only after.
             self._set_lead(Lead(term, lead.lease_until, proof.grant))

@@ -151,8 +151,14 @@ class _DBSession:
         raise NotImplementedError
 
     def _execute(self, sql: str, params: tuple[Any, ...] = (), *, wait: bool = False) -> Any:
-        """One statement; with ``wait``, a lock timeout returns ``_TIMED_OUT``."""
+        """One statement; with ``wait``, a lock wait (a lock timeout returns ``_TIMED_OUT``).
+
+        An interrupt that came before a wait ends it before it starts (InterruptedError).
+        """
         conn = self._connection()
+        if wait and self._interrupted:  # an interrupt that came first (a stop() while
+            self._interrupted = False  # the session connected) ends the wait now
+            raise InterruptedError("liveness wait interrupted")
         try:
             cur = conn.cursor()
             try:
@@ -203,18 +209,12 @@ class _DBSession:
             deadline.cancel()
 
     def interrupt(self) -> None:
-        # The flag also stops a wait that has not started yet (a stop() while the session
-        # connects): without it, that wait blocked for its whole timeout.
+        # The flag also stops a wait that has not started yet (``_execute``): without
+        # it, a stop() while the session connected waited out the whole lock timeout.
         self._interrupted = True
         conn = self._conn
         if conn is not None:
             interrupt(conn)
-
-    def _not_interrupted(self) -> None:
-        """Before a lock wait: an interrupt that came first ends it now (and is consumed)."""
-        if self._interrupted:
-            self._interrupted = False
-            raise InterruptedError("liveness wait interrupted")
 
     def close(self) -> None:
         self.interrupt()
@@ -309,7 +309,6 @@ class PostgresSession(_DBSession):
             if self._lock_timeout != millis:  # once per connection: a waiting standby
                 self._execute(f"SET lock_timeout = {millis}")  # sends nothing else
                 self._lock_timeout = millis
-            self._not_interrupted()
             got = self._execute("SELECT pg_advisory_lock(%s)", (self.key,), wait=True)
             self._held = got is not _TIMED_OUT
             if self._held:
@@ -343,9 +342,9 @@ class MySQLSession(_DBSession):
 
     def acquire(self, timeout: float) -> bool:
         with self._mutex:
-            self._connection()
-            self._not_interrupted()
-            got = self._execute("SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))))
+            got = self._execute(
+                "SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))), wait=True
+            )
             self._held = got == 1
             if self._held:
                 self._free_slot()
