@@ -124,8 +124,11 @@ class Dialect:
         # froze between the two (half-open TCP) held the row against a take-over until the
         # server gave up on the session: 2 x call_timeout on PostgreSQL, never on MySQL.
         # Transactions that need one ask for it (``transaction``). On PostgreSQL it also
-        # saves the BEGIN and COMMIT round trips.
-        return {"pool_size": 2, "max_overflow": 4, "isolation_level": "AUTOCOMMIT"}, {}
+        # saves the BEGIN and COMMIT round trips. A call waits for a pooled connection no
+        # longer than a statement may run (QueuePool's default, 30 s, outlived the
+        # call's deadline when many electors shared one backend).
+        options = {"pool_size": 2, "max_overflow": 4, "isolation_level": "AUTOCOMMIT"}
+        return {**options, "pool_timeout": statement_timeout}, {}
 
     def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None:
         """Listen for the engine's new connections and set each session up."""
@@ -367,13 +370,17 @@ class PostgreSQL(Dialect):
 
         @sa.event.listens_for(engine, "connect")
         def _pg_connect(dbapi_conn: Any, record: Any) -> None:
-            # Session settings, set once per connection (a SET LOCAL per transaction would
-            # double the statement count). Behind PgBouncer in transaction mode these may
-            # not stick; the client-side call deadline still bounds every call.
+            # Session settings, set once per connection in one statement (a SET LOCAL per
+            # transaction would double the statement count, and a standby reconnects for
+            # each look). Behind PgBouncer in transaction mode these may not stick; the
+            # client-side call deadline still bounds every call.
             with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {ms}")
-                cur.execute(f"SET lock_timeout = {ms}")
-                cur.execute(f"SET idle_in_transaction_session_timeout = {ms * 2}")
+                cur.execute(
+                    "SELECT set_config('statement_timeout', %s, false),"
+                    " set_config('lock_timeout', %s, false),"
+                    " set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (str(ms), str(ms), str(ms * 2)),
+                )
             dbapi_conn.commit()
 
     def driver_error(self, orig: BaseException | None) -> str | None:
@@ -440,11 +447,14 @@ class MySQL(Dialect):
 
         @sa.event.listens_for(engine, "connect")
         def _mysql_connect(dbapi_conn: Any, record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(secs))}")
-            cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')")
+            settings = [
+                f"innodb_lock_wait_timeout = {max(1, round(secs))}",
+                "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')",
+            ]
             if "mariadb" in dbapi_conn.get_server_info().lower():
-                cur.execute(f"SET SESSION max_statement_time = {secs}")
+                settings.append(f"max_statement_time = {secs}")
+            cur = dbapi_conn.cursor()
+            cur.execute("SET SESSION " + ", ".join(settings))  # one statement per connection
             cur.close()
 
     def driver_error(self, orig: BaseException | None) -> str | None:

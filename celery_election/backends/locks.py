@@ -85,6 +85,8 @@ _TIMED_OUT = object()
 class _DBSession:
     """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
 
+    silent_holders_lose = True  # idle_session_timeout / wait_timeout
+
     def __init__(
         self,
         connect: Callable[[], Any],
@@ -99,6 +101,7 @@ class _DBSession:
         self._slot: int | None = None  # the standby slot held, if any
         self._interrupted = False
         self._mutex = threading.Lock()
+        self._probe_age = PROBE_EVERY  # how old a cached verdict on the URL may be
 
     @property
     def held(self) -> bool:
@@ -107,13 +110,21 @@ class _DBSession:
     def claim_slot(self, count: int) -> bool:
         with self._mutex:
             if self._slot is None:
-                for slot in random.sample(range(count), count):
-                    if self._try_slot(slot):
-                        self._slot = slot
-                        break
+                # A cold standby's try: a verdict on the URL up to SLOT_PROBE_EVERY old
+                # will do (a slot decides nobody's trust); the wait that follows a slot
+                # re-checks a verdict older than PROBE_EVERY first (``acquire``).
+                self._probe_age = SLOT_PROBE_EVERY
+                try:
+                    self._connection()
+                finally:
+                    self._probe_age = PROBE_EVERY
+                if self._try_slots(random.sample(range(count), count)):
+                    return True
+                self._drop()  # no slot: hold no connection until the next try
             return self._slot is not None
 
-    def _try_slot(self, slot: int) -> bool:
+    def _try_slots(self, order: list[int]) -> bool:
+        """Try the slots in ``order`` in one statement; True if one is held (``_slot``)."""
         raise NotImplementedError
 
     def _free_slot(self) -> None:
@@ -224,11 +235,17 @@ class _DBSession:
 
 #: How long a URL's "sessions are pinned" verdict is reused (the LISTEN probe's period).
 PROBE_EVERY = 60.0
+#: How old a verdict a cold standby's slot try may use: a slot bounds nobody's trust, and
+#: a try every fallback_interval would otherwise probe (two sessions, 12 statements) at
+#: nearly every try.
+SLOT_PROBE_EVERY = 600.0
 _PINNED: dict[str, tuple[bool, float]] = {}
 _PROBE = "celery_election.probe"
 
 
-def sessions_pinned(conn: Any, connect: Callable[[], Any], description: str) -> bool:
+def sessions_pinned(
+    conn: Any, connect: Callable[[], Any], description: str, max_age: float = PROBE_EVERY
+) -> bool:
     """Whether ``conn`` keeps one server session from call to call (not a tx pooler).
 
     Behind PgBouncer in transaction mode a client's session state (an advisory lock, a
@@ -238,11 +255,11 @@ def sessions_pinned(conn: Any, connect: Callable[[], Any], description: str) -> 
     it back on ``conn``: a direct session (or a session pooler) reads its own value every
     time. Each round catches the pooler whether it hands out its idle connections
     last-in-first-out (PgBouncer's default) or round robin. The verdict is cached per URL
-    for ``PROBE_EVERY`` seconds (sessions reconnect often).
+    and reused while younger than ``max_age`` seconds (sessions reconnect often).
     """
     now = time.monotonic()
     cached = _PINNED.get(description)
-    if cached is not None and now - cached[1] < PROBE_EVERY:
+    if cached is not None and now - cached[1] < max_age:
         return cached[0]
     other = connect()
     try:
@@ -280,9 +297,17 @@ class PostgresSession(_DBSession):
             int.from_bytes(slot_key(key, slot)[:8], "big", signed=True) for slot in range(MAX_SLOTS)
         ]
         self._lock_timeout: int | None = None  # as set on this connection
+        #: this connection was checked on a verdict younger than PROBE_EVERY
+        self._verified = False
 
-    def _try_slot(self, slot: int) -> bool:
-        return bool(self._execute("SELECT pg_try_advisory_lock(%s)", (self._slot_keys[slot],)))
+    def _try_slots(self, order: list[int]) -> bool:
+        # CASE evaluates its conditions in order and stops at the first true one, so at
+        # most one slot is taken, in one statement.
+        whens = " ".join(f"WHEN pg_try_advisory_lock(%s) THEN {n}" for n in order)
+        self._slot = self._execute(
+            f"SELECT CASE {whens} END", tuple(self._slot_keys[n] for n in order)
+        )
+        return self._slot is not None
 
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT pg_advisory_unlock(%s)", (self._slot_keys[slot],))
@@ -290,7 +315,18 @@ class PostgresSession(_DBSession):
     def _setup(self, conn: Any) -> None:
         self._lock_timeout = None
         conn.autocommit = True  # idle in a transaction is a different timeout
-        if not sessions_pinned(conn, self._connect, self.description):
+        self._check_pinned(conn, self._probe_age)
+        # PostgreSQL 14+; an older server raises here and liveness stays off. One
+        # statement: a cold standby's try connects once per fallback_interval.
+        _scalar(
+            conn,
+            "SELECT set_config('idle_session_timeout', %s, false),"
+            " set_config('statement_timeout', '0', false)",
+            (str(math.ceil(self.delta * 1000)),),
+        )
+
+    def _check_pinned(self, conn: Any, max_age: float) -> None:
+        if not sessions_pinned(conn, self._connect, self.description, max_age):
             raise PooledSessions(
                 f"{self.description} leads to a transaction pooler (PgBouncer "
                 f"pool_mode=transaction?): a session lock there is shared by every client "
@@ -298,13 +334,18 @@ class PostgresSession(_DBSession):
                 f"leader is replaced when its lease ends. For failover in about a second, "
                 f"set election_direct_url to a URL that reaches PostgreSQL directly"
             )
-        with conn.cursor() as cur:
-            # PostgreSQL 14+; an older server raises here and liveness stays off.
-            cur.execute(f"SET idle_session_timeout = {math.ceil(self.delta * 1000)}")
-            cur.execute("SET statement_timeout = 0")
+        self._verified = time.monotonic() - _PINNED[self.description][1] < PROBE_EVERY
 
     def acquire(self, timeout: float) -> bool:
         with self._mutex:
+            conn = self._connection()
+            if not self._verified:
+                # a slot taken on an older verdict: no wait (trust) without a fresh one
+                try:
+                    self._check_pinned(conn, PROBE_EVERY)
+                except PooledSessions:
+                    self._drop()
+                    raise
             millis = max(1, math.ceil(timeout * 1000))
             if self._lock_timeout != millis:  # once per connection: a waiting standby
                 self._execute(f"SET lock_timeout = {millis}")  # sends nothing else
@@ -326,8 +367,13 @@ class MySQLSession(_DBSession):
             "celery_election:" + slot_key(key, n).hex()[:40] for n in range(MAX_SLOTS)
         ]
 
-    def _try_slot(self, slot: int) -> bool:
-        return bool(self._execute("SELECT GET_LOCK(%s, 0)", (self._slot_names[slot],)) == 1)
+    def _try_slots(self, order: list[int]) -> bool:
+        # as PostgreSQL's: CASE stops at the first lock it gets
+        whens = " ".join(f"WHEN GET_LOCK(%s, 0) = 1 THEN {n}" for n in order)
+        self._slot = self._execute(
+            f"SELECT CASE {whens} END", tuple(self._slot_names[n] for n in order)
+        )
+        return self._slot is not None
 
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT RELEASE_LOCK(%s)", (self._slot_names[slot],))
@@ -377,6 +423,7 @@ class FileSession:
     """
 
     _POLL = 0.005
+    silent_holders_lose = False
 
     def __init__(self, path: Path, delta: float) -> None:
         self.path = path

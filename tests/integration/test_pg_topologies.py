@@ -20,7 +20,14 @@ import pytest
 
 from celery_election import Elector, backend_from_url
 from celery_election.backends import PostgresBackend
-from celery_election.backends.locks import _PINNED, pg_connector, sessions_pinned
+from celery_election.backends.locks import (
+    _PINNED,
+    PROBE_EVERY,
+    PooledSessions,
+    PostgresSession,
+    pg_connector,
+    sessions_pinned,
+)
 from celery_election.history import Recorder
 
 from ..conftest import server_url, unique_prefix
@@ -55,6 +62,27 @@ def test_the_probe_tells_a_transaction_pooler_from_sessions_that_stay() -> None:
     assert pinned(server_url("postgresql")) is True
     assert pinned(server_url("pgbouncer-session")) is True
     assert pinned(server_url("pgbouncer-transaction")) is False
+
+
+def test_a_slot_taken_on_an_old_verdict_is_checked_again_before_any_wait() -> None:
+    """A cold standby's slot try may use a verdict on its URL up to SLOT_PROBE_EVERY old
+    (a slot bounds nobody's trust, and a probe costs two sessions); the lock wait after
+    it needs one younger than PROBE_EVERY. So a URL that leads to a transaction pooler
+    since the last probe said it did not is caught before anyone waits or trusts."""
+    url = server_url("pgbouncer-transaction")
+    backend = backend_from_url(url, table_prefix=unique_prefix(), listen=False)
+    session = backend.liveness_session(NS, 1.0, 2.0)
+    assert isinstance(session, PostgresSession)
+    _PINNED[session.description] = (True, time.monotonic() - 2 * PROBE_EVERY)
+    try:
+        assert session.claim_slot(2)  # on the old verdict, through the pooler
+        with pytest.raises(PooledSessions, match="election_direct_url"):
+            session.acquire(1.0)
+        assert _PINNED[session.description][0] is False  # probed again, and found out
+        assert not session.held
+    finally:
+        session.close()
+        backend.close()
 
 
 @pytest.fixture
