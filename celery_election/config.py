@@ -89,9 +89,13 @@ class ElectionConfig:
         another candidate takes over. Default ttl.
     fallback_interval: with working wakeups (PostgreSQL NOTIFY) a follower sleeps until
         the lease ends, pushed back by each renewal it hears of; it still reads the row at
-        least this often. Default max(60, ttl).
+        least this often. A hot standby waiting on a lock that the server takes from a
+        silent holder (PostgreSQL, MySQL) reads it only this often: the grant wakes it.
+        Default max(60, ttl).
     candidate_ttl: a candidate row is listed as live this long after its last heartbeat;
-        heartbeats go out every candidate_ttl / 3. Default max(60, 3 x ttl).
+        heartbeats go out every candidate_ttl / 3, a follower's with its look at the
+        lease (one connection for both). Default 3 x fallback_interval: a waiting
+        follower then sends about three statements a minute.
     liveness: delta of the liveness session (seconds), or False for none. The leader
         holds a lock on a connection of its own and pings it every delta / 4; the server
         ends a session silent for delta, and followers waiting on the lock take over
@@ -101,9 +105,9 @@ class ElectionConfig:
         under 0.2 (measured: benchmarks/RESULTS.md); at least 0.2 and less than the trust
         window (ttl - safety_margin).
     standbys: with liveness, how many followers wait on the lock (hot standbys, one
-        connection each); the others hold no connection and try for a standby slot about
-        once per ttl, so a server's connections bound the leader's hot standbys, not the
-        number of candidates. 0: every follower waits on the lock. Default 2.
+        connection each); the others hold no connection and try for a standby slot once
+        per fallback_interval, so a server's connections bound the leader's hot standbys,
+        not the number of candidates. 0: every follower waits on the lock. Default 2.
     """
 
     ttl: float = 10.0
@@ -137,9 +141,10 @@ class ElectionConfig:
             "safety_margin": opt("safety_margin", max(base / 5, min(1.0, base / 4))),
             "call_timeout": opt("call_timeout", renew_base),
             "resign_backoff": opt("resign_backoff", base),
-            "candidate_ttl": opt("candidate_ttl", max(60.0, 3 * base)),
             "fallback_interval": opt("fallback_interval", max(60.0, base)),
         }
+        fallback = values["fallback_interval"]
+        values["candidate_ttl"] = opt("candidate_ttl", 3 * (fallback or max(60.0, base)))
         jitter = given["jitter"]
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
             problems.append(f"jitter (election_jitter) must be a fraction: got {jitter!r}")

@@ -45,6 +45,7 @@ __all__ = [
     "follower_call",
     "follower_wait",
     "granted",
+    "heartbeat_now",
     "trust_end",
 ]
 
@@ -121,6 +122,9 @@ class Seen:
     vacant_since: float | None = None
     #: no standby slot was free: this follower does not wait on the lock (no connection)
     cold: bool = False
+    #: the server takes the lock from a holder that goes silent (not SQLite's file lock,
+    #: which a stopped process keeps): a waiting follower is woken by the grant
+    silent_holders_lose: bool = False
 
 
 class Call(str, enum.Enum):
@@ -191,13 +195,17 @@ def follower_wait(
             wait = max(0.0, proof.granted_at + lease.liveness_us / 1e6 - seen.now) + 0.001
             return Wait(wait, wait, True)
         if seen.cold:
-            # Its lock thread tries for a standby slot about once per ttl, and a slot
+            # Its lock thread tries for a standby slot once per fallback, and a slot
             # leads to the lock at once if nobody holds it: that is its look.
             return Wait(fallback, fallback, True)
-        # The grant pokes us (a resign releases the lock); the lease stays the net: a
-        # lock wait can hang on a link that died without a word, and a stopped process
-        # keeps a file lock.
-        wait = min(fallback, lease.remaining + spread * 0.05)
+        # The grant pokes us: a resign, a crash or a pause releases the lock. The lease
+        # stays the net, read once per fallback (a wedged leader that still pings; a
+        # wait on a link that died without a word, which keepalives and read timeouts
+        # end), or once per lease where a stopped process keeps the lock (a file lock).
+        if seen.silent_holders_lose:
+            wait = fallback * (1 + config.jitter * (2 * spread - 1))
+        else:
+            wait = min(fallback, lease.remaining + spread * 0.05)
         return Wait(wait, max(wait, fallback if healthy else 0.0), True)
     if proof is not None and not held:
         # Vacant: the lock's holder elects; without a grant, elect once grace has passed.
@@ -215,6 +223,21 @@ def follower_wait(
         wait = lease.remaining + spread * min(0.05, lease.remaining * 0.01)
         wait = min(wait, fallback if healthy else config.poll_interval)
     return Wait(wait, max(wait, fallback if healthy else 0.0), False)
+
+
+def heartbeat_now(
+    now: float, due_at: float, *, following: bool, look_at: float, interval: float
+) -> tuple[bool, bool]:
+    """Whether to heartbeat now, and whether a follower's look comes forward to go with it.
+
+    A waiting follower gives its connection back between looks, so a heartbeat and a look
+    apart would each open one: whichever is due first brings the other forward when it
+    is less than half an interval away (a look too early only reads the row).
+    """
+    half = interval / 2
+    if now >= due_at:
+        return True, following and look_at - now < half
+    return following and now >= look_at and due_at - now < half, False
 
 
 class Next(str, enum.Enum):

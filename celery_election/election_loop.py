@@ -126,9 +126,20 @@ class ElectionLoop:
             if self._resign_pending:
                 self._do_resign()
                 continue
-            if self.e._register and now >= next_heartbeat:
-                self._heartbeat()
-                next_heartbeat = now + self._jittered(self.config.heartbeat_interval)
+            if self.e._register:
+                following = self._held is None and now >= self._backoff_until
+                beat, look = rules.heartbeat_now(
+                    now,
+                    next_heartbeat,
+                    following=following,
+                    look_at=self._follow_until,
+                    interval=self.config.heartbeat_interval,
+                )
+                if beat:
+                    if look:
+                        self._follow_until = now  # the look goes with it, on one connection
+                    self._heartbeat()
+                    next_heartbeat = now + self._jittered(self.config.heartbeat_interval)
             if self._held is None:
                 wait = self._follow(now)
             elif now >= self._next_renew:
@@ -223,7 +234,13 @@ class ElectionLoop:
             return rules.Seen(now, self._last_lease, self.e._token, None, self._vacant_since)
         cold = live.cold and not live.proof.held
         return rules.Seen(
-            now, self._last_lease, self.e._token, live.proof, self._vacant_since, cold
+            now,
+            self._last_lease,
+            self.e._token,
+            live.proof,
+            self._vacant_since,
+            cold,
+            live.session.silent_holders_lose,
         )
 
     def _read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:

@@ -246,8 +246,9 @@ class Elector:
         """The liveness lock: "off", "holding" it, "waiting" for it, "standby", or "idle".
 
         Standby: it would wait, but the standby slots are taken (``standbys``): it holds
-        no connection and tries again about once per ttl. Idle: on, but nobody's trust is
-        bound by the lock now (no leader, or one not bound by it), so it does not wait.
+        no connection and tries again once per ``fallback_interval``. Idle: on, but
+        nobody's trust is bound by the lock now (no leader, or one not bound by it), so
+        it does not wait.
         """
         live = self._live
         if live is None or live.unsupported:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .backends.base import Backend
 from .backends.sessions import LivenessSession, LivenessUnsupported
-from .clock import Clock
+from .clock import Clock, Sleeper
 from .config import ElectionConfig
 from .decisions import Proof, extend, granted
 from .errors import BackendUnavailableError
@@ -72,6 +72,11 @@ class Liveness:
         self.unsupported = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def sleeper(self) -> Sleeper:
+        """The lock thread's timed wait (a fake-clock test waits for a cold one to sleep)."""
+        return self._sleeper
 
     @property
     def held(self) -> bool:
@@ -230,5 +235,7 @@ def start_liveness(
         on_change,
         f"celery-election-liveness-{namespace}",
         standbys=config.standbys,
-        cold_wait=config.ttl,
+        # A slot frees only when a hot standby is promoted or leaves, and the other hot
+        # standbys cover the next failover meanwhile: a cold one need not connect often.
+        cold_wait=config.fallback_interval,
     )

@@ -70,10 +70,13 @@ _TIMINGS: dict[str, tuple[str, str]] = {
         "deadline of one database call; a stalled connection is cut",
     ),
     "resign_backoff": ("ttl", "after `resign()`, stay out this long"),
-    "candidate_ttl": ("max(60 s, 3 ttl)", "a candidate is listed this long after its heartbeat"),
+    "candidate_ttl": (
+        "3 x fallback",
+        "a candidate is listed this long after its heartbeat (a follower's goes with its look)",
+    ),
     "fallback_interval": (
         "max(60 s, ttl)",
-        "with NOTIFY, a follower still reads the row this often",
+        "with NOTIFY, or waiting on a server's lock, a follower still reads the row this often",
     ),
     "jitter": ("0.1", "each wait varies by up to this fraction"),
     "liveness": (
@@ -84,7 +87,7 @@ _TIMINGS: dict[str, tuple[str, str]] = {
     "standbys": (
         "2",
         "with liveness, followers that wait on the lock (one connection each); the "
-        "others hold none and look about once per ttl",
+        "others hold none and try for a slot once per `election_fallback_interval`",
     ),
 }
 

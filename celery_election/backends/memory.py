@@ -471,6 +471,8 @@ class _Locks:
 class MemorySession:
     """The memory backend's liveness session (see ``MemoryBackend.liveness_session``)."""
 
+    silent_holders_lose = True  # a holder silent for its delta loses the lock
+
     def __init__(self, locks: _Locks, namespace: str, delta: float, clock: Clock) -> None:
         self._locks, self.namespace, self.delta, self._clock = locks, namespace, delta, clock
         self.last_seen = 0.0

@@ -20,6 +20,11 @@ class LivenessSession(Protocol):
     ``close`` may come from any thread.
     """
 
+    #: The server takes the lock from a holder that goes silent (PostgreSQL, MySQL): a
+    #: paused leader's lock reaches a waiting follower. False for a file lock, which a
+    #: stopped process keeps (there followers also read the lease once per lease).
+    silent_holders_lose: bool
+
     @property
     def held(self) -> bool:
         """Whether this session holds the lock (as far as it knows)."""

@@ -397,9 +397,15 @@ def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
     env = setup
     child, old = _leader_child(env)
     followers = []
-    for i in range(5):  # ttl 6 s: a cold one tries for a slot every 6 s
+    # a cold one tries for a slot once per fallback_interval: 7 s here (a follower gives
+    # its lease connection back before a wait of a ttl or more: 7 s +- 10 % jitter)
+    for i in range(5):
         follower = Elector(
-            backend_from_url(env["url"], table_prefix=env["prefix"]), NS, f"f{i}", ttl=6.0
+            backend_from_url(env["url"], table_prefix=env["prefix"]),
+            NS,
+            f"f{i}",
+            ttl=6.0,
+            fallback_interval=7.0,
         )
         Recorder(env["history"], role=follower.candidate_id).attach(follower)
         env["electors"].append(follower)
@@ -435,7 +441,7 @@ def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
     assert new_leader.candidate_id in hot  # a hot standby, through the lock:
     assert env["backend"].current(NS).acquired_at_us < old.expires_at_us
     rest = [f for f in followers if f is not new_leader]
-    end = time.monotonic() + 30  # a cold one tries for a slot every ttl (6 s)
+    end = time.monotonic() + 30  # a cold one tries for a slot every fallback (7 s)
     while sorted(f.liveness for f in rest) != ["standby"] * 2 + ["waiting"] * 2:
         assert time.monotonic() < end, [f.liveness for f in rest]
         time.sleep(0.1)

@@ -42,7 +42,7 @@ def expected_defaults(ttl: float) -> dict[str, float]:
         "safety_margin": max(ttl / 5, min(1.0, ttl / 4)),
         "call_timeout": renew,
         "resign_backoff": ttl,
-        "candidate_ttl": max(60.0, 3 * ttl),
+        "candidate_ttl": 3 * max(60.0, ttl),  # 3 x fallback: heartbeats go with looks
         "fallback_interval": max(60.0, ttl),
     }
 
@@ -60,6 +60,13 @@ def problems_of(**kwargs: Any) -> list[str]:
 # -- defaults -------------------------------------------------------------------------------
 
 
+def test_candidate_ttl_follows_a_given_fallback_interval() -> None:
+    """A follower heartbeats with its look (once per fallback): its row must outlive that."""
+    config = ElectionConfig(fallback_interval=45)
+    assert config.candidate_ttl == 135.0
+    assert config.heartbeat_interval == pytest.approx(config.fallback_interval)
+
+
 def test_default_config_is_ttl_10() -> None:
     config = ElectionConfig.create()
     assert config.ttl == 10.0
@@ -70,9 +77,9 @@ def test_default_config_is_ttl_10() -> None:
     assert config.call_timeout == pytest.approx(4.0)
     assert config.fallback_interval == 60.0
     assert config.resign_backoff == 10.0
-    assert config.candidate_ttl == 60.0
+    assert config.candidate_ttl == 180.0  # 3 x fallback: a follower heartbeats with its look
     assert config.trust_window == pytest.approx(8.0)
-    assert config.heartbeat_interval == pytest.approx(20.0)
+    assert config.heartbeat_interval == pytest.approx(60.0)
 
 
 @pytest.mark.parametrize("ttl", [0.3, 1, 2.5, 3, 4, 10, 30, 120, 3600])
@@ -651,7 +658,7 @@ def test_a_config_cannot_exist_invalid() -> None:
 
     assert ElectionConfig() == ElectionConfig.create()
     assert ElectionConfig(ttl=30).renew_interval == 12.0
-    assert ElectionConfig().candidate_ttl == 60.0
+    assert ElectionConfig().candidate_ttl == 180.0
     with pytest.raises(ConfigurationError, match=r"candidate_ttl \(election_candidate_ttl\)"):
         ElectionConfig(candidate_ttl=0)
     with pytest.raises(ConfigurationError, match="candidate_ttl"):

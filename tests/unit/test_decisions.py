@@ -23,6 +23,7 @@ from celery_election.decisions import (
     follower_call,
     follower_wait,
     granted,
+    heartbeat_now,
     trust_end,
 )
 from celery_election.lease import ElectResult, Lease
@@ -89,10 +90,16 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
         ("no lock, vacant: poll", Seen(NOW, lease(token=None), ME, None), False, 1.0, 1.0, False),
         ("tagged leader, granted: until delta after the grant",
          Seen(NOW, lease(), ME, HELD), False, pytest.approx(0.601), pytest.approx(0.601), True),
-        ("tagged leader, waiting: on the lock, the lease end as net",
-         Seen(NOW, lease(), ME, WAITING), False, 6.0, 6.0, True),
-        ("tagged leader, waiting, wakeups: look by fallback",
+        ("tagged leader, waiting on a file lock: the lease end as net (a paused holder "
+         "keeps the lock)", Seen(NOW, lease(), ME, WAITING), False, 6.0, 6.0, True),
+        ("tagged leader, waiting on a file lock, wakeups: look by fallback",
          Seen(NOW, lease(), ME, WAITING), True, 6.0, 60.0, True),
+        ("tagged leader, waiting on a server's lock: the grant wakes it, the lease once "
+         "per fallback", Seen(NOW, lease(), ME, WAITING, silent_holders_lose=True), False,
+         60.0, 60.0, True),
+        ("tagged leader, waiting on a server's lock, lease nearly over: still the grant",
+         Seen(NOW, lease(left=0.5), ME, WAITING, silent_holders_lose=True), True, 60.0, 60.0,
+         True),
         ("tagged leader, cold standby: its slot tries are its looks",
          Seen(NOW, lease(), ME, WAITING, cold=True), False, 60.0, 60.0, True),
         ("untagged leader: let it have the lock", Seen(NOW, lease(tag=None), ME, WAITING),
@@ -192,3 +199,24 @@ def test_a_ping_extends_only_a_proof_that_still_holds(
 
 def test_a_lost_grant_is_never_extended() -> None:
     assert extend(WAITING, NOW - 5.4, NOW - 5.3, DELTA) == WAITING  # would reach NOW - 4.48
+
+
+@pytest.mark.parametrize(
+    ("why", "now", "following", "look_at", "expected"),
+    [
+        ("due, follower's look far off: heartbeat alone", 100.0, True, 140.0, (True, False)),
+        ("due, look within half an interval: the look comes along", 100.0, True, 129.0,
+         (True, True)),
+        ("due, a leader: heartbeat alone", 100.0, False, 101.0, (True, False)),
+        ("not due, look now, heartbeat within half: heartbeat along", 71.0, True, 71.0,
+         (True, False)),
+        ("not due, look now, heartbeat further than half", 69.0, True, 69.0, (False, False)),
+        ("not due, look later", 80.0, True, 90.0, (False, False)),
+        ("not due, a leader", 99.0, False, 0.0, (False, False)),
+    ],
+)  # fmt: skip
+def test_a_followers_heartbeat_goes_with_its_look(
+    why: str, now: float, following: bool, look_at: float, expected: tuple[bool, bool]
+) -> None:
+    got = heartbeat_now(now, 100.0, following=following, look_at=look_at, interval=60.0)
+    assert got == expected, why

@@ -16,6 +16,7 @@ import pytest
 
 from celery_election import Elector, RevokeReason, State
 from celery_election.backends import MemoryBackend
+from celery_election.backends.memory import MemorySession
 from celery_election.clock import FakeClock
 from celery_election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
@@ -494,3 +495,89 @@ def test_each_leadership_change_is_one_searchable_log_line(
     assert (
         f"election leader revoked namespace=jobs term={term} candidate=w1 reason=resigned" in lines
     )
+
+
+class Counted:
+    """A view of a backend that notes each look and heartbeat (fake time) and slot try."""
+
+    def __init__(self, inner: MemoryBackend, clock: FakeClock) -> None:
+        self.inner, self.clock = inner, clock
+        self.description = inner.description
+        self.looks: list[float] = []
+        self.heartbeats: list[float] = []
+        self.slot_tries: list[float] = []
+
+    def current(self, *args: Any, **kwargs: Any) -> Any:
+        self.looks.append(self.clock.monotonic())
+        return self.inner.current(*args, **kwargs)
+
+    def register(self, *args: Any, **kwargs: Any) -> Any:
+        self.heartbeats.append(self.clock.monotonic())
+        return self.inner.register(*args, **kwargs)
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> Any:
+        session = self.inner.liveness_session(namespace, delta, max_wait)
+        assert session is not None
+        claim, tries = session.claim_slot, self.slot_tries
+
+        def claim_slot(count: int) -> bool:
+            tries.append(self.clock.monotonic())
+            return claim(count)
+
+        session.claim_slot = claim_slot  # type: ignore[method-assign]
+        return session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_waiting_followers_read_the_lease_heartbeat_and_try_for_a_slot_once_per_fallback(
+    clock: FakeClock, electors: list[Elector]
+) -> None:
+    """A hot standby waits on the server's lock: it reads the lease once per fallback,
+    its heartbeat on the same turn (one connection); a cold one tries for a slot as
+    often. The leader is a row tagged with the lock, renewed every 3 s (a 10 s lease), and
+    a session holding that lock that never goes silent."""
+    backend = MemoryBackend(clock, liveness=True)
+    won = backend.elect("ns", "t" * 32, "leader", TTL, liveness=1.0)
+    assert won.won and won.lease is not None
+    holder = MemorySession(backend._locks, "ns", 1e6, clock)
+    assert holder.acquire(1.0)
+    timings: dict[str, Any] = dict(liveness=1.0, standbys=1, fallback_interval=60.0, jitter=0.1)
+    hot_view, cold_view = Counted(backend, clock), Counted(backend, clock)
+    hot = make(electors, hot_view, clock, "hot", **timings).start()
+    # the lock threads act in real time: wait for the slot taken, then for the cold miss
+    assert _settle_until(clock, hot, lambda: len(backend._locks.slots) == 1)
+    cold = make(electors, cold_view, clock, "cold", **timings).start()
+    assert _settle_until(clock, cold, lambda: cold.liveness == "standby" and cold_view.slot_tries)
+    start = clock.monotonic()
+    assert cold._live is not None
+    cold_lock_thread = cold._live.sleeper  # a cold lock thread only sleeps between tries
+    for second in range(600):
+        if second % 3 == 0:
+            assert backend.renew("ns", "t" * 32, won.lease.term, TTL, liveness=1.0).won
+        clock.advance(1.0)
+        assert clock.settled([*hot.sleepers(), *cold.sleepers(), cold_lock_thread])
+    assert hot.liveness == "waiting" and cold.liveness == "standby" and not hot.is_leader
+
+    def during(times: list[float]) -> list[float]:
+        return [t for t in times if t > start]
+
+    # 600 s at 60 s +-10 %: 9 to 11 each (before: a look per lease and a heartbeat every
+    # 20 s, a slot try per ttl: 60, 30 and 60)
+    for times in (hot_view.looks, hot_view.heartbeats, cold_view.slot_tries):
+        assert 9 <= len(during(times)) <= 11, times
+    assert during(hot_view.heartbeats) == during(hot_view.looks)  # together, each time
+    holder.close()
+
+
+def _settle_until(clock: FakeClock, e: Elector, condition: Any) -> bool:
+    """Step fake time (0.05 s, at most 10 s) until ``condition``; real time for threads
+    that are not the elector's named sleepers (the lock thread) to catch up."""
+    for _ in range(200):
+        if condition():
+            return True
+        clock.advance(0.05)
+        clock.settled(e.sleepers())
+        threading.Event().wait(0.005)
+    return bool(condition())

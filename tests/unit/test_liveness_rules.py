@@ -45,11 +45,17 @@ class Freezable:
 
 
 class HungLocks:
-    """A backend view whose lock waits never return a grant: a wait on a link that died."""
+    """A backend view whose lock waits never return a grant: a wait on a link that died.
 
-    def __init__(self, inner: MemoryBackend) -> None:
+    ``silent_holders_lose``: whether the lock is a server's, which takes the lock from a
+    paused holder (a follower then reads the lease once per fallback_interval), or a
+    file lock, which a stopped process keeps (a follower reads it whenever it would end).
+    """
+
+    def __init__(self, inner: MemoryBackend, *, silent_holders_lose: bool) -> None:
         self.inner = inner
         self.description = inner.description
+        self.silent_holders_lose = silent_holders_lose
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
         class Hung(MemorySession):
@@ -57,7 +63,9 @@ class HungLocks:
                 threading.Event().wait(timeout)
                 return False
 
-        return Hung(self.inner._locks, namespace, delta, self.inner.clock)
+        session = Hung(self.inner._locks, namespace, delta, self.inner.clock)
+        session.silent_holders_lose = self.silent_holders_lose
+        return session
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -69,8 +77,8 @@ def world(tmp_path: Path) -> Iterator[tuple[MemoryBackend, Callable[..., Elector
     history = tmp_path / "history.jsonl"
     electors: list[Elector] = []
 
-    def make(view: Any, name: str) -> Elector:
-        e = Elector(view, "ns", candidate_id=name, ttl=TTL)
+    def make(view: Any, name: str, **timings: float) -> Elector:
+        e = Elector(view, "ns", candidate_id=name, ttl=TTL, **timings)
         Recorder(history, role=name).attach(e)
         electors.append(e)
         return e.start()
@@ -93,19 +101,28 @@ def wait(condition: Callable[[], bool], timeout: float) -> bool:
         end.cancel()
 
 
+@pytest.mark.parametrize(
+    ("silent_holders_lose", "fallback"),
+    [(False, 60.0), (True, 3.0)],
+    ids=["file-lock: the lease end", "server-lock: the fallback look"],
+)
 def test_a_follower_whose_lock_wait_hangs_still_takes_over_when_the_lease_ends(
     world: tuple[MemoryBackend, Callable[..., Elector], Path],
+    silent_holders_lose: bool,
+    fallback: float,
 ) -> None:
     backend, make, history = world
     leader_view = Freezable(backend)
     leader = make(leader_view, "leader")
     assert leader.wait_for_leadership(5)
     assert wait(lambda: leader.liveness == "holding", 5)
-    follower = make(HungLocks(backend), "follower")
+    hung = HungLocks(backend, silent_holders_lose=silent_holders_lose)
+    follower = make(hung, "follower", fallback_interval=fallback)
     assert wait(lambda: follower.liveness == "waiting", 5)
     leader_view.open.clear()  # its renewals hang: its trust ends with its lease
     try:
-        # The follower's lock wait never returns (60 s bound): the lease must hand over.
+        # The follower's lock wait never returns (a fallback-long bound): the lease must
+        # hand over, when it ends (a file lock) or at the next fallback look (a server's).
         assert follower.wait_for_leadership(4 * TTL), "waited on a dead lock, not the lease"
         assert backend.current("ns").liveness_us is None  # won on the lease, not the lock
     finally:
