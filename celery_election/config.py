@@ -95,7 +95,7 @@ class ElectionConfig:
     candidate_ttl: a candidate row is listed as live this long after its last heartbeat;
         heartbeats go out every candidate_ttl / 3, a follower's with its look at the
         lease (one connection for both). Default 3 x fallback_interval: a waiting
-        follower then sends about three statements a minute.
+        follower's heartbeat, look and renewed lock wait then come once per fallback.
     liveness: delta of the liveness session (seconds), or False for none. The leader
         holds a lock on a connection of its own and pings it every delta / 4; the server
         ends a session silent for delta, and followers waiting on the lock take over

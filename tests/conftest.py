@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,31 @@ def _leftovers() -> set[Path]:
     return {p for where in {Path.cwd(), ROOT} for g in _LEFTOVERS for p in where.glob(g)}
 
 
+#: Tests that start Celery workers and beats share RabbitMQ's node and queue names: under
+#: pytest-xdist (scripts/test runs two workers) they run one at a time on one worker, and
+#: so do the second tier's, which restart the servers everyone uses.
+SERIAL = (
+    "tests/e2e/",
+    "tests/chaos/",
+    "tests/integration/test_examples.py",
+    "tests/integration/test_more_examples.py",
+)
+#: What the xdist workers could not reach (the controller prints it once).
+_missing_on_workers: dict[str, str] = {}
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("tier2") is not None:
+            item.add_marker(pytest.mark.xdist_group("tier2"))
+        elif item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _before.update(_leftovers())
 
@@ -40,16 +66,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _services is not None:
         _services.close()
+    if _is_worker(session.config):  # the controller checks the tree once all are done
+        missing = {} if _services is None else _services.missing
+        session.config.workeroutput["missing"] = json.dumps(missing)  # type: ignore[attr-defined]
+        return
     new = sorted(_leftovers() - _before)
     if new:  # a default file in the working tree: the next run would inherit its state
         print(f"\nFAILED: the tests wrote into the working tree: {', '.join(map(str, new))}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """An xdist worker is done: keep what it could not reach, for the summary."""
+    _missing_on_workers.update(json.loads(getattr(node, "workeroutput", {}).get("missing", "{}")))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _services is not None and _services.missing:
+    missing = {**_missing_on_workers, **({} if _services is None else _services.missing)}
+    if missing:
         terminalreporter.write_sep("!", "SERVER TESTS SKIPPED", red=True, bold=True)
-        for name, why in _services.missing.items():
+        for name, why in missing.items():
             terminalreporter.write_line(f"  {name} unreachable ({why})", red=True)
 
 

@@ -620,7 +620,11 @@ def test_elector_refuses_config_and_timing_arguments_together(timing: dict[str, 
     )
 
 
-@pytest.mark.parametrize("backend", [object(), None, "memory://", MemoryBackend], ids=repr)
+@pytest.mark.parametrize(
+    "backend",
+    [object(), None, "memory://", MemoryBackend],
+    ids=["object()", "None", "'memory://'", "MemoryBackend"],  # ids that do not vary by run
+)
 def test_elector_refuses_a_non_backend(backend: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
         Elector(backend)
