@@ -173,11 +173,14 @@ class ElectionLoop:
         if kind == "unsupported" and self._wakeup is None:
             self._subscribe()  # no lock to wake us: wakeups (LISTEN) instead
         if self._held is not None:
-            # granted: renew now to tag the term; lost: renew untagged now, before the
-            # ping trust runs out; unsupported: the lease alone from now on.
-            self._next_renew = 0.0
-        elif kind in ("granted", "unsupported", "hot"):
-            self._follow_until = 0.0  # look now (elect, take over, or plan the wait anew)
+            if kind != "failing":
+                # granted: renew now to tag the term; lost: renew untagged now, before
+                # the ping trust runs out; unsupported: the lease alone from now on.
+                self._next_renew = 0.0
+        elif kind in ("granted", "unsupported", "hot", "failing"):
+            # look now (elect, take over, or plan the wait anew: a failing lock is no
+            # wake-up, so the lease is read again whenever it would end)
+            self._follow_until = 0.0
 
     def _subscribe(self) -> None:
         self._wakeup = self.backend.subscribe_wakeups(
@@ -240,7 +243,7 @@ class ElectionLoop:
             live.proof,
             self._vacant_since,
             cold,
-            live.session.silent_holders_lose,
+            live.session.silent_holders_lose and live.waits_well,
         )
 
     def _read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:

@@ -30,8 +30,9 @@ class Liveness:
     """Holds one namespace's liveness lock while ``want(True)``; pings while held.
 
     ``on_change(kind)`` is called from this thread with "granted", "lost", "renewed" (a
-    good ping), "hot" (a standby slot taken after a cold spell) or "unsupported"; it must
-    be quick and only post (it runs on this thread).
+    good ping), "hot" (a standby slot taken after a cold spell), "failing" (a wait failed
+    after going well: the grant may not come, look at the lease meanwhile) or
+    "unsupported"; it must be quick and only post (it runs on this thread).
 
     With ``standbys`` > 0 it waits on the lock only while it holds one of that many
     standby slots (a hot standby); without one it is cold: it holds no connection and
@@ -128,6 +129,7 @@ class Liveness:
                     self._sleeper.wait(None)
             except Exception:  # never kill the thread; the lease still protects
                 log.exception("liveness thread error; retrying")
+                self._failed()
                 self._lose()
                 self._sleeper.wait(1.0)
         if self.proof.held:
@@ -155,7 +157,7 @@ class Liveness:
             self._on_change("unsupported")
             return
         except BackendUnavailableError as exc:
-            self.failures += 1
+            self._failed()
             log.debug("liveness lock wait failed: %s", exc)
             self._sleeper.wait(min(5.0, 0.1 * 2 ** min(self.failures, 6)))
             return
@@ -176,6 +178,16 @@ class Liveness:
             return
         self.proof = granted(self.proof, at, started, self.delta)
         self._on_change("granted")
+
+    @property
+    def waits_well(self) -> bool:
+        """Whether the last wait on the lock went well (a grant will then wake us)."""
+        return self.failures == 0
+
+    def _failed(self) -> None:
+        self.failures += 1
+        if self.failures == 1:
+            self._on_change("failing")
 
     def _go_cold(self) -> None:
         """Every standby slot is taken: hold no connection until the next try."""

@@ -142,21 +142,27 @@ class _DBSession:
                 conn = self._connect()
             except Exception as exc:
                 raise self._lost(exc) from exc
-            try:
-                self._setup(conn)
-            except LivenessUnsupported:
-                conn.close()
-                raise
-            except Exception as exc:
-                conn.close()
-                if getattr(exc, "sqlstate", None) == "42704":  # unrecognized parameter
-                    raise LivenessUnsupported(
-                        f"{self.description} cannot end a silent session "
-                        f"(idle_session_timeout needs PostgreSQL 14+): {one_line(exc)}"
-                    ) from exc
-                raise self._lost(exc) from exc
+            self._guarded(conn, self._setup)
             self._conn = conn
         return self._conn
+
+    def _guarded(self, conn: Any, step: Callable[[Any], None]) -> None:
+        """Run a set-up ``step`` on ``conn``; if it fails, the connection goes, with why."""
+        try:
+            step(conn)
+        except Exception as exc:
+            if conn is self._conn:
+                self._drop()
+            else:
+                conn.close()
+            if isinstance(exc, LivenessUnsupported):
+                raise
+            if getattr(exc, "sqlstate", None) == "42704":  # unrecognized parameter
+                raise LivenessUnsupported(
+                    f"{self.description} cannot end a silent session "
+                    f"(idle_session_timeout needs PostgreSQL 14+): {one_line(exc)}"
+                ) from exc
+            raise self._lost(exc) from exc
 
     def _setup(self, conn: Any) -> None:
         raise NotImplementedError
@@ -316,6 +322,14 @@ class PostgresSession(_DBSession):
         self._lock_timeout = None
         conn.autocommit = True  # idle in a transaction is a different timeout
         self._check_pinned(conn, self._probe_age)
+        if self._verified:  # else acquire() probes first: the probe may outlast delta
+            self._set_timeouts(conn)
+
+    def _verify(self, conn: Any) -> None:
+        self._check_pinned(conn, PROBE_EVERY)
+        self._set_timeouts(conn)
+
+    def _set_timeouts(self, conn: Any) -> None:
         # PostgreSQL 14+; an older server raises here and liveness stays off. One
         # statement: a cold standby's try connects once per fallback_interval.
         _scalar(
@@ -341,11 +355,7 @@ class PostgresSession(_DBSession):
             conn = self._connection()
             if not self._verified:
                 # a slot taken on an older verdict: no wait (trust) without a fresh one
-                try:
-                    self._check_pinned(conn, PROBE_EVERY)
-                except PooledSessions:
-                    self._drop()
-                    raise
+                self._guarded(conn, self._verify)
             millis = max(1, math.ceil(timeout * 1000))
             if self._lock_timeout != millis:  # once per connection: a waiting standby
                 self._execute(f"SET lock_timeout = {millis}")  # sends nothing else

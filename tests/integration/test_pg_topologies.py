@@ -85,6 +85,35 @@ def test_a_slot_taken_on_an_old_verdict_is_checked_again_before_any_wait() -> No
         backend.close()
 
 
+def test_the_probe_before_a_wait_may_outlast_delta() -> None:
+    """A slot taken on an old verdict is probed again before the wait; the probe opens a
+    second session, which under load took longer than delta. The session's silence bound
+    (idle_session_timeout = delta) is set only after it: set before, the server ended the
+    first session during the probe, every time (a follower that never got the lock)."""
+    backend = backend_from_url(server_url("postgresql"), table_prefix=unique_prefix(), listen=False)
+    delta = 0.5
+    session = backend.liveness_session(NS, delta, 2.0)
+    assert isinstance(session, PostgresSession)
+    _PINNED[session.description] = (True, time.monotonic() - 2 * PROBE_EVERY)
+    connect, opened = session._connect, []
+
+    def slow_second(*args: Any) -> Any:
+        opened.append(1)
+        if len(opened) == 2:  # the probe's own session
+            time.sleep(2 * delta)
+        return connect(*args)
+
+    session._connect = slow_second
+    try:
+        assert session.claim_slot(2)
+        assert session.acquire(1.0) and session.held
+        session.ping()
+        assert len(opened) == 2  # the slot's session and the probe's, nothing reconnected
+    finally:
+        session.close()
+        backend.close()
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """What test_liveness's helpers take: URL, options, prefix, history, and clean-up."""

@@ -17,6 +17,7 @@ import pytest
 from celery_election import Elector
 from celery_election.backends import MemoryBackend
 from celery_election.backends.memory import MemorySession
+from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder
 from harness.checker import check, load
 
@@ -66,6 +67,33 @@ class HungLocks:
         session = Hung(self.inner._locks, namespace, delta, self.inner.clock)
         session.silent_holders_lose = self.silent_holders_lose
         return session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class FailingLocks:
+    """A backend view whose lock waits fail at once once ``down`` is set (a dead link)."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.down = threading.Event()
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+        down = self.down
+
+        class Failing(MemorySession):
+            def acquire(self, timeout: float) -> bool:
+                if down.is_set():
+                    raise BackendUnavailableError("liveness session lost: link down")
+                end = threading.Event()
+                while not down.is_set() and not end.wait(0.01):
+                    if super().acquire(0.01):
+                        return True
+                raise BackendUnavailableError("liveness session lost: link down")
+
+        return Failing(self.inner._locks, namespace, delta, self.inner.clock)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -125,6 +153,32 @@ def test_a_follower_whose_lock_wait_hangs_still_takes_over_when_the_lease_ends(
         # hand over, when it ends (a file lock) or at the next fallback look (a server's).
         assert follower.wait_for_leadership(4 * TTL), "waited on a dead lock, not the lease"
         assert backend.current("ns").liveness_us is None  # won on the lease, not the lock
+    finally:
+        leader_view.open.set()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
+
+
+def test_a_follower_whose_lock_waits_fail_reads_the_lease_whenever_it_would_end(
+    world: tuple[MemoryBackend, Callable[..., Elector], Path],
+) -> None:
+    """A waiting follower reads the lease only once per fallback (60 s) while its waits go
+    well: the grant is its wake-up. Once they fail it is no wake-up, so the follower
+    reads the lease whenever it would end again, and takes over when it does."""
+    backend, make, history = world
+    leader_view = Freezable(backend)
+    leader = make(leader_view, "leader")
+    assert leader.wait_for_leadership(5)
+    assert wait(lambda: backend.current("ns").liveness_us is not None, 5)
+    view = FailingLocks(backend)
+    follower = make(view, "follower")
+    assert wait(lambda: follower.liveness == "waiting", 5)
+    view.down.set()  # its lock waits fail from now on
+    assert follower._live is not None
+    assert wait(lambda: not follower._live.waits_well, 5)
+    leader_view.open.clear()  # the leader's renewals hang: its lease runs out
+    try:
+        assert follower.wait_for_leadership(4 * TTL), "slept on a failing lock (fallback: 60 s)"
     finally:
         leader_view.open.set()
     report = check(load([history]))
