@@ -316,8 +316,11 @@ class ElectionLoop:
             if self.e._stopping or lead.term <= self.e._vetoed:
                 return 0.0  # the loop resigns this term
             self._lead = lead
-            self.e._announcer.post(self.e._transition("elected", lead.term))
+            # The watchers publish the trust window (the history, the worker's shared
+            # record) before anyone hears of the term: a process killed as soon as it
+            # says it leads has its window on record.
             self.e._watchers(lead)
+            self.e._announcer.post(self.e._transition("elected", lead.term))
             self.e._changed.notify_all()
         self._next_renew = started + self._jittered(self.config.renew_interval, up=False)
         return self._next_renew - self._clock.monotonic()

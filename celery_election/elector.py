@@ -403,9 +403,9 @@ class Elector:
             live.want(wanted)
 
     def _end_belief(self, lead: Lead, reason: RevokeReason) -> None:
-        """Announce the end of ``lead`` and tell the watchers (call with _lock held)."""
-        self._announcer.post(self._transition("revoked", lead.term, reason))
+        """Tell the watchers, then announce the end of ``lead`` (call with _lock held)."""
         self._watchers(None)
+        self._announcer.post(self._transition("revoked", lead.term, reason))
         self._changed.notify_all()
 
     def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:

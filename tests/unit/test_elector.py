@@ -581,3 +581,29 @@ def _settle_until(clock: FakeClock, e: Elector, condition: Any) -> bool:
         clock.settled(e.sleepers())
         threading.Event().wait(0.005)
     return bool(condition())
+
+
+def test_the_watchers_know_a_trust_window_before_anyone_hears_of_it(
+    mem: MemoryBackend, clock: FakeClock, electors: list[Elector]
+) -> None:
+    """A process killed as soon as it says it leads (the three-elector example) must have
+    its window on record: the trust watchers run before the announcement, at both ends."""
+    watched: list[int | None] = []
+    heard: list[tuple[str, list[int | None]]] = []
+
+    def slow_watcher(term: int | None, until: float | None) -> None:
+        threading.Event().wait(0.2)  # a slow disk: the dispatcher would overtake it
+        watched.append(term)
+
+    e = make(
+        electors, mem, clock,
+        on_elected=lambda term: heard.append(("elected", list(watched))),
+        on_revoked=lambda term, why: heard.append(("revoked", list(watched))),
+    )  # fmt: skip
+    e.watch_trust(slow_watcher)
+    sub = e.subscribe()
+    e.start()
+    term = next_event(sub).term
+    e.resign()
+    assert next_event(sub).kind == "revoked"
+    assert heard == [("elected", [term]), ("revoked", [term, None])]
