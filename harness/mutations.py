@@ -54,6 +54,9 @@ SQL_BEAT = "celery_election/backends/sql_beat.py"
 SQL_SCHED = "celery_election/backends/sql_schedule.py"
 OPS = "celery_election/beat/ops.py"
 DEC = "celery_election/decisions.py"
+LOOP = "celery_election/election_loop.py"
+LOCKS = "celery_election/backends/locks.py"
+TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
 ELECTOR = "celery_election/elector.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
 ELECTION = ["tests/unit/test_elector.py", "tests/unit/test_liveness_rules.py"]
@@ -129,6 +132,16 @@ MUTATIONS = [
       "if False:", ELECTION),
     M("announce-once", "celery_election/announce.py", "if item.term != self._announced:\n                    return",
       "if False:\n                    return", ELECTION),
+    M("watchers-before-elected", LOOP, "            self.e._watchers(lead)\n            self.e._announcer.post(self.e._transition(\"elected\", lead.term))\n",
+      "            self.e._announcer.post(self.e._transition(\"elected\", lead.term))\n            self.e._watchers(lead)\n", ELECTION),
+    M("watchers-before-revoked", ELECTOR, "        self._watchers(None)\n        self._announcer.post(self._transition(\"revoked\", lead.term, reason))\n",
+      "        self._announcer.post(self._transition(\"revoked\", lead.term, reason))\n        self._watchers(None)\n", ELECTION),
+    # -- the liveness lock's sessions -------------------------------------------------------
+    M("lock-reprobe-before-wait", LOCKS, "            if not self._verified:\n", "            if False:\n", TOPOLOGIES),
+    M("lock-probe-before-silence-bound", LOCKS, "        if self._verified:  # else acquire() probes first",
+      "        if True:  # else acquire() probes first", TOPOLOGIES),
+    M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
+      "live.session.silent_holders_lose,", ELECTION),
     # -- the beat fence -------------------------------------------------------------------------
     M("beat-claim-was-at", SQL_BEAT, 't.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),',
       'sa.bindparam("p_was_at", type_=sa.BigInteger).is_not(None),', BEAT),
