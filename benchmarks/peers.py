@@ -1410,7 +1410,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     s.add_argument("--max-n", help="celery-election failover at these N, e.g. 100,200,500")
     s.add_argument("--procs", type=int, default=5, help="processes the N candidates share")
     s.add_argument("--settle", type=float, help="seconds after the start before measuring [15]")
-    s.add_argument("--scale-seconds", type=float, help="steady window, seconds [40]")
+    s.add_argument("--scale-seconds", type=float, help="steady window, seconds [150]")
     s.add_argument("--stagger", type=float, default=0.05, help="seconds between thread starts")
     s.add_argument(
         "--ce-backend",
@@ -1424,7 +1424,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     s.add_argument("--table", type=Path, help="also write the printed table here")
     args = p.parse_args(argv)
     if args.scale or args.max_n:
-        _events.quick_defaults(args, ("settle", "scale_seconds"), (5.0, 10.0), (15.0, 40.0))
+        # a waiting follower looks, heartbeats and renews its lock wait once a minute: the
+        # window spans at least two of those rounds
+        _events.quick_defaults(args, ("settle", "scale_seconds"), (5.0, 10.0), (15.0, 150.0))
         if args.json == DEFAULT_JSON:
             args.json = DEFAULT_SCALE_JSON
     _events.quick_defaults(
