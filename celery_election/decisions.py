@@ -138,6 +138,15 @@ class Call(str, enum.Enum):
     LOOK = "look"
 
 
+def _holds(proof: Proof, now: float) -> bool:
+    """Whether the lock is held now, as its last ping proves (not only as last heard).
+
+    A grant whose proof lapsed (a paused process, a lost session not yet noticed) says
+    nothing: another may have had the lock, and won a term, since.
+    """
+    return proof.granted_at is not None and now < proof.good_until
+
+
 def _tagged_by_other(lease: Lease | None, token: str) -> bool:
     return (
         lease is not None and lease.held and lease.liveness_us is not None and lease.token != token
@@ -149,7 +158,10 @@ def follower_call(seen: Seen, grace: float) -> tuple[Call, float]:
     proof = seen.proof
     if proof is None:
         return Call.ELECT, 0.0
-    if proof.granted_at is not None:
+    if _holds(proof, seen.now):
+        # Nobody has had the lock since the grant, so the term in the row was won before
+        # it, and its holder's trust ended delta after it.
+        assert proof.granted_at is not None
         waited = seen.now - proof.granted_at
         lease = seen.lease
         if (
@@ -191,7 +203,8 @@ def follower_wait(
     held = lease is not None and lease.held
     if proof is not None and _tagged_by_other(lease, seen.token):
         assert lease is not None and lease.liveness_us is not None
-        if proof.granted_at is not None:  # take it over once its delta has passed
+        if _holds(proof, seen.now):  # take it over once its delta has passed
+            assert proof.granted_at is not None
             wait = max(0.0, proof.granted_at + lease.liveness_us / 1e6 - seen.now) + 0.001
             return Wait(wait, wait, True)
         if seen.cold:
@@ -210,7 +223,7 @@ def follower_wait(
     if proof is not None and not held:
         # Vacant: the lock's holder elects; without a grant, elect once grace has passed.
         since = seen.now if seen.vacant_since is None else seen.vacant_since
-        if proof.granted_at is not None:
+        if _holds(proof, seen.now):
             wait = config.poll_interval * (1 + config.jitter * (2 * spread - 1))
         else:
             wait = max(0.0, since + grace - seen.now)

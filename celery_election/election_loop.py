@@ -231,16 +231,18 @@ class ElectionLoop:
     def _retry_delay(self) -> float:
         return self.e._backoff(max(1, self._failures))
 
-    def _seen(self, now: float) -> rules.Seen:
+    def _seen(self, now: float, proof: Proof | None = None) -> rules.Seen:
+        """What a decision sees; ``proof``: the lock's, as read once for the whole step."""
         live = self._live
         if live is None or live.unsupported:
             return rules.Seen(now, self._last_lease, self.e._token, None, self._vacant_since)
-        cold = live.cold and not live.proof.held
+        proof = live.proof if proof is None else proof
+        cold = live.cold and not proof.held
         return rules.Seen(
             now,
             self._last_lease,
             self.e._token,
-            live.proof,
+            proof,
             self._vacant_since,
             cold,
             live.session.silent_holders_lose and live.waits_well,
@@ -273,8 +275,10 @@ class ElectionLoop:
             return self._backoff_until - now
         if now < self._follow_until:
             return self._follow_until - now
-        call, waited = rules.follower_call(self._seen(now), self._grace)
+        # One reading of the lock's proof decides the call and tags it: read twice, a
+        # grant lost in between chose a take-over and then sent it untagged (a chaos run).
         proof = self.e._proof()
+        call, waited = rules.follower_call(self._seen(now, proof), self._grace)
         tag = self._tag(proof)
         args = (self.namespace, self.e._token, self.candidate_id, self.config.ttl)
         # never below a term seen before, nor this host's clock (a promoted standby's

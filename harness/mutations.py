@@ -109,6 +109,8 @@ MUTATIONS = [
       "and lease.held and lease.liveness_us is not None", RULES),
     M("dec-takeover-held", DEC, "and lease.held and lease.liveness_us is not None and lease.token != token",
       "and lease.liveness_us is not None and lease.token != token", RULES),
+    M("dec-takeover-proven", DEC, "return proof.granted_at is not None and now < proof.good_until",
+      "return proof.granted_at is not None", RULES),
     M("dec-grace", DEC, "seen.now - seen.vacant_since >= grace", "seen.now - seen.vacant_since >= 0", RULES),
     M("dec-grace-wait", DEC, "wait = max(0.0, since + grace - seen.now)", "wait = 0.0", RULES),
     M("dec-trust-ping", DEC, "return min(lead.lease_until, bound)", "return lead.lease_until", RULES),

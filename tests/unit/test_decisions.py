@@ -47,6 +47,10 @@ def lease(
 
 
 HELD = Proof(grant=3, granted_at=NOW - 0.4, good_until=NOW + 0.5)
+#: held, and pinged since: proven through every time the follower tables use
+PROVEN = Proof(grant=3, granted_at=NOW - 0.4, good_until=NOW + 10)
+#: the grant as last heard, but its proof has lapsed (a paused process: its session ended)
+LAPSED = Proof(grant=3, granted_at=NOW - 9.4, good_until=NOW - 8)
 WAITING = Proof(grant=3, granted_at=None, good_until=NOW - 5)
 
 
@@ -54,19 +58,23 @@ WAITING = Proof(grant=3, granted_at=None, good_until=NOW - 5)
     ("why", "seen", "expected"),
     [
         ("no lock: the lease alone", Seen(NOW, lease(), ME, None), (Call.ELECT, 0.0)),
-        ("granted, tagged leader, delta not yet passed", Seen(NOW, lease(), ME, HELD),
+        ("granted, tagged leader, delta not yet passed", Seen(NOW, lease(), ME, PROVEN),
          (Call.ELECT, 0.0)),
-        ("granted, tagged leader, delta passed", Seen(NOW + 0.6, lease(), ME, HELD),
+        ("granted, tagged leader, delta passed", Seen(NOW + 0.6, lease(), ME, PROVEN),
          (Call.TAKE_OVER, pytest.approx(1.0))),
-        ("granted exactly delta ago", Seen(NOW + 0.6, lease(tag=1.0), ME, HELD),
+        ("granted exactly delta ago", Seen(NOW + 0.6, lease(tag=1.0), ME, PROVEN),
          (Call.TAKE_OVER, pytest.approx(1.0))),
-        ("granted, tag longer than waited", Seen(NOW + 0.6, lease(tag=1.5), ME, HELD),
+        ("granted, tag longer than waited", Seen(NOW + 0.6, lease(tag=1.5), ME, PROVEN),
          (Call.ELECT, 0.0)),
-        ("granted, untagged leader: never taken over", Seen(NOW + 9, lease(tag=None), ME, HELD),
+        ("granted, untagged leader: never taken over", Seen(NOW + 9, lease(tag=None), ME, PROVEN),
          (Call.ELECT, 0.0)),
-        ("granted, our own term", Seen(NOW + 9, lease(token=ME), ME, HELD), (Call.ELECT, 0.0)),
-        ("granted, lease expired", Seen(NOW + 9, lease(left=-1), ME, HELD), (Call.ELECT, 0.0)),
-        ("granted, vacant: elect, tagged", Seen(NOW, lease(token=None), ME, HELD),
+        ("granted, our own term", Seen(NOW + 9, lease(token=ME), ME, PROVEN), (Call.ELECT, 0.0)),
+        ("granted, lease expired", Seen(NOW + 9, lease(left=-1), ME, PROVEN), (Call.ELECT, 0.0)),
+        ("a lapsed grant takes nothing over: another may have had the lock since",
+         Seen(NOW, lease(), ME, LAPSED), (Call.LOOK, 0.0)),
+        ("a lapsed grant, vacant for grace: the lease decides",
+         Seen(NOW, lease(token=None), ME, LAPSED, NOW - 1.0), (Call.ELECT, 0.0)),
+        ("granted, vacant: elect, tagged", Seen(NOW, lease(token=None), ME, PROVEN),
          (Call.ELECT, 0.0)),
         ("waiting, vacant for less than grace: the holder elects",
          Seen(NOW, lease(token=None), ME, WAITING, NOW - 0.5), (Call.LOOK, 0.0)),
@@ -89,7 +97,7 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
          True, 6.0, 60.0, False),
         ("no lock, vacant: poll", Seen(NOW, lease(token=None), ME, None), False, 1.0, 1.0, False),
         ("tagged leader, granted: until delta after the grant",
-         Seen(NOW, lease(), ME, HELD), False, pytest.approx(0.601), pytest.approx(0.601), True),
+         Seen(NOW, lease(), ME, PROVEN), False, pytest.approx(0.601), pytest.approx(0.601), True),
         ("tagged leader, waiting on a file lock: the lease end as net (a paused holder "
          "keeps the lock)", Seen(NOW, lease(), ME, WAITING), False, 6.0, 6.0, True),
         ("tagged leader, waiting on a file lock, wakeups: look by fallback",
@@ -100,6 +108,8 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
         ("tagged leader, waiting on a server's lock, lease nearly over: still the grant",
          Seen(NOW, lease(left=0.5), ME, WAITING, silent_holders_lose=True), True, 60.0, 60.0,
          True),
+        ("tagged leader, a lapsed grant: no take-over to wait for, the lock again",
+         Seen(NOW, lease(), ME, LAPSED, silent_holders_lose=True), False, 60.0, 60.0, True),
         ("tagged leader, cold standby: its slot tries are its looks",
          Seen(NOW, lease(), ME, WAITING, cold=True), False, 60.0, 60.0, True),
         ("untagged leader: let it have the lock", Seen(NOW, lease(tag=None), ME, WAITING),
@@ -107,7 +117,7 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
         ("vacant, waiting: until grace has passed",
          Seen(NOW, lease(token=None), ME, WAITING, NOW - 0.25), False, 0.75, 0.75, True),
         ("vacant, granted but lost the elect: poll",
-         Seen(NOW, lease(token=None), ME, HELD, NOW), False, 1.0, 1.0, True),
+         Seen(NOW, lease(token=None), ME, PROVEN, NOW), False, 1.0, 1.0, True),
         ("never read, waiting: grace from now", Seen(NOW, None, ME, WAITING), False, 1.0, 1.0,
          True),
     ],
