@@ -119,6 +119,12 @@ class Liveness:
                 if self.proof.held:
                     if not wanted:
                         self._release()
+                    elif self._clock.monotonic() >= self.proof.good_until:
+                        # A lapsed proof (pings slower than it lasts) binds and frees
+                        # nobody, and a follower may not take over on it: let the lock
+                        # go and ask for a fresh grant (at once, if nobody else has it).
+                        log.info("liveness proof lapsed; asking for the lock again")
+                        self._release()
                     elif not self._sleeper.wait(self.ping_interval) and self._wanted:
                         self._ping()
                 elif wanted and not self.unsupported:

@@ -142,6 +142,8 @@ MUTATIONS = [
     M("lock-reprobe-before-wait", LOCKS, "            if not self._verified:\n", "            if False:\n", TOPOLOGIES),
     M("lock-probe-before-silence-bound", LOCKS, "        if self._verified:  # else acquire() probes first",
       "        if True:  # else acquire() probes first", TOPOLOGIES),
+    M("lock-lapsed-proof-regranted", "celery_election/liveness.py",
+      "elif self._clock.monotonic() >= self.proof.good_until:", "elif False:", ELECTION),
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
     # -- the beat fence -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ link, and a leader whose lease calls hang while its lock session stays healthy.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,37 @@ class FailingLocks:
         return getattr(self.inner, name)
 
 
+class SlowFirstPing:
+    """A backend view whose session's next ping, once ``slow`` is set, outlasts its proof.
+
+    The server is busy with that ping (the session is not silent and stays the holder)
+    and answers late, so the proof it makes has lapsed when it comes back.
+    """
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+        self.slow = threading.Event()
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+        slow = self.slow
+
+        class Slow(MemorySession):
+            def ping(self) -> None:
+                super().ping()
+                if slow.is_set():
+                    slow.clear()
+                    end, tick = time.monotonic() + 2 * self.delta, threading.Event()
+                    while time.monotonic() < end:  # a statement in progress: not silent
+                        self.last_seen = self._clock.monotonic()
+                        tick.wait(0.01)
+
+        return Slow(self.inner._locks, namespace, delta, self.inner.clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[tuple[MemoryBackend, Callable[..., Elector], Path]]:
     backend = MemoryBackend(liveness=True)
@@ -179,6 +211,36 @@ def test_a_follower_whose_lock_waits_fail_reads_the_lease_whenever_it_would_end(
     leader_view.open.clear()  # the leader's renewals hang: its lease runs out
     try:
         assert follower.wait_for_leadership(4 * TTL), "slept on a failing lock (fallback: 60 s)"
+    finally:
+        leader_view.open.set()
+    report = check(load([history]))
+    assert report.violations == [] and report.overlap_seconds == 0
+
+
+def test_a_grant_whose_proof_lapsed_is_given_back_and_taken_anew(
+    world: tuple[MemoryBackend, Callable[..., Elector], Path],
+) -> None:
+    """A follower granted the lock whose first ping outlasts its proof may not take over
+    on that grant (another may have had the lock), and a lapsed proof is never extended:
+    the lock thread lets it go and is granted again, so the dead leader is replaced
+    through the lock, delta after the fresh grant, not a minute later."""
+    backend, make, history = world
+    leader_view = Freezable(backend)
+    leader = make(leader_view, "leader")
+    assert leader.wait_for_leadership(5)
+    assert wait(lambda: backend.current("ns").liveness_us is not None, 5)
+    view = SlowFirstPing(backend)
+    follower = make(view, "follower")
+    assert wait(lambda: follower.liveness == "waiting", 5)
+    old = backend.current("ns")
+    view.slow.set()
+    leader_view.open.clear()  # the leader dies: its lease calls hang, its session ends
+    assert backend.kill_liveness("ns")
+    try:
+        assert follower.wait_for_leadership(4 * TTL), "held a lapsed grant (fallback: 60 s)"
+        new = backend.current("ns")
+        assert new.liveness_us is not None and new.term > old.term  # through the lock
+        assert not view.slow.is_set()  # the slow ping happened
     finally:
         leader_view.open.set()
     report = check(load([history]))
