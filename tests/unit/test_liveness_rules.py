@@ -46,7 +46,25 @@ class Freezable:
         return call
 
 
-class HungLocks:
+class LockView:
+    """A view of a backend whose liveness sessions are ``session_class`` (a test's fault);
+    everything else is the inner backend's."""
+
+    def __init__(self, inner: MemoryBackend) -> None:
+        self.inner = inner
+        self.description = inner.description
+
+    def session_class(self) -> type[MemorySession]:
+        raise NotImplementedError
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+        return self.session_class()(self.inner._locks, namespace, delta, self.inner.clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class HungLocks(LockView):
     """A backend view whose lock waits never return a grant: a wait on a link that died.
 
     ``silent_holders_lose``: whether the lock is a server's, which takes the lock from a
@@ -55,33 +73,28 @@ class HungLocks:
     """
 
     def __init__(self, inner: MemoryBackend, *, silent_holders_lose: bool) -> None:
-        self.inner = inner
-        self.description = inner.description
+        super().__init__(inner)
         self.silent_holders_lose = silent_holders_lose
 
-    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+    def session_class(self) -> type[MemorySession]:
         class Hung(MemorySession):
+            silent_holders_lose = self.silent_holders_lose
+
             def acquire(self, timeout: float) -> bool:
                 threading.Event().wait(timeout)
                 return False
 
-        session = Hung(self.inner._locks, namespace, delta, self.inner.clock)
-        session.silent_holders_lose = self.silent_holders_lose
-        return session
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return Hung
 
 
-class FailingLocks:
+class FailingLocks(LockView):
     """A backend view whose lock waits fail at once once ``down`` is set (a dead link)."""
 
     def __init__(self, inner: MemoryBackend) -> None:
-        self.inner = inner
-        self.description = inner.description
+        super().__init__(inner)
         self.down = threading.Event()
 
-    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+    def session_class(self) -> type[MemorySession]:
         down = self.down
 
         class Failing(MemorySession):
@@ -94,13 +107,10 @@ class FailingLocks:
                         return True
                 raise BackendUnavailableError("liveness session lost: link down")
 
-        return Failing(self.inner._locks, namespace, delta, self.inner.clock)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return Failing
 
 
-class SlowFirstPing:
+class SlowFirstPing(LockView):
     """A backend view whose session's next ping, once ``slow`` is set, outlasts its proof.
 
     The server is busy with that ping (the session is not silent and stays the holder)
@@ -108,11 +118,10 @@ class SlowFirstPing:
     """
 
     def __init__(self, inner: MemoryBackend) -> None:
-        self.inner = inner
-        self.description = inner.description
+        super().__init__(inner)
         self.slow = threading.Event()
 
-    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> MemorySession:
+    def session_class(self) -> type[MemorySession]:
         slow = self.slow
 
         class Slow(MemorySession):
@@ -125,10 +134,7 @@ class SlowFirstPing:
                         self.last_seen = self._clock.monotonic()
                         tick.wait(0.01)
 
-        return Slow(self.inner._locks, namespace, delta, self.inner.clock)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        return Slow
 
 
 @pytest.fixture
