@@ -71,8 +71,16 @@ class Proof:
 
     @property
     def held(self) -> bool:
-        """Whether the lock is held now (and was pinged since the grant)."""
+        """Whether the lock is held, as last heard (and was pinged since the grant)."""
         return self.granted_at is not None
+
+    def proven(self, now: float) -> bool:
+        """Whether the lock is held at ``now``, as its last ping proves.
+
+        A grant whose proof lapsed (a paused process, a lost session not yet noticed) says
+        nothing: another may have had the lock, and won a term, since.
+        """
+        return self.granted_at is not None and now < self.good_until
 
 
 def granted(proof: Proof, at: float, ping_started: float, delta: float) -> Proof:
@@ -138,15 +146,6 @@ class Call(str, enum.Enum):
     LOOK = "look"
 
 
-def _holds(proof: Proof, now: float) -> bool:
-    """Whether the lock is held now, as its last ping proves (not only as last heard).
-
-    A grant whose proof lapsed (a paused process, a lost session not yet noticed) says
-    nothing: another may have had the lock, and won a term, since.
-    """
-    return proof.granted_at is not None and now < proof.good_until
-
-
 def _tagged_by_other(lease: Lease | None, token: str) -> bool:
     return (
         lease is not None and lease.held and lease.liveness_us is not None and lease.token != token
@@ -158,7 +157,7 @@ def follower_call(seen: Seen, grace: float) -> tuple[Call, float]:
     proof = seen.proof
     if proof is None:
         return Call.ELECT, 0.0
-    if _holds(proof, seen.now):
+    if proof.proven(seen.now):
         # Nobody has had the lock since the grant, so the term in the row was won before
         # it, and its holder's trust ended delta after it.
         assert proof.granted_at is not None
@@ -203,7 +202,7 @@ def follower_wait(
     held = lease is not None and lease.held
     if proof is not None and _tagged_by_other(lease, seen.token):
         assert lease is not None and lease.liveness_us is not None
-        if _holds(proof, seen.now):  # take it over once its delta has passed
+        if proof.proven(seen.now):  # take it over once its delta has passed
             assert proof.granted_at is not None
             wait = max(0.0, proof.granted_at + lease.liveness_us / 1e6 - seen.now) + 0.001
             return Wait(wait, wait, True)
@@ -223,7 +222,7 @@ def follower_wait(
     if proof is not None and not held:
         # Vacant: the lock's holder elects; without a grant, elect once grace has passed.
         since = seen.now if seen.vacant_since is None else seen.vacant_since
-        if _holds(proof, seen.now):
+        if proof.proven(seen.now):
             wait = config.poll_interval * (1 + config.jitter * (2 * spread - 1))
         else:
             wait = max(0.0, since + grace - seen.now)

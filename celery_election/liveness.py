@@ -119,7 +119,7 @@ class Liveness:
                 if self.proof.held:
                     if not wanted:
                         self._release()
-                    elif self._clock.monotonic() >= self.proof.good_until:
+                    elif not self.proof.proven(self._clock.monotonic()):
                         # A lapsed proof (pings slower than it lasts) binds and frees
                         # nobody, and a follower may not take over on it: let the lock
                         # go and ask for a fresh grant (at once, if nobody else has it).

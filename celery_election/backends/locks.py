@@ -81,6 +81,13 @@ def slot_key(key: bytes, slot: int) -> bytes:
 
 _TIMED_OUT = object()
 
+#: How long a URL's "sessions are pinned" verdict is reused (the LISTEN probe's period).
+PROBE_EVERY = 60.0
+#: How old a verdict a cold standby's slot try may use: a slot bounds nobody's trust, and
+#: a try every fallback_interval would otherwise probe (two sessions, 12 statements) at
+#: nearly every try.
+SLOT_PROBE_EVERY = 600.0
+
 
 class _DBSession:
     """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
@@ -101,7 +108,6 @@ class _DBSession:
         self._slot: int | None = None  # the standby slot held, if any
         self._interrupted = False
         self._mutex = threading.Lock()
-        self._probe_age = PROBE_EVERY  # how old a cached verdict on the URL may be
 
     @property
     def held(self) -> bool:
@@ -113,11 +119,7 @@ class _DBSession:
                 # A cold standby's try: a verdict on the URL up to SLOT_PROBE_EVERY old
                 # will do (a slot decides nobody's trust); the wait that follows a slot
                 # re-checks a verdict older than PROBE_EVERY first (``acquire``).
-                self._probe_age = SLOT_PROBE_EVERY
-                try:
-                    self._connection()
-                finally:
-                    self._probe_age = PROBE_EVERY
+                self._connection(probe_age=SLOT_PROBE_EVERY)
                 if self._try_slots(random.sample(range(count), count)):
                     return True
                 self._drop()  # no slot: hold no connection until the next try
@@ -136,13 +138,17 @@ class _DBSession:
     def _unlock_slot(self, slot: int) -> None:
         raise NotImplementedError
 
-    def _connection(self) -> Any:
+    def _connection(self, probe_age: float = PROBE_EVERY) -> Any:
+        """The session's connection, opened and set up if need be.
+
+        ``probe_age``: how old a cached verdict on the URL (``sessions_pinned``) may be.
+        """
         if self._conn is None:
             try:
                 conn = self._connect()
             except Exception as exc:
                 raise self._lost(exc) from exc
-            self._guarded(conn, self._setup)
+            self._guarded(conn, lambda c: self._setup(c, probe_age))
             self._conn = conn
         return self._conn
 
@@ -164,7 +170,7 @@ class _DBSession:
                 ) from exc
             raise self._lost(exc) from exc
 
-    def _setup(self, conn: Any) -> None:
+    def _setup(self, conn: Any, probe_age: float) -> None:
         raise NotImplementedError
 
     def _execute(self, sql: str, params: tuple[Any, ...] = (), *, wait: bool = False) -> Any:
@@ -239,12 +245,6 @@ class _DBSession:
             self._drop()
 
 
-#: How long a URL's "sessions are pinned" verdict is reused (the LISTEN probe's period).
-PROBE_EVERY = 60.0
-#: How old a verdict a cold standby's slot try may use: a slot bounds nobody's trust, and
-#: a try every fallback_interval would otherwise probe (two sessions, 12 statements) at
-#: nearly every try.
-SLOT_PROBE_EVERY = 600.0
 _PINNED: dict[str, tuple[bool, float]] = {}
 _PROBE = "celery_election.probe"
 
@@ -318,10 +318,10 @@ class PostgresSession(_DBSession):
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT pg_advisory_unlock(%s)", (self._slot_keys[slot],))
 
-    def _setup(self, conn: Any) -> None:
+    def _setup(self, conn: Any, probe_age: float) -> None:
         self._lock_timeout = None
         conn.autocommit = True  # idle in a transaction is a different timeout
-        self._check_pinned(conn, self._probe_age)
+        self._check_pinned(conn, probe_age)
         if self._verified:  # else acquire() probes first: the probe may outlast delta
             self._set_timeouts(conn)
 
@@ -388,7 +388,7 @@ class MySQLSession(_DBSession):
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT RELEASE_LOCK(%s)", (self._slot_names[slot],))
 
-    def _setup(self, conn: Any) -> None:
+    def _setup(self, conn: Any, probe_age: float) -> None:
         conn.autocommit(True)
         cur = conn.cursor()
         try:
