@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
+from . import green
+
 if TYPE_CHECKING:
     from .dialects import Dialect
 
@@ -237,6 +239,7 @@ def private_engine(
     options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
     options.update(engine_options)
     engine = sa.create_engine(url, **options)
+    green.cooperate(engine)
     dialect.set_up_sessions(engine, statement_timeout)
     os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
     return engine

@@ -50,7 +50,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import BackendUnavailableError, ConfigurationError
-from . import connection
+from . import connection, green
 from .locks import FileSession, LivenessSession, MySQLSession, PostgresSession, pg_connector
 
 __all__ = [
@@ -518,7 +518,8 @@ class MySQL(Dialect):
             write_timeout=connect_timeout + 5,
         )
         description = url.render_as_string(hide_password=True)
-        return MySQLSession(lambda: dialect.connect(*cargs, **cparams), delta, description, key)
+        connect = green.connector(dialect, *cargs, **cparams)
+        return MySQLSession(connect, delta, description, key)
 
 
 #: Every dialect, by the names SQLAlchemy gives it.

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import MAX_STANDBYS
 from ..errors import BackendUnavailableError
+from . import green
 from .connection import WATCHDOG, interrupt, one_line, pg_connect_args
 from .sessions import LivenessSession, LivenessUnsupported, PooledSessions
 
@@ -534,4 +535,4 @@ def pg_connector(
     dialect = engine.dialect
     cargs, cparams = dialect.create_connect_args(url)
     cparams.update(pg_connect_args(connect_timeout, application_name))
-    return lambda: dialect.connect(*cargs, **cparams)
+    return green.connector(dialect, *cargs, **cparams)
