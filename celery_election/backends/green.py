@@ -25,6 +25,7 @@ SQLite) from the watchdog, and the call on the pool's thread returns with an err
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -97,7 +98,8 @@ def connector(dialect: sa.engine.Dialect, *cargs: Any, **cparams: Any) -> Callab
         cls = _EVENTLET_PSYCOPG[0]
         return lambda: cls.connect(*cargs, **cparams)
     if _blocks_in_c(dbapi):
-        return lambda: _CooperativeConnection(call(dialect.connect, *cargs, **cparams))
+        connect = functools.partial(dialect.connect, *cargs, **cparams)
+        return lambda: _CooperativeConnection(call(connect))
     return lambda: dialect.connect(*cargs, **cparams)
 
 
@@ -117,7 +119,7 @@ def cooperate(engine: Engine) -> None:
     def _connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
         if eventlet_psycopg:
             return connector(dialect, *cargs, **cparams)()
-        return call(dialect.connect, *cargs, **cparams)
+        return call(functools.partial(dialect.connect, *cargs, **cparams))
 
     if eventlet_psycopg:
         return
