@@ -23,6 +23,8 @@ import sqlalchemy as sa
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
 AMQP_DEFAULT = "amqp://guest:guest@127.0.0.1:5672//"
+#: a database number of its own: the machine's Redis may serve others
+REDIS_DEFAULT = "redis://127.0.0.1:6379/11"
 #: PgBouncer in front of the loopback PostgreSQL (scripts/services-up starts both).
 PGBOUNCER_DEFAULTS = {
     "pgbouncer-transaction": "postgresql+psycopg://postgres@127.0.0.1:6432/test",
@@ -45,8 +47,8 @@ def reachable(url: str) -> str | None:
         engine.dispose()
 
 
-def amqp_reachable(url: str) -> str | None:
-    """None if an AMQP broker accepts a connection at ``url``, else why not."""
+def broker_reachable(url: str) -> str | None:
+    """None if a broker (AMQP, Redis) accepts a connection at ``url``, else why not."""
     from kombu import Connection
 
     try:
@@ -132,7 +134,7 @@ def discover() -> Services:
     if why is not None:
         services.missing["postgresql"] = f"{pg}: {why}"
     amqp = os.environ.get("CELERY_ELECTION_TEST_AMQP_URL", AMQP_DEFAULT)
-    why = amqp_reachable(amqp)
+    why = broker_reachable(amqp)
     services.urls["amqp"] = amqp if why is None else None
     if why is not None:
         services.missing["amqp"] = f"{amqp}: {why}"
@@ -143,6 +145,11 @@ def discover() -> Services:
         services.urls[name] = url if why is None else None
         if why is not None:
             services.missing[name] = f"{url}: {why} (scripts/services-up starts it)"
+    redis = os.environ.get("CELERY_ELECTION_TEST_REDIS_URL", REDIS_DEFAULT)
+    why = broker_reachable(redis)
+    services.urls["redis"] = redis if why is None else None
+    if why is not None:
+        services.missing["redis"] = f"{redis}: {why} (scripts/services-up starts it)"
     mysql = os.environ.get("CELERY_ELECTION_TEST_MYSQL_URL", MYSQL_DEFAULT)
     why = reachable(mysql)
     services.urls["mysql"] = mysql if why is None else None

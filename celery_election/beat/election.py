@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
 from typing import Any
@@ -38,6 +40,8 @@ class BeatElection:
         self.settings.refuse_split()
         # Embedded (`celery worker -B --election`): the worker's leadership and namespace.
         embedded = self.record is not None
+        if embedded:
+            end_with_parent(os.getppid())
         self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
         # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
         listen = False if self.record is not None else None
@@ -113,6 +117,26 @@ class BeatElection:
             self.recorder.close()
             self.recorder = None
         self.backend.close()
+
+
+def end_with_parent(parent: int, every: float = 0.2) -> None:
+    """Stop this process soon after ``parent`` dies, however it died.
+
+    An embedded beat is a process of its own: a SIGKILL of its worker's main process left
+    it running, re-parented, with its broker and database sockets open (it stopped
+    sending when its trust ended, but a process manager that does not kill the whole
+    group kept it forever). Its parent's death shows as a new parent pid.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        log.warning("beat: its worker (pid %d) is gone; this embedded beat stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5.0)  # SIGTERM caught and ignored: leave anyway
+        os._exit(1)
+
+    threading.Thread(target=watch, name="election-parent-watch", daemon=True).start()
 
 
 def backend_description(url: str) -> str:

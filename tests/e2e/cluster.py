@@ -103,6 +103,10 @@ class Cluster:
         self.app.conf.task_default_queue = f"q.{self.namespace}"
         self.leader_queue = leader_queue_name(self.namespace)
 
+    def own_queue(self, worker: str) -> str:
+        """The queue only ``worker`` consumes (named per test: brokers outlive tests)."""
+        return f"only.{worker}.{self.namespace}"
+
     def send(self, task: str, label: str, queue: str | None = None) -> AsyncResult:
         """Send tests.e2e.proj.<task>; leader tasks go to the leader queue by default."""
         if queue is None and task != "plain":
@@ -111,11 +115,14 @@ class Cluster:
 
     # -- processes --------------------------------------------------------------------------
 
-    def start(self, name: str, *args: str, election: bool = True) -> None:
+    def start(
+        self, name: str, *args: str, election: bool = True, pool: str = "prefork", c: int = 2
+    ) -> None:
         """A worker (``--election`` unless told otherwise)."""
         self._spawn(name, [
             "worker", *(["--election"] if election else []),
-            "-c", "2", "-P", "prefork", "-n", f"{name}@%h", "-Q", f"q.{self.namespace},only.{name}",
+            "-c", str(c), "-P", pool, "-n", f"{name}@%h",
+            "-Q", f"q.{self.namespace},{self.own_queue(name)}",
             "--without-gossip", "--without-mingle", "-s", str(self.tmp / f"{name}-schedule"),
             *args,
         ])  # fmt: skip
@@ -127,7 +134,9 @@ class Cluster:
     def _spawn(self, name: str, args: list[str]) -> None:
         cmd = [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args, "--loglevel", "INFO"]
         log = self.tmp / f"{name}.log"
-        self.workers[name] = Proc(name, cmd, env=self.env, cwd=self.tmp, log=log).start()
+        home = self.tmp / name  # a working directory per process, as on hosts of their own
+        home.mkdir(exist_ok=True)
+        self.workers[name] = Proc(name, cmd, env=self.env, cwd=home, log=log).start()
 
     def signal(self, name: str, sig: int) -> None:
         self.workers[name].signal(sig)
@@ -144,7 +153,7 @@ class Cluster:
         if self.app.conf.broker_url.startswith("amqp"):
             with self.app.connection_for_write() as conn:
                 names = [f"q.{self.namespace}", self.leader_queue]
-                names += [f"only.{n}" for n in self.workers]
+                names += [self.own_queue(n) for n in self.workers]
                 for q in names:
                     with contextlib.suppress(Exception):
                         conn.default_channel.queue_delete(q)

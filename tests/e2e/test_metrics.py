@@ -74,9 +74,9 @@ def test_prefork_children_counts_add_up_and_a_follower_is_ready(cluster: Cluster
     # each task in a fresh child (--max-tasks-per-child 1): 6 skipped on the follower,
     # 3 run on the leader
     for i in range(6):
-        c.send("skip", f"s{i}", queue=f"only.{follower}")
+        c.send("skip", f"s{i}", queue=c.own_queue(follower))
     for i in range(3):
-        c.send("skip", f"r{i}", queue=f"only.{leader}")
+        c.send("skip", f"r{i}", queue=c.own_queue(leader))
     task = "tests.e2e.proj.skip"
 
     def counted(port: int, outcome: str, n: int) -> bool:

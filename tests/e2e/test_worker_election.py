@@ -77,9 +77,9 @@ def test_worker_election_scenario(cluster: Cluster) -> None:
 
     # -- what reaches a follower: skip, raise, requeue ----------------------------------------
     follower = next(w for w in ("w1", "w2", "w3") if w != leader)
-    skipped = c.send("skip", "f-skip", queue=f"only.{follower}")
-    strict = c.send("strict", "f-strict", queue=f"only.{follower}")
-    requeued = c.send("requeue", "f-requeue", queue=f"only.{follower}")
+    skipped = c.send("skip", "f-skip", queue=c.own_queue(follower))
+    strict = c.send("strict", "f-strict", queue=c.own_queue(follower))
+    requeued = c.send("requeue", "f-requeue", queue=c.own_queue(follower))
     from celery_election.errors import NotLeaderError
 
     with pytest.raises(NotLeaderError):

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from celery_election import backend_from_url
-from celery_election.backends.locks import lock_key
 
 from ..conftest import server_url, unique_prefix
+from ..support.locks import waiting_on_lock
 from .test_liveness import NS, Child
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,36 +31,7 @@ pytestmark = pytest.mark.slow
 
 
 def _waiting_on_lock(url: str, prefix: str) -> bool:
-    """The server shows a session waiting for the namespace's liveness lock.
-
-    (SQLite's lock is a file lock polled every 5 ms: nothing to see; its calls are what
-    must leave the hub there, sqlite3 waiting in C.)
-    """
-    if url.startswith("sqlite"):
-        return True
-    key = lock_key(prefix, NS)
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            if engine.dialect.name == "postgresql":
-                # a bigint key is kept as (classid, objid): its high and low 32 bits
-                k = int.from_bytes(key[:8], "big", signed=True)
-                sql = (
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                    " AND classid::bigint = :hi AND objid::bigint = :lo"
-                )
-                found = conn.execute(
-                    sa.text(sql), {"hi": (k >> 32) & 0xFFFFFFFF, "lo": k & 0xFFFFFFFF}
-                )
-            else:
-                sql = (
-                    "SELECT count(*) FROM information_schema.processlist"
-                    " WHERE state = 'User lock' AND info LIKE :pattern"
-                )
-                found = conn.execute(sa.text(sql), {"pattern": "%GET_LOCK%"})
-            return bool(found.scalar())
-    finally:
-        engine.dispose()
+    return waiting_on_lock(url, prefix, NS)
 
 
 @pytest.mark.parametrize("hub", ["eventlet", "gevent"])

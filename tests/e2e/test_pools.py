@@ -1,0 +1,154 @@
+"""Every worker pool users run, on RabbitMQ and on Redis, as real processes (issue 33).
+
+For each pool (prefork, threads, solo, gevent, eventlet on RabbitMQ; prefork and gevent on
+Redis): two ``celery worker -P <pool> -c 4 --election`` in working directories of their
+own, one worker of the same pool without ``--election`` beside them, two standalone
+``celery beat`` with the LeaderScheduler. Then, each step checked from the database:
+
+one leader -> leader tasks by name all run on it -> the follower serves its own queue
+while it waits on the lock (the no-election worker's latency printed beside it) -> a
+remote ``election_resign`` moves leadership, leader tasks follow -> SIGKILL of the leading
+worker and of the leading beat: another leads through the liveness lock (before the
+lease would have ended), leader tasks follow -> every beat run sent once -> no CRITICAL
+and no traceback in any log.
+
+Under eventlet a follower's lock wait used to freeze its whole worker (0 of 50 plain
+tasks in 60 s): that cell fails on the code before backends/green.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ..conftest import server_url
+from ..support.locks import waiting_on_lock
+from .cluster import Cluster, wait_until
+from .test_worker_election import _inspect, celery_cli
+
+CELLS = [
+    ("prefork", "amqp"),
+    ("threads", "amqp"),
+    ("solo", "amqp"),
+    ("gevent", "amqp"),
+    ("eventlet", "amqp"),
+    ("prefork", "redis"),
+    ("gevent", "redis"),
+]
+TTL = 12.0  # long: a take-over well inside it is the liveness lock's, not the lease's
+
+pytestmark = [pytest.mark.slow, pytest.mark.tier2, pytest.mark.timeout(600)]
+
+
+def _leader_tasks_on(c: Cluster, leader: str, label: str, n: int = 20) -> None:
+    """``n`` leader tasks sent by name all run, all on ``leader``.
+
+    ``on_follower="requeue"``: a task the old leader had prefetched when it resigned
+    goes back to the leader queue instead of being skipped.
+    """
+    for i in range(n):
+        c.send("requeue", f"{label}{i}")
+    wanted = {f"{label}{i}" for i in range(n)}
+
+    def done() -> list[str] | None:
+        ran = [r.worker.split("@")[0] for r in c.rows(c.runs) if r.label in wanted]
+        return ran if len(ran) >= n else None
+
+    ran = wait_until(done, 90, f"{n} leader tasks {label}*")
+    assert set(ran) == {leader}, Counter(ran)
+
+
+def _plain_latencies(c: Cluster, worker: str, n: int = 50) -> list[float]:
+    """Send ``n`` plain tasks to ``worker``'s own queue; each one's seconds to a result."""
+    sent = [(time.monotonic(), c.send("plain", f"{worker}-p{i}", queue=c.own_queue(worker)))
+            for i in range(n)]  # fmt: skip
+    latencies = []
+    for t0, result in sent:
+        result.get(timeout=60, interval=0.02)
+        latencies.append(time.monotonic() - t0)
+    return latencies
+
+
+def _failover(c: Cluster, victim: str) -> float:
+    """SIGKILL ``victim`` (leading): seconds until another holds the lease (database view)."""
+    # the other worker waits on the lock (a resigned one stays out for resign_backoff)
+    db = str(c.engine.url.render_as_string(hide_password=False))
+    wait_until(lambda: waiting_on_lock(db, c.prefix, c.namespace), 2 * TTL, "a standby")
+    before = c.lease()
+    assert before is not None
+    t0 = time.monotonic()
+    c.signal(victim, signal.SIGKILL)
+    c.wait_leader(TTL + 10, other_than=victim)
+    took = time.monotonic() - t0
+    after = c.lease()
+    assert after is not None and after.term > before.term
+    # the dead leader's lock session released at once: taken before its lease ended
+    assert after.acquired_at_us is not None and after.acquired_at_us < before.expires_at_us
+    return took
+
+
+@pytest.mark.parametrize(("pool", "broker"), CELLS, ids=[f"{p}-{b}" for p, b in CELLS])
+def test_pool_and_broker(pool: str, broker: str, tmp_path: Path) -> None:
+    if pool in ("gevent", "eventlet"):
+        pytest.importorskip(pool)
+    db = server_url("postgresql")
+    c = Cluster(tmp_path, server_url(broker), db, f"db+{db}", ttl=TTL, beat=True)
+    try:
+        for name in ("w1", "w2"):
+            c.start(name, pool=pool, c=4)
+        c.start("plain", pool=pool, c=4, election=False)
+        c.start_beat("b1")
+        c.start_beat("b2")
+        leader = c.wait_leader(60)
+        follower = next(w for w in ("w1", "w2") if w != leader)
+        replies = wait_until(lambda: _inspect(c, 3), 60, "three workers answering inspect")
+        node = next(n for n in replies if n.startswith(f"{leader}@"))
+        assert [n for n, r in replies.items() if r.get("leader")] == [node], replies
+
+        _leader_tasks_on(c, leader, "a")
+        # the follower waits on the liveness lock meanwhile; it must serve its own queue
+        waiting = _plain_latencies(c, follower)
+        stock = _plain_latencies(c, "plain")
+        median = statistics.median
+        print(f"\n{pool}/{broker}: plain tasks, median seconds: follower {median(waiting):.3f}"
+              f", no election {median(stock):.3f}")  # fmt: skip
+
+        out = celery_cli("control", "election_resign", "-d", node, "--json", "-t", "10", env=c.env)
+        assert "resigned" in out
+        leader = c.wait_leader(15, other_than=leader)
+        _leader_tasks_on(c, leader, "b")
+
+        beat = c.wait_beat_leader(60)
+        took = _failover(c, leader)
+        c.signal(beat, signal.SIGKILL)
+        print(f"{pool}/{broker}: worker failover after SIGKILL {took:.2f} s")
+        leader = c.wait_leader(5)
+        _leader_tasks_on(c, leader, "c")
+        survivor = c.wait_beat_leader(TTL + 10, other_than=beat)
+
+        # the surviving beat sends on: new runs after the kill, each run key sent once
+        sent_before = len(c.rows(c.ticks))
+        wait_until(lambda: len(c.rows(c.ticks)) >= sent_before + 4, 30, "beat runs after the kill")
+        # sent once: one task id per run key (a SIGKILLed worker's acks_late tick runs
+        # again under the same id: Celery's at-least-once, not a second send)
+        sends: dict[tuple[str, int], set[str]] = {}
+        for t in c.rows(c.ticks):
+            sends.setdefault((t.entry, t.run), set()).add(t.task_id)
+        assert sends and all(len(ids) == 1 for ids in sends.values()), sends
+        assert survivor in c.alive()
+
+        for log in tmp_path.glob("*.log"):
+            text = log.read_text(errors="replace")
+            assert "CRITICAL" not in text and "Traceback" not in text, (
+                f"{log.name}:\n{text[-3000:]}"
+            )
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
