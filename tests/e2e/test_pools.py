@@ -18,6 +18,7 @@ tasks in 60 s): that cell fails on the code before backends/green.py.
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import time
@@ -147,6 +148,37 @@ def test_pool_and_broker(pool: str, broker: str, tmp_path: Path) -> None:
             assert "CRITICAL" not in text and "Traceback" not in text, (
                 f"{log.name}:\n{text[-3000:]}"
             )
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_sigkilled_worker_leaves_no_process_behind(pool: str, tmp_path: Path) -> None:
+    """``worker -B --election``: SIGKILL of the main process ends its embedded beat too.
+
+    The embedded beat used to stay, re-parented to init, with its sockets open.
+    """
+    db = server_url("postgresql")
+    c = Cluster(tmp_path, server_url("amqp"), db, f"db+{db}", ttl=TTL, beat=True)
+    try:
+        c.start("w1", "-B", pool=pool)
+        c.wait_leader(60)
+        pgid = c.workers["w1"].pid  # a session of its own: its group is the worker's
+        wait_until(lambda: len(c.rows(c.ticks)) >= 2, 60, "the embedded beat sending")
+        c.signal("w1", signal.SIGKILL)
+        c.wait_exit("w1")  # reaped: a zombie would still count in the group
+        wait_until(lambda: not _group_alive(pgid), 10, "the worker's processes to end")
     except BaseException:
         print(c.logs())
         raise
