@@ -107,11 +107,11 @@ class Cluster:
         """The queue only ``worker`` consumes (named per test: brokers outlive tests)."""
         return f"only.{worker}.{self.namespace}"
 
-    def send(self, task: str, label: str, queue: str | None = None) -> AsyncResult:
+    def send(self, task: str, label: str, queue: str | None = None, *args: object) -> AsyncResult:
         """Send tests.e2e.proj.<task>; leader tasks go to the leader queue by default."""
         if queue is None and task != "plain":
             queue = self.leader_queue
-        return self.app.send_task(f"tests.e2e.proj.{task}", [label], queue=queue)
+        return self.app.send_task(f"tests.e2e.proj.{task}", [label, *args], queue=queue)
 
     # -- processes --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ database, so a test can check who ran what under which term.
 
 from __future__ import annotations
 
+import json
 import os
 
 import sqlalchemy as sa
@@ -41,6 +42,8 @@ app.conf.update(
     # One queue per test: a broker outlives tests, and leftovers must not leak between them.
     task_default_queue=os.environ.get("E2E_QUEUE", "celery"),
 )
+if os.environ.get("E2E_BROKER_OPTIONS"):  # e.g. Redis: when a dead worker's tasks return
+    app.conf.broker_transport_options = json.loads(os.environ["E2E_BROKER_OPTIONS"])
 if os.environ.get("E2E_BEAT"):
     app.conf.beat_scheduler = "celery_election.beat:LeaderScheduler"
     app.conf.beat_max_loop_interval = 1
@@ -184,6 +187,16 @@ def tick(self, entry: str, seconds: float = 0.0) -> None:
         with _engine_().begin() as conn:
             where = _ticks.c.id == row[0]
             conn.execute(sa.update(_ticks).where(where).values(ended_at=db_now_us()))
+
+
+@leader_task(bind=True, on_follower="requeue", requeue_delay=0.3)
+def slow(self, label: str, seconds: float) -> int | None:
+    """A leader task that runs ``seconds``: a SIGKILL can land while it runs."""
+    _record("slow", label, self.election_term)
+    import time
+
+    time.sleep(seconds)
+    return self.election_term
 
 
 @app.task
