@@ -1,4 +1,4 @@
-"""The contract every backend passes: memory, SQLite file, PostgreSQL, MariaDB."""
+"""The contract every backend passes: memory, SQLite file, PostgreSQL, MariaDB, each driver."""
 
 from __future__ import annotations
 
@@ -6,15 +6,22 @@ import dataclasses
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from celery_election.errors import ConfigurationError, SchemaMissingError
 
-from ..conftest import SQL_KINDS, expire, expire_candidates, token
+from ..conftest import EVERY_KIND, EVERY_SQL, expire, expire_candidates, make_backend, token
 
 NS = "suite"
+
+
+@pytest.fixture(params=EVERY_KIND)
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """Every backend, PostgreSQL and MariaDB through each of their drivers."""
+    yield from make_backend(request.param, tmp_path)
 
 
 def test_first_elect_creates_the_row_and_wins(backend: Any) -> None:
@@ -222,7 +229,7 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
 
 
 # The memory backend's clock is the host clock by definition: SQL backends only.
-@pytest.mark.parametrize("backend", SQL_KINDS, indirect=True)
+@pytest.mark.parametrize("backend", EVERY_SQL, indirect=True)
 def test_host_clock_skew_changes_no_outcome(backend: Any, monkeypatch: Any) -> None:
     a, b = token(), token()
     lease = backend.elect(NS, a, "a", 30.0).lease

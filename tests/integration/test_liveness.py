@@ -34,11 +34,13 @@ from celery_election.lease import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 
-from ..conftest import server_url, unique_prefix, url_for
+from ..conftest import EVERY_SQL, MYSQL_DRIVERS, PG_DRIVERS, server_url, unique_prefix, url_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_TTL = 30.0
 NS = "live"
+#: Each server through each of its drivers (psycopg 3 and psycopg2, PyMySQL and mysqlclient).
+SERVERS = [*PG_DRIVERS, *MYSQL_DRIVERS]
 
 
 class Child:
@@ -185,7 +187,7 @@ def _fault_under_a_leader(
     return child, old, new, follower
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     setup: dict[str, Any],
 ) -> None:
@@ -195,7 +197,7 @@ def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     _no_overlap(setup)
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_after(
     setup: dict[str, Any],
 ) -> None:
@@ -211,7 +213,7 @@ def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     setup: dict[str, Any],
 ) -> None:
@@ -235,7 +237,7 @@ def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_a_resign_wakes_a_follower_blocked_on_the_lock_at_once(setup: dict[str, Any]) -> None:
     env = setup
     leader = _follower(env, "first")
@@ -286,7 +288,7 @@ def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
     backend.close()
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_a_leader_whose_link_stalls_mid_renew_is_replaced_through_the_lock(
     setup: dict[str, Any],
 ) -> None:
@@ -387,7 +389,7 @@ def _connections(pids: list[int], application_name: str) -> int:
     return count
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
     setup: dict[str, Any],
 ) -> None:
