@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from celery_election.errors import ConfigurationError, SchemaMissingError
+from celery_election.errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 
 from ..conftest import EVERY_KIND, EVERY_SQL, expire, expire_candidates, make_backend, token
 
@@ -295,3 +296,40 @@ def test_a_floor_raises_the_new_term(backend: Any) -> None:
     expire(backend, NS)
     again = backend.elect(NS, c, "c", 30.0, floor=floor + 5)
     assert again.won and again.lease.term == floor + 5
+
+
+SERVERS = [k for k in EVERY_SQL if k != "sqlite"]
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_call_past_its_deadline_is_cut_on_every_driver(backend: Any) -> None:
+    """The watchdog shuts the blocked call's socket down from its own thread (rule 8).
+
+    mysqlclient refuses ``fileno()`` while another thread is in a call: its socket is
+    noted at connect, or the cut silently misses and the call runs on.
+    """
+    sleep = "SELECT pg_sleep(3)" if backend.dialect == "postgresql" else "SELECT SLEEP(3)"
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="did not answer within"):
+        backend._run(
+            lambda conn: conn.exec_driver_sql(sleep).all(),
+            table=backend.lease,
+            write=False,
+            timeout=0.5,
+            connection=None,
+        )
+    assert time.monotonic() - started < 2.0
+    assert backend.current(NS) is None  # the next call gets a fresh connection
+
+
+@pytest.mark.parametrize("backend", [k for k in SERVERS if k.startswith("mysql")], indirect=True)
+def test_an_update_that_changes_nothing_counts_no_row_on_mysql(backend: Any) -> None:
+    """Rule 1: SQLAlchemy's PyMySQL and mysqlclient dialects turn CLIENT.FOUND_ROWS on, and
+    a conditional UPDATE then reports the rows it matched: one that changed nothing would
+    count as a won step. The private engine turns it off."""
+    a = token()
+    backend.elect(NS, a, "a", 30.0)
+    t = backend.lease
+    same = sa.update(t).where(t.c.namespace == NS).values(term=t.c.term, token=t.c.token)
+    with backend.engine.connect() as conn:
+        assert conn.execute(same).rowcount == 0

@@ -448,3 +448,47 @@ def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
         assert time.monotonic() < end, [f.liveness for f in rest]
         time.sleep(0.1)
     _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_a_lock_wait_is_cut_from_another_thread_on_every_driver(setup: dict[str, Any]) -> None:
+    """``interrupt()`` (a stop() of a waiting follower) ends a blocked lock wait at once:
+    psycopg2 through its ``fileno()``, mysqlclient through the socket noted at connect (it
+    refuses every method, ``fileno()`` too, while another thread is in a call)."""
+    backend = setup["backend"]
+    holder = backend.liveness_session(NS, 1.0, 30.0)
+    waiter = backend.liveness_session(NS, 1.0, 30.0)
+    try:
+        assert holder.acquire(1.0)
+        holder.ping()
+        timer = threading.Timer(0.3, waiter.interrupt)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(InterruptedError):
+            # delta 1 s: the holder's silent session ends after about 1 s, so a missed
+            # interrupt shows as a grant, not as a hang
+            waiter.acquire(20.0)
+        assert time.monotonic() - started < 0.9
+    finally:
+        holder.close()
+        waiter.close()
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver(
+    setup: dict[str, Any],
+) -> None:
+    """A bounded wait that ends unanswered is "not granted", not a lost session: the
+    driver's lock-timeout error is recognised (psycopg 3 ``sqlstate``, psycopg2 ``pgcode``)."""
+    backend = setup["backend"]
+    holder = backend.liveness_session(NS, 5.0, 30.0)
+    waiter = backend.liveness_session(NS, 5.0, 30.0)
+    try:
+        assert holder.acquire(1.0)
+        assert waiter.acquire(1.0) is False
+        assert waiter._conn is not None and not waiter.held  # the same session waits on
+        holder.release()
+        assert waiter.acquire(5.0) and waiter.held
+    finally:
+        holder.close()
+        waiter.close()
