@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +62,13 @@ def driver_for(scheme: str) -> str:
     choices = _DRIVERS[scheme]
     for driver in choices:
         module = _MODULES[driver][0]
-        if module is None or importlib.util.find_spec(module) is not None:
+        if module is None:
             return driver
+        try:  # importable, not just present: a broken build falls through to the next
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return driver
     wanted = " or ".join(
         f"{_MODULES[d][0]} (pip install 'celery-election[{_MODULES[d][1]}]')" for d in choices
     )
