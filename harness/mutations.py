@@ -56,6 +56,8 @@ OPS = "celery_election/beat/ops.py"
 DEC = "celery_election/decisions.py"
 LOOP = "celery_election/election_loop.py"
 LOCKS = "celery_election/backends/locks.py"
+DIALECTS = "celery_election/backends/dialects.py"
+CONNECTION = "celery_election/backends/connection.py"
 TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
 ELECTOR = "celery_election/elector.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
@@ -146,6 +148,16 @@ MUTATIONS = [
       "elif not self.proof.proven(self._clock.monotonic()):", "elif False:", ELECTION),
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
+    # -- the drivers (psycopg2, mysqlclient) ------------------------------------------------------
+    M("driver-found-rows", DIALECTS, 'cparams["client_flag"] = without_found_rows(cparams.get("client_flag", 0))',
+      'cparams["client_flag"] = cparams.get("client_flag", 0)',
+      ["tests/integration/test_backend_suite.py::test_an_update_that_changes_nothing_counts_no_row_on_mysql"]),
+    M("driver-mysqlclient-call-socket", DIALECTS, "connection.remember_socket(dbapi_conn)  # mysqlclient: for the call deadline",
+      "pass", ["tests/integration/test_backend_suite.py::test_a_call_past_its_deadline_is_cut_on_every_driver"]),
+    M("driver-mysqlclient-lock-socket", DIALECTS, "connection.remember_socket(conn)  # mysqlclient: for interrupt()",
+      "pass", ["tests/integration/test_liveness.py::test_a_lock_wait_is_cut_from_another_thread_on_every_driver"]),
+    M("driver-psycopg2-sqlstate", CONNECTION, 'code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)',
+      'code = getattr(exc, "sqlstate", None)', ["tests/integration/test_liveness.py::test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver"]),
     # -- the beat fence -------------------------------------------------------------------------
     M("beat-claim-was-at", SQL_BEAT, 't.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),',
       'sa.bindparam("p_was_at", type_=sa.BigInteger).is_not(None),', BEAT),

@@ -137,6 +137,12 @@ def table_prefix() -> str:
 
 SQL_KINDS = ["sqlite", "postgresql", "mysql"]
 ALL_KINDS = ["memory", *SQL_KINDS]
+#: The servers through their other drivers (psycopg2, mysqlclient): the backend suite and
+#: the files that prove each feature run them too (``every_backend``, ``every_sql_url``).
+PG_DRIVERS = ["postgresql", "postgresql+psycopg2"]
+MYSQL_DRIVERS = ["mysql", "mysql+mysqldb"]
+EVERY_SQL = ["sqlite", *PG_DRIVERS, *MYSQL_DRIVERS]
+EVERY_KIND = ["memory", *EVERY_SQL]
 
 
 def url_for(kind: str, tmp_path: Any) -> str:
@@ -150,13 +156,12 @@ def fake_clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=ALL_KINDS)
-def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
-    """Each backend once, installed under a unique table prefix and dropped afterwards."""
-    if request.param == "memory":
+def make_backend(kind: str, tmp_path: Any) -> Iterator[Any]:
+    """A backend of ``kind``, installed under a unique table prefix and dropped afterwards."""
+    if kind == "memory":
         yield MemoryBackend()
         return
-    b = backend_from_url(url_for(request.param, tmp_path), table_prefix=unique_prefix())
+    b = backend_from_url(url_for(kind, tmp_path), table_prefix=unique_prefix())
     assert isinstance(b, SQLBackend)
     b.install()
     try:
@@ -164,6 +169,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     finally:
         b.uninstall()
         b.close()
+
+
+@pytest.fixture(params=ALL_KINDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """Each backend once, installed under a unique table prefix and dropped afterwards."""
+    yield from make_backend(request.param, tmp_path)
 
 
 @pytest.fixture(params=SQL_KINDS)

@@ -10,6 +10,7 @@ cluster is started for the session.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import socket
@@ -32,6 +33,17 @@ PGBOUNCER_DEFAULTS = {
 }
 
 REQUIRE = os.environ.get("CELERY_ELECTION_REQUIRE_SERVICES") == "1"
+#: The other drivers of each server: kind -> (server kind, SQLAlchemy driver, module).
+#: Their URLs are the server's with the driver swapped (CELERY_ELECTION_TEST_*_URL).
+DRIVERS = {
+    "postgresql+psycopg2": ("postgresql", "postgresql+psycopg2", "psycopg2"),
+    "mysql+mysqldb": ("mysql", "mysql+mysqldb", "MySQLdb"),
+}
+
+
+def with_driver(url: str, driver: str) -> str:
+    """``url`` through another SQLAlchemy driver (password kept)."""
+    return sa.make_url(url).set(drivername=driver).render_as_string(hide_password=False)
 
 
 def reachable(url: str) -> str | None:
@@ -155,4 +167,18 @@ def discover() -> Services:
     services.urls["mysql"] = mysql if why is None else None
     if why is not None:
         services.missing["mysql"] = f"{mysql}: {why}"
+    for kind, (server, driver, module) in DRIVERS.items():
+        base = services.urls.get(server)
+        if base is None:
+            services.urls[kind] = None
+            services.missing[kind] = f"{server} is unreachable"
+            continue
+        url = with_driver(base, driver)
+        if importlib.util.find_spec(module) is None:
+            why = f"{module} is not installed (a dev dependency: pip install -e '.[dev]')"
+        else:
+            why = reachable(url)
+        services.urls[kind] = url if why is None else None
+        if why is not None:
+            services.missing[kind] = f"{url}: {why}"
     return services

@@ -24,19 +24,55 @@ __all__ = [
     "backend_from_url",
 ]
 
-_SCHEMES = "sqlite:///PATH, postgresql+psycopg://..., mysql+pymysql://..., memory://"
-# scheme -> (normalised SQLAlchemy driver name, driver module, extra that installs it)
-_DRIVERS: dict[str, tuple[str, str | None, str | None]] = {
-    "sqlite": ("sqlite", None, None),
-    "sqlite+pysqlite": ("sqlite", None, None),
-    "postgresql": ("postgresql+psycopg", "psycopg", "postgres"),
-    "postgres": ("postgresql+psycopg", "psycopg", "postgres"),
-    "postgresql+psycopg": ("postgresql+psycopg", "psycopg", "postgres"),
-    "mysql": ("mysql+pymysql", "pymysql", "mysql"),
-    "mysql+pymysql": ("mysql+pymysql", "pymysql", "mysql"),
-    "mariadb": ("mysql+pymysql", "pymysql", "mysql"),
-    "mariadb+pymysql": ("mysql+pymysql", "pymysql", "mysql"),
+_SCHEMES = (
+    "sqlite:///PATH, postgresql://... (postgresql+psycopg / +psycopg2), "
+    "mysql://... (mysql+pymysql / +mysqldb), memory://"
+)
+# SQLAlchemy driver name -> (driver module, extra that installs it)
+_MODULES: dict[str, tuple[str | None, str | None]] = {
+    "sqlite": (None, None),
+    "postgresql+psycopg": ("psycopg", "postgres"),
+    "postgresql+psycopg2": ("psycopg2", "psycopg2"),
+    "mysql+pymysql": ("pymysql", "mysql"),
+    "mysql+mysqldb": ("MySQLdb", "mysqlclient"),
 }
+# scheme -> the drivers it may mean, the first one installed wins. A bare scheme means
+# SQLAlchemy's default driver (psycopg2, mysqlclient) only when ours is missing: an
+# install that has both keeps the driver it always used (psycopg 3 also waits
+# cooperatively under gevent).
+_DRIVERS: dict[str, tuple[str, ...]] = {
+    "sqlite": ("sqlite",),
+    "sqlite+pysqlite": ("sqlite",),
+    "postgresql": ("postgresql+psycopg", "postgresql+psycopg2"),
+    "postgres": ("postgresql+psycopg", "postgresql+psycopg2"),
+    "postgresql+psycopg": ("postgresql+psycopg",),
+    "postgresql+psycopg2": ("postgresql+psycopg2",),
+    "mysql": ("mysql+pymysql", "mysql+mysqldb"),
+    "mysql+pymysql": ("mysql+pymysql",),
+    "mysql+mysqldb": ("mysql+mysqldb",),
+    "mariadb": ("mysql+pymysql", "mysql+mysqldb"),
+    "mariadb+pymysql": ("mysql+pymysql",),
+    "mariadb+mysqldb": ("mysql+mysqldb",),
+}
+_PG_DRIVERS = ("postgresql+psycopg", "postgresql+psycopg2")
+
+
+def driver_for(scheme: str) -> str:
+    """The SQLAlchemy driver ``scheme`` resolves to here: its first one installed."""
+    choices = _DRIVERS[scheme]
+    for driver in choices:
+        module = _MODULES[driver][0]
+        if module is None:
+            return driver
+        try:  # importable, not just present: a broken build falls through to the next
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return driver
+    wanted = " or ".join(
+        f"{_MODULES[d][0]} (pip install 'celery-election[{_MODULES[d][1]}]')" for d in choices
+    )
+    raise ConfigurationError(f"{scheme}:// needs {wanted}")
 
 
 def __getattr__(name: str) -> Any:
@@ -56,7 +92,8 @@ def backend_from_url(url: str, **options: Any) -> Backend:
 
     Celery-style prefixes are accepted, so the app's own URLs work as they are:
     ``db+postgresql://...`` (result backend) and ``sqla+sqlite:///...`` (kombu broker).
-    ``postgresql://`` means psycopg 3 and ``mysql://`` PyMySQL.
+    ``postgresql://`` means psycopg 3 if installed, else psycopg2; ``mysql://`` PyMySQL
+    if installed, else mysqlclient. ``+psycopg2`` / ``+mysqldb`` name one.
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
@@ -71,22 +108,15 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     if scheme not in _DRIVERS:
         hint = ""
         if scheme.startswith("postgres"):
-            hint = " (celery_election talks to PostgreSQL through psycopg 3: postgresql+psycopg)"
+            hint = " (celery_election talks to PostgreSQL through psycopg 3 or psycopg2)"
         elif scheme.startswith(("mysql", "mariadb")):
-            hint = " (celery_election talks to MySQL/MariaDB through PyMySQL: mysql+pymysql)"
+            hint = " (celery_election talks to MySQL/MariaDB through PyMySQL or mysqlclient)"
         raise ConfigurationError(
             f"unsupported election database URL scheme {scheme!r}{hint}; use one of: {_SCHEMES}"
         )
-    driver, module, extra = _DRIVERS[scheme]
-    if module is not None:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"{scheme}:// needs the {module} package: pip install 'celery-election[{extra}]'"
-            ) from exc
+    driver = driver_for(scheme)
     normalised = f"{driver}://{rest}"
-    if driver == "postgresql+psycopg":
+    if driver in _PG_DRIVERS:
         from .postgres import PostgresBackend
 
         return PostgresBackend(normalised, **options)

@@ -44,6 +44,8 @@ __all__ = [
     "one_line",
     "pg_connect_args",
     "private_engine",
+    "remember_socket",
+    "sqlstate",
 ]
 
 log = logging.getLogger("celery_election.backends.sql")
@@ -56,28 +58,77 @@ class LostRound(Exception):
 # -- call deadlines -------------------------------------------------------------------------
 
 
+#: mysqlclient connection -> (fd, local address, peer address), read when it connected.
+_SOCKETS: weakref.WeakKeyDictionary[Any, tuple[int, Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def remember_socket(dbapi_conn: Any) -> None:
+    """Note a new mysqlclient connection's socket, for ``interrupt``.
+
+    mysqlclient (2.2+) refuses every method, ``fileno()`` included, while another thread
+    is inside a call on the connection ("already in use from another thread"): the
+    socket of a blocked call must be known before the call starts.
+    """
+    dbapi_conn = green.unwrap(dbapi_conn)
+    if not type(dbapi_conn).__module__.startswith("MySQLdb"):
+        return
+    fd = dbapi_conn.fileno()
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        _SOCKETS[dbapi_conn] = (fd, sock.getsockname(), sock.getpeername())
+
+
+def _remembered_fd(dbapi_conn: Any) -> int | None:
+    """The fd noted by ``remember_socket``, if the connection is still open."""
+    known = _SOCKETS.get(dbapi_conn)
+    if known is None or not getattr(dbapi_conn, "open", False):
+        return None
+    return known[0]
+
+
 def interrupt(dbapi_conn: Any) -> None:
-    """Make a call blocked on this DBAPI connection fail now, from another thread."""
+    """Make a call blocked on this DBAPI connection fail now, from another thread.
+
+    Every driver but sqlite3 is cut the same way: its socket is shut down, so the blocked
+    read returns at once with a lost connection (a server-side cancel would need a second
+    connection over the same stalled link). Where the socket is: psycopg 3 ``pgconn.socket``,
+    PyMySQL ``_sock``, psycopg2 ``fileno()``, mysqlclient the fd ``remember_socket`` noted.
+    """
+    dbapi_conn = green.unwrap(dbapi_conn)
     if hasattr(dbapi_conn, "interrupt"):  # sqlite3
         dbapi_conn.interrupt()
-        return
-    sock: socket.socket | None = None
-    pgconn = getattr(dbapi_conn, "pgconn", None)
-    if pgconn is not None:  # psycopg 3: the socket is libpq's fd
-        try:
-            sock = socket.socket(fileno=os.dup(pgconn.socket))
-        except Exception:  # already closed
-            return
-        try:
-            with suppress(OSError):  # already disconnected: nothing left to interrupt
-                sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()
         return
     raw = getattr(dbapi_conn, "_sock", None)  # PyMySQL
     if raw is not None:
         with suppress(OSError):
             raw.shutdown(socket.SHUT_RDWR)
+        return
+    known = _SOCKETS.get(dbapi_conn)
+    try:
+        if known is not None:  # mysqlclient
+            fd = _remembered_fd(dbapi_conn)
+            if fd is None:
+                return
+        else:
+            pgconn = getattr(dbapi_conn, "pgconn", None)
+            fd = pgconn.socket if pgconn is not None else dbapi_conn.fileno()
+        sock = socket.socket(fileno=os.dup(fd))
+    except Exception:  # already closed, or a driver without a socket: nothing to cut
+        return
+    try:
+        # A closed connection's fd may be another socket by now: cut only the one noted.
+        if known is None or (sock.getsockname(), sock.getpeername()) == known[1:]:
+            with suppress(OSError):  # already disconnected: nothing left to interrupt
+                sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not a connected socket any more
+    finally:
+        sock.close()
+
+
+def sqlstate(exc: BaseException | None) -> str | None:
+    """PostgreSQL's SQLSTATE of a driver error: psycopg 3 ``sqlstate``, psycopg2 ``pgcode``."""
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return code if isinstance(code, str) else None
 
 
 class Deadline:
@@ -194,23 +245,28 @@ def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
     return after_fork
 
 
-def pg_connect_args(connect_timeout: float, application_name: str) -> dict[str, Any]:
-    """The psycopg arguments of every connection the election opens to PostgreSQL.
+def pg_connect_args(
+    connect_timeout: float, application_name: str, driver: str = "psycopg"
+) -> dict[str, Any]:
+    """The driver arguments of every connection the election opens to PostgreSQL.
 
-    ``prepare_threshold=None``: psycopg prepares a statement run five times, and a
-    transaction pooler (PgBouncer in transaction mode) hands the next call to a server
-    session that never saw it ("prepared statement _pg3_1 does not exist").
-    Keepalives: a dead peer is noticed in seconds, not after the kernel's two hours.
+    ``prepare_threshold=None`` (psycopg 3 only; psycopg2 never prepares): psycopg prepares
+    a statement run five times, and a transaction pooler (PgBouncer in transaction mode)
+    hands the next call to a server session that never saw it ("prepared statement
+    _pg3_1 does not exist"). Keepalives: a dead peer is noticed in seconds, not after the
+    kernel's two hours. The rest are libpq's, which both drivers pass on.
     """
-    return {
+    args: dict[str, Any] = {
         "connect_timeout": max(1, round(connect_timeout)),
         "application_name": application_name,
-        "prepare_threshold": None,
         "keepalives": 1,
         "keepalives_idle": 5,
         "keepalives_interval": 2,
         "keepalives_count": 3,
     }
+    if driver == "psycopg":
+        args["prepare_threshold"] = None
+    return args
 
 
 def private_engine(
@@ -231,6 +287,7 @@ def private_engine(
     url = dialect.engine_url(url, allow_network_filesystem=allow_network_filesystem)
     options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
     own, connect_args = dialect.engine_options(
+        driver=url.get_driver_name(),
         statement_timeout=statement_timeout,
         connect_timeout=connect_timeout,
         sqlite_busy_timeout=sqlite_busy_timeout,

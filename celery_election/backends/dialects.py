@@ -39,6 +39,7 @@ To add a dialect (the one list of what it takes):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,9 +116,14 @@ class Dialect:
         return url
 
     def engine_options(
-        self, *, statement_timeout: float, connect_timeout: float, sqlite_busy_timeout: float
+        self,
+        *,
+        driver: str,
+        statement_timeout: float,
+        connect_timeout: float,
+        sqlite_busy_timeout: float,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``create_engine`` options and the driver's connect arguments."""
+        """``create_engine`` options and the connect arguments of ``driver`` (the URL's)."""
         # Each call is one statement (or a few whose order, not atomicity, matters): run
         # them in autocommit, so the server commits a step as it executes it and never
         # holds a lease or beat row while waiting for the client's COMMIT. A link that
@@ -275,7 +281,12 @@ class SQLite(Dialect):
         return url.set(database=str(path))
 
     def engine_options(
-        self, *, statement_timeout: float, connect_timeout: float, sqlite_busy_timeout: float
+        self,
+        *,
+        driver: str,
+        statement_timeout: float,
+        connect_timeout: float,
+        sqlite_busy_timeout: float,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {"timeout": sqlite_busy_timeout, "check_same_thread": False}
 
@@ -327,7 +338,7 @@ class SQLite(Dialect):
 
 
 class PostgreSQL(Dialect):
-    """PostgreSQL through psycopg 3 (``postgres.PostgresBackend`` adds NOTIFY)."""
+    """PostgreSQL through psycopg 3 or psycopg2 (``postgres.PostgresBackend`` adds NOTIFY)."""
 
     name = "postgresql"
     # PostgreSQL's now() is frozen at transaction start; statement_timestamp() is not.
@@ -352,15 +363,21 @@ class PostgreSQL(Dialect):
         return url.update_query_dict({"host": tuple(h.strip() for h in host.split(","))})
 
     def engine_options(
-        self, *, statement_timeout: float, connect_timeout: float, sqlite_busy_timeout: float
+        self,
+        *,
+        driver: str,
+        statement_timeout: float,
+        connect_timeout: float,
+        sqlite_busy_timeout: float,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         options, connect_args = super().engine_options(
+            driver=driver,
             statement_timeout=statement_timeout,
             connect_timeout=connect_timeout,
             sqlite_busy_timeout=sqlite_busy_timeout,
         )
         connect_args.update(
-            connection.pg_connect_args(connect_timeout, "celery-election"),
+            connection.pg_connect_args(connect_timeout, "celery-election", driver),
             tcp_user_timeout=int(statement_timeout * 1000),
         )
         return options, connect_args
@@ -384,7 +401,7 @@ class PostgreSQL(Dialect):
             dbapi_conn.commit()
 
     def driver_error(self, orig: BaseException | None) -> str | None:
-        sqlstate = getattr(orig, "sqlstate", None)
+        sqlstate = connection.sqlstate(orig)
         if sqlstate in self.contention:
             return "contention"
         if sqlstate in self.missing:
@@ -419,7 +436,7 @@ class PostgreSQL(Dialect):
 
 
 class MySQL(Dialect):
-    """MySQL and MariaDB through PyMySQL."""
+    """MySQL and MariaDB through PyMySQL or mysqlclient (MySQLdb)."""
 
     name = "mysql"
     # UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
@@ -428,25 +445,43 @@ class MySQL(Dialect):
     missing: ClassVar[frozenset[int]] = frozenset({1146})
 
     def engine_options(
-        self, *, statement_timeout: float, connect_timeout: float, sqlite_busy_timeout: float
+        self,
+        *,
+        driver: str,
+        statement_timeout: float,
+        connect_timeout: float,
+        sqlite_busy_timeout: float,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         options, connect_args = super().engine_options(
+            driver=driver,
             statement_timeout=statement_timeout,
             connect_timeout=connect_timeout,
             sqlite_busy_timeout=sqlite_busy_timeout,
         )
+        # mysqlclient takes whole seconds (libmariadb's options are unsigned ints)
+        io_timeout = (
+            statement_timeout if driver == "pymysql" else max(1, math.ceil(statement_timeout))
+        )
         connect_args.update(
             connect_timeout=max(1, round(connect_timeout)),
-            read_timeout=statement_timeout,
-            write_timeout=statement_timeout,
+            read_timeout=io_timeout,
+            write_timeout=io_timeout,
         )
         return options, connect_args
 
     def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None:
         secs = statement_timeout
 
+        @sa.event.listens_for(engine, "do_connect")
+        def _mysql_flags(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+            # SQLAlchemy's PyMySQL and mysqlclient dialects both set CLIENT.FOUND_ROWS: an
+            # UPDATE then reports the rows it matched, not those it changed, and a step that
+            # matched without changing would count as won (docs/design.md, rule 1).
+            cparams["client_flag"] = without_found_rows(cparams.get("client_flag", 0))
+
         @sa.event.listens_for(engine, "connect")
         def _mysql_connect(dbapi_conn: Any, record: Any) -> None:
+            connection.remember_socket(dbapi_conn)  # mysqlclient: for the call deadline
             settings = [
                 f"innodb_lock_wait_timeout = {max(1, round(secs))}",
                 "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')",
@@ -458,7 +493,7 @@ class MySQL(Dialect):
             cur.close()
 
     def driver_error(self, orig: BaseException | None) -> str | None:
-        if not type(orig).__module__.startswith("pymysql"):
+        if not type(orig).__module__.startswith(("pymysql", "MySQLdb")):
             return None
         code = orig.args[0] if orig is not None and orig.args else None
         if code in self.contention:
@@ -514,11 +549,18 @@ class MySQL(Dialect):
         cargs, cparams = dialect.create_connect_args(url)
         cparams.update(
             connect_timeout=max(1, round(connect_timeout)),
-            read_timeout=max_wait + connect_timeout + 5,
-            write_timeout=connect_timeout + 5,
+            # whole seconds: mysqlclient takes no fractions
+            read_timeout=math.ceil(max_wait + connect_timeout + 5),
+            write_timeout=math.ceil(connect_timeout + 5),
         )
         description = url.render_as_string(hide_password=True)
-        connect = green.connector(dialect, *cargs, **cparams)
+        raw = green.connector(dialect, *cargs, **cparams)
+
+        def connect() -> Any:
+            conn = raw()
+            connection.remember_socket(conn)  # mysqlclient: for interrupt()
+            return conn
+
         return MySQLSession(connect, delta, description, key)
 
 
@@ -530,6 +572,15 @@ DIALECTS: dict[str, Dialect] = {
     "mysql": _MYSQL,
     "mariadb": _MYSQL,
 }
+
+
+#: MySQL's CLIENT_FOUND_ROWS capability flag (the same bit in PyMySQL and mysqlclient).
+FOUND_ROWS = 2
+
+
+def without_found_rows(client_flag: int) -> int:
+    """``client_flag`` with FOUND_ROWS off: a conditional UPDATE counts the rows it changed."""
+    return client_flag & ~FOUND_ROWS
 
 
 def dialect_for(name: str) -> Dialect:

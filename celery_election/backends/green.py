@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-__all__ = ["call", "connector", "cooperate", "hub"]
+__all__ = ["call", "connector", "cooperate", "hub", "unwrap"]
 
 R = TypeVar("R")
 
@@ -138,6 +138,15 @@ def cooperate(engine: Engine) -> None:
     def _executemany(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
         call(cursor.executemany, statement, parameters)
         return True
+
+
+def unwrap(dbapi_conn: Any) -> Any:
+    """The driver's own connection behind a hub-safe wrapper (``connector``), else itself."""
+    return (
+        dbapi_conn.__dict__.get("_conn", dbapi_conn)
+        if isinstance(dbapi_conn, _CooperativeConnection)
+        else dbapi_conn
+    )
 
 
 class _CooperativeConnection:

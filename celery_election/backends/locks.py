@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import MAX_STANDBYS
 from ..errors import BackendUnavailableError
 from . import green
-from .connection import WATCHDOG, interrupt, one_line, pg_connect_args
+from .connection import WATCHDOG, interrupt, one_line, pg_connect_args, sqlstate
 from .sessions import LivenessSession, LivenessUnsupported, PooledSessions
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class _DBSession:
                 conn.close()
             if isinstance(exc, LivenessUnsupported):
                 raise
-            if getattr(exc, "sqlstate", None) == "42704":  # unrecognized parameter
+            if sqlstate(exc) == "42704":  # unrecognized parameter
                 raise LivenessUnsupported(
                     f"{self.description} cannot end a silent session "
                     f"(idle_session_timeout needs PostgreSQL 14+): {one_line(exc)}"
@@ -191,7 +191,7 @@ class _DBSession:
             finally:
                 cur.close()
         except Exception as exc:
-            if wait and not self._interrupted and getattr(exc, "sqlstate", None) == "55P03":
+            if wait and not self._interrupted and sqlstate(exc) == "55P03":
                 return _TIMED_OUT  # lock_timeout: the session is fine
             self._drop()
             if self._interrupted:
@@ -295,7 +295,11 @@ def _scalar(conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
 
 
 class PostgresSession(_DBSession):
-    """``pg_advisory_lock`` on a psycopg connection with ``idle_session_timeout = delta``."""
+    """``pg_advisory_lock`` on a psycopg connection with ``idle_session_timeout = delta``.
+
+    psycopg 3 or psycopg2: every call here is one both spell alike (a cursor, ``%s``
+    parameters, ``autocommit``); their SQLSTATEs are read by ``connection.sqlstate``.
+    """
 
     def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
         super().__init__(connect, delta, description)
@@ -369,7 +373,7 @@ class PostgresSession(_DBSession):
 
 
 class MySQLSession(_DBSession):
-    """``GET_LOCK`` on a PyMySQL connection with ``wait_timeout = ceil(delta)``."""
+    """``GET_LOCK`` on a PyMySQL or mysqlclient connection with ``wait_timeout = ceil(delta)``."""
 
     def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
         super().__init__(connect, delta, description)
@@ -526,7 +530,7 @@ class FileSession:
 def pg_connector(
     engine: Engine, url: URL, connect_timeout: float, application_name: str
 ) -> Callable[[], Any]:
-    """Open a psycopg connection to ``url`` as the engine's dialect would.
+    """Open a psycopg (3 or 2: the engine's driver) connection to ``url`` as its dialect would.
 
     The dialect turns SQLAlchemy's URL forms (several ``host=`` values, ``host=a:1,b:2``,
     ``target_session_attrs``) into libpq's, so every connection the elector opens accepts
@@ -534,5 +538,5 @@ def pg_connector(
     """
     dialect = engine.dialect
     cargs, cparams = dialect.create_connect_args(url)
-    cparams.update(pg_connect_args(connect_timeout, application_name))
+    cparams.update(pg_connect_args(connect_timeout, application_name, dialect.driver))
     return green.connector(dialect, *cargs, **cparams)

@@ -9,7 +9,7 @@ truncates channel names but pg_notify does not, and two applications with differ
 prefixes on one database must not wake each other. A losing take reads the current row in
 the same statement (UNION ALL), so a follower's attempt costs one statement.
 
-Listening. One dedicated psycopg connection per backend (never the application's pool,
+Listening. One dedicated psycopg (3 or 2) connection per backend (never the application's pool,
 never the lease engine's) LISTENs and hands each valid payload to the electors of its
 namespace. A payload is only a hint; malformed, oversized or unknown ones are dropped
 at debug level. After every (re)connect, and every ``probe_interval``, the listener sends
@@ -25,9 +25,10 @@ import contextlib
 import json
 import logging
 import random
+import select
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,14 +169,13 @@ class _Listener:
         self._thread = None
 
     def _run(self) -> None:
-        import psycopg
-
         delay = 0.1
         failures = 0
         while not self._stop.is_set():
             pooled = False
             try:
-                with self.connect() as conn:
+                # closing(): psycopg2's ``with conn`` ends a transaction, not the connection
+                with contextlib.closing(self.connect()) as conn:
                     conn.autocommit = True
                     self._conn = conn
                     self.connects += 1
@@ -184,11 +184,7 @@ class _Listener:
                     # PROBE_EVERY (below), while followers poll
                     pooled = not self._pinned(conn)
                     if not pooled:
-                        conn.execute(
-                            psycopg.sql.SQL("LISTEN {}").format(
-                                psycopg.sql.Identifier(self.channel)
-                            )
-                        )
+                        _execute(conn, 'LISTEN "{}"'.format(self.channel.replace('"', '""')))
                         self.statements += 1
                         delay = 0.1
                         self._serve(conn)
@@ -269,7 +265,7 @@ class _Listener:
 
     def _probe(self, conn: Any) -> bool:
         nonce = uuid.uuid4().hex
-        conn.execute("SELECT pg_notify(%s, %s)", (self.channel, json.dumps({"probe": nonce})))
+        _execute(conn, "SELECT pg_notify(%s, %s)", (self.channel, json.dumps({"probe": nonce})))
         self.statements += 1
         return self._listen_for(conn, self.probe_timeout, nonce=nonce)
 
@@ -282,8 +278,7 @@ class _Listener:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            for note in conn.notifies(timeout=min(left, 0.5)):
-                payload = note.payload
+            for payload in _notifications(conn, min(left, 0.5)):
                 if (
                     nonce is not None
                     and nonce in payload
@@ -299,6 +294,31 @@ class _Listener:
                 self.delivered += 1
                 self._deliver(*parsed)
         return False
+
+
+def _execute(conn: Any, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """One statement on the LISTEN connection, as psycopg 3 and psycopg2 both spell it."""
+    with conn.cursor() as cur:
+        cur.execute(sql, params or None)
+
+
+def _notifications(conn: Any, timeout: float) -> Iterator[str]:
+    """The payloads that arrive on ``conn`` within ``timeout``, as they come.
+
+    psycopg 3 has ``notifies()``, a generator that waits; psycopg2 queues them on the
+    ``notifies`` list when ``poll()`` reads the socket, which select() waits on (one wait:
+    the caller loops). An interrupt (the socket shut down) makes either raise: the
+    listener reconnects.
+    """
+    if callable(conn.notifies):  # psycopg 3
+        yield from (note.payload for note in conn.notifies(timeout=timeout))
+        return
+    if not conn.notifies:
+        readable, _, _ = select.select([conn], [], [], timeout)
+        if readable:
+            conn.poll()
+    while conn.notifies:
+        yield conn.notifies.pop(0).payload
 
 
 @dataclass(frozen=True)
@@ -353,7 +373,7 @@ class NotifyStyle(StepStyle):
 
 
 class PostgresBackend(SQLBackend):
-    """SQLBackend on PostgreSQL through psycopg 3, with NOTIFY wakeups.
+    """SQLBackend on PostgreSQL through psycopg 3 or psycopg2, with NOTIFY wakeups.
 
     ``listen=False`` polls only (for PgBouncer in transaction mode, where LISTEN delivers
     nothing); ``listen_url`` LISTENs through another URL (straight to the server) than the
@@ -374,7 +394,8 @@ class PostgresBackend(SQLBackend):
         super().__init__(url_or_engine, table_prefix=table_prefix, **options)
         if not isinstance(self.db, PostgreSQL):
             raise ConfigurationError(
-                f"PostgresBackend needs a postgresql+psycopg:// URL: got {self.description}"
+                f"PostgresBackend needs a postgresql+psycopg:// or postgresql+psycopg2:// URL: "
+                f"got {self.description}"
             )
         self.channel = f"{table_prefix}ev".lower()
         self.style = NotifyStyle(channel=self.channel, lease=self.lease)

@@ -30,11 +30,14 @@ if BROKER.startswith("sqla+"):
 
 app = Celery("e2e", broker=BROKER, backend=os.environ.get("E2E_RESULTS"))
 app.conf.update(
-    election_url=os.environ.get("E2E_ELECTION"),
+    # E2E_BORROW=1: no election_url, the result backend's db+ URL is borrowed (the default)
+    election_url=None if os.environ.get("E2E_BORROW") else os.environ.get("E2E_ELECTION"),
+    # E2E_LIVENESS=0: the lease alone (and NOTIFY wakeups on PostgreSQL)
+    **({"election_liveness": False} if os.environ.get("E2E_LIVENESS") == "0" else {}),
     election_table_prefix=os.environ.get("E2E_PREFIX", "celery_election_"),
     election_namespace=os.environ.get("E2E_NAMESPACE", "e2e"),
     election_ttl=float(os.environ.get("E2E_TTL", "3")),
-    election_poll_interval=0.2,
+    election_poll_interval=float(os.environ.get("E2E_POLL", "0.2")),
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     broker_connection_retry_on_startup=True,
@@ -111,7 +114,10 @@ def transitions_table() -> sa.Table:
 def _engine_() -> sa.Engine:
     global _engine
     if _engine is None:
-        _engine = sa.create_engine(os.environ["E2E_ELECTION"], poolclass=sa.pool.NullPool)
+        # E2E_RECORD: where to record, when the election URL needs a driver SQLAlchemy's
+        # bare scheme would not pick (postgresql:// is psycopg 3 on SQLAlchemy 2.1)
+        url = os.environ.get("E2E_RECORD") or os.environ["E2E_ELECTION"]
+        _engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     return _engine
 
 

@@ -1,4 +1,4 @@
-"""The contract every backend passes: memory, SQLite file, PostgreSQL, MariaDB."""
+"""The contract every backend passes: memory, SQLite file, PostgreSQL, MariaDB, each driver."""
 
 from __future__ import annotations
 
@@ -6,15 +6,23 @@ import dataclasses
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from celery_election.errors import ConfigurationError, SchemaMissingError
+from celery_election.errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 
-from ..conftest import SQL_KINDS, expire, expire_candidates, token
+from ..conftest import EVERY_KIND, EVERY_SQL, expire, expire_candidates, make_backend, token
 
 NS = "suite"
+
+
+@pytest.fixture(params=EVERY_KIND)
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """Every backend, PostgreSQL and MariaDB through each of their drivers."""
+    yield from make_backend(request.param, tmp_path)
 
 
 def test_first_elect_creates_the_row_and_wins(backend: Any) -> None:
@@ -222,7 +230,7 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
 
 
 # The memory backend's clock is the host clock by definition: SQL backends only.
-@pytest.mark.parametrize("backend", SQL_KINDS, indirect=True)
+@pytest.mark.parametrize("backend", EVERY_SQL, indirect=True)
 def test_host_clock_skew_changes_no_outcome(backend: Any, monkeypatch: Any) -> None:
     a, b = token(), token()
     lease = backend.elect(NS, a, "a", 30.0).lease
@@ -288,3 +296,40 @@ def test_a_floor_raises_the_new_term(backend: Any) -> None:
     expire(backend, NS)
     again = backend.elect(NS, c, "c", 30.0, floor=floor + 5)
     assert again.won and again.lease.term == floor + 5
+
+
+SERVERS = [k for k in EVERY_SQL if k != "sqlite"]
+
+
+@pytest.mark.parametrize("backend", SERVERS, indirect=True)
+def test_a_call_past_its_deadline_is_cut_on_every_driver(backend: Any) -> None:
+    """The watchdog shuts the blocked call's socket down from its own thread (rule 8).
+
+    mysqlclient refuses ``fileno()`` while another thread is in a call: its socket is
+    noted at connect, or the cut silently misses and the call runs on.
+    """
+    sleep = "SELECT pg_sleep(3)" if backend.dialect == "postgresql" else "SELECT SLEEP(3)"
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="did not answer within"):
+        backend._run(
+            lambda conn: conn.exec_driver_sql(sleep).all(),
+            table=backend.lease,
+            write=False,
+            timeout=0.5,
+            connection=None,
+        )
+    assert time.monotonic() - started < 2.0
+    assert backend.current(NS) is None  # the next call gets a fresh connection
+
+
+@pytest.mark.parametrize("backend", [k for k in SERVERS if k.startswith("mysql")], indirect=True)
+def test_an_update_that_changes_nothing_counts_no_row_on_mysql(backend: Any) -> None:
+    """Rule 1: SQLAlchemy's PyMySQL and mysqlclient dialects turn CLIENT.FOUND_ROWS on, and
+    a conditional UPDATE then reports the rows it matched: one that changed nothing would
+    count as a won step. The private engine turns it off."""
+    a = token()
+    backend.elect(NS, a, "a", 30.0)
+    t = backend.lease
+    same = sa.update(t).where(t.c.namespace == NS).values(term=t.c.term, token=t.c.token)
+    with backend.engine.connect() as conn:
+        assert conn.execute(same).rowcount == 0

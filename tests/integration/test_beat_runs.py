@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,20 @@ from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 
-from ..conftest import expire, token
+from ..conftest import EVERY_KIND, EVERY_SQL, expire, make_backend, token, url_for
 
 NS = "beat-runs"
+
+
+@pytest.fixture(params=EVERY_KIND)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Every backend, PostgreSQL and MariaDB through each of their drivers."""
+    yield from make_backend(request.param, tmp_path)
+
+
+@pytest.fixture(params=EVERY_SQL)
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return url_for(request.param, tmp_path)
 
 
 def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:

@@ -34,11 +34,13 @@ from celery_election.lease import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 
-from ..conftest import server_url, unique_prefix, url_for
+from ..conftest import EVERY_SQL, MYSQL_DRIVERS, PG_DRIVERS, server_url, unique_prefix, url_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_TTL = 30.0
 NS = "live"
+#: Each server through each of its drivers (psycopg 3 and psycopg2, PyMySQL and mysqlclient).
+SERVERS = [*PG_DRIVERS, *MYSQL_DRIVERS]
 
 
 class Child:
@@ -185,7 +187,7 @@ def _fault_under_a_leader(
     return child, old, new, follower
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     setup: dict[str, Any],
 ) -> None:
@@ -195,7 +197,7 @@ def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     _no_overlap(setup)
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_after(
     setup: dict[str, Any],
 ) -> None:
@@ -211,7 +213,7 @@ def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     setup: dict[str, Any],
 ) -> None:
@@ -235,7 +237,7 @@ def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_a_resign_wakes_a_follower_blocked_on_the_lock_at_once(setup: dict[str, Any]) -> None:
     env = setup
     leader = _follower(env, "first")
@@ -286,7 +288,7 @@ def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
     backend.close()
 
 
-@pytest.mark.parametrize("setup", ["postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_a_leader_whose_link_stalls_mid_renew_is_replaced_through_the_lock(
     setup: dict[str, Any],
 ) -> None:
@@ -387,7 +389,7 @@ def _connections(pids: list[int], application_name: str) -> int:
     return count
 
 
-@pytest.mark.parametrize("setup", ["sqlite", "postgresql", "mysql"], indirect=True)
+@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
 def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
     setup: dict[str, Any],
 ) -> None:
@@ -446,3 +448,47 @@ def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
         assert time.monotonic() < end, [f.liveness for f in rest]
         time.sleep(0.1)
     _no_overlap(env)
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_a_lock_wait_is_cut_from_another_thread_on_every_driver(setup: dict[str, Any]) -> None:
+    """``interrupt()`` (a stop() of a waiting follower) ends a blocked lock wait at once:
+    psycopg2 through its ``fileno()``, mysqlclient through the socket noted at connect (it
+    refuses every method, ``fileno()`` too, while another thread is in a call)."""
+    backend = setup["backend"]
+    holder = backend.liveness_session(NS, 1.0, 30.0)
+    waiter = backend.liveness_session(NS, 1.0, 30.0)
+    try:
+        assert holder.acquire(1.0)
+        holder.ping()
+        timer = threading.Timer(0.3, waiter.interrupt)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(InterruptedError):
+            # delta 1 s: the holder's silent session ends after about 1 s, so a missed
+            # interrupt shows as a grant, not as a hang
+            waiter.acquire(20.0)
+        assert time.monotonic() - started < 0.9
+    finally:
+        holder.close()
+        waiter.close()
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver(
+    setup: dict[str, Any],
+) -> None:
+    """A bounded wait that ends unanswered is "not granted", not a lost session: the
+    driver's lock-timeout error is recognised (psycopg 3 ``sqlstate``, psycopg2 ``pgcode``)."""
+    backend = setup["backend"]
+    holder = backend.liveness_session(NS, 5.0, 30.0)
+    waiter = backend.liveness_session(NS, 5.0, 30.0)
+    try:
+        assert holder.acquire(1.0)
+        assert waiter.acquire(1.0) is False
+        assert waiter._conn is not None and not waiter.held  # the same session waits on
+        holder.release()
+        assert waiter.acquire(5.0) and waiter.held
+    finally:
+        holder.close()
+        waiter.close()

@@ -1,8 +1,8 @@
 """PostgreSQL LISTEN/NOTIFY: wakeups that only wake, survive a killed listener, and stay
-inside their table prefix. Followers here poll every 30 s and the lease lasts 20 s, so a
-takeover within seconds can only come from a notification. The liveness lock is off here:
-with it on, the lock is the followers' wake-up and they do not LISTEN at all
-(tests/integration/test_liveness.py)."""
+inside their table prefix, through psycopg 3 and psycopg2. Followers here poll every 30 s
+and the lease lasts 20 s, so a takeover within seconds can only come from a notification.
+The liveness lock is off here: with it on, the lock is the followers' wake-up and they do
+not LISTEN at all (tests/integration/test_liveness.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from celery_election import Elector
 from celery_election.backends import backend_from_url
 from celery_election.backends.postgres import PostgresBackend, _Listener, parse_payload
 
-from ..conftest import unique_prefix
+from ..conftest import PG_DRIVERS, server_url, unique_prefix
 
 SLOW_POLL: dict[str, Any] = dict(
     ttl=20.0, renew_interval=5.0, poll_interval=30.0, fallback_interval=60.0, liveness=False
@@ -39,6 +39,12 @@ class Counted:
 
     def _count(self, *args: Any) -> None:
         self.statements += 1
+
+
+@pytest.fixture(params=PG_DRIVERS)
+def pg_url(request: pytest.FixtureRequest) -> str:
+    """PostgreSQL through psycopg 3 (``notifies()``) and psycopg2 (``poll()``)."""
+    return server_url(request.param)
 
 
 @pytest.fixture
@@ -214,7 +220,8 @@ def test_a_probe_that_is_never_delivered_makes_the_follower_poll(
     # PgBouncer in transaction mode accepts LISTEN and delivers nothing: simulate by
     # sending the probe where nobody listens.
     def lost_probe(self: _Listener, conn: Any) -> bool:
-        conn.execute("SELECT pg_notify('nowhere', 'probe')")
+        with conn.cursor() as cur:  # psycopg 3 and psycopg2 alike
+            cur.execute("SELECT pg_notify('nowhere', 'probe')")
         return self._listen_for(conn, self.probe_timeout, nonce="never")
 
     monkeypatch.setattr(_Listener, "_probe", lost_probe)

@@ -17,10 +17,16 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.sql_schedule import EntryRow, SQLScheduleStore
 from celery_election.errors import ConfigurationError
 
-from ..conftest import expire, token
+from ..conftest import EVERY_SQL, expire, token, url_for
 
 NS = "sched-beat"
 LEASE_NS = "sched-lease"
+
+
+@pytest.fixture(params=EVERY_SQL)
+def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """Every SQL database, PostgreSQL and MariaDB through each of their drivers."""
+    return url_for(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -23,7 +23,10 @@ from celery_election.errors import (
     SchemaMissingError,
 )
 
-SCHEMES = "sqlite:///PATH, postgresql+psycopg://..., mysql+pymysql://..., memory://"
+SCHEMES = (
+    "sqlite:///PATH, postgresql://... (postgresql+psycopg / +psycopg2), "
+    "mysql://... (mysql+pymysql / +mysqldb), memory://"
+)
 
 
 @pytest.fixture
@@ -136,24 +139,14 @@ def test_mysql_urls_mean_pymysql(url: str, closing: list[Any]) -> None:
         ("oracle://x", "oracle", None),
         ("sqlite+aiosqlite:///x.db", "sqlite+aiosqlite", None),
         (
-            "postgresql+psycopg2://u@h/db",
-            "postgresql+psycopg2",
-            "(celery_election talks to PostgreSQL through psycopg 3: postgresql+psycopg)",
-        ),
-        (
             "postgresql+asyncpg://u@h/db",
             "postgresql+asyncpg",
-            "(celery_election talks to PostgreSQL through psycopg 3: postgresql+psycopg)",
-        ),
-        (
-            "mysql+mysqldb://u@h/db",
-            "mysql+mysqldb",
-            "(celery_election talks to MySQL/MariaDB through PyMySQL: mysql+pymysql)",
+            "(celery_election talks to PostgreSQL through psycopg 3 or psycopg2)",
         ),
         (
             "mariadb+mariadbconnector://u@h/db",
             "mariadb+mariadbconnector",
-            "(celery_election talks to MySQL/MariaDB through PyMySQL: mysql+pymysql)",
+            "(celery_election talks to MySQL/MariaDB through PyMySQL or mysqlclient)",
         ),
     ],
 )
@@ -207,25 +200,52 @@ def test_in_memory_sqlite_is_refused(
 
 
 @pytest.mark.parametrize(
-    ("url", "module", "extra"),
+    ("url", "modules", "extras"),
     [
-        ("postgresql://u@h/db", "psycopg", "postgres"),
-        ("postgres://u@h/db", "psycopg", "postgres"),
-        ("postgresql+psycopg://u@h/db", "psycopg", "postgres"),
-        ("mysql://u@h/db", "pymysql", "mysql"),
-        ("mariadb://u@h/db", "pymysql", "mysql"),
+        ("postgresql://u@h/db", ["psycopg", "psycopg2"], ["postgres", "psycopg2"]),
+        ("postgres://u@h/db", ["psycopg", "psycopg2"], ["postgres", "psycopg2"]),
+        ("postgresql+psycopg://u@h/db", ["psycopg"], ["postgres"]),
+        ("postgresql+psycopg2://u@h/db", ["psycopg2"], ["psycopg2"]),
+        ("mysql://u@h/db", ["pymysql", "MySQLdb"], ["mysql", "mysqlclient"]),
+        ("mariadb://u@h/db", ["pymysql", "MySQLdb"], ["mysql", "mysqlclient"]),
+        ("mysql+mysqldb://u@h/db", ["MySQLdb"], ["mysqlclient"]),
     ],
 )
 def test_missing_driver_names_the_extra(
-    url: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+    url: str, modules: list[str], extras: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
     with pytest.raises(ConfigurationError) as info:
         backend_from_url(url)
     message = str(info.value)
-    assert f"needs the {module} package" in message
-    assert f"pip install 'celery-election[{extra}]'" in message
-    assert isinstance(info.value.__cause__, ImportError)
+    for module, extra in zip(modules, extras, strict=True):
+        assert f"{module} (pip install 'celery-election[{extra}]')" in message
+
+
+@pytest.mark.parametrize(
+    ("url", "hidden", "driver"),
+    [
+        ("postgresql://app:pw@db.example/app", "psycopg", "postgresql+psycopg2"),
+        ("postgres://app:pw@db.example/app", "psycopg", "postgresql+psycopg2"),
+        # a Celery result backend's URL, as election_url borrows it by default
+        ("db+postgresql://app:pw@db.example/app", "psycopg", "postgresql+psycopg2"),
+        ("postgresql+psycopg2://app:pw@db.example/app", None, "postgresql+psycopg2"),
+        ("mysql://app:pw@db.example/app", "pymysql", "mysql+mysqldb"),
+        ("mariadb://app:pw@db.example/app", "pymysql", "mysql+mysqldb"),
+        ("db+mysql://app:pw@db.example/app", "pymysql", "mysql+mysqldb"),
+        ("mysql+mysqldb://app:pw@db.example/app", None, "mysql+mysqldb"),
+    ],
+)
+def test_a_bare_scheme_falls_back_to_the_other_driver(
+    url: str, hidden: str | None, driver: str, monkeypatch: pytest.MonkeyPatch, closing: list[Any]
+) -> None:
+    """Only psycopg2 or only mysqlclient installed (Django's and SQLAlchemy 2.0's defaults)."""
+    if hidden is not None:
+        monkeypatch.setitem(sys.modules, hidden, None)
+    backend = build(closing, url)
+    assert backend.engine.url.drivername == driver
+    assert isinstance(backend, PostgresBackend) == driver.startswith("postgresql")
 
 
 @pytest.mark.parametrize("prefix", ["1abc", "a-b", "x;drop", "x y", "", "_x", "a.b", 5, None])
