@@ -35,7 +35,9 @@ def _waiting_on_lock(url: str, prefix: str) -> bool:
 
 
 @pytest.mark.parametrize("hub", ["eventlet", "gevent"])
-@pytest.mark.parametrize("server", ["postgresql", "mysql", "sqlite"])
+@pytest.mark.parametrize(
+    "server", ["postgresql", "postgresql+psycopg2", "mysql", "mysql+mysqldb", "sqlite"]
+)
 def test_a_follower_waiting_on_the_lock_leaves_the_hub_to_the_others(
     hub: str, server: str, tmp_path: Path
 ) -> None:
