@@ -224,11 +224,11 @@
   // so a day of a thousand entries' runs is a few thousand nodes. Hover and click find the
   // run under the pointer by a binary search of its entry's row.
   const SVGNS = "http://www.w3.org/2000/svg";
-  const LATE_MS = 1000;  // sent more than this after it fell due: late
+  const LATE_MS = 500;  // sent more than this after it fell due: late (a tick is ~10 ms late)
   const FAILED = new Set(["FAILURE", "REVOKED", "REJECTED", "IGNORED"]);
   const T = (window.electionTimeline = {
     renders: 0, lastRenderMs: null, firstRenderMs: null, firstRenderDurationMs: null,
-    bands: [], gaps: [], marks: {}, runs: 0, entries: 0, loadMs: null,
+    bands: [], gaps: [], marks: {}, flagged: [], runs: 0, entries: 0, loadMs: null,
   });
   const TL = { data: null, windowMs: 3600000, rows: [], x: null, terms: new Map(), polls: 0 };
   function svg(tag, attrs = {}, text) {
@@ -354,6 +354,7 @@
       low.append(svg("line", { x1: x(b.from_ms), x2: x(b.from_ms), y1: 0, y2: BH, class: "tl-grid" }));
     }
     const counts = { "on-time": 0, late: 0, missed: 0, skipped: 0, "run-now": 0, failed: 0 };
+    const flagged = [];  // the runs that went wrong, for a reader of the page (and its tests)
     const frag = document.createDocumentFragment();
     shown.forEach((row, i) => {
       const y = 2 + i * ROW;
@@ -367,6 +368,8 @@
         const mx = x(r[f.sent_ms]);
         row.xs[k] = mx;
         counts[cls] += 1;
+        if (cls === "late" || cls === "missed" || cls === "failed" || cls === "skipped")
+          flagged.push({ entry: row.name, kind: cls, sent_ms: r[f.sent_ms], due_ms: r[f.due_ms], term: r[f.term] });
         // a late run also shows how late: a thin line back to when it fell due
         const tail = cls === "late" ? `M${x(r[f.due_ms]).toFixed(1)} ${y + 5}H${mx.toFixed(1)}v1H${x(r[f.due_ms]).toFixed(1)}z` : "";
         const shape = cls === "missed" || cls === "skipped"
@@ -377,17 +380,16 @@
       for (const [cls, dd] of Object.entries(paths)) {
         const open = cls === "missed" || cls === "skipped";
         frag.append(svg("path", { d: dd, class: `mark m-${cls}${open ? " cross" : ""}`, "data-entry": row.name,
-          "data-kind": cls, ...(open ? { stroke: "currentColor", "stroke-width": 2 } : {}) }));
+          "data-kind": cls }));
       }
     });
     low.append(frag);
-    // a cross is drawn with its class's colour as stroke
-    for (const p of low.querySelectorAll("path.cross")) p.setAttribute("stroke", getComputedStyle(p).fill);
     head.replaceChildren(top);
     body.replaceChildren(low);
     TL.rows = shown;
     TL.fields = f;
     T.marks = counts;
+    T.flagged = flagged.slice(-200);
     T.runs = d.runs.length;
     T.entries = shown.length;
     set($("#tl-range"), `${when(from)} \u2013 ${when(to)}`);
@@ -448,6 +450,7 @@
   }
   function timelineDue() {
     // a short window follows every poll; a long one every tenth (its answer is large)
+    if (!$("#tl-live").checked) return false;
     TL.polls += 1;
     const win = TL.windowMs === "all" ? Infinity : TL.windowMs;
     return win <= 6 * 3600000 || TL.polls % 10 === 1;
@@ -462,10 +465,13 @@
     const hit = runAt(ev);
     if (!hit) { tip.hidden = true; return; }
     tip.textContent = runLines(hit).map(([k, v]) => `${k}: ${v}`).join("\n");
-    const box = $("#timeline-section").getBoundingClientRect();
-    tip.style.left = `${Math.min(ev.clientX - box.left + 12, box.width - 390)}px`;
-    tip.style.top = `${ev.clientY - box.top + 14}px`;
     tip.hidden = false;
+    const box = $("#timeline-section").getBoundingClientRect();
+    const x = ev.clientX - box.left;  // right of the pointer, or left of it in the right half
+    tip.style.left = `${x > box.width / 2 ? Math.max(0, x - 12 - tip.offsetWidth) : x + 12}px`;
+    tip.hidden = false;
+    const y = ev.clientY - box.top;  // below the pointer, or above it near the bottom
+    tip.style.top = `${y + 14 + tip.offsetHeight > box.height ? y - 10 - tip.offsetHeight : y + 14}px`;
   });
   $("#tl-scroll").addEventListener("mouseleave", () => { $("#tl-tip").hidden = true; });
   $("#tl-scroll").addEventListener("click", (ev) => {
