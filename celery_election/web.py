@@ -17,6 +17,8 @@ no CDN, it works offline) that polls the API every second.
   schedule in words and its time zone, its next due time (its Celery schedule from its last
   run), its last run from the history (one query for all entries), state and policies.
 * ``api/entry?name=N``: one entry, its run history and its changes.
+* ``api/timeline?from_ms=&to_ms=``: who led when (the leadership history the leading
+  beat records in the database) and every run in the window (default: the last hour).
 * ``POST api/actions``: pause, resume, run now, enable, disable, edit, through
   :class:`~celery_election.schedule.Schedule` (the CLI's API, fenced the same way).
 
@@ -222,6 +224,10 @@ class WebApp:
             if not names:
                 raise HTTPError(400, "which entry? api/entry?name=NAME")
             return 200, kind, _json(obs.entry(names[0]))
+        if path == "/api/timeline":
+            query = parse_qs(environ.get("QUERY_STRING") or "")
+            window = [_int(query, "from_ms"), _int(query, "to_ms")]
+            return 200, kind, _json(obs.timeline(*window))
         if path == "/api/whoami":
             actor = self._actor(environ)
             return 200, kind, _json({"actor": actor, "can_act": self.can_act})
@@ -316,6 +322,17 @@ def _edits(changes: Any) -> dict[str, Any]:
     if out.get("tz") is None:
         out.pop("tz", None)
     return out
+
+
+def _int(query: dict[str, list[str]], name: str) -> int | None:
+    """An integer query parameter, or None when absent; 400 when not a number."""
+    values = query.get(name)
+    if not values or values[0] == "":
+        return None
+    try:
+        return int(float(values[0]))
+    except ValueError:
+        raise HTTPError(400, f"{name} is epoch milliseconds: got {values[0]!r}") from None
 
 
 def _host(environ: Environ) -> str:

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backends import SQLBackend
+from .backends.schema import entry_key
 from .backends.sql_schedule import RunRecord
 from .beat.spec import describe, from_spec
 from .lease import Lease
@@ -31,6 +32,11 @@ if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
 __all__ = ["Observer", "Transition"]
 
 log = logging.getLogger("celery_election.web")
+
+
+#: What each run of ``api/timeline`` holds, in order.
+RUN_FIELDS = ("entry", "kind", "sent_ms", "due_ms", "term", "task_id", "outcome", "duration",
+              "count")  # fmt: skip
 
 
 def _ms(us: int | None) -> int | None:
@@ -78,7 +84,11 @@ class Observer:
         self.schedule = Schedule(app, namespace=namespace, actor="web", backend=backend)
         self.backend = self.schedule.backend
         self.namespace = self.schedule.namespace
-        self.database = hide_password(ElectionSettings.from_app(app).url)
+        settings = ElectionSettings.from_app(app)
+        self.database = hide_password(settings.url)
+        #: How far back the timeline reaches: the run history's retention (days).
+        self.retention = float(settings.schedule_retention)
+        self._names: dict[str, str] = {}  # entry_key -> entry name, from the last listing
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {"namespaces": [], "error": None, "now_ms": None}
         self._seen: dict[str, tuple[int | None, str | None]] = {}
@@ -183,6 +193,7 @@ class Observer:
 
     def entries(self) -> list[dict[str, Any]]:
         listed = self.schedule.list()
+        self._names = {entry_key(e.name): e.name for e in listed}
         last = self.schedule.store.last_sent_many(self.namespace, [e.name for e in listed])
         now = datetime.now(timezone.utc)
         return [self.entry_json(e, last.get(e.name), now) for e in listed]
@@ -293,6 +304,58 @@ class Observer:
                 }
                 for a in changes[:50]
             ],
+        }
+
+    def timeline(self, from_ms: int | None = None, to_ms: int | None = None) -> dict[str, Any]:
+        """Who led when, and every run, between ``from_ms`` and ``to_ms`` (epoch ms).
+
+        Default: the last hour; never further back than the history's retention. Runs come
+        as arrays (``run_fields`` names them): a day of a thousand entries' runs stays a
+        body the browser parses in milliseconds.
+        """
+        store = self.schedule.store
+        now_us = store.db_now()
+        oldest = now_us - int(self.retention * 86_400_000_000)
+        to_us = now_us if to_ms is None else min(int(to_ms) * 1000, now_us)
+        from_us = to_us - 3_600_000_000 if from_ms is None else int(from_ms) * 1000
+        from_us = max(min(from_us, to_us - 1_000_000), oldest)
+        if not self._names:
+            self.entries_body()
+        names = self._names
+        runs = store.runs_between(self.namespace, from_us, to_us)
+        order: dict[str, int] = {}
+        rows = []
+        for r in runs:
+            index = order.setdefault(r.entry_key, len(order))
+            rows.append([
+                index, r.kind, _ms(r.sent_at), _ms(r.due_at), r.term, r.task_id, r.outcome,
+                None if r.duration_us is None else r.duration_us / 1e6, r.count,
+            ])  # fmt: skip
+        with self._lock:
+            leases = {
+                n["namespace"]: {"term": n["term"], "held": n["leader"] is not None}
+                for n in self._status["namespaces"]
+            }
+        return {
+            "now_ms": _ms(now_us),
+            "from_ms": _ms(from_us),
+            "to_ms": _ms(to_us),
+            "oldest_ms": _ms(oldest),
+            "terms": [
+                {
+                    "namespace": t.namespace,
+                    "term": t.term,
+                    "leader": t.leader_id,
+                    "started_ms": _ms(t.started_at),
+                    "seen_ms": _ms(t.seen_at),
+                    "ended_ms": _ms(t.ended_at),
+                    "current": leases.get(t.namespace) == {"term": t.term, "held": True},
+                }
+                for t in store.terms(from_us, to_us)
+            ],
+            "entries": [names.get(key, f"(removed {key[:8]})") for key in order],
+            "run_fields": RUN_FIELDS,
+            "runs": rows,
         }
 
     def changed(self) -> None:

@@ -104,7 +104,8 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
     """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env.
 
     The lease and candidates (backends/sql.py), beat run state (sql_beat.py) and the
-    operable schedule (sql_schedule.py): entries, their changes, runs, audit.
+    operable schedule (sql_schedule.py): entries, their changes, runs, audit, and the
+    leadership history the schedule page draws.
     """
     metadata = sa.MetaData()
     for table in _TABLES:
@@ -260,6 +261,26 @@ def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
     )
 
 
+def _schedule_term(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """Leadership history: one row per term a beat led (beat/ops.py writes it).
+
+    Kept in the database so the schedule page shows who led when after its own restart.
+    ``seen_at`` is the leader's last sign of life (moved about once a second), the end of
+    a term that ended without a word (a crash); ``ended_at`` a clean end.
+    """
+    return sa.Table(
+        f"{prefix}schedule_term",
+        metadata,
+        sa.Column("namespace", key_type(190), primary_key=True),  # the election's namespace
+        sa.Column("term", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("leader_id", sa.String(255), nullable=False),
+        sa.Column("started_at", sa.BigInteger, nullable=False),  # database clock, epoch us
+        sa.Column("seen_at", sa.BigInteger, nullable=False),
+        sa.Column("ended_at", sa.BigInteger, nullable=True),
+        **_MYSQL_OPTIONS,
+    )
+
+
 _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
     _lease,
     _candidate,
@@ -268,6 +289,7 @@ _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
     _schedule_rev,
     _schedule_run,
     _schedule_audit,
+    _schedule_term,
 ]
 
 

@@ -3,7 +3,8 @@
 Four tables (backends/schema.py): ``schedule_entry`` holds one row per entry changed at
 runtime (a dynamic entry, or an operator's overlay on a static ``beat_schedule`` entry);
 ``schedule_rev`` one change counter per namespace; ``schedule_run`` the run history;
-``schedule_audit`` who changed what, when.
+``schedule_audit`` who changed what, when; ``schedule_term`` who led the beats when (the
+leader's history thread writes it, beat/ops.py; the schedule page draws it).
 
 * **Changes reach the leader by version.** Every change takes the namespace's counter row
   lock, increments it and stamps the entry with the new version, in one transaction. The
@@ -38,7 +39,7 @@ from .schema import db_now_us, entry_key, key_type
 if TYPE_CHECKING:
     from .sql import SQLBackend
 
-__all__ = ["AuditRecord", "EntryRow", "RunRecord", "SQLScheduleStore"]
+__all__ = ["AuditRecord", "EntryRow", "RunRecord", "SQLScheduleStore", "TermRecord"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,21 @@ class AuditRecord:
     detail: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TermRecord:
+    """One term of leadership as recorded (times: database clock, epoch microseconds).
+
+    ``ended_at`` is set by a clean end; else the term lasted at least until ``seen_at``.
+    """
+
+    namespace: str
+    term: int
+    leader_id: str
+    started_at: int
+    seen_at: int
+    ended_at: int | None
+
+
 T = TypeVar("T")
 
 #: What a change function returns: the columns to write (None: delete nothing, write
@@ -111,6 +127,7 @@ class SQLScheduleStore:
         self.rev = tables[f"{prefix}schedule_rev"]
         self.run = tables[f"{prefix}schedule_run"]
         self.audit_table = tables[f"{prefix}schedule_audit"]
+        self.term_table = tables[f"{prefix}schedule_term"]
 
     def _read(self, work: Callable[[Connection], T], table: sa.Table) -> T:
         return self.backend._run(work, table=table, write=False, timeout=None, connection=None)
@@ -385,6 +402,91 @@ class SQLScheduleStore:
         where = sa.and_(r.c.namespace == namespace, r.c.sent_at < older_than_us)
         stmt = self.backend.db.delete_at_most(r.c.id, where, batch)
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, r))
+
+    # -- leadership history -----------------------------------------------------------------
+
+    def term_started(self, namespace: str, term: int, leader_id: str) -> None:
+        """Record that ``term`` of election ``namespace`` began (idempotent).
+
+        The start and the leader's label are the lease row's when it still holds that term
+        (its acquired_at, on the database clock), else the database's clock now.
+        """
+        t, lease = self.term_table, self.backend.lease
+        now = db_now_us()
+        from_lease = sa.select(
+            lease.c.namespace, lease.c.term, sa.func.coalesce(lease.c.leader_id, leader_id[:255]),
+            sa.func.coalesce(lease.c.acquired_at, now), now,
+        ).where(lease.c.namespace == namespace, lease.c.term == term)  # fmt: skip
+        cols = ["namespace", "term", "leader_id", "started_at", "seen_at"]
+        db = self.backend.db
+
+        def run(conn: Connection) -> None:
+            if conn.execute(db.insert_ignore(t, from_select=(cols, from_lease))).rowcount:
+                return
+            conn.execute(db.insert_ignore(t, {
+                "namespace": namespace, "term": term, "leader_id": leader_id[:255],
+                "started_at": now, "seen_at": now,
+            }))  # fmt: skip
+
+        self._do(run, t)
+
+    def term_seen(self, namespace: str, term: int, *, ended: bool = False) -> None:
+        """The term's leader is alive now (``ended``: and stops leading now)."""
+        t = self.term_table
+        values: dict[str, Any] = {"seen_at": db_now_us()}
+        if ended:
+            values["ended_at"] = db_now_us()
+        stmt = (
+            sa.update(t)
+            .where(t.c.namespace == namespace, t.c.term == term, t.c.ended_at.is_(None))
+            .values(**values)
+        )
+        self._do(lambda conn: conn.execute(stmt), t)
+
+    def terms(
+        self, from_us: int, to_us: int, namespaces: list[str] | None = None
+    ) -> list[TermRecord]:
+        """Terms that overlap [from_us, to_us], by namespace and term."""
+        t = self.term_table
+        stmt = sa.select(t).where(
+            t.c.started_at <= to_us, sa.func.coalesce(t.c.ended_at, t.c.seen_at) >= from_us
+        )
+        if namespaces is not None:
+            stmt = stmt.where(t.c.namespace.in_(namespaces))
+        stmt = stmt.order_by(t.c.namespace, t.c.term)
+        rows = self._read(lambda conn: conn.execute(stmt).all(), t)
+        return [
+            TermRecord(
+                r.namespace,
+                int(r.term),
+                r.leader_id,
+                int(r.started_at),
+                int(r.seen_at),
+                _opt(r.ended_at),
+            )
+            for r in rows
+        ]
+
+    def runs_between(
+        self, namespace: str, from_us: int, to_us: int, *, limit: int = 200_000
+    ) -> list[RunRecord]:
+        """The history rows of ``namespace`` sent in [from_us, to_us], oldest first."""
+        r = self.run
+        stmt = (
+            sa.select(r)
+            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at <= to_us)
+            .order_by(r.c.sent_at, r.c.id)
+            .limit(limit)
+        )
+        return self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
+
+    def prune_terms(self, namespace: str, older_than_us: int) -> int:
+        """Forget the terms of election ``namespace`` that ended before ``older_than_us``."""
+        t = self.term_table
+        stmt = sa.delete(t).where(
+            t.c.namespace == namespace, sa.func.coalesce(t.c.ended_at, t.c.seen_at) < older_than_us
+        )
+        return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
 
 
 def history_row(

@@ -17,9 +17,15 @@ second, with no restart:
   metrics count it.
 * **Run now** is claimed in the database under the leader's term before it is sent
   (``SQLScheduleStore.claim_run_now``): one send per request, whichever beats lead.
-* **History**: every send is recorded with its task id; workers report the outcome
-  (``schedule.report_runs``, connected by ``init_app``); the leader prunes what is older
-  than ``election_schedule_retention`` days.
+* **History**: every send is recorded with its task id and the time it was due; workers
+  report the outcome (``schedule.report_runs``, connected by ``init_app``); the leader
+  prunes what is older than ``election_schedule_retention`` days.
+* **Leadership history**: the leader's history thread records each term it leads (the
+  lease's start), moves the term's ``seen_at`` about once a second and ends it when this
+  beat stops leading (a crash leaves ``seen_at``: its last sign of life). It is written
+  here, on the Celery side and off the tick, not in the backends' election steps: the
+  election core stays one conditional statement per step and never learns of the
+  schedule tables; the price is that only namespaces a LeaderScheduler leads are drawn.
 
 With a memory election database (tests) there are no tables: the schedule is Celery's.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -277,8 +284,18 @@ class OperableScheduleMixin:
                 self._look(lead)
             self._serve_run_now(lead, store)
             self._prune(store)
+        if store is not None and (lead is not None or self._writer is not None):
+            if self._writer is None:
+                self._writer = HistoryWriter(store)
+            self._writer.lead(self._election.namespace, None if lead is None else lead[0],
+                              self._leader_label())  # fmt: skip
         next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
         return min(next_in, LOOK_EVERY) if store is not None else next_in
+
+    def _leader_label(self) -> str:
+        """Who leads, for the leadership history when the lease row no longer says."""
+        elector = getattr(self._election, "elector", None)
+        return str(elector.candidate_id) if elector is not None else f"beat pid {os.getpid()}"
 
     def _look(self, lead: tuple[int, str], *, full: bool = False) -> bool:
         """Read what changed since the last look; False if the database did not answer."""
@@ -351,6 +368,7 @@ class OperableScheduleMixin:
         try:
             cut = store.db_now() - int(days * 86_400_000_000)
             gone = store.prune(self._schedule_ns, cut)
+            store.prune_terms(self._election.namespace, cut)
         except ElectionError as exc:
             log.warning("beat election: could not prune the run history (%s)", exc)
             return
@@ -453,10 +471,35 @@ class OperableScheduleMixin:
         key = run if run is not None else (self._run_now_key or 0)
         if kind == "run_now":
             metrics.count(self._metric(entry.name, "run_now"))
-        self._history(entry.name, kind, term, key, getattr(result, "id", None), 1)
+        due = self._due_us(entry, run) if kind == "run" else None
+        self._history(entry.name, kind, term, key, getattr(result, "id", None), 1, due)
+
+    def _due_us(self, entry: Any, run: int | None) -> int | None:
+        """When the run sent now fell due (database clock): its schedule after ``run``.
+
+        The page shows how late a run went out; None when unknown (an entry's first run,
+        a schedule Celery cannot estimate).
+        """
+        if not run:
+            return None
+        try:
+            now = self.app.now()
+            last = self._from_db(run, now)  # type: ignore[attr-defined]
+            due = now + entry.schedule.remaining_estimate(last)
+            return int(self._to_db(min(due, now)))  # type: ignore[attr-defined]
+        except Exception as exc:  # informational only: the run went out
+            log.debug("beat election: due time of %s: %s", entry.name, exc)
+            return None
 
     def _history(
-        self, name: str, kind: str, term: int, run_key: int, task_id: str | None, count: int
+        self,
+        name: str,
+        kind: str,
+        term: int,
+        run_key: int,
+        task_id: str | None,
+        count: int,
+        due_at: int | None = None,
     ) -> None:
         """Queue a history row: written off the tick thread, so a send costs one claim."""
         store = self._ops_store()
@@ -466,7 +509,8 @@ class OperableScheduleMixin:
             self._writer = HistoryWriter(store)
         sent_at = self._to_db(self.app.now())  # type: ignore[attr-defined]
         row = history_row(self._schedule_ns, str(name), kind, run_key=run_key, term=term,
-                          task_id=task_id, count=count, sent_at=sent_at)  # fmt: skip
+                          task_id=task_id, count=count, sent_at=sent_at,
+                          due_at=due_at)  # fmt: skip
         self._writer.add(row)
 
     def close(self) -> None:
@@ -490,9 +534,18 @@ class HistoryWriter:
     (up to ``limit`` rows: history is best effort, the runs themselves went out).
     """
 
+    #: Seconds between two marks of the led term's ``seen_at`` (its end after a crash).
+    SEEN_EVERY = 1.0
+
     def __init__(self, store: SQLScheduleStore, every: float = 0.25, limit: int = 50_000):
         self.store, self.every, self.limit = store, every, limit
         self._rows: list[dict[str, Any]] = []
+        # leadership history: the term led now (namespace, term, label), whether its row is
+        # written, when it was last marked seen, and terms that ended but are not marked so
+        self._term: tuple[str, int, str] | None = None
+        self._term_written = False
+        self._seen_at = 0.0
+        self._ended: list[tuple[str, int]] = []
         self._lock = threading.Lock()  # the queue
         self._writing = threading.Lock()  # one batch at a time, in order
         self._stop = threading.Event()
@@ -504,9 +557,42 @@ class HistoryWriter:
             if len(self._rows) < self.limit:
                 self._rows.append(row)
 
+    def lead(self, namespace: str, term: int | None, label: str) -> None:
+        """The term this beat leads now (None: none); the thread records changes."""
+        with self._lock:
+            current = self._term
+            if current is not None and (term is None or current[1] != term):
+                if self._term_written:
+                    self._ended.append(current[:2])
+                self._term = None
+            if term is not None and self._term is None:
+                self._term, self._term_written, self._seen_at = (namespace, term, label), False, 0.0
+
+    def _terms(self) -> None:
+        """Write the leadership history's changes (best effort, retried next time)."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+            current, written = self._term, self._term_written
+        try:
+            for ns, term in ended:
+                self.store.term_seen(ns, term, ended=True)
+            if current is not None and not written:
+                self.store.term_started(*current)
+                with self._lock:
+                    if self._term == current:
+                        self._term_written, self._seen_at = True, boottime()
+            elif current is not None and boottime() - self._seen_at >= self.SEEN_EVERY:
+                self.store.term_seen(*current[:2])
+                self._seen_at = boottime()
+        except ElectionError as exc:
+            log.debug("beat election: leadership history not written yet (%s)", exc)
+            with self._lock:
+                self._ended[:0] = ended
+
     def flush(self) -> None:
         """Write what is queued now, in the caller's thread."""
         with self._writing:
+            self._terms()
             with self._lock:
                 rows, self._rows = self._rows, []
             if not rows:
@@ -525,6 +611,10 @@ class HistoryWriter:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        with self._lock:
+            if self._term is not None and self._term_written:
+                self._ended.append(self._term[:2])
+            self._term = None
         self.flush()
 
 

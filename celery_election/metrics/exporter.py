@@ -47,6 +47,8 @@ INSTALL_HINT = "pip install 'celery-election[metrics]'"
 PREFIX = "celery_election_"
 
 Probe = Callable[[], tuple[bool, bool, list[str]]]
+#: A leader task's outcomes (tasks.py counts them): each is exported, 0 until it happens.
+TASK_OUTCOMES = ("run", "skipped", "requeued", "raised")
 
 
 def require_client() -> None:
@@ -104,8 +106,10 @@ def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
         s = e.stats
         for (kind, reason), n in sorted(s.transitions.items()):
             trans.add_metric([*ids, kind, reason], float(n))
-        for op, n in sorted(s.failures.items()):
-            fails.add_metric([*ids, op], float(n))
+        # every operation called has its failure count, 0 too: a rate over it is 0, not
+        # absent, so a dashboard's query and an alert's have data before the first failure
+        for op in sorted(set(s.failures) | set(s.calls)):
+            fails.add_metric([*ids, op], float(s.failures.get(op, 0)))
         for op, (buckets, total, n) in sorted(s.calls.items()):
             cumulative, acc = [], 0
             for bound, c in zip(BUCKETS, buckets, strict=True):
@@ -153,16 +157,29 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
         labels=["namespace"],
     )
     beats: set[str] = set()
+    # Each beat entry and each leader task that counted anything is exported with every
+    # counter of its family, 0 where nothing happened yet: "refused" or "publish_failed"
+    # then read 0 rather than absent (Prometheus' advice: initialise the label sets you
+    # know), at no cost in the store (its shared table has room for 512 keys).
+    entries: dict[tuple[str, str], dict[str, int]] = {}
+    outcomes: dict[str, dict[str, int]] = {}
     for k, v in sorted(values.items()):
         parts = k.split(_SEP)
         if parts[0] == TASK and len(parts) == 3:
-            tasks.add_metric(parts[1:], float(v))
+            outcomes.setdefault(parts[1], {})[parts[2]] = v
         elif parts[0] == BEAT and len(parts) == 4 and parts[3] in beat:
-            beat[parts[3]].add_metric(parts[1:3], v / 1000 if parts[3] == "late_ms" else float(v))
+            entries.setdefault((parts[1], parts[2]), {})[parts[3]] = v
         elif parts[0] == TICK and len(parts) == 3:
             beats.add(parts[1])
             if parts[2] == "last" and v:
                 age.add_metric([parts[1]], max(0.0, now - v / 1e6))
+    for task, counted in outcomes.items():
+        for outcome in sorted(set(counted) | set(TASK_OUTCOMES)):
+            tasks.add_metric([task, outcome], float(counted.get(outcome, 0)))
+    for (ns, entry), counted in entries.items():
+        for what, family in beat.items():
+            v = counted.get(what, 0)
+            family.add_metric([ns, entry], v / 1000 if what == "late_ms" else float(v))
     for ns in sorted(beats):
         seconds = tick_late(values, ns, now)
         if seconds is not None:

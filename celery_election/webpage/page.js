@@ -92,7 +92,10 @@
       set(td("leader"), ns.leader || "no leader");
       setClass(td("leader"), ns.leader ? "leader" : "leader leader-none");
       set(td("hostpid"), ns.leader ? `${ns.host ?? "?"} / ${ns.pid ?? "?"}` : "");
-      set(td("term"), ns.term ?? "");
+      // a term is shown as the time it began (the raw fencing number on hover)
+      set(td("term"), ns.term == null ? "" : ns.acquired_at_ms != null ? `began ${when(ns.acquired_at_ms)}` : "not held",
+        ns.term == null ? "" : `term ${ns.term}`);
+      if (tr.dataset.term !== String(ns.term ?? "")) tr.dataset.term = String(ns.term ?? "");
       set(td("led"), ns.led_for != null ? age(ns.led_for) : "", when(ns.acquired_at_ms));
       set(td("lease"), ns.expires_in != null ? `${ns.expires_in.toFixed(1)}s` : "");
       set(td("liveness"), ns.liveness != null ? `on (${ns.liveness}s)` : ns.leader ? "off (lease only)" : "");
@@ -106,8 +109,10 @@
     tlist.replaceChildren(...st.transitions.slice(0, 30).map((t) => el("li", {},
       el("span", { class: "muted" }, `${when(t.at_ms)} `), `${t.namespace}: `,
       t.previous_term == null && t.previous_leader == null
-        ? `seen led by ${t.leader || "nobody"} (term ${t.term ?? "-"})`
-        : `${t.previous_leader || "nobody"} (term ${t.previous_term ?? "-"}) \u2192 ${t.leader || "nobody"} (term ${t.term ?? "-"})`)));
+        ? `seen led by ${t.leader || "nobody"}`
+        : `${t.previous_leader || "nobody"} \u2192 ${t.leader || "nobody"}`,
+      el("span", { class: "muted", title: `term ${t.previous_term ?? "-"} \u2192 ${t.term ?? "-"}` },
+        t.previous_term == null ? " (term on hover)" : " (new term)"))));
     $("#actions").replaceChildren(...st.actions.map((a) => el("li", {},
       el("span", { class: "muted" }, `${when(a.at_ms)} `), `${a.action} ${a.name} by ${a.actor}`)));
     if (st.error) message(`database: ${st.error}`, true);
@@ -213,6 +218,273 @@
     }
   }
 
+  // -- the timeline ------------------------------------------------------------------------
+  // Who led when (one band per term, the gaps between) and each entry's runs as marks, over
+  // a window, drawn as SVG: one <path> per entry and kind of mark (not one node per run),
+  // so a day of a thousand entries' runs is a few thousand nodes. Hover and click find the
+  // run under the pointer by a binary search of its entry's row.
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const LATE_MS = 500;  // sent more than this after it fell due: late (a tick is ~10 ms late)
+  const FAILED = new Set(["FAILURE", "REVOKED", "REJECTED", "IGNORED"]);
+  const T = (window.electionTimeline = {
+    renders: 0, lastRenderMs: null, firstRenderMs: null, firstRenderDurationMs: null,
+    bands: [], gaps: [], marks: {}, flagged: [], runs: 0, entries: 0, loadMs: null,
+  });
+  const TL = { data: null, windowMs: 3600000, rows: [], x: null, terms: new Map(), polls: 0 };
+  function svg(tag, attrs = {}, text) {
+    const node = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+    if (text != null) node.textContent = text;
+    return node;
+  }
+  function words(seconds) {
+    // a duration in words: "0.42 seconds", "3 minutes 5 seconds", "2 hours 4 minutes"
+    if (seconds == null || !isFinite(seconds)) return "";
+    const s = Math.abs(seconds);
+    const unit = (n, w) => `${n} ${w}${n === 1 ? "" : "s"}`;
+    if (s < 60) return `${s < 10 ? s.toFixed(s < 1 ? 2 : 1) : Math.round(s)} seconds`;
+    const parts = [[86400, "day"], [3600, "hour"], [60, "minute"], [1, "second"]];
+    let rest = Math.round(s);
+    const out = [];
+    for (const [size, w] of parts) {
+      if (rest >= size && out.length < 2) { out.push(unit(Math.floor(rest / size), w)); rest %= size; }
+      else if (out.length) break;
+    }
+    return out.join(" ");
+  }
+  const clock = (ms) => (ms == null ? "" : new Date(ms).toISOString().slice(11, 19));
+  function termText(namespace, term) {
+    // a term as the time it began (the raw fencing number is for hover)
+    const t = TL.terms.get(`${namespace}\u0000${term}`) || TL.terms.get(`*\u0000${term}`);
+    return t ? `term began ${when(t.started_ms)}` : `term ${term}`;
+  }
+  function markClass(kind, outcome, sentMs, dueMs) {
+    if (outcome && FAILED.has(outcome)) return "failed";
+    if (kind === "missed") return "missed";
+    if (kind === "skipped") return "skipped";
+    if (kind === "run_now") return "run-now";
+    if (dueMs != null && sentMs - dueMs > LATE_MS) return "late";
+    return "on-time";
+  }
+  function niceStep(spanMs, px) {
+    const steps = [1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5, 9e5, 18e5, 36e5, 72e5,
+      108e5, 216e5, 432e5, 864e5, 1728e5];
+    for (const s of steps) if ((s / spanMs) * px >= 90) return s;
+    return steps[steps.length - 1];
+  }
+  function renderTimeline() {
+    const d = TL.data;
+    if (!d) return;
+    const started = performance.now();
+    const head = $("#tl-head"), body = $("#tl-body");
+    const W = Math.max(600, head.clientWidth || 900), L = 190, R = 8, P = W - L - R;
+    const from = d.from_ms, to = d.to_ms, span = Math.max(1, to - from);
+    const x = (ms) => L + ((Math.min(Math.max(ms, from), to) - from) / span) * P;
+    TL.x = x;
+    const LANE = 20, ROW = 14, AXIS = 20;
+    // leadership: one lane per election namespace
+    const byNs = new Map();
+    TL.terms = new Map();
+    for (const t of d.terms) {
+      if (!byNs.has(t.namespace)) byNs.set(t.namespace, []);
+      byNs.get(t.namespace).push(t);
+      TL.terms.set(`${t.namespace}\u0000${t.term}`, t);
+      TL.terms.set(`*\u0000${t.term}`, t);
+    }
+    const lanes = [...byNs.keys()].sort();
+    const H = AXIS + Math.max(1, lanes.length) * LANE + 4;
+    const top = svg("svg", { width: W, height: H, class: "tl-head", "data-from": from, "data-to": to });
+    const axis = svg("g", { class: "tl-axis" });
+    const step = niceStep(span, P);
+    const grid = [];
+    for (let t = Math.ceil(from / step) * step; t <= to; t += step) {
+      grid.push(t);
+      axis.append(svg("line", { x1: x(t), x2: x(t), y1: AXIS - 4, y2: H, class: "tl-grid" }));
+      const label = step >= 864e5 ? new Date(t).toISOString().slice(5, 10)
+        : step >= 6e4 ? new Date(t).toISOString().slice(11, 16) : clock(t);
+      axis.append(svg("text", { x: x(t) + 2, y: 12 }, label));
+    }
+    axis.append(svg("text", { x: 4, y: 12 }, "UTC"));
+    top.append(axis);
+    T.bands = []; T.gaps = [];
+    const nowMs = d.now_ms;
+    lanes.forEach((ns, i) => {
+      const y = AXIS + i * LANE;
+      top.append(svg("text", { x: 4, y: y + 13, class: "tl-label" }, ns.length > 28 ? ns.slice(0, 27) + "\u2026" : ns));
+      const terms = byNs.get(ns);
+      let prevEnd = null;
+      terms.forEach((t, k) => {
+        const end = t.ended_ms ?? (t.current ? nowMs : t.seen_ms);
+        if (prevEnd != null && t.started_ms > prevEnd) {
+          const gap = svg("rect", { x: x(prevEnd), y: y + 2, width: Math.max(2, x(t.started_ms) - x(prevEnd)),
+            height: LANE - 4, class: "gap", "data-namespace": ns, "data-ms": t.started_ms - prevEnd });
+          gap.append(svg("title", {}, `${ns}: no leader for ${words((t.started_ms - prevEnd) / 1000)}\n` +
+            `from ${when(prevEnd)} (last sign of the previous leader) to ${when(t.started_ms)}`));
+          top.append(gap);
+          T.gaps.push({ namespace: ns, from_ms: prevEnd, to_ms: t.started_ms });
+        }
+        const x0 = x(t.started_ms), x1 = x(end);
+        const band = svg("rect", { x: x0, y: y + 2, width: Math.max(2, x1 - x0), height: LANE - 4,
+          class: `band ${k % 2 ? "b" : "a"}${t.ended_ms == null && !t.current ? " open" : ""}`,
+          "data-namespace": ns, "data-term": t.term, "data-leader": t.leader });
+        const how = t.ended_ms != null ? `ended ${when(t.ended_ms)} (stepped down)`
+          : t.current ? "leading now" : `last seen ${when(t.seen_ms)} (stopped without a word: crashed or cut off)`;
+        band.append(svg("title", {}, `${ns}: ${t.leader}\nterm began ${when(t.started_ms)} (term ${t.term})\n` +
+          `${how}\nled for ${words((end - t.started_ms) / 1000)}`));
+        top.append(band);
+        if (x1 - x0 > 60) top.append(svg("text", { x: x0 + 3, y: y + 13, class: "band-text" },
+          `${t.leader}`.slice(0, Math.floor((x1 - x0 - 6) / 6))));
+        T.bands.push({ namespace: ns, term: t.term, leader: t.leader, from_ms: t.started_ms, to_ms: end });
+        prevEnd = Math.max(prevEnd ?? end, end);
+      });
+    });
+    if (nowMs >= from && nowMs <= to) top.append(svg("line", { x1: x(nowMs), x2: x(nowMs), y1: AXIS - 4, y2: H, class: "tl-now" }));
+    // runs: one row per entry that has runs in the window, by name
+    const f = Object.fromEntries(d.run_fields.map((k, i) => [k, i]));
+    const rows = d.entries.map((name, i) => ({ name, index: i, runs: [] }));
+    for (const r of d.runs) rows[r[f.entry]].runs.push(r);
+    const q = S.query.toLowerCase();
+    let shown = rows.filter((row) => row.runs.length && (!q || row.name.toLowerCase().includes(q)));
+    shown.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const BH = Math.max(1, shown.length) * ROW + 4;
+    const low = svg("svg", { width: W, height: BH, class: "tl-body" });
+    for (const t of grid) low.append(svg("line", { x1: x(t), x2: x(t), y1: 0, y2: BH, class: "tl-grid" }));
+    for (const b of T.bands) if (b.to_ms >= from) {
+      // faint term edges across the rows: which leader sent what
+      low.append(svg("line", { x1: x(b.from_ms), x2: x(b.from_ms), y1: 0, y2: BH, class: "tl-grid" }));
+    }
+    const counts = { "on-time": 0, late: 0, missed: 0, skipped: 0, "run-now": 0, failed: 0 };
+    const flagged = [];  // the runs that went wrong, for a reader of the page (and its tests)
+    const frag = document.createDocumentFragment();
+    shown.forEach((row, i) => {
+      const y = 2 + i * ROW;
+      row.y = y;
+      frag.append(svg("text", { x: 4, y: y + 10, class: "tl-label entry", "data-entry": row.name },
+        row.name.length > 30 ? row.name.slice(0, 29) + "\u2026" : row.name));
+      const paths = {};
+      row.xs = new Float64Array(row.runs.length);
+      row.runs.forEach((r, k) => {
+        const cls = markClass(r[f.kind], r[f.outcome], r[f.sent_ms], r[f.due_ms]);
+        const mx = x(r[f.sent_ms]);
+        row.xs[k] = mx;
+        counts[cls] += 1;
+        if (cls === "late" || cls === "missed" || cls === "failed" || cls === "skipped")
+          flagged.push({ entry: row.name, kind: cls, sent_ms: r[f.sent_ms], due_ms: r[f.due_ms], term: r[f.term] });
+        // a late run also shows how late: a thin line back to when it fell due
+        const tail = cls === "late" ? `M${x(r[f.due_ms]).toFixed(1)} ${y + 5}H${mx.toFixed(1)}v1H${x(r[f.due_ms]).toFixed(1)}z` : "";
+        const shape = cls === "missed" || cls === "skipped"
+          ? `M${(mx - 3).toFixed(1)} ${y + 1}l6 10M${(mx + 3).toFixed(1)} ${y + 1}l-6 10`
+          : `M${(mx - 1.5).toFixed(1)} ${y + 1}h3v10h-3z`;
+        paths[cls] = (paths[cls] || "") + shape + tail;
+      });
+      for (const [cls, dd] of Object.entries(paths)) {
+        const open = cls === "missed" || cls === "skipped";
+        frag.append(svg("path", { d: dd, class: `mark m-${cls}${open ? " cross" : ""}`, "data-entry": row.name,
+          "data-kind": cls }));
+      }
+    });
+    low.append(frag);
+    head.replaceChildren(top);
+    body.replaceChildren(low);
+    TL.rows = shown;
+    TL.fields = f;
+    T.marks = counts;
+    T.flagged = flagged.slice(-200);
+    T.runs = d.runs.length;
+    T.entries = shown.length;
+    set($("#tl-range"), `${when(from)} \u2013 ${when(to)}`);
+    set($("#tl-count"), `${d.runs.length} runs of ${shown.length} entries; ${d.terms.length} terms`);
+    T.renders += 1;
+    T.lastRenderMs = performance.now() - started;
+    if (T.firstRenderMs == null) {
+      T.firstRenderDurationMs = T.lastRenderMs;
+      requestAnimationFrame(() => requestAnimationFrame(() => { T.firstRenderMs = performance.now(); }));
+    }
+  }
+  function runAt(ev) {
+    // the run under the pointer: its row from y, the nearest mark within 4 px from x
+    const box = $("#tl-body svg");
+    if (!box || !TL.x) return null;
+    const rect = box.getBoundingClientRect();
+    const px = ev.clientX - rect.left, py = ev.clientY - rect.top;
+    const row = TL.rows[Math.floor((py - 2) / 14)];
+    if (!row || !row.xs || !row.xs.length) return null;
+    let lo = 0, hi = row.xs.length - 1;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (row.xs[mid] < px) lo = mid + 1; else hi = mid; }
+    let best = lo;
+    if (lo > 0 && Math.abs(row.xs[lo - 1] - px) < Math.abs(row.xs[lo] - px)) best = lo - 1;
+    if (Math.abs(row.xs[best] - px) > 4) return null;
+    return { row, run: row.runs[best] };
+  }
+  function runLines(hit) {
+    const f = TL.fields, r = hit.run;
+    const cls = markClass(r[f.kind], r[f.outcome], r[f.sent_ms], r[f.due_ms]);
+    const kind = r[f.kind];
+    const what = {
+      "on-time": "ran on time", late: `ran late by ${words((r[f.sent_ms] - r[f.due_ms]) / 1000)}`,
+      missed: `${r[f.count]} run${r[f.count] === 1 ? "" : "s"} missed (catch-up policy)`,
+      skipped: `${r[f.count]} run${r[f.count] === 1 ? "" : "s"} skipped (overlap policy: the last one still ran)`,
+      "run-now": "run now (asked by an operator)", failed: `${kind === "run_now" ? "run now" : "run"}: failed`,
+    }[cls];
+    const ns = (TL.data.terms.find((t) => t.term === r[f.term]) || {}).namespace;
+    return [
+      ["entry", hit.row.name], ["what", what],
+      [kind === "run" || kind === "run_now" ? "sent" : "decided", when(r[f.sent_ms])],
+      ["due", r[f.due_ms] != null ? when(r[f.due_ms]) : "\u2014"],
+      ["term", `${termText(ns, r[f.term])} (term ${r[f.term]})`],
+      ["task id", r[f.task_id] || "\u2014"],
+      ["outcome", r[f.outcome] || (r[f.task_id] ? "running or not reported" : "\u2014")],
+      ["duration", r[f.duration] != null ? words(r[f.duration]) : "\u2014"],
+    ];
+  }
+  async function loadTimeline() {
+    const started = performance.now();
+    const win = TL.windowMs;
+    const params = win === "all" ? "from_ms=0" : `from_ms=${Math.round(now() - win)}`;
+    const r = await getJSON(`api/timeline?${params}`);
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error || r.statusText);
+    TL.data = body;
+    if (T.loadMs == null) T.loadMs = performance.now() - started;
+    renderTimeline();
+  }
+  function timelineDue() {
+    // a short window follows every poll; a long one every tenth (its answer is large)
+    if (!$("#tl-live").checked) return false;
+    TL.polls += 1;
+    const win = TL.windowMs === "all" ? Infinity : TL.windowMs;
+    return win <= 6 * 3600000 || TL.polls % 10 === 1;
+  }
+  $("#tl-window").addEventListener("change", (ev) => {
+    TL.windowMs = ev.target.value === "all" ? "all" : Number(ev.target.value);
+    TL.polls = 0;
+    loadTimeline().catch((err) => message(`timeline: ${err.message}`, true));
+  });
+  $("#tl-scroll").addEventListener("mousemove", (ev) => {
+    const tip = $("#tl-tip");
+    const hit = runAt(ev);
+    if (!hit) { tip.hidden = true; return; }
+    tip.textContent = runLines(hit).map(([k, v]) => `${k}: ${v}`).join("\n");
+    tip.hidden = false;
+    const box = $("#timeline-section").getBoundingClientRect();
+    const x = ev.clientX - box.left;  // right of the pointer, or left of it in the right half
+    tip.style.left = `${x > box.width / 2 ? Math.max(0, x - 12 - tip.offsetWidth) : x + 12}px`;
+    tip.hidden = false;
+    const y = ev.clientY - box.top;  // below the pointer, or above it near the bottom
+    tip.style.top = `${y + 14 + tip.offsetHeight > box.height ? y - 10 - tip.offsetHeight : y + 14}px`;
+  });
+  $("#tl-scroll").addEventListener("mouseleave", () => { $("#tl-tip").hidden = true; });
+  $("#tl-scroll").addEventListener("click", (ev) => {
+    const label = ev.target.closest("text[data-entry]");
+    if (label) { openDetail(label.getAttribute("data-entry")); return; }
+    const hit = runAt(ev);
+    const pinned = $("#tl-pinned");
+    if (!hit) { pinned.hidden = true; return; }
+    pinned.replaceChildren(...runLines(hit).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    pinned.hidden = false;
+  });
+  window.addEventListener("resize", () => renderTimeline());
+
   // -- polling -----------------------------------------------------------------------------
   async function loadState() {
     const r = await getJSON("api/state");
@@ -235,6 +507,7 @@
     try {
       await Promise.all([loadState(), loadEntries()]);
       renderTable();
+      if (timelineDue()) await loadTimeline();
       if (S.detail) await loadDetail(false);
       S.lastOk = Date.now();
       M.polls += 1;

@@ -4,8 +4,10 @@ and after SIGKILL of the leader, one again under a greater term. The alert rules
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -92,8 +94,11 @@ class Prometheus:
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
-    def query(self, expr: str) -> float | None:
-        """The value of a scalar-like instant query, or None (no result yet)."""
+    def query(self, expr: str, *, any_value: bool = False) -> float | None:
+        """The value of a scalar-like instant query, or None (no result yet).
+
+        ``any_value``: a result whose value is not a number (NaN: 0/0) still counts.
+        """
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
             {"query": expr}
         )
@@ -102,7 +107,10 @@ class Prometheus:
                 result = json.load(r)["data"]["result"]
         except OSError:
             return None
-        return float(result[0]["value"][1]) if result else None
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+        return 0.0 if any_value and value != value else value
 
     def close(self) -> None:
         self.proc.terminate()
@@ -156,3 +164,107 @@ def test_prometheus_sees_one_leader_before_and_after_a_kill(
         60,
         "one leader again under a greater term",
     )
+
+
+DASHBOARD = ROOT / "examples/prometheus/grafana-dashboard.json"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(where, PromQL) of every panel target and annotation of the Grafana dashboard."""
+    board = json.loads(DASHBOARD.read_text())
+    out = [(f"panel {p['title']!r}", t["expr"]) for p in board["panels"] for t in p["targets"]]
+    out += [(f"annotation {a['name']!r}", a["expr"]) for a in board["annotations"]["list"]]
+    return out
+
+
+def alert_queries() -> list[tuple[str, str]]:
+    """(alert, PromQL) of every alert rule, each comparison made ``bool``.
+
+    A healthy cluster fires no alert, so the condition itself returns nothing: with
+    ``bool`` it returns 0 or 1 for every series it compares, which proves the series it
+    reads exist under those names and labels.
+    """
+    import yaml
+
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    return [
+        (f"alert {r['alert']}", re.sub(r"\s(>=|<=|==|!=|>|<)\s+(?=[\d.])", r" \1 bool ", r["expr"]))
+        for r in rules
+    ]
+
+
+def grafana(expr: str) -> str:
+    """A dashboard query as Grafana sends it: all namespaces, a rate window of 30 s."""
+    return expr.replace("$namespace", ".+").replace("$__rate_interval", "30s")
+
+
+def test_the_dashboard_has_every_view_the_issue_names() -> None:
+    text = " ".join(e for _, e in dashboard_queries())
+    for metric in (
+        "celery_election_leading", "celery_election_transitions_total",
+        "celery_election_call_duration_seconds_bucket", "celery_election_beat_runs_sent_total",
+        "celery_election_beat_runs_refused_total", "celery_election_beat_runs_missed_total",
+        "celery_election_beat_late_seconds_total", "celery_election_beat_tick_late_seconds",
+        "celery_election_leader_tasks_total",
+    ):  # fmt: skip
+        assert metric in text, metric
+
+
+@pytest.mark.tier2
+@pytest.mark.parametrize("cluster", [{"beat": True}], indirect=True, ids=["rabbitmq+postgresql"])
+def test_every_dashboard_and_alert_query_returns_data_from_a_real_worker_and_beat(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes a ``celery worker --election`` and a standalone ``celery
+    beat``: each query of the dashboard and of the alert rules returns data."""
+    c = cluster
+    worker, beat = free_port(), free_port()
+    prom = Prometheus(tmp_path, [worker, beat])
+    try:
+        name = f"w{c.namespace}"  # a node name no other run on the shared broker has
+        c.start(name, "--election-metrics-port", str(worker))
+        c.start_beat("b1", "--election-metrics-port", str(beat))
+        c.wait_leader(30)
+        c.wait_beat_leader(30)
+        tick = "tests.e2e.proj.tick"
+        setup = ("--args",)
+        # runs the policies drop, a run sent late by design, a send that fails, a run now
+        c.schedule_cli("add", "overlap", tick, "every 1s", *setup, '["overlap", 2.5]',
+                       "--overlap", "skip", actor="e2e")  # fmt: skip
+        c.schedule_cli("add", "strict", tick, "every 1s", *setup, '["strict"]', "--grace",
+                       "0.001", actor="e2e")  # fmt: skip
+        c.schedule_cli("add", "broken", tick, "every 2s", *setup, '["broken"]', "--options",
+                       '{"serializer": "no-such-serializer"}', actor="e2e")  # fmt: skip
+        c.schedule_cli("add", "rare", tick, "every 1h", *setup, '["rare"]', actor="e2e")
+        c.schedule_cli("run", "rare", actor="e2e")
+        for i in range(3):
+            c.send("skip", f"p{i}", queue=f"only.{name}")
+        wait_until(lambda: prom.query('sum(up{job="workers"})') == 2, 60, "both targets up")
+        # a failover for the failover views: the worker's term resigned, elected anew
+        leading = f'sum(celery_election_leading{{namespace="{c.namespace}"}})'
+        wait_until(lambda: prom.query(leading) == 1, 60, "the leader scraped")
+        resigned = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", "election", "resign"],
+            cwd=c.tmp, env=c.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert resigned.returncode == 0, resigned.stdout + resigned.stderr
+        queries = [(w, grafana(e)) for w, e in dashboard_queries()] + alert_queries()
+        empty: dict[str, str] = dict(queries)
+
+        def all_answer() -> bool:
+            for where, expr in list(empty.items()):
+                if prom.query(expr, any_value=True) is not None:
+                    del empty[where]
+            return not empty
+
+        try:
+            wait_until(all_answer, 90, "data for every query")
+        except AssertionError:
+            raise AssertionError(f"no data for {json.dumps(empty, indent=1)}") from None
+        board, alerts = len(dashboard_queries()), len(alert_queries())
+        print(f"{len(queries)} queries answered: {board} of the dashboard, {alerts} alerts")
+        for what in ("missed", "skipped_overlap", "run_now", "publish_failed"):
+            total = f"sum(celery_election_beat_runs_{what}_total)"
+            assert (prom.query(total) or 0) > 0, f"{what}: nothing counted"
+    finally:
+        prom.close()

@@ -2,7 +2,10 @@
 
 Debian's ``chromium`` and ``chromium-driver`` (scripts/services-up installs them), driven by
 Selenium. Every wait waits on the page's DOM or on the database with a deadline. The
-leading beat is SIGKILLed and the page must show the new leader and term within 3 s;
+leading beat is SIGKILLed and the page must show the new leader and term within 3 s, and
+its timeline the handover (the two leaders' bands and the gap between them, from the
+leadership history in the database) within 3 s too, with a run the handover made late or
+missed marked so (a screenshot of it goes to docs/timeline.png);
 a pause made on the page stops the entry's runs (the executions the worker records), a
 "run now" made on the page runs once, an action without the token is refused (403).
 Screenshots go to $CELERY_ELECTION_ARTIFACTS (else the test's tmp_path) and their paths are
@@ -156,12 +159,15 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
 ) -> None:
     c = cluster
     ns = f"{c.namespace}-beat"
-    c.start("w1", election=False)
+    c.start(f"w{c.namespace}", election=False)  # a node name no other run on the broker has
     c.start_beat("b1")
     c.start_beat("b2")
     first = c.wait_beat_leader(30)
     second = "b2" if first == "b1" else "b1"
     cli(c, "add", "rare", TICK, "every 1h", "--args", '["rare"]')
+    # due twice a second, missed when more than 0.2 s late: a beat dead for longer than
+    # 0.7 s (a SIGKILL, then the liveness wait) drops at least one of its runs
+    cli(c, "add", "tight", TICK, "every 0.5s", "--args", '["tight"]', "--grace", "0.2")
     url = start_web(c)
     print(f"page: {url}")
 
@@ -170,7 +176,8 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
     pid = c.workers[first].pid
     wait_dom(browser, lambda: text(browser, f"{row} td.hostpid").endswith(f"/ {pid}"), 30,
              f"the leader {first} (pid {pid})")  # fmt: skip
-    old_term = int(text(browser, f"{row} td.term"))
+    old_term = int(css(browser, row).get_attribute("data-term"))
+    assert text(browser, f"{row} td.term").startswith("began ")  # a time, not the raw number
     wait_dom(browser, lambda: css(browser, '#entries tr[data-entry="every-second-a"]'), 10,
              "the static entries")  # fmt: skip
     shot(browser, artifacts, "1-leader")
@@ -183,13 +190,42 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
         browser,
         lambda: (
             text(browser, f"{row} td.hostpid").endswith(f"/ {new_pid}")
-            and int(text(browser, f"{row} td.term")) > old_term
+            and int(css(browser, row).get_attribute("data-term")) > old_term
         ),
         3.0,
         f"the new leader {second} (pid {new_pid}) and a new term",
     )
     print(f"failover shown on the page {time.monotonic() - killed:.2f}s after the SIGKILL")
+    # the timeline: the old leader's band, the gap, the new leader's band, within 3 s too
+    left = max(0.1, 3.0 - (time.monotonic() - killed))
+    handover = wait_dom(
+        browser, lambda: handover_drawn(browser, ns, old_term), left, "the handover drawn"
+    )
+    gap = handover["gap"]
+    print(
+        f"handover on the timeline {time.monotonic() - killed:.2f}s after the SIGKILL: "
+        f"no leader for {(gap['to_ms'] - gap['from_ms']) / 1000:.2f}s"
+    )
     assert c.beat_leader() == second
+    # a run the handover made late or missed is marked so (the history is written in batches)
+    flagged = wait_dom(browser, lambda: flagged_after(browser, handover["gap"]["from_ms"]), 15,
+                       "a late or missed run after the handover")  # fmt: skip
+    print(f"marked after the handover: {flagged}")
+    browser.execute_script(
+        "const s = document.querySelector('#tl-window'); s.value = '60000';"
+        "s.dispatchEvent(new Event('change'));"
+    )
+    span = "const s = document.querySelector('#tl-head svg'); return s.dataset.to - s.dataset.from"
+    wait_dom(browser, lambda: browser.execute_script(span) < 61000, 5, "the last minute")
+    time.sleep(6)  # a few runs of the new leader, for the picture
+    css(browser, "#tl-live").click()  # hold the timeline still: point at a run
+    time.sleep(0.3)
+    hover_a_mark(browser, flagged[0])
+    webdriver.ActionChains(browser).move_to_element(css(browser, "#tl-range")).perform()
+    docs = Path(__file__).resolve().parents[2] / "docs" / "timeline.png"
+    css(browser, "#timeline-section").screenshot(str(docs))
+    print(f"screenshot: {docs}")
+    css(browser, "#tl-live").click()
     shot(browser, artifacts, "2-failover")
     transitions = text(browser, "#transitions")
     assert str(new_pid) in transitions or second in transitions or "\u2192" in transitions
@@ -251,6 +287,64 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
     with urllib.request.urlopen(f"{url}api/entries") as r:
         listed = {e["name"]: e for e in json.loads(r.read())["entries"]}
     assert listed["every-second-a"]["paused"] is True  # still: nothing acted
+
+
+def handover_drawn(browser: Any, ns: str, old_term: int) -> dict[str, Any] | None:
+    """The two bands of ``ns`` around the handover and the gap between them, once drawn."""
+    t = browser.execute_script("return window.electionTimeline")
+    if not t:
+        return None
+    bands = [b for b in t["bands"] if b["namespace"] == ns]
+    old = [b for b in bands if b["term"] == old_term]
+    new = [b for b in bands if b["term"] > old_term]
+    gaps = [g for g in t["gaps"] if g["namespace"] == ns]
+    if not old or not new or not gaps:
+        return None
+    gap = gaps[-1]
+    assert old[0]["to_ms"] <= gap["from_ms"] < gap["to_ms"] == new[0]["from_ms"]
+    return {"old": old[0], "new": new[0], "gap": gap}
+
+
+def flagged_after(browser: Any, since_ms: int) -> list[dict[str, Any]] | None:
+    """Late or missed marks of runs decided after ``since_ms``."""
+    t = browser.execute_script("return window.electionTimeline")
+    found = [
+        m for m in t["flagged"] if m["kind"] in ("late", "missed") and m["sent_ms"] >= since_ms
+    ]
+    return found or None
+
+
+def hover_a_mark(browser: Any, mark: dict[str, Any]) -> None:
+    """Point at ``mark`` on the timeline: its tooltip tells the run, a click pins it."""
+    where = browser.execute_script(
+        """const [name, ms] = arguments;
+        const svg = document.querySelector('#tl-body svg');
+        const label = svg.querySelector(`text[data-entry="${name}"]`);
+        const from = +document.querySelector('#tl-head svg').dataset.from;
+        const to = +document.querySelector('#tl-head svg').dataset.to;
+        label.scrollIntoView({block: 'center'});
+        const r = svg.getBoundingClientRect(), W = +svg.getAttribute('width');
+        const x = 190 + (ms - from) / (to - from) * (W - 198);
+        return [x - r.width / 2, +label.getAttribute('y') - 4 - r.height / 2];""",
+        mark["entry"],
+        mark["sent_ms"],
+    )
+    body = css(browser, "#tl-body svg")
+    chain = webdriver.ActionChains(browser).move_to_element_with_offset(
+        body, int(where[0]), int(where[1])
+    )
+    chain.click().perform()  # click pins the run's details under the timeline
+    tip = wait_dom(
+        browser,
+        lambda: css(browser, "#tl-tip").is_displayed() and text(browser, "#tl-tip"),
+        5,
+        "the run's tooltip",
+    )
+    print(f"tooltip: {tip!r}")
+    assert mark["entry"] in tip and "term began" in tip
+    assert ("late by" in tip) or ("missed" in tip)
+    pinned = text(browser, "#tl-pinned")
+    assert mark["entry"] in pinned and (("late by" in pinned) or ("missed" in pinned))
 
 
 # -- 1,000 entries --------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -
     for fragment in expected:
         assert fragment.format(p=prefix) in out.output
     tables = ["lease", "candidate", "beat_run"]
-    tables += [f"schedule_{t}" for t in ("entry", "rev", "run", "audit")]
+    tables += [f"schedule_{t}" for t in ("entry", "rev", "run", "audit", "term")]
     for table in tables:
         assert f"CREATE TABLE {prefix}{table}" in out.output
     drop = cli(urls[kind], prefix, "uninstall", "--dry-run")

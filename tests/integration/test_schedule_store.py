@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.backends.sql_schedule import EntryRow, SQLScheduleStore
+from celery_election.backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
 from celery_election.errors import ConfigurationError
 
 from ..conftest import EVERY_SQL, expire, token, url_for
@@ -143,3 +143,53 @@ def test_history_finishes_by_task_id_once_and_prunes_by_age(backend: SQLBackend)
     assert store.prune(NS, runs[1].sent_at) == 0  # nothing older than the oldest
     assert store.prune(NS, store.db_now() + 1) == 3
     assert store.history(NS, "job") == []
+
+
+def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
+    backend: SQLBackend,
+) -> None:
+    """The page's leader bands: the lease's start, a last sign of life, a clean end."""
+    store = backend.schedule
+    a, b = token(), token()
+    first = backend.elect(LEASE_NS, a, "beat-a", 30.0).lease
+    assert first is not None and first.acquired_at_us is not None
+    store.term_started(LEASE_NS, first.term, "label-a")
+    store.term_started(LEASE_NS, first.term, "label-a")  # once per term
+    store.term_seen(LEASE_NS, first.term)
+    expire(backend, LEASE_NS)
+    second = backend.elect(LEASE_NS, b, "beat-b", 30.0).lease
+    assert second is not None and second.term > first.term
+    store.term_started(LEASE_NS, first.term, "late-a")  # the lease moved on: now, its label
+    store.term_started(LEASE_NS, second.term, "label-b")
+    store.term_seen(LEASE_NS, second.term, ended=True)
+    store.term_seen(LEASE_NS, second.term)  # an ended term stays ended
+    terms = store.terms(0, store.db_now())
+    assert [(t.term, t.leader_id) for t in terms] == [
+        (first.term, "beat-a"),
+        (second.term, "beat-b"),
+    ]
+    one, two = terms
+    assert one.started_at == first.acquired_at_us and one.ended_at is None
+    assert one.seen_at >= one.started_at
+    assert two.started_at == second.acquired_at_us and two.ended_at is not None
+    assert two.seen_at == two.ended_at
+    assert store.terms(0, one.started_at - 1) == []  # the window selects
+    assert store.terms(two.ended_at + 1, two.ended_at + 10) == []
+    assert store.terms(0, store.db_now(), ["elsewhere"]) == []
+    assert store.prune_terms(LEASE_NS, one.seen_at + 1) == 1
+    assert [t.term for t in store.terms(0, store.db_now())] == [second.term]
+
+
+def test_runs_between_reads_a_window_of_the_history_oldest_first(backend: SQLBackend) -> None:
+    store = backend.schedule
+    now = store.db_now()
+    store.record_many([
+        history_row(NS, f"e{i}", "run", run_key=i, term=1, sent_at=now - i * 1000, due_at=now)
+        for i in range(5)
+    ])  # fmt: skip
+    store.record(NS, "x", "run", run_key=1, term=1)
+    got = store.runs_between(NS, now - 3000, now)
+    assert [r.run_key for r in got] == [3, 2, 1, 0]
+    assert got[0].due_at == now
+    assert len(store.runs_between(NS, now - 10_000, now + 10_000_000)) == 6
+    assert store.runs_between("other", 0, now + 10_000_000) == []
