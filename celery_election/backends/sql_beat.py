@@ -216,12 +216,8 @@ class SQLBeatStore:
     def _lease_term(self) -> sa.ScalarSelect[Any]:
         """The lease's term if it has the claimer's token and term, unexpired; share-locked."""
         lease = self.backend.lease
-        holds = [
-            lease.c.namespace == sa.bindparam("p_ns", type_=key_type(190)),
-            lease.c.token == sa.bindparam("p_token", type_=sa.String()),
-            lease.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
-            lease.c.expires_at > db_now_us(),
-        ]
+        ns = sa.bindparam("p_ns", type_=key_type(190))
+        holds = _holds(lease, ns, sa.bindparam("p_term", type_=sa.BigInteger))
         return sa.select(lease.c.term).where(*holds).with_for_update(read=True).scalar_subquery()
 
     @functools.lru_cache(maxsize=64)  # noqa: B019  (one store per backend, few sizes)
@@ -296,12 +292,7 @@ class SQLBeatStore:
         at = sa.bindparam("p_at", type_=sa.BigInteger)
         count = sa.bindparam("p_count", type_=sa.BigInteger)
         identity = sa.bindparam("p_identity", type_=sa.String(200))
-        holds = [
-            lease.c.namespace == ns,
-            lease.c.token == sa.bindparam("p_token", type_=sa.String()),
-            lease.c.term == term,
-            lease.c.expires_at > now,
-        ]
+        holds = _holds(lease, ns, term)
         source = sa.select(
             ns.label("namespace"),
             key.label("entry_key"),
@@ -375,3 +366,13 @@ def _key_of(row: Any) -> tuple[int, int]:
 
 def _key_of_state(state: RunState | None) -> tuple[int, int] | None:
     return None if state is None else (state.last_run_us, state.total_run_count)
+
+
+def _holds(lease: sa.Table, ns: Any, term: Any) -> list[sa.ColumnElement[bool]]:
+    """The fence on the lease row: the claimer's token and term, unexpired."""
+    return [
+        lease.c.namespace == ns,
+        lease.c.token == sa.bindparam("p_token", type_=sa.String()),
+        lease.c.term == term,
+        lease.c.expires_at > db_now_us(),
+    ]
