@@ -115,6 +115,22 @@ def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
     assert store.load_runs(NS) == {"job": edited.state}
 
 
+def test_a_claim_under_an_old_term_of_the_same_token_is_refused(backend: Any) -> None:
+    """An elector keeps its token when it is elected again: the term alone fences its old
+    term's claims, first runs (single and batch) included."""
+    store = backend.beat
+    a = token()
+    old = backend.elect(NS, a, "beat-a", 30.0).lease
+    expire(backend, NS)
+    new = backend.elect(NS, a, "beat-a", 30.0).lease
+    assert new.term > old.term
+    single = store.claim_run(NS, a, old.term, "job", None, 5)
+    assert not single.won and not single.leading
+    (batch,) = store.claim_runs(NS, a, old.term, [RunRequest("job", None, 5)])
+    assert not batch.won and not batch.leading
+    assert store.load_runs(NS) == {}
+
+
 def test_a_batch_claim_decides_each_run_as_alone(backend: Any) -> None:
     """claim_runs (a burst): each request is the compare-and-set of its own state; the
     ones that lose report what is stored, the others are written, in one call."""
