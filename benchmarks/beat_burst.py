@@ -22,8 +22,9 @@ later is the one measured. The beat process itself stamps every publish
   last send (/proc/PID/stat).
 * ``stmt/send``: SQL statements the beat process executed (a SQLAlchemy
   ``before_cursor_execute`` listener on every Engine in that process; BEGIN / COMMIT are
-  not statements), from the boundary to the last send, per send. It includes the
-  elector's renewals in that span.
+  not statements), from half a second before the boundary (the process writes its count
+  every 0.1 s) to the last send, per send. It includes the elector's renewals, the
+  schedule's looks and the history writer in that span.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ APP = textwrap.dedent(
     '''
     """The benchmark's Celery app: N crontab entries; every publish stamped to a file."""
     import os
+    import threading
     import time
+    from pathlib import Path
 
     import sqlalchemy as sa
     from celery import Celery
@@ -94,6 +97,15 @@ APP = textwrap.dedent(
     @after_task_publish.connect
     def _stamp(**kwargs):
         os.write(OUT, f"{time.time():.6f} {STATEMENTS[0]}\\n".encode())
+
+
+    def _counts():  # the count before the burst (the promotion's claims are not in it)
+        while True:
+            Path(E["BURST_OUT"] + ".count").write_text(str(STATEMENTS[0]))
+            time.sleep(0.1)
+
+
+    threading.Thread(target=_counts, daemon=True).start()
     '''
 )
 
@@ -168,8 +180,8 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
         while time.time() < boundary - 0.5:
             time.sleep(min(0.5, boundary - 0.5 - time.time()))
         cpu0 = cpu_seconds(proc.pid)
-        before = [s for s in stamps(out) if s[0] < boundary]
-        stmt0 = before[-1][1] if before else (stamps(out)[:1] or [(0, 0)])[0][1]
+        count = Path(f"{out}.count")
+        stmt0 = int(count.read_text() or 0) if count.exists() else 0
         end = boundary + args.window
         while time.time() < end:
             if len([s for s in stamps(out) if s[0] >= boundary]) >= n:

@@ -160,6 +160,12 @@ def test_a_batch_claim_decides_each_run_as_alone(backend: Any) -> None:
     assert out[5].state is None
     assert store.load_runs(NS) == {"e0": out[0].state, "e1": e1, "e2": first[2].state,
                                    "e3": e3, "new": out[4].state}  # fmt: skip
+    # two entries in the same state: a claim of one leaves the other as it was
+    twins = store.claim_runs(
+        NS, a, lease.term, [RunRequest("x", None, 9), RunRequest("y", None, 9)]
+    )
+    (x,) = store.claim_runs(NS, a, lease.term, [RunRequest("x", twins[0].state, 10)])
+    assert x.won and store.load_runs(NS)["y"] == twins[1].state
     with pytest.raises(ValueError):
         store.claim_runs(NS, a, lease.term, [RunRequest("x", None, 1), RunRequest("x", None, 2)])
 
