@@ -8,7 +8,7 @@ are given, so a late call from an old term cannot touch a newer one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -21,6 +21,7 @@ __all__ = [
     "Backend",
     "BeatStore",
     "RunClaim",
+    "RunRequest",
     "RunState",
     "Wakeup",
     "WakeupHandle",
@@ -93,6 +94,24 @@ class RunClaim:
     leading: bool
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """One run to claim in a batch: the arguments of one ``claim_run``, by entry."""
+
+    entry_name: str
+    expected: RunState | None
+    last_run_us: int
+    total_run_count: int | None = None
+    identity: str | None = None
+
+
+def check_batch(requests: Sequence[RunRequest]) -> None:
+    """Refuse a batch that names an entry twice: its outcome would depend on the order."""
+    names = [r.entry_name for r in requests]
+    if len(set(names)) != len(names):
+        raise ValueError("claim_runs: an entry appears twice in one batch")
+
+
 class BeatStore(Protocol):
     """Beat entries' shared run state, advanced only by the leader that holds the lease.
 
@@ -124,6 +143,23 @@ class BeatStore(Protocol):
         state stored for None) and the lease still has this token and term, unexpired; a
         lost claim reports the stored state as it is. The new state has ``last_run_us``,
         ``total_run_count`` (default: ``expected``'s + 1, or 1) and ``identity``.
+        """
+
+    def claim_runs(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        requests: Sequence[RunRequest],
+        *,
+        timeout: float | None = None,
+    ) -> list[RunClaim]:
+        """``claim_run`` for many entries at once (a burst of due runs), answers in order.
+
+        Each request wins or loses exactly as it would alone: the same compare-and-set on
+        its own state, under the same fence (a lease that no longer has this token and
+        term, unexpired, refuses the whole batch). Few statements for many entries, so a
+        burst of due runs costs a round trip per batch, not per entry.
         """
 
 

@@ -11,7 +11,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -19,7 +19,15 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
-from .base import RunClaim, RunState, Wakeup, WakeupHandle, next_run_count
+from .base import (
+    RunClaim,
+    RunRequest,
+    RunState,
+    Wakeup,
+    WakeupHandle,
+    check_batch,
+    next_run_count,
+)
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -420,6 +428,36 @@ class MemoryBeatStore:
             state = RunState(last_run_us, count, term, identity)
             b._runs[(namespace, entry_name)] = state
             return RunClaim(True, state, True)
+
+    def claim_runs(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        requests: Sequence[RunRequest],
+        *,
+        timeout: float | None = None,
+    ) -> list[RunClaim]:
+        """Many claims under one look at the lease, as the SQL store's batch statement."""
+        check_batch(requests)
+        b = self.backend
+        b._enter("claim_runs")
+        with b._lock:
+            row = b._leases.get(namespace)
+            leading = row is not None and (row.token, row.term) == (token, term)
+            leading = leading and row is not None and row.expires_at > b.clock.wall_us()
+            out = []
+            for r in requests:
+                key = (namespace, r.entry_name)
+                stored = b._runs.get(key)
+                if not leading or _run_key(stored) != _run_key(r.expected):
+                    out.append(RunClaim(False, stored, leading))
+                    continue
+                count = next_run_count(r.expected, r.total_run_count)
+                state = RunState(r.last_run_us, count, term, r.identity)
+                b._runs[key] = state
+                out.append(RunClaim(True, state, True))
+            return out
 
 
 def _live_us(liveness: float | None) -> int | None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_election.backends.base import RunState
+from celery_election.backends.base import RunRequest, RunState
 from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
@@ -124,6 +124,120 @@ def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
     stale = store.claim_run(NS, a, lease.term, "job", dropped.state, 4_000_000)
     assert not stale.won and stale.state == edited.state
     assert store.load_runs(NS) == {"job": edited.state}
+
+
+def test_a_claim_under_an_old_term_of_the_same_token_is_refused(backend: Any) -> None:
+    """An elector keeps its token when it is elected again: the term alone fences its old
+    term's claims, first runs (single and batch) included."""
+    store = backend.beat
+    a = token()
+    old = backend.elect(NS, a, "beat-a", 30.0).lease
+    expire(backend, NS)
+    new = backend.elect(NS, a, "beat-a", 30.0).lease
+    assert new.term > old.term
+    single = store.claim_run(NS, a, old.term, "job", None, 5)
+    assert not single.won and not single.leading
+    (batch,) = store.claim_runs(NS, a, old.term, [RunRequest("job", None, 5)])
+    assert not batch.won and not batch.leading
+    assert store.load_runs(NS) == {}
+
+
+def test_a_batch_claim_decides_each_run_as_alone(backend: Any) -> None:
+    """claim_runs (a burst): each request is the compare-and-set of its own state; the
+    ones that lose report what is stored, the others are written, in one call."""
+    store = backend.beat
+    a = token()
+    lease = backend.elect(NS, a, "beat-a", 30.0).lease
+    first = store.claim_runs(NS, a, lease.term, [RunRequest(f"e{i}", None, 1_000 + i)
+                                                 for i in range(4)])  # fmt: skip
+    assert [c.won for c in first] == [True] * 4
+    assert [c.state for c in first] == [RunState(1_000 + i, 1, lease.term) for i in range(4)]
+    e0, e1, _e2, e3 = (c.state for c in first)
+    assert e0 is not None and e1 is not None and e3 is not None
+    other_count = RunState(e3.last_run_us, 9, e3.term)  # same last run, another count
+    out = store.claim_runs(NS, a, lease.term, [
+        RunRequest("e0", e0, 5_000),  # as stored: wins
+        RunRequest("e1", RunState(999, 1, lease.term), 5_000),  # another last run: lost
+        RunRequest("e2", None, 5_000),  # "never ran", but it did: lost
+        RunRequest("e3", other_count, 5_000),  # another run count: lost
+        RunRequest("new", None, 7, total_run_count=3, identity="id:1"),  # first run: wins
+        RunRequest("gone", e0, 5_000),  # a state for an entry with none: lost
+    ])  # fmt: skip
+    assert [c.won for c in out] == [True, False, False, False, True, False]
+    assert all(c.leading for c in out)
+    assert out[0].state == RunState(5_000, 2, lease.term)
+    assert [c.state for c in out[1:4]] == [e1, first[2].state, e3]
+    assert out[4].state == RunState(7, 3, lease.term, "id:1")
+    assert out[5].state is None
+    assert store.load_runs(NS) == {"e0": out[0].state, "e1": e1, "e2": first[2].state,
+                                   "e3": e3, "new": out[4].state}  # fmt: skip
+    # two entries in the same state: a claim of one leaves the other as it was
+    twins = store.claim_runs(
+        NS, a, lease.term, [RunRequest("x", None, 9), RunRequest("y", None, 9)]
+    )
+    (x,) = store.claim_runs(NS, a, lease.term, [RunRequest("x", twins[0].state, 10)])
+    assert x.won and store.load_runs(NS)["y"] == twins[1].state
+    with pytest.raises(ValueError):
+        store.claim_runs(NS, a, lease.term, [RunRequest("x", None, 1), RunRequest("x", None, 2)])
+
+
+def test_a_batch_claim_keeps_the_fence(backend: Any) -> None:
+    """A wrong token, a stale term or an expired lease refuses the whole batch (updates
+    and first runs alike, told they do not lead); the new leader's batch wins."""
+    store = backend.beat
+    a, b = token(), token()
+    old = backend.elect(NS, a, "beat-a", 30.0).lease
+    (seed,) = store.claim_runs(NS, a, old.term, [RunRequest("job", None, 1_000)])
+    assert seed.won and seed.state is not None
+    before = store.load_runs(NS)
+
+    def burst(tok: str, term: int) -> list[Any]:
+        return store.claim_runs(NS, tok, term, [RunRequest("job", seed.state, 2_000),
+                                                RunRequest("fresh", None, 2_000)])  # fmt: skip
+
+    def refused(claims: list[Any]) -> bool:
+        return all(not c.won and not c.leading for c in claims)
+
+    assert refused(burst(b, old.term))  # a wrong token, the right term
+    assert refused(burst(a, old.term + 1))  # a term that is not the lease's
+    assert refused(burst(a, old.term - 1))
+    assert store.load_runs(NS) == before
+    expire(backend, NS)  # a paused past its lease
+    assert refused(burst(a, old.term))
+    assert store.load_runs(NS) == before
+    new = backend.elect(NS, b, "beat-b", 30.0)
+    assert new.won and new.lease.term > old.term
+    assert refused(burst(a, old.term))  # a resumes, still believing it leads
+    assert store.load_runs(NS) == before
+    won = burst(b, new.lease.term)
+    assert [c.won for c in won] == [True, True]
+    assert won[0].state == RunState(2_000, 2, new.lease.term)
+    # the same runs once only: a second claim from the same states is refused
+    again = burst(b, new.lease.term)
+    assert [c.won for c in again] == [False, False] and all(c.leading for c in again)
+    assert [c.state for c in again] == [c.state for c in won]
+
+
+def test_a_batch_larger_than_one_statement_keeps_order_and_the_fence(backend: Any) -> None:
+    """More requests than one statement carries (BATCH): answers in request order."""
+    from celery_election.backends.sql_beat import BATCH
+
+    store = backend.beat
+    a = token()
+    lease = backend.elect(NS, a, "beat-a", 30.0).lease
+    n = BATCH + 37
+    names = [f"job-{i:05d}" for i in range(n)]
+    first = store.claim_runs(NS, a, lease.term, [RunRequest(x, None, i) for i, x in
+                                                 enumerate(names)])  # fmt: skip
+    assert all(c.won for c in first)
+    assert [c.state.last_run_us for c in first] == list(range(n))
+    # every other one from a stale state: exactly those lose, in both statements
+    requests = [RunRequest(x, c.state if i % 2 == 0 else RunState(-1, 1, lease.term), 10**6)
+                for i, (x, c) in enumerate(zip(names, first, strict=True))]  # fmt: skip
+    out = store.claim_runs(NS, a, lease.term, requests)
+    assert [c.won for c in out] == [i % 2 == 0 for i in range(n)]
+    stored = store.load_runs(NS)
+    assert sum(s.total_run_count == 2 for s in stored.values()) == (n + 1) // 2
 
 
 def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -> None:

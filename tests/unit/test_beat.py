@@ -182,3 +182,62 @@ def test_a_follower_sends_nothing_and_a_new_leader_resumes_the_shared_state(
     assert b.sent == ["t.every"]
     assert shared.beat.load_runs(NS)["every"].total_run_count == 2
     assert b.schedule["every"].total_run_count == 2  # adopted, then advanced
+
+
+def test_a_burst_goes_out_in_one_tick_with_one_batch_claim(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """Every entry due at one instant: one tick reserves them all, claims them in one
+    claim_runs call and sends each once (stock: a tick and a full comparison each)."""
+    n = 50
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(n)})
+    s = leader(app, started)
+    before = dict(shared.calls)
+    assert s.tick() == 0
+    assert sorted(s.sent) == sorted(f"t.e{i}" for i in range(n))
+    assert shared.calls.get("claim_runs", 0) - before.get("claim_runs", 0) == 1
+    assert shared.calls.get("claim_run", 0) == before.get("claim_run", 0)
+    ticks(s)  # due again in an hour: nothing more
+    assert len(s.sent) == n
+    assert {r.total_run_count for r in shared.beat.load_runs(NS).values()} == {1}
+
+
+def test_a_stale_leaders_burst_sends_nothing(shared: MemoryBackend, started: list[Any]) -> None:
+    """The lease ends under a leader that still trusts it: its whole batch is refused."""
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
+    s = leader(app, started)
+    shared.expire(NS)
+    assert shared.elect(NS, uuid.uuid4().hex, "other", 30.0).won
+    ticks(s)
+    assert s.sent == []
+    assert shared.beat.load_runs(NS) == {}
+
+
+def test_the_schedule_is_compared_again_only_when_it_can_have_changed(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stock compares every entry at every tick; here a schedule found equal is trusted
+    until the scheduler changes it (add, update_from_dict, ...) or replaces it."""
+    from celery_election.beat import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "_RECHECK_EVERY", 3600.0)
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": schedule(3600)} for i in range(3)})
+    s = leader(app, started)
+    s.tick()
+    compared: list[int] = []
+    stock = Scheduler.schedules_equal
+
+    def counting(self: Any, old: Any, new: Any) -> bool:
+        compared.append(1)
+        return bool(stock(self, old, new))
+
+    monkeypatch.setattr(Scheduler, "schedules_equal", counting)
+    ticks(s)
+    assert compared == []
+    s.add(name="added", task="t.added", schedule=IsDueOnly())
+    ticks(s, 2)
+    assert len(compared) == 1  # the change is seen, then trusted again
+    assert s.sent == ["t.added"]
+    s.schedule = dict(s.schedule)  # a new dict (a reload): compared again
+    ticks(s, 2)
+    assert len(compared) == 2
