@@ -85,7 +85,12 @@ def _next(fields: CronFields, tz: tzinfo, after: datetime, mode: str) -> datetim
     if after.tzinfo is None:
         after = after.replace(tzinfo=UTC)
     a = after.astimezone(UTC).replace(tzinfo=None)  # naive UTC from here on
-    day = (a + _offset(tz, a)).date() - _DAY  # a fall-back may repeat the day before
+    today = (a + _offset(tz, a)).date()
+    if len(_segments(tz, today)) == 1 and fields.date_matches(today):
+        found = _first_after(fields, tz, today, a, mode)  # no transition within a day:
+        if found is not None:  # the days before and after run before and after this
+            return found.replace(tzinfo=UTC)
+    day = today - _DAY  # a fall-back may repeat the day before
     best: datetime | None = None
     last_day: date | None = None
     for _ in range(_SEARCH_DAYS):
