@@ -62,6 +62,10 @@ TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
 ELECTOR = "celery_election/elector.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
 ELECTION = ["tests/unit/test_elector.py", "tests/unit/test_liveness_rules.py"]
+BEAT_SCHED = "celery_election/beat/scheduler.py"
+BEAT_UNIT = ["tests/unit/test_beat.py"]
+CRON = "celery_election/beat/cron.py"
+CRON_UNIT = ["tests/unit/test_cron_dst.py"]
 
 MUTATIONS = [
     # -- the lease steps (SQL) ------------------------------------------------------------
@@ -181,6 +185,20 @@ MUTATIONS = [
       "                if _run_key(stored) != _run_key(r.expected):", BEAT),
     M("memory-batch-cas", MEM, "                if not leading or _run_key(stored) != _run_key(r.expected):",
       "                if not leading:", BEAT),
+    # -- the beat's clock: the runaway guard and cron's daylight-saving rules ---------------
+    M("guard-held", BEAT_SCHED, "        hold = runaway_hold(entry)\n", "        hold = None\n", BEAT_UNIT),
+    M("guard-cron-fields", BEAT_SCHED, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),
+    M("guard-interval-period", BEAT_SCHED, "        period = schedule.run_every.total_seconds()",
+      "        period = MIN_GAP", BEAT_UNIT),
+    M("guard-min-gap", BEAT_SCHED, "MIN_GAP = 1.0", "MIN_GAP = 0.0", BEAT_UNIT),
+    M("cron-fixed-first-occurrence", CRON, "lowest = first_local if mode != \"fixed\" or seen is None else max(first_local, seen)",
+      "lowest = first_local", CRON_UNIT),
+    M("cron-any-both-occurrences", CRON, "lowest = first_local if mode != \"fixed\" or seen is None",
+      "lowest = first_local if mode == \"wild\" or seen is None", CRON_UNIT),
+    M("cron-gap-runs-at-its-end", CRON, 'if i and mode != "wild" and start > a and seen is not None and seen < first_local:',
+      "if False:", CRON_UNIT),
+    M("cron-gap-not-for-wildcards", CRON, 'if i and mode != "wild" and start > a', "if i and start > a", CRON_UNIT),
+    M("cron-transitions-seen", CRON, "if offs[0] == offs[-1] and len(set(offs)) == 1:", "if True:", CRON_UNIT),
     # -- the operable schedule ------------------------------------------------------------------
     M("sched-run-now-seen", SQL_SCHED, 't.c.run_now_at == sa.bindparam("p_seen", type_=sa.BigInteger),',
       'sa.bindparam("p_seen", type_=sa.BigInteger).is_not(None),', SCHED),

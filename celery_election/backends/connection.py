@@ -102,7 +102,8 @@ def interrupt(dbapi_conn: Any) -> None:
         with suppress(OSError):
             raw.shutdown(socket.SHUT_RDWR)
         return
-    known = _SOCKETS.get(dbapi_conn)
+    mysqlclient = type(dbapi_conn).__module__.startswith("MySQLdb")
+    known = _SOCKETS.get(dbapi_conn) if mysqlclient else None
     try:
         if known is not None:  # mysqlclient
             fd = _remembered_fd(dbapi_conn)

@@ -3,7 +3,7 @@
 The wrapped scheduler stays the only authority on *whether and when* an entry is due:
 Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``reserve``,
 ``schedules_equal`` and ``beat_cron_starting_deadline`` all run as they do in stock beat
-(or in django-celery-beat's ``DatabaseScheduler``). The election adds three things:
+(or in django-celery-beat's ``DatabaseScheduler``). The election adds four things:
 
 * **Leadership gates the tick.** A follower sends nothing and looks again in 0.2 s (an
   in-memory flag, no I/O).
@@ -11,6 +11,9 @@ Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``r
   how often) lives in the election database. A new leader adopts it before its first
   tick, so it resumes where the old leader stopped; a run missed during the failover is
   caught up once, exactly as stock Celery does after a restart.
+* **A runaway is held.** A schedule that answers "due" again too soon (Celery's crontab
+  in a fall-back's repeated hour answers "due, next in 0 s" on every tick) is not sent
+  again: see :func:`runaway_hold`. No stock scheduler has this guard.
 * **The send is fenced.** When Celery reserves a due entry, the leader claims "the run
   after the state I saw" with a compare-and-set under its term, in one statement that
   locks the lease row (docs/design.md, rule 6). It sends only if that claim won and it still
@@ -56,12 +59,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery.beat import PersistentScheduler, event_t
+from celery.schedules import crontab, schedstate
+from celery.schedules import schedule as interval
+from celery.utils.time import maybe_make_aware
 
 from .. import metrics, shared_state
 from ..backends.base import RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ConfigurationError, ElectionError, cannot_start
 from ..settings import ElectionSettings
+from .cron import CronFields, next_occurrence
 from .election import BeatElection, backend_description
 from .ops import OperableScheduleMixin
 from .rows import DjangoRowsMixin
@@ -126,6 +133,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._schedule_version = 0  # changes made through the scheduler's own methods
         self._equal: tuple[Any, Any, int, int] | None = None  # (old, new, len, version)
         self._equal_until = 0.0
+        self._held: dict[str, Any] = {}  # entry name -> the last run its held send followed
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -265,7 +273,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                     break
                 return float(min(event[0] - now, max_interval))
             try:
-                is_due, next_time_to_run = self.is_due(entry)  # type: ignore[attr-defined]
+                is_due, next_time_to_run = self.is_due(entry)
             except Exception:
                 is_due, next_time_to_run = self._is_due_failed(entry)  # type: ignore[attr-defined]
             verify = heapq.heappop(heap)
@@ -547,6 +555,32 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         if _has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
             dirty.add(entry.name)  # the row lags: the next sync writes the adopted state
 
+    # -- the runaway guard -----------------------------------------------------------------
+
+    def is_due(self, entry: Any) -> Any:
+        """Celery's answer, unless it would send ``entry`` again too soon (a runaway).
+
+        Checked before the run is reserved, so a held send changes no state: Celery
+        re-heaps the entry at the end of the hold, and then asks its schedule again. The
+        first held send after a run is logged at WARNING, the others at DEBUG.
+        """
+        state = super().is_due(entry)  # type: ignore[misc]
+        due, answer = state
+        if not due:
+            return state
+        hold = runaway_hold(entry)
+        if hold is None:
+            return state
+        wait, why = hold
+        again = self._held.get(entry.name) == entry.last_run_at
+        level = logging.DEBUG if again else logging.WARNING
+        self._held[entry.name] = entry.last_run_at
+        log.log(level, "beat election: %s not sent: its schedule %r answered due (next in %ss), "
+                "but %s; held %.3fs (runaway guard)", entry.name, entry.schedule, answer, why,
+                wait)  # fmt: skip
+        metrics.count(metrics.key(metrics.BEAT, self._namespace, str(entry.name), "held"))
+        return schedstate(False, wait)
+
     # -- the fence --------------------------------------------------------------------------
 
     def reserve(self, entry: Any) -> Any:
@@ -762,6 +796,51 @@ class _Deferred:
 def _numeric(value: Any) -> bool:
     """Celery's ``is_numeric_value``: a delay, not None or a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+MIN_GAP = 1.0  # seconds: a schedule of no known period is not sent twice within this
+
+
+def runaway_hold(entry: Any) -> tuple[float, str] | None:
+    """Seconds to hold a due ``entry`` and why, or None: sending it now is no runaway.
+
+    * A crontab is sent only if its fields matched a wall-clock minute since its last run
+      (``cron.next_occurrence``: each real occurrence, and a time a gap skipped at the
+      gap's end), so never twice in one minute. Celery's crontab, last run in a fall-back's
+      repeated hour before its time, answers due at every tick until that time comes round.
+    * An interval (not ``relative``, which realigns to clock boundaries) is not sent again
+      within ``run_every`` of its last run.
+    * Any other schedule (solar, clocked, custom, relative) is not sent twice within
+      :data:`MIN_GAP` (1 s).
+
+    Only a counted run (``total_run_count`` > 0) is "sent" for the last two rules: an
+    entry's ``last_run_at`` before its first run is when it appeared, and Celery's own
+    tests send ``always due`` entries at once.
+    """
+    last = entry.last_run_at
+    if last is None:
+        return None
+    schedule = entry.schedule
+    now = maybe_make_aware(entry.default_now())
+    last = maybe_make_aware(last)
+    if isinstance(schedule, crontab):
+        seen = next_occurrence(CronFields.of(schedule), schedule.tz, last)
+        if seen is not None and seen > now:
+            return (seen - now).total_seconds(), (
+                f"its fields matched no minute since {last.isoformat()} (its last run, or "
+                f"start); next at {seen.astimezone(schedule.tz).isoformat()}"
+            )
+        return None
+    if not entry.total_run_count:
+        return None
+    if isinstance(schedule, interval) and not schedule.relative:
+        period = schedule.run_every.total_seconds()
+    else:
+        period = MIN_GAP
+    left = period - (now - last).total_seconds()
+    if left > 0:
+        return left, f"it ran {period - left:.3f}s ago ({last.isoformat()}), within {period:g}s"
+    return None
 
 
 _RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)

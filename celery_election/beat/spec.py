@@ -19,6 +19,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, solar
 from celery.schedules import schedule as interval
 
 from ..errors import ConfigurationError
+from .cron import CronFields, next_run
 
 __all__ = [
     "CATCH_UP",
@@ -51,12 +52,26 @@ SKIP_GRACE = 1.0  # catch_up="skip" without a grace: a run later than this was m
 
 
 class ZonedCrontab(crontab):  # type: ignore[misc]
-    """A crontab read in its own time zone (``tz``), not the app's."""
+    """A crontab read in its own time zone (``tz``), not the app's, with cron's DST rules.
+
+    When it runs next is ``cron.next_run`` (Vixie cron's rules for repeated and skipped
+    wall-clock times, over UTC instants), not Celery's local-time arithmetic, which at a
+    fall-back can answer due at every tick or skip the repeated hour's runs.
+    """
 
     def __init__(self, *args: Any, tz: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zone = tz
         self.tz = ZoneInfo(tz)
+        self._fields = CronFields.of(self)
+
+    def remaining_estimate(self, last_run_at: datetime, ffwd: Any = None) -> timedelta:
+        """Time from now to the first run after ``last_run_at`` (negative: overdue)."""
+        now: datetime = self.maybe_make_aware(self.now())
+        following = next_run(self._fields, self.tz, self.maybe_make_aware(last_run_at))
+        if following is None:  # no date matches (e.g. day 31 of February): never
+            return timedelta(days=36500)
+        return following - now
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_zoned, (self._orig_minute, self._orig_hour, self._orig_day_of_week,

@@ -56,7 +56,7 @@ ENV_VAR = "CELERY_ELECTION_METRICS_SHM"
 # are gauges (the exporter takes the largest value over processes); others are counters.
 _SEP = "\x1f"
 TASK = "task"  # (TASK, task name, outcome): outcome run / skipped / requeued / raised
-BEAT = "beat"  # (BEAT, namespace, entry, what): claimed / sent / refused / publish_failed,
+BEAT = "beat"  # (BEAT, namespace, entry, what): claimed / sent / refused / publish_failed / held,
 # and for the operable schedule: missed / skipped_overlap / run_now / late_ms
 TICK = "g:tick"  # (TICK, namespace, "last" | "due" | "start"): boot-time clock, microseconds
 

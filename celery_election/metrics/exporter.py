@@ -138,6 +138,7 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
             ("missed", "runs dropped by the entry's catch-up policy (or a resume that skips)"),
             ("skipped_overlap", "runs skipped while the entry's previous run was running"),
             ("run_now", "extra runs an operator asked for, sent"),
+            ("held", "due answers not sent by the runaway guard (a schedule due again too soon)"),
         )
     }
     # lateness is counted in ms (the stores hold integers) and exported in seconds

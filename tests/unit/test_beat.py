@@ -167,7 +167,8 @@ def test_a_relative_daily_interval_follows_the_apps_timezone(
 def test_a_follower_sends_nothing_and_a_new_leader_resumes_the_shared_state(
     shared: MemoryBackend, started: list[Any]
 ) -> None:
-    app = make_app({"every": {"task": "t.every", "schedule": IsDueOnly()}})
+    clock = [datetime.now(timezone.utc)]
+    app = make_app({"every": {"task": "t.every", "schedule": IsDueOnly(nowfun=lambda: clock[0])}})
     a = leader(app, started)
     b = Recording(app=app)  # the same database: a follower
     started.append(b)
@@ -177,6 +178,10 @@ def test_a_follower_sends_nothing_and_a_new_leader_resumes_the_shared_state(
     assert (a.sent, b.sent) == (["t.every"], [])
     a.close()  # resigns: b takes over at once (memory wakeups)
     assert b.wait_for_leadership(5)
+    clock[0] += timedelta(seconds=0.5)
+    ticks(b)
+    assert b.sent == []  # due again 0.5 s after a's run: the runaway guard holds it (1 s)
+    clock[0] += timedelta(seconds=1.5)
     ticks(b)
     # IsDueOnly is due whenever asked: b runs it once more, as the run after a's
     assert b.sent == ["t.every"]
@@ -241,3 +246,144 @@ def test_the_schedule_is_compared_again_only_when_it_can_have_changed(
     s.schedule = dict(s.schedule)  # a new dict (a reload): compared again
     ticks(s, 2)
     assert len(compared) == 2
+
+
+# -- the runaway guard (fake clocks: no real time) ------------------------------------------
+
+
+class Stock(Scheduler):
+    """Celery's plain Scheduler, unguarded, recording its sends."""
+
+    sent: list[str]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.sent.append(name)
+
+
+class FakeClock:
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def run(self, s: Scheduler, seconds: float, step: float = 0.001) -> None:
+        """Tick every ``step`` s of fake time, ``seconds`` included (beat would tick faster)."""
+        end = self.at + timedelta(seconds=seconds)
+        while self.at <= end:
+            s.tick()
+            self.at += timedelta(seconds=step)
+
+
+def held(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "runaway guard" in r.getMessage()
+    ]
+
+
+def test_a_crontab_in_the_repeated_hour_is_sent_once_by_the_leader_and_at_every_tick_by_stock(
+    shared: MemoryBackend, started: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beat started at 02:00 CET inside the fall-back's repeated hour (fold=1), Berlin.
+
+    Celery's crontab(hour=2, minute=30) then answers "due, next in 0 s" at every tick until
+    02:30 CET: stock sends it 2001 times in 2 s. The leader's guard sees that the crontab's
+    fields matched no wall-clock minute since the entry's start and holds it until the
+    repeated 02:30 comes: one send in the hour, one WARNING.
+    """
+    berlin = ZoneInfo("Europe/Berlin")
+    start = datetime(2026, 10, 25, 1, 0, tzinfo=timezone.utc)  # 02:00 CET, fold=1
+    assert start.astimezone(berlin).fold == 1
+    results = {}
+    for kind in ("stock", "leader"):
+        clock = FakeClock(start)
+        nightly = crontab(hour=2, minute=30, nowfun=lambda c=clock: c().astimezone(berlin))
+        app = make_app({"nightly": {"task": "t.nightly", "schedule": nightly}},
+                       timezone="Europe/Berlin")  # fmt: skip
+        s: Scheduler
+        if kind == "stock":
+            s = Stock(app=app)
+            s.sent = []
+        else:
+            s = leader(app, started)
+        clock.run(s, 2.0)  # 2001 ticks
+        in_two_seconds = len(s.sent)  # type: ignore[attr-defined]
+        clock.run(s, 3600 - 2.0, step=1.0)  # the rest of the repeated hour, a tick a second
+        results[kind] = (in_two_seconds, len(s.sent))  # type: ignore[attr-defined]
+        if kind == "leader":
+            assert shared.beat.load_runs(NS)["nightly"].total_run_count == 1
+            run = s.schedule["nightly"].last_run_at.astimezone(berlin)
+            assert (run.hour, run.minute, run.utcoffset()) == (2, 30, timedelta(hours=1))
+    assert results["stock"][0] == 2001  # the bug: every tick
+    assert results["leader"] == (0, 1)  # once, at the repeated 02:30 (wall clock)
+    assert len(held(caplog)) == 1
+    assert "nightly" in held(caplog)[0] and "answered due (next in 0" in held(caplog)[0]
+
+
+class Runaway(BaseSchedule):  # type: ignore[misc]
+    """A custom schedule that keeps answering "due, next in 0 s"."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(True, 0)
+
+
+def test_the_guard_holds_a_custom_schedule_that_keeps_answering_due(
+    shared: MemoryBackend, started: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc))
+    app = make_app({"loop": {"task": "t.loop", "schedule": Runaway(nowfun=clock)}})
+    stock = Stock(app=app)
+    stock.sent = []
+    clock.run(stock, 0.999)
+    assert len(stock.sent) == 1000
+    clock.at = datetime(2026, 11, 26, 13, 0, tzinfo=timezone.utc)
+    s = leader(app, started)
+    clock.run(s, 0.999)
+    assert s.sent == ["t.loop"]  # no known period: not twice within 1 s
+    assert len(held(caplog)) == 1  # logged once, with the schedule's answer
+    assert "loop not sent" in held(caplog)[0] and "(next in 0s)" in held(caplog)[0]
+    clock.run(s, 0.5)
+    assert s.sent == ["t.loop"] * 2  # a second after its run it is sent again (then held)
+    assert shared.beat.load_runs(NS)["loop"].total_run_count == 2
+
+
+class EarlyInterval(schedule):  # type: ignore[misc]
+    """An interval that answers due before its period is over."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(True, 0)
+
+
+def test_an_interval_is_not_sent_twice_within_its_period(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    clock = FakeClock(datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc))
+    app = make_app({"i": {"task": "t.i", "schedule": EarlyInterval(timedelta(seconds=10),
+                                                                   nowfun=clock)}})  # fmt: skip
+    s = leader(app, started)
+    clock.run(s, 9.9, step=0.1)
+    assert s.sent == ["t.i"]
+    clock.run(s, 0.2, step=0.1)
+    assert s.sent == ["t.i"] * 2  # at 10 s
+
+
+class EveryMinuteAlwaysDue(crontab):  # type: ignore[misc]
+    """A crontab (every minute) whose answer is always "due now"."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(True, 0)
+
+
+def test_a_crontab_is_not_sent_twice_in_one_minute(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    clock = FakeClock(datetime(2026, 11, 26, 12, 0, 30, tzinfo=timezone.utc))
+    app = make_app({"m": {"task": "t.m", "schedule": EveryMinuteAlwaysDue(nowfun=clock)}})
+    s = leader(app, started)
+    clock.at = datetime(2026, 11, 26, 12, 1, 0, tzinfo=timezone.utc)
+    clock.run(s, 59.0, step=0.5)
+    assert s.sent == ["t.m"]  # 12:01:00, then held for the rest of the minute
+    clock.run(s, 1.5, step=0.5)
+    assert s.sent == ["t.m"] * 2  # 12:02:00
