@@ -57,7 +57,7 @@ from typing import Any
 
 from . import decisions as rules
 from .announce import Announcer
-from .backends.base import Backend
+from .backends.base import Backend, backend_problem
 from .clock import Clock, RealClock, Sleeper
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .decisions import Proof
@@ -133,9 +133,11 @@ class Elector:
         **timings: Seconds,
     ) -> None:
         self.config = _config(config, timings)
-        if isinstance(backend, type) or not isinstance(backend, Backend):
+        problem = backend_problem(backend)
+        if problem is not None:
             raise ConfigurationError(
-                f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"
+                f"backend must be a celery_election backend (see backend_from_url): got "
+                f"{backend!r}: {problem}"
             )
         self.backend = backend
         self.namespace = validate_namespace(namespace)

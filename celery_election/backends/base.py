@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .locks import LivenessSession
 
 __all__ = [
+    "BACKEND_MEMBERS",
     "Backend",
     "BeatStore",
     "RunClaim",
@@ -25,6 +26,7 @@ __all__ = [
     "RunState",
     "Wakeup",
     "WakeupHandle",
+    "backend_problem",
     "next_run_count",
 ]
 
@@ -297,3 +299,22 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""
+
+
+#: What a Backend provides: the Protocol's methods, properties and attributes.
+BACKEND_MEMBERS = tuple(
+    sorted(name for name in {*vars(Backend), *Backend.__annotations__} if not name.startswith("_"))
+)
+
+
+def backend_problem(obj: object) -> str | None:
+    """Why ``obj`` cannot be an Elector's backend, or None; judged by what it can do.
+
+    Not ``isinstance(obj, Backend)``: from Python 3.12 that check no longer sees what a
+    proxy forwards through ``__getattr__``, and a user's wrapper around a real backend
+    (tracing, metrics, a fault injector) was refused.
+    """
+    if isinstance(obj, type):
+        return "a class, not an instance"
+    missing = [name for name in BACKEND_MEMBERS if getattr(obj, name, None) is None]
+    return f"it has no {', '.join(missing)}" if missing else None

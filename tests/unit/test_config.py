@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from celery_election.backends import MemoryBackend
+from celery_election.backends.base import BACKEND_MEMBERS
 from celery_election.config import (
     MAX_CANDIDATE_ID_LENGTH,
     MAX_NAMESPACE_LENGTH,
@@ -628,9 +629,47 @@ def test_elector_refuses_config_and_timing_arguments_together(timing: dict[str, 
 def test_elector_refuses_a_non_backend(backend: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
         Elector(backend)
-    assert str(info.value) == (
-        f"backend must be a celery_election backend (see backend_from_url): got {backend!r}"
+    problem = (
+        "a class, not an instance"
+        if backend is MemoryBackend
+        else f"it has no {', '.join(BACKEND_MEMBERS)}"
     )
+    assert str(info.value) == (
+        f"backend must be a celery_election backend (see backend_from_url): got {backend!r}: "
+        + problem
+    )
+
+
+class _Proxy:
+    """A user's wrapper around a backend: every attribute forwarded, nothing declared."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        return getattr(self._inner, name)
+
+
+def test_a_proxy_around_a_backend_is_a_backend() -> None:
+    """Accepted by what it can do: ``isinstance`` against the Protocol refused it on 3.12+."""
+    proxy = _Proxy(MemoryBackend())
+    elector = Elector(proxy, "proxied", ttl=3)
+    with elector:
+        assert elector.wait_for_leadership(5)
+    assert "elect" in proxy.calls
+
+
+def test_a_backend_missing_a_call_is_refused_by_name() -> None:
+    class Partial(_Proxy):
+        def __getattr__(self, name: str) -> Any:
+            if name == "take_over":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+
+    with pytest.raises(ConfigurationError, match=r": it has no take_over$"):
+        Elector(Partial(MemoryBackend()))
 
 
 @pytest.mark.parametrize(
