@@ -50,7 +50,8 @@ from .errors import (
 )
 from .lease import Lease
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
 
 __all__ = [
     "AsyncElector",

@@ -4,6 +4,7 @@
 
     ElectionError                      base of everything raised here
      +-- ConfigurationError            bad settings or arguments (also a ValueError)
+     |    +-- IncompatibleSchemaError    tables or peers newer than this code understands
      +-- SchemaMissingError            the election tables do not exist yet
      +-- BackendUnavailableError       the database cannot be reached (keeps __cause__)
      +-- NotLeaderError                leader-only work attempted by a follower
@@ -17,6 +18,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigurationError",
     "ElectionError",
+    "IncompatibleSchemaError",
     "NotLeaderError",
     "SchemaMissingError",
 ]
@@ -46,6 +48,13 @@ class ConfigurationError(ElectionError, ValueError):
 def cannot_start(exc: ConfigurationError, fix: str) -> str:
     """What a worker or beat that cannot start prints: every problem and the fix, one line."""
     return f"celery-election: {'; '.join(exc.problems)} ({fix})"
+
+
+class IncompatibleSchemaError(ConfigurationError):
+    """The election tables, or the processes sharing them, are newer than this code.
+
+    Raised before anything is written: upgrade celery-election on this host.
+    """
 
 
 class SchemaMissingError(ElectionError):

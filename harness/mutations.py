@@ -66,8 +66,16 @@ BEAT_SCHED = "celery_election/beat/scheduler.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 CRON = "celery_election/beat/cron.py"
 CRON_UNIT = ["tests/unit/test_cron_dst.py"]
+SQL_INSTALL = "celery_election/backends/sql_install.py"
+VERSIONS = ["tests/integration/test_versions.py"]
 
 MUTATIONS = [
+    # -- upgrades: tables or peers newer than this code are refused before any write ------------
+    M("versions-schema", SQL_INSTALL, "    if schema > SCHEMA_VERSION:", "    if False:", VERSIONS),
+    M("versions-protocol", SQL_INSTALL, "    if protocol > PROTOCOL:", "    if False:", VERSIONS),
+    M("versions-first-write", SQL_CALLS, "        if write and not self._versions_checked:", "        if False:", VERSIONS),
+    M("versions-before-ddl", SQL_INSTALL, "                    check_versions(read_versions(backend, conn), backend.description)",
+      "                    pass", VERSIONS),
     # -- the lease steps (SQL) ------------------------------------------------------------
     M("lease-elect-expired", SQL_LEASE, "t.c.token.is_(None), t.c.expires_at <= now",
       "t.c.token.is_(None), sa.true()", LEASE),

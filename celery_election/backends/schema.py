@@ -25,6 +25,8 @@ from .dialects import DIALECTS, Dialect, unsupported
 
 __all__ = [
     "DEFAULT_TABLE_PREFIX",
+    "PROTOCOL",
+    "SCHEMA_VERSION",
     "db_now_us",
     "entry_key",
     "greatest",
@@ -34,6 +36,15 @@ __all__ = [
 ]
 
 DEFAULT_TABLE_PREFIX = "celery_election_"
+#: The tables' layout this code reads and writes, recorded by ``install()`` in the meta
+#: table. 1: the tables of 0.1.0 (no meta table); 2: 0.2.0 (+ meta, schedule_term,
+#: schedule_run.due_at). Code refuses tables of a newer layout than its own.
+SCHEMA_VERSION = 2
+#: The election protocol this code speaks: the lease steps, the liveness lock's keys, the
+#: beat's run claims. Processes of one database must share it (0.1.0 speaks 1 too): a
+#: release that changes it records the new one at ``install()``, and older code refuses to
+#: start against it instead of taking part in an election whose rules it does not know.
+PROTOCOL = 1
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
 TOKEN_LENGTH = 32
 
@@ -281,7 +292,19 @@ def _schedule_term(metadata: sa.MetaData, prefix: str) -> sa.Table:
     )
 
 
+def _meta(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """What the tables are: ``schema`` (their layout) and ``protocol`` (what peers speak)."""
+    return sa.Table(
+        f"{prefix}meta",
+        metadata,
+        sa.Column("name", key_type(64), primary_key=True),
+        sa.Column("value", sa.BigInteger, nullable=False),
+        **_MYSQL_OPTIONS,
+    )
+
+
 _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
+    _meta,
     _lease,
     _candidate,
     _beat_run,

@@ -137,6 +137,7 @@ class SQLBackend(SQLCalls):
         if self.db.in_process:
             log.info("election database is the SQLite file %s", self.engine.url.database)
         self.metadata = make_metadata(table_prefix)
+        self.meta = self.metadata.tables[f"{table_prefix}meta"]
         self.lease = self.metadata.tables[f"{table_prefix}lease"]
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
         self.beat_run = self.metadata.tables[f"{table_prefix}beat_run"]

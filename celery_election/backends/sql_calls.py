@@ -41,6 +41,9 @@ class SQLCalls:
     """How :class:`~celery_election.backends.sql.SQLBackend` runs each call (see the module)."""
 
     engine: Engine
+    meta: sa.Table
+    #: the tables' versions were found compatible (``sql_install.check_versions``)
+    _versions_checked = False
     #: what differs on this database (dialects.py)
     db: Dialect
     description: str
@@ -78,7 +81,13 @@ class SQLCalls:
         timeout: float | None,
         connection: Caller | None,
     ) -> T:
-        """Run ``work`` in one short transaction of its own, bounded by ``timeout``."""
+        """Run ``work`` in one short transaction of its own, bounded by ``timeout``.
+
+        Before this backend's first write, the tables' versions are checked once: tables
+        or peers newer than this code are refused before anything is written.
+        """
+        if write and not self._versions_checked:
+            self._check_versions(timeout)
         if connection is not None:
             # The caller's transaction: no commit, no deadline, no retry here.
             conn = connection.connection() if isinstance(connection, Session) else connection
@@ -86,6 +95,22 @@ class SQLCalls:
                 return work(conn)
         with self._fork_guard:
             return self._run_bounded(work, table=table, write=write, timeout=timeout)
+
+    def _check_versions(self, timeout: float | None) -> None:
+        from .sql_install import check_versions, read_versions
+
+        try:
+            with self._fork_guard:
+                versions = self._run_bounded(
+                    lambda conn: read_versions(self, conn),  # type: ignore[arg-type]
+                    table=self.meta,
+                    write=False,
+                    timeout=timeout,
+                )
+        except SchemaMissingError:
+            versions = {}  # tables of 0.1.0, or none yet (the write will say which)
+        check_versions(versions, self.description)
+        self._versions_checked = True
 
     def _run_bounded(
         self,

@@ -2,8 +2,11 @@
 
 ``install`` creates the missing tables in one transaction, under the dialect's lock
 against concurrent DDL (``Dialect.install_lock``; docs/design.md, rule 10), then adds the
-nullable columns that tables made by an older version lack. It retries a lost race, and
-says "cannot reach" at once when the database is down. ``uninstall`` drops them; terms
+nullable columns that tables made by an older version lack, and records what the tables
+now are in the meta table (``schema.SCHEMA_VERSION``, ``schema.PROTOCOL``): tables made by
+a newer release are refused before any DDL (``check_versions``), as every backend's first
+write refuses them (``SQLCalls._run``). It retries a lost race, and says "cannot reach" at
+once when the database is down. ``uninstall`` drops them; terms
 stay increasing after a re-install (rule 4).
 """
 
@@ -17,13 +20,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, IncompatibleSchemaError
 from .connection import one_line
+from .schema import PROTOCOL, SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from .sql import SQLBackend
 
-__all__ = ["create_ddl", "drop_ddl", "install", "uninstall"]
+__all__ = ["check_versions", "create_ddl", "drop_ddl", "install", "read_versions", "uninstall"]
 
 log = logging.getLogger("celery_election.backends.sql")
 
@@ -36,9 +40,12 @@ def install(backend: SQLBackend) -> list[str]:
             with backend._transaction() as conn:
                 backend.db.install_lock(conn, backend.table_prefix, backend._read_only())
                 have = set(sa.inspect(conn).get_table_names())
+                if backend.meta.name in have:
+                    check_versions(read_versions(backend, conn), backend.description)
                 created = [t.name for t in backend.metadata.sorted_tables if t.name not in have]
                 backend.metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(backend, conn)
+                _record_versions(backend, conn)
             if created:
                 log.info("created tables %s in %s", ", ".join(created), backend.description)
             return created
@@ -51,6 +58,42 @@ def install(backend: SQLBackend) -> list[str]:
     raise BackendUnavailableError(
         f"could not create the election tables in {backend.description}: {last}"
     ) from last
+
+
+def read_versions(backend: SQLBackend, conn: Connection) -> dict[str, int]:
+    """The meta table's rows (``schema``, ``protocol``); tables of 0.1.0 have none."""
+    rows = conn.execute(sa.select(backend.meta.c.name, backend.meta.c.value))
+    return {name: int(value) for name, value in rows}
+
+
+def check_versions(versions: dict[str, int], where: str) -> None:
+    """Refuse tables, or peers, newer than this code: before anything is written."""
+    from .. import __version__  # the package's, once it is imported
+
+    schema, protocol = versions.get("schema", 1), versions.get("protocol", 1)
+    if schema > SCHEMA_VERSION:
+        raise IncompatibleSchemaError(
+            f"the election tables in {where} are schema version {schema}, newer than "
+            f"celery-election {__version__} understands ({SCHEMA_VERSION}): upgrade "
+            f"celery-election on this host"
+        )
+    if protocol > PROTOCOL:
+        raise IncompatibleSchemaError(
+            f"the processes electing in {where} speak election protocol {protocol}; "
+            f"celery-election {__version__} speaks {PROTOCOL}: upgrade celery-election "
+            f"on this host"
+        )
+
+
+def _record_versions(backend: SQLBackend, conn: Connection) -> None:
+    """Raise the recorded schema and protocol to this code's (never lower them)."""
+    have = read_versions(backend, conn)
+    for name, value in (("schema", SCHEMA_VERSION), ("protocol", PROTOCOL)):
+        if name not in have:
+            conn.execute(sa.insert(backend.meta).values(name=name, value=value))
+        elif have[name] < value:
+            where = backend.meta.c.name == name
+            conn.execute(sa.update(backend.meta).where(where).values(value=value))
 
 
 def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:

@@ -1,0 +1,97 @@
+"""The tables record their layout and protocol; newer ones are refused before any write.
+
+A rolling upgrade has two releases in one set of tables for minutes: ``install()``
+upgrades older tables in place and records ``schema`` and ``protocol`` in the meta table;
+code older than what is recorded stops with one line before it writes anything (at its
+``install()`` or at its backend's first write), instead of electing by rules it does not
+know. (The mixed-release run itself is tests/e2e/test_upgrade.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from celery_election import backend_from_url
+from celery_election.backends import SQLBackend
+from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION
+from celery_election.errors import IncompatibleSchemaError
+
+from ..conftest import unique_prefix, url_for
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLBackend]:
+    b = backend_from_url(url_for(request.param, tmp_path), table_prefix=unique_prefix())
+    assert isinstance(b, SQLBackend)
+    try:
+        yield b
+    finally:
+        b.uninstall()
+        b.close()
+
+
+def _versions(b: SQLBackend) -> dict[str, int]:
+    with b.engine.connect() as conn:
+        return {r.name: r.value for r in conn.execute(sa.select(b.meta))}
+
+
+def _set(b: SQLBackend, name: str, value: int) -> None:
+    with b.engine.begin() as conn:
+        conn.execute(sa.update(b.meta).where(b.meta.c.name == name).values(value=value))
+
+
+def test_install_records_the_schema_and_protocol(backend: SQLBackend) -> None:
+    backend.install()
+    assert _versions(backend) == {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}
+    backend.install()  # idempotent
+    assert _versions(backend) == {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}
+
+
+def test_install_upgrades_tables_of_the_previous_release(backend: SQLBackend) -> None:
+    """0.1.0's tables: no meta table, no leadership history: added, versions recorded."""
+    backend.install()
+    history = backend.metadata.tables[f"{backend.table_prefix}schedule_term"]
+    with backend.engine.begin() as conn:
+        backend.meta.drop(conn)
+        history.drop(conn)
+    assert backend.elect("ns", "a" * 32, "old", 10.0).won  # 0.1.0's tables still elect
+    created = backend.install()
+    assert set(created) == {backend.meta.name, history.name}
+    assert _versions(backend) == {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}
+    lease = backend.current("ns")
+    assert lease is not None and lease.held  # the upgrade kept the row
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("schema", "schema version"), ("protocol", "election protocol")],
+)
+def test_newer_tables_are_refused_before_anything_is_written(
+    backend: SQLBackend, name: str, says: str
+) -> None:
+    backend.install()
+    newer = {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}[name] + 1
+    _set(backend, name, newer)
+    # a process of this release starting now: its first write is refused
+    fresh = backend_from_url(str(backend.engine.url.render_as_string(hide_password=False)),
+                             table_prefix=backend.table_prefix)  # fmt: skip
+    try:
+        with pytest.raises(IncompatibleSchemaError, match=f"{says} {newer}") as info:
+            fresh.elect("ns", "b" * 32, "new", 10.0)
+        assert "upgrade celery-election on this host" in str(info.value)
+        assert "\n" not in str(info.value)  # one line
+        assert fresh.current("ns") is None  # nothing was written
+        # and its install() neither downgrades nor creates anything
+        history = backend.metadata.tables[f"{backend.table_prefix}schedule_term"]
+        with backend.engine.begin() as conn:
+            history.drop(conn)
+        with pytest.raises(IncompatibleSchemaError):
+            fresh.install()
+        assert _versions(backend)[name] == newer
+        assert history.name not in sa.inspect(backend.engine).get_table_names()
+    finally:
+        fresh.close()
