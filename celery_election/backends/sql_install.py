@@ -68,20 +68,17 @@ def read_versions(backend: SQLBackend, conn: Connection) -> dict[str, int]:
 
 def check_versions(versions: dict[str, int], where: str) -> None:
     """Refuse tables, or peers, newer than this code: before anything is written."""
-    from .. import __version__  # the package's, once it is imported
-
     schema, protocol = versions.get("schema", 1), versions.get("protocol", 1)
     if schema > SCHEMA_VERSION:
         raise IncompatibleSchemaError(
             f"the election tables in {where} are schema version {schema}, newer than "
-            f"celery-election {__version__} understands ({SCHEMA_VERSION}): upgrade "
-            f"celery-election on this host"
+            f"this celery-election understands ({SCHEMA_VERSION}): upgrade celery-election "
+            f"on this host"
         )
     if protocol > PROTOCOL:
         raise IncompatibleSchemaError(
-            f"the processes electing in {where} speak election protocol {protocol}; "
-            f"celery-election {__version__} speaks {PROTOCOL}: upgrade celery-election "
-            f"on this host"
+            f"the processes electing in {where} speak election protocol {protocol}; this "
+            f"celery-election speaks {PROTOCOL}: upgrade celery-election on this host"
         )
 
 

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from celery.beat import PersistentScheduler, event_t
+from celery.beat import PersistentScheduler, Scheduler, event_t
 from celery.schedules import crontab, schedstate
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
@@ -79,7 +79,12 @@ log = logging.getLogger("celery_election.beat")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
-_FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
+_FOLLOWER_TICK = 0.2
+#: Celery guards each entry's is_due in populate_heap and tick (5.7+); before, one
+#: raising entry stopped the whole tick
+_GUARDED = hasattr(
+    Scheduler, "_is_due_failed"
+)  # seconds between two looks at the (in-memory) leadership flag
 _OFFSET_EVERY = 60.0
 #: Due entries sent by one tick at most: a burst of 10,000 is 10 ticks with no wait between.
 BURST = 1000
@@ -275,7 +280,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             try:
                 is_due, next_time_to_run = self.is_due(entry)
             except Exception:
-                is_due, next_time_to_run = self._is_due_failed(entry)  # type: ignore[attr-defined]
+                is_due, next_time_to_run = self._is_due_failed(entry)
             verify = heapq.heappop(heap)
             if verify is not event:  # the heap changed under is_due: look again
                 heapq.heappush(heap, verify)
@@ -368,9 +373,36 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         return super().install_default_entries(*args, **kwargs)  # type: ignore[misc]
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
-        """Celery's own heap, after the entries adopted the shared state they lack."""
+        """Celery's own heap, after the entries adopted the shared state they lack.
+
+        Celery before 5.7 let one entry that cannot compute its next run stop the whole
+        heap (and beat): there each entry is guarded here, as 5.7 guards it.
+        """
         self._reconcile()
-        super().populate_heap(*args, **kwargs)  # type: ignore[misc]
+        if _GUARDED:
+            super().populate_heap(*args, **kwargs)  # type: ignore[misc]
+            return
+        self._heap = []
+        for entry in self.schedule.values():
+            try:
+                is_due, delay = entry.is_due()
+            except Exception:
+                is_due, delay = self._is_due_failed(entry)
+            when = self._when(entry, 0 if is_due else delay) or 0  # type: ignore[attr-defined]
+            self._heap.append(event_t(when, 5, entry))
+        heapq.heapify(self._heap)
+
+    if not hasattr(Scheduler, "_is_due_failed"):  # Celery 5.7 has it
+
+        def _is_due_failed(self, entry: Any) -> tuple[bool, float]:
+            """One entry whose next run cannot be computed is retried later, alone."""
+            log.error(
+                "beat: Cannot calculate the next run of %r, trying again in %ss.",
+                entry.name,
+                self.max_interval,
+                exc_info=True,
+            )
+            return False, self.max_interval
 
     def _reconcile(self, promoting: tuple[int, str] | None = None) -> bool:
         """Match entries that do not hold the shared state with it; True if any changed.

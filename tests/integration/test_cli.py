@@ -149,7 +149,7 @@ def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -
     assert out.exit_code == 0, out.output
     for fragment in expected:
         assert fragment.format(p=prefix) in out.output
-    tables = ["lease", "candidate", "beat_run"]
+    tables = ["meta", "lease", "candidate", "beat_run"]
     tables += [f"schedule_{t}" for t in ("entry", "rev", "run", "audit", "term")]
     for table in tables:
         assert f"CREATE TABLE {prefix}{table}" in out.output

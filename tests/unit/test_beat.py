@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import celery
 import pytest
 from celery import Celery
 from celery.beat import Scheduler
@@ -316,10 +317,11 @@ def test_a_crontab_in_the_repeated_hour_is_sent_once_by_the_leader_and_at_every_
             assert shared.beat.load_runs(NS)["nightly"].total_run_count == 1
             run = s.schedule["nightly"].last_run_at.astimezone(berlin)
             assert (run.hour, run.minute, run.utcoffset()) == (2, 30, timedelta(hours=1))
-    assert results["stock"][0] == 2001  # the bug: every tick
     assert results["leader"] == (0, 1)  # once, at the repeated 02:30 (wall clock)
-    assert len(held(caplog)) == 1
-    assert "nightly" in held(caplog)[0] and "answered due (next in 0" in held(caplog)[0]
+    if celery.VERSION[:2] >= (5, 5):  # Celery 5.3's crontab is not due in that hour at all
+        assert results["stock"][0] == 2001  # the bug: every tick
+        assert len(held(caplog)) == 1
+        assert "nightly" in held(caplog)[0] and "answered due (next in 0" in held(caplog)[0]
 
 
 class Runaway(BaseSchedule):  # type: ignore[misc]

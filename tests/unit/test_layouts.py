@@ -118,7 +118,9 @@ def test_a_value_changed_in_either_spelling_is_seen() -> None:
     app.conf.election_namespace = "third"
     assert ElectionSettings.from_app(app).namespace == app.conf.election_namespace == "second"
     del app.conf.changes["CELERY_ELECTION_NAMESPACE"]
-    assert ElectionSettings.from_app(app).namespace == app.conf.election_namespace == "third"
+    # Celery's own answer now differs by version (5.7: "third", 5.3: "djproj" from the
+    # config object again): ours is Celery's, whichever it is
+    assert ElectionSettings.from_app(app).namespace == app.conf.election_namespace
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

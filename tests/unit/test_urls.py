@@ -266,6 +266,7 @@ def test_good_table_prefix_names_the_tables(
     backend = build(closing, f"sqlite:///{tmp_path}/election.db", table_prefix=prefix)
     backend.install()
     assert set(sa.inspect(backend.engine).get_table_names()) == {
+        f"{prefix}meta",
         f"{prefix}lease",
         f"{prefix}candidate",
         f"{prefix}beat_run",
