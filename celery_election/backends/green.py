@@ -57,17 +57,33 @@ def _blocks_in_c(dbapi: Any) -> bool:
 
 
 def call(fn: Callable[..., R], *args: Any) -> R:
-    """``fn(*args)`` on a real OS thread of the hub's pool, or here when there is no hub."""
+    """``fn(*args)`` on a real OS thread of the hub's pool, or here when there is no hub.
+
+    The pool's thread never raises: gevent prints the traceback of anything raised there
+    (a lost round, a missing table), so the error comes back as a value and is raised
+    here, in the caller's green thread.
+    """
     kind = hub()
+    if kind is None:
+        return fn(*args)
+
+    def guarded() -> tuple[bool, Any]:
+        try:
+            return True, fn(*args)
+        except BaseException as exc:
+            return False, exc
+
     if kind == "eventlet":
         from eventlet import tpool
 
-        return tpool.execute(fn, *args)  # type: ignore[no-any-return]
-    if kind == "gevent":
+        ok, value = tpool.execute(guarded)
+    else:
         import gevent
 
-        return gevent.get_hub().threadpool.apply(fn, args)  # type: ignore[no-any-return]
-    return fn(*args)
+        ok, value = gevent.get_hub().threadpool.apply(guarded)
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _eventlet_psycopg() -> type[Any]:

@@ -127,16 +127,17 @@ class Cluster:
             *args,
         ])  # fmt: skip
 
-    def start_beat(self, name: str, *args: str) -> None:
+    def start_beat(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         """A standalone ``celery beat`` with the LeaderScheduler (E2E_BEAT must be set)."""
-        self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule"), *args])
+        self._spawn(name, ["beat", "-s", str(self.tmp / f"{name}-schedule"), *args], env)
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "celery", "-A", "tests.e2e.proj", *args, "--loglevel", "INFO"]
         log = self.tmp / f"{name}.log"
         home = self.tmp / name  # a working directory per process, as on hosts of their own
         home.mkdir(exist_ok=True)
-        self.workers[name] = Proc(name, cmd, env=self.env, cwd=home, log=log).start()
+        self.workers[name] = Proc(name, cmd, env={**self.env, **(env or {})}, cwd=home, log=log)
+        self.workers[name].start()
 
     def signal(self, name: str, sig: int) -> None:
         self.workers[name].signal(sig)

@@ -38,6 +38,8 @@ app.conf.update(
     election_namespace=os.environ.get("E2E_NAMESPACE", "e2e"),
     election_ttl=float(os.environ.get("E2E_TTL", "3")),
     election_poll_interval=float(os.environ.get("E2E_POLL", "0.2")),
+    # E2E_HISTORY: a file of this process's transitions and sends (harness/checker.py)
+    election_history_file=os.environ.get("E2E_HISTORY") or None,
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     broker_connection_retry_on_startup=True,
