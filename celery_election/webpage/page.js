@@ -267,12 +267,16 @@
     for (const s of steps) if ((s / spanMs) * px >= 90) return s;
     return steps[steps.length - 1];
   }
+  function timelineWidth() {
+    // the rows' box without its scroll bar (a gutter kept for it), so no mark hides under it
+    return Math.max(600, $("#tl-scroll").clientWidth || $("#tl-head").clientWidth || 900);
+  }
   function renderTimeline() {
     const d = TL.data;
     if (!d) return;
     const started = performance.now();
     const head = $("#tl-head"), body = $("#tl-body");
-    const W = Math.max(600, head.clientWidth || 900), L = 190, R = 8, P = W - L - R;
+    const W = timelineWidth(), L = 190, R = 8, P = W - L - R;
     const from = d.from_ms, to = d.to_ms, span = Math.max(1, to - from);
     const x = (ms) => L + ((Math.min(Math.max(ms, from), to) - from) / span) * P;
     TL.x = x;
@@ -421,7 +425,8 @@
     }
   }
   function markAt(ev) {
-    // the mark under the pointer: its row from y, the nearest mark within 4 px from x
+    // the mark under the pointer: its row from y, the nearest mark within 4 px from x (or the
+    // worst within 2 px)
     const box = $("#tl-body svg");
     if (!box || !TL.data) return null;
     const rect = box.getBoundingClientRect();
@@ -433,6 +438,11 @@
     let best = lo;
     if (lo > 0 && Math.abs(row.xs[lo - 1] - px) < Math.abs(row.xs[lo] - px)) best = lo - 1;
     if (Math.abs(row.xs[best] - px) > 4) return null;
+    // marks wider than a column overlap, the worst on top: the one under the pointer is the
+    // worst of those drawn there
+    const code = (k) => row.r[2].charCodeAt(k);
+    for (let k = Math.max(0, best - 4); k < Math.min(row.xs.length, best + 5); k++)
+      if (Math.abs(row.xs[k] - px) <= 2 && (code(k) > code(best) || Math.abs(row.xs[best] - px) > 2)) best = k;
     const d = TL.data, col = row.cols[best];
     const from = d.from_ms + col * d.column_ms;
     return {
@@ -487,8 +497,7 @@
     const started = performance.now();
     const win = TL.windowMs;
     const params = win === "all" ? "from_ms=0" : `from_ms=${Math.round(now() - win)}`;
-    const W = Math.max(600, $("#tl-head").clientWidth || 900);
-    const r = await getJSON(`api/timeline?${params}&width=${W - 198}`);
+    const r = await getJSON(`api/timeline?${params}&width=${timelineWidth() - 198}`);
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || r.statusText);
     TL.data = body;
