@@ -10,13 +10,15 @@ day of leadership history (a failover every few hours). The page is served by
 tests/e2e/test_web.py). Each repetition selects "last day" on the page and reports what
 the page itself measures (``window.electionTimeline``):
 
-* api/timeline fetched and parsed (the server reads the window and answers JSON),
+* api/timeline fetched and parsed (the server reads the window, one mark per entry and
+  pixel column, and answers JSON),
 * the render: the SVG built and put in the page (``lastRenderMs``),
 * on screen: from the selection to the second animation frame after the render (layout
   and paint done).
 
 Printed, and written to ``results/timeline_render.json``; the target is under a second on
-screen, measured, not asserted (see RESULTS.md).
+screen, measured, not asserted (see RESULTS.md). Each repetition then fetches the runs
+behind a failed mark (``api/mark``, what hovering it asks) and reports that time too.
 """
 
 from __future__ import annotations
@@ -157,10 +159,25 @@ s.dispatchEvent(new Event('change'));
   const rendered = performance.now();
   requestAnimationFrame(() => requestAnimationFrame(() => {
     window.fetch = origFetch;
-    done({fetchMs: (fetched || rendered) - started, renderMs: T.lastRenderMs,
-          screenMs: performance.now() - started, runs: T.runs, entries: T.entries,
+    const screenMs = performance.now() - started;
+    const got = performance.getEntriesByType('resource')
+      .filter((e) => e.name.includes('api/timeline')).pop();
+    // pointing at a mark: the runs behind the worst one drawn, from api/mark
+    const bad = T.flagged.filter((m) => m.kind === 'failed').pop() || T.flagged.pop();
+    const result = {fetchMs: (fetched || rendered) - started, renderMs: T.lastRenderMs,
+          screenMs, runs: T.runs, entries: T.entries, columns: T.columns,
           bands: T.bands.length, gaps: T.gaps.length, marks: T.marks,
-          nodes: document.querySelectorAll('#tl-body svg *').length});
+          nodes: document.querySelectorAll('#tl-body svg *').length,
+          url: got && got.name, bytes: got && got.encodedBodySize};
+    if (!bad) { done(result); return; }
+    const t0 = performance.now();
+    origFetch(`api/mark?key=${bad.key}&from_ms=${bad.from_ms}&to_ms=${bad.to_ms}`)
+      .then((r) => r.json()).then((b) => {
+        result.markMs = performance.now() - t0;
+        result.mark = {entry: b.entry, runs: b.runs, counts: b.counts,
+                       task_id: b.run && b.run.task_id, outcome: b.run && b.run.outcome};
+        done(result);
+      });
   }));
 })();
 """
@@ -199,9 +216,12 @@ def main() -> None:
             results.append(r)
             print(
                 f"run {i + 1}: api/timeline {r['fetchMs']:.0f} ms, render {r['renderMs']:.0f} ms, "
-                f"on screen {r['screenMs']:.0f} ms ({r['runs']} runs of {r['entries']} entries, "
+                f"on screen {r['screenMs']:.0f} ms ({r['runs']} runs of {r['entries']} entries "
+                f"in {r.get('columns')} marks, {(r.get('bytes') or 0) / 1e6:.2f} MB; "
                 f"{r['bands']} terms, {r['gaps']} gaps, {r['nodes']} SVG nodes)"
             )
+            if "markMs" in r:
+                print(f"  pointing at a mark: api/mark in {r['markMs']:.0f} ms: {r['mark']}")
             b.execute_script(
                 "document.querySelector('#tl-window').value = '3600000';"
                 "document.querySelector('#tl-window').dispatchEvent(new Event('change'))"
@@ -210,7 +230,8 @@ def main() -> None:
         with_size = time.perf_counter()
         import urllib.request
 
-        with urllib.request.urlopen(f"{url}api/timeline?from_ms=0") as resp:
+        page = results[-1].get("url") or f"{url}api/timeline?from_ms=0"
+        with urllib.request.urlopen(page) as resp:
             size = len(resp.read())
         served = (time.perf_counter() - with_size) * 1000
     finally:
@@ -223,7 +244,9 @@ def main() -> None:
         "terms": terms,
         "api_timeline_bytes": size,
         "api_timeline_ms_from_python": round(served),
+        "api_timeline_url": page,
         "fetch_ms_p50": statistics.median(r["fetchMs"] for r in results),
+        "api_mark_ms_p50": statistics.median(r.get("markMs", 0) for r in results),
         "render_ms_p50": statistics.median(r["renderMs"] for r in results),
         "on_screen_ms_p50": statistics.median(r["screenMs"] for r in results),
         "on_screen_ms_max": max(r["screenMs"] for r in results),
@@ -234,7 +257,8 @@ def main() -> None:
         f"a day of {runs} runs of {args.entries} entries: on screen in "
         f"{summary['on_screen_ms_p50']:.0f} ms (p50 of {args.repeat}; max "
         f"{summary['on_screen_ms_max']:.0f}); render {summary['render_ms_p50']:.0f} ms; "
-        f"api/timeline {size / 1e6:.1f} MB in {served:.0f} ms"
+        f"api/timeline {size / 1e6:.2f} MB in {served:.0f} ms (from Python, again); api/mark "
+        f"{summary['api_mark_ms_p50']:.0f} ms"
     )
     out = HERE / "results" / "timeline_render.json"
     out.write_text(json.dumps(summary, indent=1, default=str) + "\n")

@@ -17,8 +17,12 @@ no CDN, it works offline) that polls the API every second.
   schedule in words and its time zone, its next due time (its Celery schedule from its last
   run), its last run from the history (one query for all entries), state and policies.
 * ``api/entry?name=N``: one entry, its run history and its changes.
-* ``api/timeline?from_ms=&to_ms=``: who led when (the leadership history the leading
-  beat records in the database) and every run in the window (default: the last hour).
+* ``api/timeline?from_ms=&to_ms=&width=``: who led when (the leadership history the leading
+  beat records in the database, exact) and each entry's runs in the window (default: the
+  last hour) as ``width`` pixel columns show them: per column, the worst mark and how many
+  runs it stands for (``Observer.timeline``).
+* ``api/mark?key=&from_ms=&to_ms=``: the runs behind one mark (task id, term, outcome,
+  duration), fetched when the mark is pointed at.
 * ``POST api/actions``: pause, resume, run now, enable, disable, edit, through
   :class:`~celery_election.schedule.Schedule` (the CLI's API, fenced the same way).
 
@@ -101,6 +105,7 @@ _HEADERS = [
     ),
 ]
 _NAME = re.compile(r"[A-Za-z0-9_.@+-]{1,64}")
+_KEY = re.compile(r"[0-9a-f]{40}")  # an entry's key (schema.entry_key)
 
 
 def _tokens(token: str | Iterable[str] | Mapping[str, str] | None) -> dict[str, str | None]:
@@ -226,8 +231,15 @@ class WebApp:
             return 200, kind, _json(obs.entry(names[0]))
         if path == "/api/timeline":
             query = parse_qs(environ.get("QUERY_STRING") or "")
-            window = [_int(query, "from_ms"), _int(query, "to_ms")]
+            window = [_int(query, "from_ms"), _int(query, "to_ms"), _int(query, "width")]
             return 200, kind, _json(obs.timeline(*window))
+        if path == "/api/mark":
+            query = parse_qs(environ.get("QUERY_STRING") or "")
+            key = (query.get("key") or [""])[0]
+            start, end = _int(query, "from_ms"), _int(query, "to_ms")
+            if not _KEY.fullmatch(key) or start is None or end is None:
+                raise HTTPError(400, "which mark? api/mark?key=ENTRY_KEY&from_ms=&to_ms=")
+            return 200, kind, _json(obs.mark(key, start, end))
         if path == "/api/whoami":
             actor = self._actor(environ)
             return 200, kind, _json({"actor": actor, "can_act": self.can_act})

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import json
 import logging
+import operator
 import threading
 import time
 from collections.abc import Mapping
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import SQLBackend
 from .backends.schema import entry_key
-from .backends.sql_schedule import RunRecord
+from .backends.sql_schedule import LATE_US, MARKS, RunRecord, run_mark
 from .beat.spec import describe, from_spec
 from .lease import Lease
 from .schedule import Entry, Schedule
@@ -34,9 +36,12 @@ __all__ = ["Observer", "Transition"]
 log = logging.getLogger("celery_election.web")
 
 
-#: What each run of ``api/timeline`` holds, in order.
-RUN_FIELDS = ("entry", "kind", "sent_ms", "due_ms", "term", "task_id", "outcome", "duration",
-              "count")  # fmt: skip
+#: The timeline's default width in columns (pixels), and the most a page may ask for.
+TIMELINE_WIDTH = 1000
+TIMELINE_MAX_WIDTH = 4000
+#: What each row of ``api/timeline`` holds, in order (see ``Observer.timeline``).
+ROW_FIELDS = ("entry", "columns", "marks", "runs", "late_ms")
+_DIGITS = "0123456789"
 
 
 def _ms(us: int | None) -> int | None:
@@ -306,12 +311,26 @@ class Observer:
             ],
         }
 
-    def timeline(self, from_ms: int | None = None, to_ms: int | None = None) -> dict[str, Any]:
-        """Who led when, and every run, between ``from_ms`` and ``to_ms`` (epoch ms).
+    def timeline(
+        self, from_ms: int | None = None, to_ms: int | None = None, width: int | None = None
+    ) -> dict[str, Any]:
+        """Who led when, and what each entry's runs look like, between ``from_ms`` and ``to_ms``.
 
-        Default: the last hour; never further back than the history's retention. Runs come
-        as arrays (``run_fields`` names them): a day of a thousand entries' runs stays a
-        body the browser parses in milliseconds.
+        Default: the last hour; never further back than the history's retention. The terms
+        are exact. The runs are what ``width`` pixel columns can show: the window is cut in
+        columns of ``column_ms`` (``from_ms`` moves back to a column's edge, so a window that
+        follows now keeps its columns), and each entry gets one mark per column with runs,
+        the worst of them (``kinds``, least to most worrying), with how many runs it stands
+        for. Each row of ``rows`` (``row_fields``) is one entry's marks:
+
+        * ``entry``: an index of ``entries`` (the names) and ``keys`` (``api/mark``'s key);
+        * ``columns``: the columns of its marks, each but the first as the step from the last;
+        * ``marks``: one digit a mark, an index of ``kinds``;
+        * ``runs``: ``[i, n, ...]``, mark i stands for n runs (only where n > 1);
+        * ``late_ms``: ``[i, ms, ...]``, late mark i's most late run was that late.
+
+        A day of a thousand entries' runs (114,000) is ~1 MB of integers and digits, not
+        12 MB of objects; a run's task id, outcome and duration come from ``api/mark``.
         """
         store = self.schedule.store
         now_us = store.db_now()
@@ -319,18 +338,35 @@ class Observer:
         to_us = now_us if to_ms is None else min(int(to_ms) * 1000, now_us)
         from_us = to_us - 3_600_000_000 if from_ms is None else int(from_ms) * 1000
         from_us = max(min(from_us, to_us - 1_000_000), oldest)
+        columns = max(1, min(int(width or TIMELINE_WIDTH), TIMELINE_MAX_WIDTH))
+        column_ms = max(1, -(-(to_us - from_us) // (columns * 1000)))
+        first = (from_us // 1000) // column_ms * column_ms  # a column's edge
+        from_us = first * 1000
         if not self._names:
             self.entries_body()
         names = self._names
-        runs = store.runs_between(self.namespace, from_us, to_us)
-        order: dict[str, int] = {}
-        rows = []
-        for r in runs:
-            index = order.setdefault(r.entry_key, len(order))
-            rows.append([
-                index, r.kind, _ms(r.sent_at), _ms(r.due_at), r.term, r.task_id, r.outcome,
-                None if r.duration_us is None else r.duration_us / 1e6, r.count,
-            ])  # fmt: skip
+        keys: list[str] = []
+        rows: list[list[Any]] = []
+        total = 0
+        late_mark = MARKS.index("late")
+        marks = store.marks(self.namespace, from_us, to_us + 1, column_ms * 1000)
+        for key, group in itertools.groupby(marks, key=operator.itemgetter(0)):
+            steps: list[int] = []
+            digits: list[str] = []
+            many: list[int] = []
+            late: list[int] = []
+            last = 0
+            for i, (_, column, mark, runs, late_us) in enumerate(group):
+                steps.append(column - last)
+                last = column
+                digits.append(_DIGITS[mark])
+                if runs > 1:
+                    many += (i, runs)
+                if mark == late_mark and late_us is not None:
+                    late += (i, late_us // 1000)
+                total += runs
+            rows.append([len(keys), steps, "".join(digits), many, late])
+            keys.append(key)
         with self._lock:
             leases = {
                 n["namespace"]: {"term": n["term"], "held": n["leader"] is not None}
@@ -338,9 +374,11 @@ class Observer:
             }
         return {
             "now_ms": _ms(now_us),
-            "from_ms": _ms(from_us),
+            "from_ms": first,
             "to_ms": _ms(to_us),
             "oldest_ms": _ms(oldest),
+            "column_ms": column_ms,
+            "late_ms": LATE_US // 1000,
             "terms": [
                 {
                     "namespace": t.namespace,
@@ -353,9 +391,35 @@ class Observer:
                 }
                 for t in store.terms(from_us, to_us)
             ],
-            "entries": [names.get(key, f"(removed {key[:8]})") for key in order],
-            "run_fields": RUN_FIELDS,
-            "runs": rows,
+            "kinds": MARKS,
+            "entries": [names.get(key, f"(removed {key[:8]})") for key in keys],
+            "keys": keys,
+            "row_fields": ROW_FIELDS,
+            "rows": rows,
+            "runs": total,
+        }
+
+    def mark(self, key: str, from_ms: int, to_ms: int) -> dict[str, Any]:
+        """One mark of the timeline: entry ``key``'s runs sent in [from_ms, to_ms).
+
+        The worst first (``run``: its task id, term, outcome, duration), up to 20 of them
+        (``shown``), and how many runs of each kind the mark stands for (``counts``).
+        """
+        if not self._names:
+            self.entries_body()
+        runs, counts = self.schedule.store.runs_in(
+            self.namespace, key, int(from_ms) * 1000, int(to_ms) * 1000
+        )
+        shown = [{**_run_json(r), "mark": run_mark(r)} for r in runs]
+        return {
+            "entry": self._names.get(key, f"(removed {key[:8]})"),
+            "key": key,
+            "from_ms": from_ms,
+            "to_ms": to_ms,
+            "runs": sum(counts.values()),
+            "counts": counts,
+            "run": shown[0] if shown else None,
+            "shown": shown,
         }
 
     def changed(self) -> None:

@@ -28,7 +28,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -39,7 +39,26 @@ from .schema import db_now_us, entry_key, key_type
 if TYPE_CHECKING:
     from .sql import SQLBackend
 
-__all__ = ["AuditRecord", "EntryRow", "RunRecord", "SQLScheduleStore", "TermRecord"]
+__all__ = [
+    "FAILED_OUTCOMES",
+    "LATE_US",
+    "MARKS",
+    "AuditRecord",
+    "EntryRow",
+    "MarkRow",
+    "RunRecord",
+    "SQLScheduleStore",
+    "TermRecord",
+    "run_mark",
+]
+
+#: What a run looks like on the schedule page's timeline, least to most worrying: a column
+#: of the timeline that holds several runs shows the last of these that any of them is.
+MARKS = ("on-time", "run-now", "late", "skipped", "missed", "failed")
+#: The outcomes that mark a run failed.
+FAILED_OUTCOMES = ("FAILURE", "REVOKED", "REJECTED", "IGNORED")
+#: A run sent more than this after it fell due is late (a tick is ~10 ms late): microseconds.
+LATE_US = 500_000
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,22 @@ class TermRecord:
     started_at: int
     seen_at: int
     ended_at: int | None
+
+
+class MarkRow(NamedTuple):
+    """The runs of one entry in one column of the timeline (:meth:`SQLScheduleStore.marks`).
+
+    A tuple, not a dataclass: a day of a thousand entries is ~100,000 of them.
+
+    ``mark``: the worst of them (an index of :data:`MARKS`); ``runs``: how many history
+    rows; ``late_us``: the most a late one of them was late (None: none was).
+    """
+
+    entry_key: str
+    column: int
+    mark: int
+    runs: int
+    late_us: int | None
 
 
 T = TypeVar("T")
@@ -480,6 +515,101 @@ class SQLScheduleStore:
         )
         return self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
 
+    def _mark_of(self) -> sa.ColumnElement[int]:
+        """A history row's mark, as an index of :data:`MARKS` (SQL, per row)."""
+        r = self.run
+        return sa.case(
+            (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed")),
+            (r.c.kind == "missed", MARKS.index("missed")),
+            (r.c.kind == "skipped", MARKS.index("skipped")),
+            (r.c.kind == "run_now", MARKS.index("run-now")),
+            (
+                sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US),
+                MARKS.index("late"),
+            ),
+            else_=MARKS.index("on-time"),
+        )
+
+    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[MarkRow]:
+        """The history of ``namespace`` sent in [from_us, to_us), as the timeline shows it.
+
+        One row per entry and column (``column_us`` wide, from ``from_us``) that has runs:
+        the worst mark of its runs, how many there are and the most late of the late ones.
+        Grouped by the database (one range scan of the (namespace, sent_at) index), so a day
+        of a thousand entries' runs is at most entries x columns rows, by entry and column.
+        """
+        stmt = self.marks_statement(namespace, from_us, to_us, column_us)
+
+        def read(conn: Connection) -> list[MarkRow]:
+            rows = conn.execute(stmt).all()
+            if rows and not isinstance(rows[0][2], int):  # MySQL's MAX of a CASE: a Decimal
+                return [MarkRow(k, int(c), int(m), int(n), _opt(x)) for k, c, m, n, x in rows]
+            return list(map(MarkRow._make, rows))
+
+        return self._read(read, self.run)
+
+    def marks_statement(
+        self, namespace: str, from_us: int, to_us: int, column_us: int
+    ) -> sa.Select[Any]:
+        """The query of :meth:`marks` (its plan is checked on each database)."""
+        r = self.run
+        mark = self._mark_of()
+        per_run = (
+            sa.select(
+                r.c.entry_key.label("entry_key"),
+                ((r.c.sent_at - from_us) // max(1, column_us)).label("col"),
+                mark.label("mark"),
+                sa.case(
+                    (mark == MARKS.index("late"), r.c.sent_at - r.c.due_at), else_=sa.null()
+                ).label("late"),
+            )
+            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
+            .subquery("per_run")
+        )
+        return (
+            sa.select(
+                per_run.c.entry_key,
+                per_run.c.col,
+                sa.func.max(per_run.c.mark),
+                sa.func.count(),
+                sa.func.max(per_run.c.late),
+            )
+            .group_by(per_run.c.entry_key, per_run.c.col)
+            .order_by(per_run.c.entry_key, per_run.c.col)
+        )
+
+    def runs_in(
+        self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
+    ) -> tuple[list[RunRecord], dict[str, int]]:
+        """An entry's runs sent in [from_us, to_us): the worst first, and how many of each mark.
+
+        ``key`` is the entry's key (``entry_key(name)``): a removed entry has no name. What
+        the timeline fetches when a column of it is pointed at.
+        """
+        runs, counts = self.runs_in_statements(namespace, key, from_us, to_us, limit=limit)
+
+        def read(conn: Connection) -> tuple[list[RunRecord], dict[str, int]]:
+            found = [_record(row) for row in conn.execute(runs)]
+            return found, {MARKS[int(m)]: int(n) for m, n in conn.execute(counts)}
+
+        return self._read(read, self.run)
+
+    def runs_in_statements(
+        self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
+    ) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """The queries of :meth:`runs_in`: the runs, and how many of each mark."""
+        r = self.run
+        mark = self._mark_of()
+        where = (
+            r.c.namespace == namespace,
+            r.c.entry_key == key,
+            r.c.sent_at >= from_us,
+            r.c.sent_at < to_us,
+        )
+        runs = sa.select(r).where(*where).order_by(mark.desc(), r.c.sent_at, r.c.id).limit(limit)
+        per = sa.select(mark.label("mark"), r.c.id).where(*where).subquery("per_run")
+        return runs, sa.select(per.c.mark, sa.func.count()).group_by(per.c.mark)
+
     def prune_terms(self, namespace: str, older_than_us: int) -> int:
         """Forget the terms of election ``namespace`` that ended before ``older_than_us``."""
         t = self.term_table
@@ -487,6 +617,19 @@ class SQLScheduleStore:
             t.c.namespace == namespace, sa.func.coalesce(t.c.ended_at, t.c.seen_at) < older_than_us
         )
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
+
+
+def run_mark(r: RunRecord) -> str:
+    """A history row's mark (one of :data:`MARKS`): what the SQL of ``marks`` computes."""
+    if r.outcome in FAILED_OUTCOMES:
+        return "failed"
+    if r.kind in ("missed", "skipped"):
+        return r.kind
+    if r.kind == "run_now":
+        return "run-now"
+    if r.due_at is not None and r.sent_at - r.due_at > LATE_US:
+        return "late"
+    return "on-time"
 
 
 def history_row(

@@ -219,18 +219,21 @@
   }
 
   // -- the timeline ------------------------------------------------------------------------
-  // Who led when (one band per term, the gaps between) and each entry's runs as marks, over
-  // a window, drawn as SVG: one <path> per entry and kind of mark (not one node per run),
-  // so a day of a thousand entries' runs is a few thousand nodes. Hover and click find the
-  // run under the pointer by a binary search of its entry's row.
+  // Who led when (one band per term, the gaps between, exact) and each entry's runs as marks,
+  // over a window, drawn as SVG: one <path> per entry and kind of mark (not one node per
+  // run), so a day of a thousand entries' runs is a few thousand nodes. The server sends one
+  // mark per entry and pixel column, the worst of its runs (api/timeline); hover and click
+  // find the mark under the pointer by a binary search of its entry's row and ask api/mark
+  // for the runs behind it.
   const SVGNS = "http://www.w3.org/2000/svg";
-  const LATE_MS = 500;  // sent more than this after it fell due: late (a tick is ~10 ms late)
-  const FAILED = new Set(["FAILURE", "REVOKED", "REJECTED", "IGNORED"]);
   const T = (window.electionTimeline = {
     renders: 0, lastRenderMs: null, firstRenderMs: null, firstRenderDurationMs: null,
-    bands: [], gaps: [], marks: {}, flagged: [], runs: 0, entries: 0, loadMs: null,
+    bands: [], gaps: [], marks: {}, flagged: [], runs: 0, columns: 0, entries: 0, loadMs: null,
   });
-  const TL = { data: null, windowMs: 3600000, rows: [], x: null, terms: new Map(), polls: 0 };
+  const TL = {
+    data: null, windowMs: 3600000, rows: [], x: null, terms: new Map(), polls: 0,
+    details: new Map(), hover: null, hoverLines: null, pinned: null,
+  };
   function svg(tag, attrs = {}, text) {
     const node = document.createElementNS(SVGNS, tag);
     for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
@@ -258,26 +261,22 @@
     const t = TL.terms.get(`${namespace}\u0000${term}`) || TL.terms.get(`*\u0000${term}`);
     return t ? `term began ${when(t.started_ms)}` : `term ${term}`;
   }
-  function markClass(kind, outcome, sentMs, dueMs) {
-    if (outcome && FAILED.has(outcome)) return "failed";
-    if (kind === "missed") return "missed";
-    if (kind === "skipped") return "skipped";
-    if (kind === "run_now") return "run-now";
-    if (dueMs != null && sentMs - dueMs > LATE_MS) return "late";
-    return "on-time";
-  }
   function niceStep(spanMs, px) {
     const steps = [1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5, 9e5, 18e5, 36e5, 72e5,
       108e5, 216e5, 432e5, 864e5, 1728e5];
     for (const s of steps) if ((s / spanMs) * px >= 90) return s;
     return steps[steps.length - 1];
   }
+  function timelineWidth() {
+    // the rows' box without its scroll bar (a gutter kept for it), so no mark hides under it
+    return Math.max(600, $("#tl-scroll").clientWidth || $("#tl-head").clientWidth || 900);
+  }
   function renderTimeline() {
     const d = TL.data;
     if (!d) return;
     const started = performance.now();
     const head = $("#tl-head"), body = $("#tl-body");
-    const W = Math.max(600, head.clientWidth || 900), L = 190, R = 8, P = W - L - R;
+    const W = timelineWidth(), L = 190, R = 8, P = W - L - R;
     const from = d.from_ms, to = d.to_ms, span = Math.max(1, to - from);
     const x = (ms) => L + ((Math.min(Math.max(ms, from), to) - from) / span) * P;
     TL.x = x;
@@ -339,12 +338,14 @@
       });
     });
     if (nowMs >= from && nowMs <= to) top.append(svg("line", { x1: x(nowMs), x2: x(nowMs), y1: AXIS - 4, y2: H, class: "tl-now" }));
-    // runs: one row per entry that has runs in the window, by name
-    const f = Object.fromEntries(d.run_fields.map((k, i) => [k, i]));
-    const rows = d.entries.map((name, i) => ({ name, index: i, runs: [] }));
-    for (const r of d.runs) rows[r[f.entry]].runs.push(r);
+    // runs: one row per entry that has runs in the window, by name. The server sent what the
+    // plot's pixel columns can show: per entry and column, the worst mark and how many runs
+    // it stands for (the details of a mark come from api/mark when it is pointed at).
+    const cm = d.column_ms, perCol = (cm / span) * P;
+    const late = new Map();  // "row:i" -> ms
+    const rows = d.rows.map((r) => ({ name: d.entries[r[0]], key: d.keys[r[0]], r }));
     const q = S.query.toLowerCase();
-    let shown = rows.filter((row) => row.runs.length && (!q || row.name.toLowerCase().includes(q)));
+    let shown = rows.filter((row) => !q || row.name.toLowerCase().includes(q));
     shown.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
     const BH = Math.max(1, shown.length) * ROW + 4;
     const low = svg("svg", { width: W, height: BH, class: "tl-body" });
@@ -353,47 +354,69 @@
       // faint term edges across the rows: which leader sent what
       low.append(svg("line", { x1: x(b.from_ms), x2: x(b.from_ms), y1: 0, y2: BH, class: "tl-grid" }));
     }
-    const counts = { "on-time": 0, late: 0, missed: 0, skipped: 0, "run-now": 0, failed: 0 };
-    const flagged = [];  // the runs that went wrong, for a reader of the page (and its tests)
+    const kinds = d.kinds;
+    const counts = Object.fromEntries(kinds.map((k) => [k, 0]));
+    const flagged = [];  // the marks that went wrong, for a reader of the page (and its tests)
     const frag = document.createDocumentFragment();
+    let total = 0;
     shown.forEach((row, i) => {
       const y = 2 + i * ROW;
+      const [, steps, marks, many, lateMs] = row.r;
       row.y = y;
       frag.append(svg("text", { x: 4, y: y + 10, class: "tl-label entry", "data-entry": row.name },
         row.name.length > 30 ? row.name.slice(0, 29) + "\u2026" : row.name));
-      const paths = {};
-      row.xs = new Float64Array(row.runs.length);
-      row.runs.forEach((r, k) => {
-        const cls = markClass(r[f.kind], r[f.outcome], r[f.sent_ms], r[f.due_ms]);
-        const mx = x(r[f.sent_ms]);
+      const paths = kinds.map(() => []);
+      const n = steps.length;
+      row.xs = new Float64Array(n);
+      row.cols = new Int32Array(n);
+      row.n = new Map();
+      for (let k = 0; k < many.length; k += 2) row.n.set(many[k], many[k + 1]);
+      row.late = new Map();
+      for (let k = 0; k < lateMs.length; k += 2) row.late.set(lateMs[k], lateMs[k + 1]);
+      let col = 0;
+      for (let k = 0; k < n; k++) {
+        col += steps[k];
+        row.cols[k] = col;
+        const c = marks.charCodeAt(k) - 48, cls = kinds[c];
+        const mx = L + (col + 0.5) * perCol;
         row.xs[k] = mx;
         counts[cls] += 1;
-        if (cls === "late" || cls === "missed" || cls === "failed" || cls === "skipped")
-          flagged.push({ entry: row.name, kind: cls, sent_ms: r[f.sent_ms], due_ms: r[f.due_ms], term: r[f.term] });
-        // a late run also shows how late: a thin line back to when it fell due
-        const tail = cls === "late" ? `M${x(r[f.due_ms]).toFixed(1)} ${y + 5}H${mx.toFixed(1)}v1H${x(r[f.due_ms]).toFixed(1)}z` : "";
-        const shape = cls === "missed" || cls === "skipped"
-          ? `M${(mx - 3).toFixed(1)} ${y + 1}l6 10M${(mx + 3).toFixed(1)} ${y + 1}l-6 10`
-          : `M${(mx - 1.5).toFixed(1)} ${y + 1}h3v10h-3z`;
-        paths[cls] = (paths[cls] || "") + shape + tail;
-      });
-      for (const [cls, dd] of Object.entries(paths)) {
-        const open = cls === "missed" || cls === "skipped";
-        frag.append(svg("path", { d: dd, class: `mark m-${cls}${open ? " cross" : ""}`, "data-entry": row.name,
-          "data-kind": cls }));
+        total += 1;
+        const m = mx.toFixed(1);
+        if (cls === "missed" || cls === "skipped") {
+          paths[c].push(`M${(mx - 3).toFixed(1)} ${y + 1}l6 10M${(mx + 3).toFixed(1)} ${y + 1}l-6 10`);
+        } else {
+          paths[c].push(`M${(mx - 1.5).toFixed(1)} ${y + 1}h3v10h-3z`);
+        }
+        if (cls === "late") {  // how late: a thin line back to when it fell due
+          const back = (L + ((from + (col + 0.5) * cm - row.late.get(k) - from) / span) * P).toFixed(1);
+          paths[c].push(`M${back} ${y + 5}H${m}v1H${back}z`);
+        }
+        if (cls !== "on-time" && cls !== "run-now")
+          flagged.push({ entry: row.name, key: row.key, kind: cls, sent_ms: from + (col + 0.5) * cm,
+            from_ms: from + col * cm, to_ms: from + (col + 1) * cm, runs: row.n.get(k) || 1 });
       }
+      // the worst on top: where marks touch (a column is narrower than a mark), it shows
+      paths.forEach((p, c) => {
+        if (!p.length) return;
+        const cls = kinds[c], open = cls === "missed" || cls === "skipped";
+        frag.append(svg("path", { d: p.join(""), class: `mark m-${cls}${open ? " cross" : ""}`,
+          "data-entry": row.name, "data-kind": cls }));
+      });
     });
     low.append(frag);
     head.replaceChildren(top);
     body.replaceChildren(low);
     TL.rows = shown;
-    TL.fields = f;
+    TL.details = new Map();
     T.marks = counts;
+    T.columns = total;
     T.flagged = flagged.slice(-200);
-    T.runs = d.runs.length;
+    T.runs = d.runs;
     T.entries = shown.length;
     set($("#tl-range"), `${when(from)} \u2013 ${when(to)}`);
-    set($("#tl-count"), `${d.runs.length} runs of ${shown.length} entries; ${d.terms.length} terms`);
+    set($("#tl-count"), `${d.runs} runs of ${shown.length} entries in ${total} marks ` +
+      `(a column is ${words(cm / 1000)}); ${d.terms.length} terms`);
     T.renders += 1;
     T.lastRenderMs = performance.now() - started;
     if (T.firstRenderMs == null) {
@@ -401,10 +424,11 @@
       requestAnimationFrame(() => requestAnimationFrame(() => { T.firstRenderMs = performance.now(); }));
     }
   }
-  function runAt(ev) {
-    // the run under the pointer: its row from y, the nearest mark within 4 px from x
+  function markAt(ev) {
+    // the mark under the pointer: its row from y, the nearest mark within 4 px from x (or the
+    // worst within 2 px)
     const box = $("#tl-body svg");
-    if (!box || !TL.x) return null;
+    if (!box || !TL.data) return null;
     const rect = box.getBoundingClientRect();
     const px = ev.clientX - rect.left, py = ev.clientY - rect.top;
     const row = TL.rows[Math.floor((py - 2) / 14)];
@@ -414,34 +438,66 @@
     let best = lo;
     if (lo > 0 && Math.abs(row.xs[lo - 1] - px) < Math.abs(row.xs[lo] - px)) best = lo - 1;
     if (Math.abs(row.xs[best] - px) > 4) return null;
-    return { row, run: row.runs[best] };
+    // marks wider than a column overlap, the worst on top: the one under the pointer is the
+    // worst of those drawn there
+    const code = (k) => row.r[2].charCodeAt(k);
+    for (let k = Math.max(0, best - 4); k < Math.min(row.xs.length, best + 5); k++)
+      if (Math.abs(row.xs[k] - px) <= 2 && (code(k) > code(best) || Math.abs(row.xs[best] - px) > 2)) best = k;
+    const d = TL.data, col = row.cols[best];
+    const from = d.from_ms + col * d.column_ms;
+    return {
+      row, i: best, id: `${row.key}:${from}`, from_ms: from, to_ms: from + d.column_ms,
+      kind: d.kinds[row.r[2].charCodeAt(best) - 48], runs: row.n.get(best) || 1, late_ms: row.late.get(best),
+    };
   }
-  function runLines(hit) {
-    const f = TL.fields, r = hit.run;
-    const cls = markClass(r[f.kind], r[f.outcome], r[f.sent_ms], r[f.due_ms]);
-    const kind = r[f.kind];
-    const what = {
-      "on-time": "ran on time", late: `ran late by ${words((r[f.sent_ms] - r[f.due_ms]) / 1000)}`,
-      missed: `${r[f.count]} run${r[f.count] === 1 ? "" : "s"} missed (catch-up policy)`,
-      skipped: `${r[f.count]} run${r[f.count] === 1 ? "" : "s"} skipped (overlap policy: the last one still ran)`,
+  function markDetail(hit) {
+    // the runs behind a mark, asked once per mark and data (a small indexed read)
+    let p = TL.details.get(hit.id);
+    if (!p) {
+      p = getJSON(`api/mark?key=${hit.row.key}&from_ms=${hit.from_ms}&to_ms=${hit.to_ms}`)
+        .then(async (r) => { const b = await r.json(); if (!r.ok) throw new Error(b.error || r.statusText); return b; });
+      p.catch(() => TL.details.delete(hit.id));
+      TL.details.set(hit.id, p);
+    }
+    return p;
+  }
+  const plural = (n, w) => `${n} ${w}${n === 1 ? "" : "s"}`;
+  function runWhat(cls, kind, count, lateMs) {
+    return {
+      "on-time": "ran on time", late: `ran late by ${words(lateMs / 1000)}`,
+      missed: `${plural(count, "run")} missed (catch-up policy)`,
+      skipped: `${plural(count, "run")} skipped (overlap policy: the last one still ran)`,
       "run-now": "run now (asked by an operator)", failed: `${kind === "run_now" ? "run now" : "run"}: failed`,
     }[cls];
-    const ns = (TL.data.terms.find((t) => t.term === r[f.term]) || {}).namespace;
+  }
+  function markLines(hit, detail) {
+    // what the timeline knows at once, then (detail) the worst run of the mark itself
+    const span = hit.to_ms - hit.from_ms;
+    const col = span >= 1000 ? `${clock(hit.from_ms)}\u2013${clock(hit.to_ms)}` : when(hit.from_ms);
+    const lines = [["entry", hit.row.name]];
+    if (hit.runs > 1) lines.push(["mark", `${hit.runs} runs ${col}, the worst shown`]);
+    const r = detail && detail.run;
+    if (!r) {
+      const what = hit.kind === "late" ? `late by up to ${words(hit.late_ms / 1000)}` : hit.kind.replace("-", " ");
+      return [...lines, ["what", what], ["when", col], ["details", detail ? "no run here any more" : "loading\u2026"]];
+    }
+    const ns = (TL.data.terms.find((t) => t.term === r.term) || {}).namespace;
+    if (hit.runs > 1) lines.push(["of which", Object.entries(detail.counts).map(([k, n]) => `${n} ${k}`).join(", ")]);
     return [
-      ["entry", hit.row.name], ["what", what],
-      [kind === "run" || kind === "run_now" ? "sent" : "decided", when(r[f.sent_ms])],
-      ["due", r[f.due_ms] != null ? when(r[f.due_ms]) : "\u2014"],
-      ["term", `${termText(ns, r[f.term])} (term ${r[f.term]})`],
-      ["task id", r[f.task_id] || "\u2014"],
-      ["outcome", r[f.outcome] || (r[f.task_id] ? "running or not reported" : "\u2014")],
-      ["duration", r[f.duration] != null ? words(r[f.duration]) : "\u2014"],
+      ...lines, ["what", runWhat(r.mark, r.kind, r.count, r.sent_ms - r.due_ms)],
+      [r.kind === "run" || r.kind === "run_now" ? "sent" : "decided", when(r.sent_ms)],
+      ["due", r.due_ms != null ? when(r.due_ms) : "\u2014"],
+      ["term", `${termText(ns, r.term)} (term ${r.term})`],
+      ["task id", r.task_id || "\u2014"],
+      ["outcome", r.outcome || "\u2014"],
+      ["duration", r.duration != null ? words(r.duration) : "\u2014"],
     ];
   }
   async function loadTimeline() {
     const started = performance.now();
     const win = TL.windowMs;
     const params = win === "all" ? "from_ms=0" : `from_ms=${Math.round(now() - win)}`;
-    const r = await getJSON(`api/timeline?${params}`);
+    const r = await getJSON(`api/timeline?${params}&width=${timelineWidth() - 198}`);
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || r.statusText);
     TL.data = body;
@@ -449,7 +505,7 @@
     renderTimeline();
   }
   function timelineDue() {
-    // a short window follows every poll; a long one every tenth (its answer is large)
+    // a short window follows every poll; a long one every tenth
     if (!$("#tl-live").checked) return false;
     TL.polls += 1;
     const win = TL.windowMs === "all" ? Infinity : TL.windowMs;
@@ -460,28 +516,45 @@
     TL.polls = 0;
     loadTimeline().catch((err) => message(`timeline: ${err.message}`, true));
   });
-  $("#tl-scroll").addEventListener("mousemove", (ev) => {
+  function showTip(lines, at) {
     const tip = $("#tl-tip");
-    const hit = runAt(ev);
-    if (!hit) { tip.hidden = true; return; }
-    tip.textContent = runLines(hit).map(([k, v]) => `${k}: ${v}`).join("\n");
+    tip.textContent = lines.map(([k, v]) => `${k}: ${v}`).join("\n");
     tip.hidden = false;
     const box = $("#timeline-section").getBoundingClientRect();
-    const x = ev.clientX - box.left;  // right of the pointer, or left of it in the right half
+    const x = at.clientX - box.left;  // right of the pointer, or left of it in the right half
     tip.style.left = `${x > box.width / 2 ? Math.max(0, x - 12 - tip.offsetWidth) : x + 12}px`;
-    tip.hidden = false;
-    const y = ev.clientY - box.top;  // below the pointer, or above it near the bottom
+    const y = at.clientY - box.top;  // below the pointer, or above it near the bottom
     tip.style.top = `${y + 14 + tip.offsetHeight > box.height ? y - 10 - tip.offsetHeight : y + 14}px`;
+  }
+  $("#tl-scroll").addEventListener("mousemove", (ev) => {
+    const hit = markAt(ev);
+    if (!hit) { TL.hover = null; $("#tl-tip").hidden = true; return; }
+    const at = { clientX: ev.clientX, clientY: ev.clientY };
+    if (TL.hover === hit.id) { showTip(TL.hoverLines, at); return; }
+    TL.hover = hit.id;
+    TL.hoverLines = markLines(hit, null);
+    showTip(TL.hoverLines, at);
+    markDetail(hit).then((detail) => {
+      if (TL.hover !== hit.id) return;
+      TL.hoverLines = markLines(hit, detail);
+      showTip(TL.hoverLines, at);
+    }).catch((err) => { if (TL.hover === hit.id) showTip([...TL.hoverLines, ["error", err.message]], at); });
   });
-  $("#tl-scroll").addEventListener("mouseleave", () => { $("#tl-tip").hidden = true; });
+  $("#tl-scroll").addEventListener("mouseleave", () => { TL.hover = null; $("#tl-tip").hidden = true; });
   $("#tl-scroll").addEventListener("click", (ev) => {
     const label = ev.target.closest("text[data-entry]");
     if (label) { openDetail(label.getAttribute("data-entry")); return; }
-    const hit = runAt(ev);
+    const hit = markAt(ev);
     const pinned = $("#tl-pinned");
-    if (!hit) { pinned.hidden = true; return; }
-    pinned.replaceChildren(...runLines(hit).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
-    pinned.hidden = false;
+    if (!hit) { TL.pinned = null; pinned.hidden = true; return; }
+    const pin = (lines) => {
+      pinned.replaceChildren(...lines.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+      pinned.hidden = false;
+    };
+    TL.pinned = hit.id;
+    pin(markLines(hit, null));
+    markDetail(hit).then((detail) => { if (TL.pinned === hit.id) pin(markLines(hit, detail)); })
+      .catch((err) => message(`timeline: ${err.message}`, true));
   });
   window.addEventListener("resize", () => renderTimeline());
 

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from celery import Celery
 
 from celery_election.backends import SQLBackend
+from celery_election.backends.sql_schedule import history_row
 from celery_election.schedule import Schedule
 from celery_election.web import make_app, server
 from harness.processes import Proc
@@ -220,6 +222,9 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
     time.sleep(6)  # a few runs of the new leader, for the picture
     css(browser, "#tl-live").click()  # hold the timeline still: point at a run
     time.sleep(0.3)
+    # its mark on this window (a column of the last minute is ~50 ms, of the hour ~4 s)
+    flagged = wait_dom(browser, lambda: flagged_after(browser, handover["gap"]["from_ms"]), 5,
+                       "the late or missed run on the last minute")  # fmt: skip
     hover_a_mark(browser, flagged[0])
     webdriver.ActionChains(browser).move_to_element(css(browser, "#tl-range")).perform()
     docs = Path(__file__).resolve().parents[2] / "docs" / "timeline.png"
@@ -306,16 +311,17 @@ def handover_drawn(browser: Any, ns: str, old_term: int) -> dict[str, Any] | Non
 
 
 def flagged_after(browser: Any, since_ms: int) -> list[dict[str, Any]] | None:
-    """Late or missed marks of runs decided after ``since_ms``."""
+    """Late or missed marks of a column (a pixel's time) that ends after ``since_ms``."""
     t = browser.execute_script("return window.electionTimeline")
-    found = [
-        m for m in t["flagged"] if m["kind"] in ("late", "missed") and m["sent_ms"] >= since_ms
-    ]
+    found = [m for m in t["flagged"] if m["kind"] in ("late", "missed") and m["to_ms"] > since_ms]
     return found or None
 
 
-def hover_a_mark(browser: Any, mark: dict[str, Any]) -> None:
-    """Point at ``mark`` on the timeline: its tooltip tells the run, a click pins it."""
+def hover_a_mark(browser: Any, mark: dict[str, Any], *, says: tuple[str, ...] = ()) -> str:
+    """Point at ``mark`` on the timeline: its tooltip tells the run, a click pins it.
+
+    The tooltip first says what the mark is, then (api/mark) the worst run behind it.
+    """
     where = browser.execute_script(
         """const [name, ms] = arguments;
         const svg = document.querySelector('#tl-body svg');
@@ -323,28 +329,46 @@ def hover_a_mark(browser: Any, mark: dict[str, Any]) -> None:
         const from = +document.querySelector('#tl-head svg').dataset.from;
         const to = +document.querySelector('#tl-head svg').dataset.to;
         label.scrollIntoView({block: 'center'});
+        // from the middle of the rows' box (in view: WebDriver offsets from an element's
+        // in-view centre, which for the tall SVG is not its middle)
         const r = svg.getBoundingClientRect(), W = +svg.getAttribute('width');
-        const x = 190 + (ms - from) / (to - from) * (W - 198);
-        return [x - r.width / 2, +label.getAttribute('y') - 4 - r.height / 2];""",
+        const box = document.querySelector('#tl-scroll').getBoundingClientRect();
+        const x = r.left + 190 + (ms - from) / (to - from) * (W - 198);
+        const y = r.top + +label.getAttribute('y') - 4;
+        return [x - (box.left + box.width / 2), y - (box.top + box.height / 2)];""",
         mark["entry"],
         mark["sent_ms"],
     )
-    body = css(browser, "#tl-body svg")
+    rows = css(browser, "#tl-scroll")
     chain = webdriver.ActionChains(browser).move_to_element_with_offset(
-        body, int(where[0]), int(where[1])
+        rows, int(where[0]), int(where[1])
     )
     chain.click().perform()  # click pins the run's details under the timeline
     tip = wait_dom(
         browser,
-        lambda: css(browser, "#tl-tip").is_displayed() and text(browser, "#tl-tip"),
+        lambda: (
+            css(browser, "#tl-tip").is_displayed()
+            and "term began" in text(browser, "#tl-tip")
+            and text(browser, "#tl-tip")
+        ),
         5,
-        "the run's tooltip",
+        "the run's tooltip with its details",
     )
     print(f"tooltip: {tip!r}")
     assert mark["entry"] in tip and "term began" in tip
-    assert ("late by" in tip) or ("missed" in tip)
-    pinned = text(browser, "#tl-pinned")
-    assert mark["entry"] in pinned and (("late by" in pinned) or ("missed" in pinned))
+    pinned = wait_dom(
+        browser,
+        lambda: "term began" in text(browser, "#tl-pinned") and text(browser, "#tl-pinned"),
+        5,
+        "the pinned details",
+    )
+    assert mark["entry"] in pinned
+    for words in says or ():
+        assert words in tip and words in pinned, (words, tip)
+    if not says:
+        assert ("late by" in tip) or ("missed" in tip)
+        assert ("late by" in pinned) or ("missed" in pinned)
+    return str(tip)
 
 
 # -- 1,000 entries --------------------------------------------------------------------------
@@ -369,6 +393,20 @@ def test_a_thousand_entries_render_and_stay_usable(
         for i in range(0, 999, 3):
             s.store.record(s.namespace, f"entry-{i:04d}", "run", run_key=i, term=1,
                            task_id=f"task-{i}")  # fmt: skip
+        # 300 runs on time over the last 30 s, one failed among them: on a timeline of the
+        # last hour (a column is ~3 s) its column still shows failed, and pointing at it
+        # gives that run
+        now = s.store.db_now()
+        s.store.record_many([
+            history_row(s.namespace, "entry-0001", "run", run_key=k, term=1, due_at=t,
+                        sent_at=t, task_id=f"busy-{k}")
+            for k, t in enumerate(range(now - 30_000_000, now, 100_000))
+        ])  # fmt: skip
+        assert s.store.finish("busy-150", "FAILURE", 2_500_000)
+        with s.backend.engine.begin() as conn:
+            conn.execute(sa.insert(s.store.term_table).values(
+                namespace=s.namespace, term=1, leader_id="beat@here", started_at=now - 60_000_000,
+                seen_at=now, ended_at=None))  # fmt: skip
     web = make_app(app, token=TOKEN)
     httpd = server(web, port=0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -439,6 +477,23 @@ def test_a_thousand_entries_render_and_stay_usable(
             size = len(r.read())
         took = (time.perf_counter() - started) * 1000
         print(f"api/entries, 1,000 entries: {size / 1024:.0f} KiB in {took:.0f} ms (a re-read)")
+
+        # the timeline (the last hour): the failed run among 300 on time is a failed mark
+        t = wait_dom(
+            browser,
+            lambda: browser.execute_script(
+                "const t = window.electionTimeline; return t.renders ? t : null"
+            ),
+            10,
+            "the timeline",
+        )
+        css(browser, "#tl-live").click()  # hold it still
+        failed = [m for m in t["flagged"] if m["entry"] == "entry-0001"]
+        assert [m["kind"] for m in failed] == ["failed"], failed
+        assert failed[0]["runs"] > 1  # a column of many runs
+        assert t["runs"] == 333 + 300 and t["columns"] < t["runs"]
+        tip = hover_a_mark(browser, failed[0], says=("run: failed", "busy-150", "FAILURE"))
+        assert "2.5 seconds" in tip and "on-time" in tip  # its duration; the others in the column
     finally:
         httpd.shutdown()
         httpd.server_close()

@@ -6,6 +6,7 @@ and expiry) has a case here that fails when the condition is removed.
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,10 +15,18 @@ from typing import Any
 import pytest
 
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
+from celery_election.backends.schema import entry_key
+from celery_election.backends.sql_schedule import (
+    MARKS,
+    EntryRow,
+    MarkRow,
+    SQLScheduleStore,
+    history_row,
+    run_mark,
+)
 from celery_election.errors import ConfigurationError
 
-from ..conftest import EVERY_SQL, expire, token, url_for
+from ..conftest import EVERY_SQL, SQL_KINDS, expire, token, url_for
 
 NS = "sched-beat"
 LEASE_NS = "sched-lease"
@@ -193,3 +202,111 @@ def test_runs_between_reads_a_window_of_the_history_oldest_first(backend: SQLBac
     assert got[0].due_at == now
     assert len(store.runs_between(NS, now - 10_000, now + 10_000_000)) == 6
     assert store.runs_between("other", 0, now + 10_000_000) == []
+
+
+def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
+    backend: SQLBackend,
+) -> None:
+    """The timeline's columns: a failed run among twenty on time still shows failed."""
+    store = backend.schedule
+    now = store.db_now()
+    start, col = now - 100_000_000, 10_000_000  # ten columns of 10 s
+
+    def at(name: str, kind: str, sent: int, late: int = 0, ns: str = NS) -> dict[str, Any]:
+        task = f"t-{name}-{kind}-{sent}"
+        return history_row(ns, name, kind, run_key=sent, term=7, sent_at=start + sent,
+                           due_at=start + sent - late, task_id=task)  # fmt: skip
+
+    rows = [at("busy", "run", k * 400_000) for k in range(20)]  # column 0: twenty on time
+    rows += [at("busy", "run", 3_000_100)]  # ... and one that fails
+    rows += [at("busy", "run", col + 1), at("busy", "run_now", col + 2)]  # column 1: late wins
+    rows += [at("busy", "run", col + 3, late=2_000_000), at("busy", "run", col + 4, late=700_000)]
+    rows += [at("busy", "skipped", 2 * col), at("busy", "missed", 2 * col + 5)]  # 2: missed
+    rows += [at("busy", "run_now", 3 * col, late=9_000_000)]  # 3: a run now is never late
+    rows += [at("quiet", "run", 5 * col + 1)]
+    rows += [at("busy", "run", 1, ns="elsewhere")]  # another namespace: not shown
+    rows += [at("quiet", "run", 10 * col)]  # at the window's end: outside [from, to)
+    store.record_many(rows)
+    assert store.finish(f"t-busy-run-{3_000_100}", "FAILURE", 1500)
+    got = store.marks(NS, start, start + 10 * col, col)
+    busy, quiet = entry_key("busy"), entry_key("quiet")
+    expected = [
+        MarkRow(busy, 0, MARKS.index("failed"), 21, None),
+        MarkRow(busy, 1, MARKS.index("late"), 4, 2_000_000),
+        MarkRow(busy, 2, MARKS.index("missed"), 2, None),
+        MarkRow(busy, 3, MARKS.index("run-now"), 1, None),
+        MarkRow(quiet, 5, MARKS.index("on-time"), 1, None),
+    ]
+    assert got == sorted(expected, key=lambda m: (m.entry_key, m.column))
+    # the runs behind a mark: the worst first, and how many of each
+    runs, counts = store.runs_in(NS, busy, start, start + col)
+    assert counts == {"on-time": 20, "failed": 1}
+    worst = runs[0]
+    assert (worst.task_id, worst.outcome, worst.duration_us, worst.term) == (
+        f"t-busy-run-{3_000_100}",
+        "FAILURE",
+        1500,
+        7,
+    )
+    assert [run_mark(r) for r in runs] == ["failed"] + ["on-time"] * 19  # 20 at most
+    runs, counts = store.runs_in(NS, busy, start + col, start + 2 * col)
+    assert [run_mark(r) for r in runs] == ["late", "late", "run-now", "on-time"]
+    assert counts == {"late": 2, "run-now": 1, "on-time": 1}
+    assert store.runs_in(NS, quiet, start, start + col) == ([], {})
+    assert store.marks(NS, start + 6 * col, start + 9 * col, col) == []
+
+
+@pytest.mark.parametrize("kind", SQL_KINDS)
+def test_the_timelines_queries_read_the_namespace_and_window_by_index(
+    kind: str, tmp_path: Any
+) -> None:
+    """The plans of ``marks`` and ``runs_in`` on each database: an index range, no table scan.
+
+    30 days of 20 entries' history (every 30 minutes: 28,800 rows) and as much in another
+    namespace; the window is one hour.
+    """
+    b = backend_from_url(url_for(kind, tmp_path), table_prefix=f"p{uuid.uuid4().hex[:10]}_")
+    assert isinstance(b, SQLBackend)
+    b.install()
+    try:
+        store = b.schedule
+        now = store.db_now()
+        day = 86_400_000_000
+        rows = [
+            history_row(ns, f"e{i}", "run", run_key=t, term=1, sent_at=t, due_at=t)
+            for ns in (NS, "other")
+            for i in range(20)
+            for t in range(now - 30 * day + i * 1000, now, 1_800_000_000)
+        ]
+        for k in range(0, len(rows), 10_000):
+            store.record_many(rows[k : k + 10_000])
+        with b.engine.begin() as conn:
+            table = store.run.name
+            conn.exec_driver_sql({"sqlite": f"ANALYZE {table}", "postgresql": f"ANALYZE {table}",
+                                  "mysql": f"ANALYZE TABLE {table}"}[kind])  # fmt: skip
+        hour = 3_600_000_000
+        plans = {
+            "marks": store.marks_statement(NS, now - hour, now, 3_000_000),
+            "runs_in": store.runs_in_statements(NS, entry_key("e3"), now - hour, now)[0],
+        }
+        for what, stmt in plans.items():
+            plan = explain(b, stmt)
+            print(f"{kind} {what}:\n{plan}")
+            assert f"{table}_sent" in plan or f"{table}_entry" in plan, plan
+            assert not re.search(r"SCAN [^ ]*schedule_run(?! USING)|Seq Scan|\bALL\b", plan), plan
+        assert len(store.marks(NS, now - hour, now, 3_000_000)) == 20 * 2
+    finally:
+        b.uninstall()
+        b.close()
+
+
+def explain(b: SQLBackend, stmt: Any) -> str:
+    """The database's plan of ``stmt`` as text."""
+    sql = str(stmt.compile(b.engine, compile_kwargs={"literal_binds": True}))
+    with b.engine.connect() as conn:
+        if b.engine.dialect.name == "sqlite":
+            return "\n".join(r[-1] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+        if b.engine.dialect.name == "postgresql":
+            return "\n".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {sql}"))
+        result = conn.exec_driver_sql(f"EXPLAIN {sql}")
+        return "\n".join(" ".join(f"{k}={v}" for k, v in r._mapping.items()) for r in result)

@@ -21,11 +21,14 @@ from typing import Any
 from wsgiref.util import setup_testing_defaults
 
 import pytest
+import sqlalchemy as sa
 from celery import Celery
 from click.testing import CliRunner
 
 from celery_election import Elector
 from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.backends.schema import entry_key
+from celery_election.backends.sql_schedule import history_row
 from celery_election.cli import election
 from celery_election.schedule import Schedule
 from celery_election.web import Observer, WebApp, make_app, server
@@ -220,6 +223,95 @@ def test_one_entry_with_its_history_and_changes(web: WebApp, backend: SQLBackend
     assert [(c["action"], c["actor"]) for c in detail["changes"]] == [("add", "setup")]
     assert call(web, "/api/entry?name=nope").status == 400
     assert call(web, "/api/entry").status == 400
+
+
+def marks_of(timeline: dict[str, Any]) -> dict[str, list[tuple[int, str, int, int | None]]]:
+    """Each entry's marks in ``api/timeline``: (column, kind, runs, late ms), as the page reads."""
+    assert timeline["row_fields"] == ["entry", "columns", "marks", "runs", "late_ms"]
+    out = {}
+    for index, steps, marks, many, late in timeline["rows"]:
+        n = dict(zip(many[::2], many[1::2], strict=True))
+        most = dict(zip(late[::2], late[1::2], strict=True))
+        columns = [sum(steps[: i + 1]) for i in range(len(steps))]
+        out[timeline["entries"][index]] = [
+            (c, timeline["kinds"][int(m)], n.get(i, 1), most.get(i))
+            for i, (c, m) in enumerate(zip(columns, marks, strict=True))
+        ]
+    return out
+
+
+def test_the_timeline_shows_each_column_its_worst_run_and_hover_fetches_it(
+    web: WebApp, backend: SQLBackend
+) -> None:
+    """Runs reduced to what pixels show: a failed run among a hundred on time stays failed."""
+    store = backend.schedule
+    now_ms = store.db_now() // 1000
+    base = (now_ms - 30_000) // 1000 * 1000  # a second's edge, 30 s ago
+    rows = [
+        history_row("web-beat", "often", "run", run_key=k, term=3, sent_at=(base + k * 9) * 1000,
+                    due_at=(base + k * 9) * 1000, task_id=f"ok-{k}")
+        for k in range(100)
+    ]  # fmt: skip
+    rows.append(history_row("web-beat", "often", "run", run_key=500, term=3,
+                            sent_at=(base + 505) * 1000, due_at=(base + 505) * 1000,
+                            task_id="the-failed-one"))  # fmt: skip
+    rows.append(history_row("web-beat", "report", "run", run_key=1, term=3,
+                            sent_at=(base + 5_000) * 1000, due_at=(base + 2_000) * 1000,
+                            task_id="late-one"))  # fmt: skip
+    rows.append(history_row("web-beat", "report", "missed", run_key=2, term=3, count=3,
+                            sent_at=(base + 9_000) * 1000))  # fmt: skip
+    store.record_many(rows)
+    assert store.finish("the-failed-one", "FAILURE", 250_000)
+    with backend.engine.begin() as conn:  # a term that began before the window, still led
+        conn.execute(sa.insert(store.term_table).values(
+            namespace="web-beat", term=3, leader_id="beat@a", started_at=(base - 99_000) * 1000,
+            seen_at=now_ms * 1000, ended_at=None))  # fmt: skip
+    got = call(web, f"/api/timeline?from_ms={now_ms - 60_000}&to_ms={now_ms}&width=60").json()
+    assert got["column_ms"] == 1000 and got["from_ms"] % 1000 == 0
+    assert got["late_ms"] == 500 and got["runs"] == 103
+    assert set(got["keys"]) == {entry_key("often"), entry_key("report")}
+    column = (base - got["from_ms"]) // 1000
+    marks = marks_of(got)
+    # 101 runs in the second from base: one mark, failed, standing for all of them
+    assert marks["often"] == [(column, "failed", 101, None)]
+    assert marks["report"] == [(column + 5, "late", 1, 3000), (column + 9, "missed", 1, None)]
+    # the leadership bands stay exact: the term as recorded, though it began before the window
+    assert [(t["term"], t["started_ms"], t["leader"]) for t in got["terms"]] == [
+        (3, base - 99_000, "beat@a")
+    ]
+    # a wider page: a column per 100 ms; the failed run is still its own column's worst
+    fine = call(web, f"/api/timeline?from_ms={now_ms - 60_000}&to_ms={now_ms}&width=600").json()
+    assert fine["column_ms"] == 100
+    kinds = [m[1] for m in marks_of(fine)["often"]]
+    assert kinds.count("failed") == 1 and len(kinds) == 9 and set(kinds) == {"on-time", "failed"}
+    # pointing at the mark: the failed run itself, with its task id, term, outcome, duration
+    start = got["from_ms"] + column * 1000
+    detail = call(web, f"/api/mark?key={entry_key('often')}&from_ms={start}"
+                       f"&to_ms={start + 1000}").json()  # fmt: skip
+    assert detail["entry"] == "often" and detail["runs"] == 101
+    assert detail["counts"] == {"failed": 1, "on-time": 100}
+    run = detail["run"]
+    assert (run["task_id"], run["term"], run["outcome"], run["duration"], run["mark"]) == (
+        "the-failed-one",
+        3,
+        "FAILURE",
+        0.25,
+        "failed",
+    )
+    assert run["sent_ms"] == base + 505 and len(detail["shown"]) == 20
+    late = call(web, f"/api/mark?key={entry_key('report')}&from_ms={start + 5000}"
+                     f"&to_ms={start + 6000}").json()["run"]  # fmt: skip
+    assert (late["mark"], late["sent_ms"] - late["due_ms"], late["task_id"]) == (
+        "late",
+        3000,
+        "late-one",
+    )
+    assert call(web, "/api/mark?key=nope&from_ms=1&to_ms=2").status == 400
+    assert call(web, f"/api/mark?key={entry_key('often')}").status == 400
+    assert call(web, "/api/timeline?width=wide").status == 400
+    # the default: the last hour, 1,000 columns
+    default = call(web, "/api/timeline").json()
+    assert default["column_ms"] == 3600 and default["runs"] == 103
 
 
 def test_unchanged_entries_answer_304(web: WebApp) -> None:
