@@ -58,7 +58,7 @@ def test_a_rolling_upgrade_with_a_kill_in_the_middle(tmp_path: Path) -> None:
         [sys.executable, "-c", "import sys; from celery_election import backend_from_url as b; "
          "assert 'previous' in sys.modules['celery_election'].__file__; "
          f"b({db!r}, table_prefix={c.prefix!r}).install()"],
-        env={**c.env, **olden}, check=True, timeout=60,
+        env={**c.env, **olden}, cwd=tmp_path, check=True, timeout=60,
     )  # fmt: skip
     histories = []
 
