@@ -1,7 +1,7 @@
 """``init_app(app)``: the worker options, the bootstep and the remote control commands.
 
 The ``election_*`` settings are defined, read and validated in ``settings.py`` (the
-README's table is checked against that one definition).
+docs' Settings page renders its table from that one definition).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Every ``election_*`` setting, defined, parsed and validated in this one place.
 
-``SETTINGS`` is the one definition: the README's settings table is checked against it by
-a test, and nothing else in the package reads an ``election_*`` key from ``app.conf``.
+``SETTINGS`` is the one definition: the docs' Settings page renders its table from it when
+the site is built (docs/hooks/settings_table.py, checked by tests/unit/test_docs.py), and
+nothing else in the package reads an ``election_*`` key from ``app.conf``.
 ``ElectionSettings.from_app(app)`` reads them all once per app (cached on the app, and
 read again only when an ``election_*`` value changes, as redbeat's ``ensure_conf``
 caches its config) and raises one ConfigurationError that lists every problem. An
@@ -45,7 +46,7 @@ _PREFIX = "election_"
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``election_*`` setting as the README documents it."""
+    """One ``election_*`` setting as the docs' Settings page documents it."""
 
     name: str
     default: str
@@ -91,7 +92,7 @@ _TIMINGS: dict[str, tuple[str, str]] = {
     ),
 }
 
-#: Every setting, in the README's order.
+#: Every setting, in the order of the docs' Settings page.
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "election_url",
@@ -543,13 +544,13 @@ def _warn_unknown(app: Any, conf: Any) -> None:
             hint = (
                 "did you mean " + " or ".join(spelling(n, prefix) for n in near) + "?"
                 if near
-                else "see the README's settings"
+                else "see the settings in the docs, docs/settings.md"
             )
             log.warning("%s is not a celery-election setting (%s); it is ignored", key, hint)
 
 
 def settings_table() -> str:
-    """The README's settings table, rendered from ``SETTINGS``."""
+    """The docs' settings table (docs/settings.md), rendered from ``SETTINGS``."""
     rows = [
         "| setting (`app.conf`) / Elector argument | default | meaning |",
         "| --- | --- | --- |",

@@ -345,7 +345,7 @@ class PostgreSQL(Dialect):
     clock_sql = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
     deadline_hint = (
         " (behind PgBouncer, a pool too small for its clients makes calls "
-        "wait like this: README, Deployment topologies)"
+        "wait like this: docs, Deployment topologies)"
     )
     contention: ClassVar[frozenset[str]] = frozenset({"40P01", "55P03", "40001", "23505", "57014"})
     missing: ClassVar[frozenset[str]] = frozenset({"42P01"})

@@ -438,7 +438,7 @@ class PostgresBackend(SQLBackend):
             f"{self.description} streams to {count} asynchronous standby(s): a failover to "
             f"one can lose the last renewal, and with election_liveness off two processes "
             f"may then lead for up to a lease. Keep the liveness lock on, or replicate "
-            f"synchronously (README: Deployment topologies)"
+            f"synchronously (docs: Deployment, Deployment topologies)"
         ]
 
     @property

@@ -720,17 +720,6 @@ def test_unknown_timing_names_are_one_clear_error() -> None:
 # -- the settings: one definition -----------------------------------------------------------
 
 
-def test_the_readme_settings_table_is_the_one_definition() -> None:
-    """README.md's table is ``settings.SETTINGS`` rendered: regenerate it with
-    ``python -c 'from celery_election.settings import settings_table; print(settings_table())'``."""
-    from pathlib import Path
-
-    from celery_election.settings import settings_table
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert settings_table() in readme
-
-
 def test_every_timing_is_a_documented_setting() -> None:
     import dataclasses
 

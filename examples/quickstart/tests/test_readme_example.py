@@ -1,4 +1,4 @@
-# The README's "Testing leader tasks" example, verbatim: keep the two in step.
+# The docs' "Testing your app" page includes this file as it is (docs/testing.md).
 from proj.tasks import refresh_report
 
 
