@@ -534,7 +534,13 @@ class MySQL(Dialect):
     def delete_at_most(
         self, key: sa.Column[Any], where: sa.ColumnElement[bool], limit: int
     ) -> sa.Delete:
-        return sa.delete(key.table).where(where).with_dialect_options(mysql_limit=limit)
+        try:
+            return sa.delete(key.table).where(where).with_dialect_options(mysql_limit=limit)
+        except sa.exc.ArgumentError:
+            # older SQLAlchemy 2.0 (2.0.30) has no DELETE ... LIMIT for MySQL; MySQL refuses LIMIT
+            # in an IN subquery, but not in a derived table inside it
+            ids = sa.select(key).where(where).limit(limit).subquery()
+            return sa.delete(key.table).where(key.in_(sa.select(ids.c[key.name])))
 
     def liveness_session(
         self,
