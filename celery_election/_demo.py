@@ -210,9 +210,16 @@ class Demo:
 
     def summary(self, crash: float | None, handoff: float | None) -> int:
         ticks = [r for r in self.rows("tick")]
-        runs = [r[3] for r in ticks if r[3] is not None]  # each run's key: the run before
-        counts = Counter(runs)
+        # each run's key (the run before) and the task id it was sent as: a key sent under
+        # two ids was sent twice; one id run twice is the broker delivering it again
+        # (at-least-once, e.g. a warm shutdown's unacked message), not a second send
+        sends: dict[Any, set[Any]] = {}
+        for r in ticks:
+            if r[3] is not None:
+                sends.setdefault(r[3], set()).add(r[4])
+        counts = Counter({key: len(ids) for key, ids in sends.items()})
         duplicates = sum(n - 1 for n in counts.values())
+        redelivered = sum(r[3] is not None for r in ticks) - sum(counts.values())
         keys = sorted(k for k in counts if k)
         # runs a second apart; a longer step between two keys is a run nobody sent
         missed = sum(max(0, round((b - a) / 1e6) - 1) for a, b in itertools.pairwise(keys))
@@ -222,6 +229,8 @@ class Demo:
         print(f"  ticks due           {expected}")
         print(f"  ticks run           {len(ticks)}")
         print(f"  duplicates          {duplicates}")
+        if redelivered:
+            print(f"  redelivered         {redelivered}  (one send run twice by the broker)")
         print(
             f"  missed (failovers)  {missed}  (runs that fell due while nobody led: one catch-up)"
         )
@@ -231,7 +240,7 @@ class Demo:
         if handoff is not None:
             print(f"  clean handoff       {handoff * 1000:.0f} ms")
         ok = duplicates == 0 and bool(ticks) and len(set(leaders)) >= 3
-        print("OK: every tick ran at most once" if ok else "FAILED")
+        print("OK: every tick was sent at most once" if ok else "FAILED")
         return 0 if ok else 1
 
 

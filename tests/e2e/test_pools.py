@@ -31,7 +31,7 @@ import pytest
 from ..conftest import server_url
 from ..support.locks import waiting_on_lock
 from .cluster import Cluster, wait_until
-from .test_worker_election import _inspect, celery_cli
+from .test_worker_election import _inspect, remote
 
 CELLS = [
     ("prefork", "amqp"),
@@ -120,8 +120,7 @@ def test_pool_and_broker(pool: str, broker: str, tmp_path: Path) -> None:
         print(f"\n{pool}/{broker}: plain tasks, median seconds: follower {median(waiting):.3f}"
               f", no election {median(stock):.3f}")  # fmt: skip
 
-        out = celery_cli("control", "election_resign", "-d", node, "--json", "-t", "10", env=c.env)
-        assert "resigned" in out
+        assert "resigned" in json.dumps(remote(c, "election_resign", node))
         leader = c.wait_leader(15, other_than=leader)
         _leader_tasks_on(c, leader, "b")
 
