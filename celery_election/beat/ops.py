@@ -41,7 +41,8 @@ from datetime import datetime
 from typing import Any
 
 from celery.beat import event_t
-from celery.schedules import schedstate
+from celery.schedules import crontab, schedstate
+from celery.schedules import schedule as interval
 
 from .. import metrics
 from ..backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
@@ -156,6 +157,8 @@ class OperableScheduleMixin:
         self._policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
         self._writer: HistoryWriter | None = None
         self._run_now_key: int | None = None
+        # this tick's due times: (schedule type, tz, relative, run) -> [(schedule, due)]
+        self._due_memo: dict[tuple[Any, ...], list[tuple[Any, datetime]]] = {}
         super().__init__(*args, **kwargs)
 
     # -- the schedule Celery sees -----------------------------------------------------------
@@ -289,6 +292,7 @@ class OperableScheduleMixin:
                 self._writer = HistoryWriter(store)
             self._writer.lead(self._election.namespace, None if lead is None else lead[0],
                               self._leader_label())  # fmt: skip
+        self._due_memo = {}
         next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
         return min(next_in, LOOK_EVERY) if store is not None else next_in
 
@@ -484,12 +488,34 @@ class OperableScheduleMixin:
             return None
         try:
             now = self.app.now()
-            last = self._from_db(run, now)  # type: ignore[attr-defined]
-            due = now + entry.schedule.remaining_estimate(last)
+            due = self._due_after(entry.schedule, run, now)
             return int(self._to_db(min(due, now)))  # type: ignore[attr-defined]
         except Exception as exc:  # informational only: the run went out
             log.debug("beat election: due time of %s: %s", entry.name, exc)
             return None
+
+    def _due_after(self, sched: Any, run: int, now: datetime) -> datetime:
+        """When ``sched`` falls due after the stored run ``run``.
+
+        Answered once per tick for equal Celery crontabs and intervals: a burst's entries
+        share their schedule and last run, and asking Celery for each cost 8 % of a
+        10,000-entry burst.
+        """
+        kind = type(sched)
+        if kind is not crontab and kind is not interval:
+            last = self._from_db(run, now)  # type: ignore[attr-defined]
+            return now + sched.remaining_estimate(last)  # type: ignore[no-any-return]
+        # their __eq__ leaves out the time zone (crontab) and relative (interval)
+        key = (kind, getattr(sched, "tz", None), getattr(sched, "relative", None), run)
+        known = self._due_memo.setdefault(key, [])
+        for other, at in known:
+            if other == sched:
+                return at
+        last = self._from_db(run, now)  # type: ignore[attr-defined]
+        due: datetime = now + sched.remaining_estimate(last)
+        if len(known) < 16:
+            known.append((sched, due))
+        return due
 
     def _history(
         self,
