@@ -11,10 +11,11 @@ RabbitMQ as the broker (a queue of the run's own, deleted afterwards), N entries
 ``crontab(minute="*")`` for a task name no process has (sent by name, as beat does).
 
 It times the promotion (the first leading tick: loading and recording the shared state),
-then waits for the next minute boundary at least 3 s away and profiles the ticks from
-0.3 s before it until all N sends went out (counted by ``after_task_publish``). It prints
-the wall time, the CPU time (``time.process_time``), the top functions by own time and by
-cumulative time, and writes the profile to ``--out`` (pstats format).
+syncs after ticks that waited as beat's ``Service`` loop does, then waits for the next
+minute boundary at least 3 s away and profiles the ticks from 0.3 s before it until all
+N sends went out (counted by ``after_task_publish``). It prints the wall time, the CPU
+time (``time.process_time``), the top functions by own time and by cumulative time, and
+writes the profile to ``--out`` (pstats format). ``--no-profile``: the times alone.
 
 ``--floor``: no scheduler; N calls of Celery's ``Scheduler.apply_entry`` for the same
 entries through one producer (what stock beat does per send, without its O(N) schedule
@@ -90,14 +91,16 @@ def floor(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
     producer = s.producer
     prof = cProfile.Profile()
     cpu0, t0 = time.process_time(), time.perf_counter()
-    prof.enable()
+    if not args.no_profile:
+        prof.enable()
     for entry in entries:
         s.apply_entry(entry, producer=producer)
     prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(f"floor: {len(entries)} apply_entry in {wall:.2f} s wall, {cpu:.2f} s CPU "
           f"({cpu / len(entries) * 1e3:.3f} ms CPU per send); sent {SENT[0]}")  # fmt: skip
-    print(report(prof, args.top, args.out))
+    if not args.no_profile:
+        print(report(prof, args.top, args.out))
 
 
 def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
@@ -118,18 +121,23 @@ def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
         boundary = (int(time.time() + 3) // 60 + 1) * 60
         while time.time() < boundary - 0.3:
             time.sleep(max(0.0, min(next_in, boundary - 0.3 - time.time())))
+            if s.should_sync():  # as beat's Service loop: after a tick that waited
+                s._do_sync()
             next_in = s.tick()
         start_sent = SENT[0]
         prof = cProfile.Profile()
         cpu0, t0 = time.process_time(), time.perf_counter()
         ticks = 0
-        prof.enable()
+        if not args.no_profile:
+            prof.enable()
         deadline = boundary + args.window
         while SENT[0] - start_sent < args.entries and time.time() < deadline:
             next_in = s.tick()
             ticks += 1
             if next_in:
                 time.sleep(min(next_in, 0.05))
+                if s.should_sync():
+                    s._do_sync()
         prof.disable()
         last = time.time() - boundary
         cpu = time.process_time() - cpu0
@@ -137,7 +145,8 @@ def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
         print(f"burst: {sent} sent, last {last:.2f} s after the boundary, "
               f"{time.perf_counter() - t0:.2f} s wall profiled, {cpu:.2f} s CPU "
               f"({cpu / max(sent, 1) * 1e3:.3f} ms CPU per send), {ticks} ticks")  # fmt: skip
-        print(report(prof, args.top, args.out))
+        if not args.no_profile:
+            print(report(prof, args.top, args.out))
     finally:
         s.close()
 
@@ -168,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="burst.prof")
     parser.add_argument("--floor", action="store_true", help="Celery's publish alone.")
     parser.add_argument("--promotion", action="store_true", help="Profile the promotion too.")
+    parser.add_argument("--no-profile", action="store_true", help="Time the burst only.")
     args = parser.parse_args(argv)
     tag = secrets.token_hex(3)
     queue, prefix, ns = f"burstprof-{tag}", f"bp{tag}_", f"burstprof{tag}"
