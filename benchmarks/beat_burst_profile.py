@@ -15,7 +15,8 @@ syncs after ticks that waited as beat's ``Service`` loop does, then waits for th
 minute boundary at least 3 s away and profiles the ticks from 0.3 s before it until all
 N sends went out (counted by ``after_task_publish``). It prints the wall time, the CPU
 time (``time.process_time``), the top functions by own time and by cumulative time, and
-writes the profile to ``--out`` (pstats format). ``--no-profile``: the times alone.
+writes the profile to ``--out`` (pstats format). ``--no-profile``: the times alone;
+``--spy FILE``: py-spy's samples of the burst (collapsed stacks), e.g. with --no-profile.
 
 ``--floor``: no scheduler; N calls of Celery's ``Scheduler.apply_entry`` for the same
 entries through one producer (what stock beat does per send, without its O(N) schedule
@@ -30,6 +31,8 @@ import io
 import os
 import pstats
 import secrets
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -124,6 +127,12 @@ def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
             if s.should_sync():  # as beat's Service loop: after a tick that waited
                 s._do_sync()
             next_in = s.tick()
+        spy = None
+        if args.spy:  # a sampling profile of the burst alone (py-spy, from PyPI)
+            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record",
+                                    "-r", "250", "-f", "raw", "-o", args.spy,
+                                    "--pid", str(os.getpid())])  # fmt: skip
+            time.sleep(max(0.0, boundary - 0.3 - time.time()))
         start_sent = SENT[0]
         prof = cProfile.Profile()
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -140,6 +149,9 @@ def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
                     s._do_sync()
         prof.disable()
         last = time.time() - boundary
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         cpu = time.process_time() - cpu0
         sent = SENT[0] - start_sent
         print(f"burst: {sent} sent, last {last:.2f} s after the boundary, "
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", action="store_true", help="Celery's publish alone.")
     parser.add_argument("--promotion", action="store_true", help="Profile the promotion too.")
     parser.add_argument("--no-profile", action="store_true", help="Time the burst only.")
+    parser.add_argument("--spy", help="Also sample the burst with py-spy into this file (raw).")
     args = parser.parse_args(argv)
     tag = secrets.token_hex(3)
     queue, prefix, ns = f"burstprof-{tag}", f"bp{tag}_", f"burstprof{tag}"

@@ -455,10 +455,11 @@ def test_a_large_schedule_is_compared_again_less_often(
     assert len(compared) == 2
 
 
-def test_due_times_are_asked_once_per_tick_for_equal_schedules() -> None:
-    """The history's due time: a burst's entries share schedule and last run, so one
-    answer serves them all; a crontab in another zone (its __eq__ leaves the zone out), an
-    interval of another period or a custom schedule is asked itself."""
+def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
+    """The history's due time: a burst's entries share their crontab and ran within one
+    minute, so one answer serves them all; a crontab in another zone (its __eq__ leaves
+    the zone out) or with other fields, a last run in another minute, or a subclass is
+    asked itself."""
     from celery_election.beat import LeaderScheduler
 
     asked: list[Any] = []
@@ -475,16 +476,17 @@ def test_due_times_are_asked_once_per_tick_for_equal_schedules() -> None:
     last = (now - timedelta(minutes=2)).replace(second=0, microsecond=0)
     run = round(last.timestamp() * 1_000_000)
     a, b = crontab(minute="*", app=app), crontab(minute="*", app=app)
+    due = s._due_after(a, run, now)
+    assert abs((due - (last + timedelta(minutes=1))).total_seconds()) < 1
+    assert s._due_after(b, run + 59_000_000, now) is due  # the same minute
+    earlier = s._due_after(b, run - 1, now)  # the minute before
+    assert abs((earlier - last).total_seconds()) < 1
     kolkata = crontab(minute="0", app=make_app({}, timezone="Asia/Kolkata"))
     utc = crontab(minute="0", app=app)
     assert kolkata == utc
-    due = s._due_after(a, run, now)
-    assert abs((due - (last + timedelta(minutes=1))).total_seconds()) < 1
-    assert s._due_after(b, run, now) is due
     assert s._due_after(kolkata, run, now) != s._due_after(utc, run, now)
-    assert s._due_after(schedule(60, app=app), run, now) != s._due_after(
-        schedule(120, app=app), run, now
-    )
+    other_hours = crontab(minute="*", hour=str((last.hour + 12) % 24), app=app)
+    assert s._due_after(other_hours, run, now) != due
     custom = [Counted(minute="*", app=app) for _ in range(2)]
     for c in custom:
         s._due_after(c, run, now)
