@@ -41,12 +41,13 @@ from datetime import datetime
 from typing import Any
 
 from celery.beat import event_t
-from celery.schedules import crontab, schedstate
+from celery.schedules import schedstate
 
 from .. import metrics
 from ..backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
 from ..clock import boottime
 from ..errors import ElectionError
+from .answers import shared_answer
 from .spec import SKIP_GRACE, check_policies, from_spec
 
 __all__ = ["Decision", "HistoryWriter", "OperableScheduleMixin", "decide", "due_times"]
@@ -156,8 +157,6 @@ class OperableScheduleMixin:
         self._policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
         self._writer: HistoryWriter | None = None
         self._run_now_key: int | None = None
-        # this tick's crontab due times: (tz, minute of the last run) -> [(schedule, due)]
-        self._due_memo: dict[tuple[Any, ...], list[tuple[Any, datetime]]] = {}
         super().__init__(*args, **kwargs)
 
     # -- the schedule Celery sees -----------------------------------------------------------
@@ -291,7 +290,6 @@ class OperableScheduleMixin:
                 self._writer = HistoryWriter(store)
             self._writer.lead(self._election.namespace, None if lead is None else lead[0],
                               self._leader_label())  # fmt: skip
-        self._due_memo = {}
         next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
         return min(next_in, LOOK_EVERY) if store is not None else next_in
 
@@ -494,26 +492,19 @@ class OperableScheduleMixin:
             return None
 
     def _due_after(self, sched: Any, run: int, now: datetime) -> datetime:
-        """When ``sched`` falls due after the stored run ``run``.
+        """When ``sched`` falls due after the stored run ``run`` (Celery's answer).
 
-        Answered once per tick and minute of the last run for equal Celery crontabs: a
-        burst's entries share their schedule and ran within the same minute, and asking
-        Celery for each cost 8 % of a 10,000-entry burst. A crontab's next run depends
-        on its last run's minute alone (Celery sets the seconds to 0).
+        Shared by equal crontabs last run in the same minute (``shared_answer``): asking
+        Celery for each entry of a burst cost 8 % of a 10,000-entry burst.
         """
         last = self._from_db(run, now)  # type: ignore[attr-defined]
-        if type(sched) is not crontab:
-            return now + sched.remaining_estimate(last)  # type: ignore[no-any-return]
-        # its __eq__ leaves the time zone out
-        key = (sched.tz, last.replace(second=0, microsecond=0))
-        known = self._due_memo.setdefault(key, [])
-        for other, at in known:
-            if other == sched:
-                return at
-        due: datetime = now + sched.remaining_estimate(last)
-        if len(known) < 16:
-            known.append((sched, due))
-        return due
+        answers = self._answers  # type: ignore[attr-defined]
+
+        def ask() -> datetime:
+            due: datetime = now + sched.remaining_estimate(last)
+            return due
+
+        return shared_answer(answers, "due", sched, last, now, ask)
 
     def _history(
         self,

@@ -68,6 +68,7 @@ from ..backends.base import RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ConfigurationError, ElectionError, cannot_start
 from ..settings import ElectionSettings
+from .answers import Answers, shared_answer
 from .cron import CronFields, next_occurrence
 from .election import BeatElection, backend_description
 from .ops import OperableScheduleMixin
@@ -139,6 +140,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._equal_until = 0.0
         self._held: dict[str, Any] = {}  # entry name -> the last run its held send followed
         self._recording: list[RunRequest] | None = None  # a promotion's records, batched
+        self._answers: Answers = {}  # crontab answers shared by a burst (shared_answer)
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -607,7 +609,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         due, answer = state
         if not due:
             return state
-        hold = runaway_hold(entry)
+        hold = runaway_hold(entry, self._answers)
         if hold is None:
             return state
         wait, why = hold
@@ -840,7 +842,7 @@ def _numeric(value: Any) -> bool:
 MIN_GAP = 1.0  # seconds: a schedule of no known period is not sent twice within this
 
 
-def runaway_hold(entry: Any) -> tuple[float, str] | None:
+def runaway_hold(entry: Any, answers: Answers | None = None) -> tuple[float, str] | None:
     """Seconds to hold a due ``entry`` and why, or None: sending it now is no runaway.
 
     * A crontab is sent only if its fields matched a wall-clock minute since its last run
@@ -855,6 +857,9 @@ def runaway_hold(entry: Any) -> tuple[float, str] | None:
     Only a counted run (``total_run_count`` > 0) is "sent" for the last two rules: an
     entry's ``last_run_at`` before its first run is when it appeared, and Celery's own
     tests send ``always due`` entries at once.
+
+    ``answers``: a crontab's next occurrence, shared by equal crontabs whose last runs
+    fell in the same minute (a burst's entries).
     """
     last = entry.last_run_at
     if last is None:
@@ -863,7 +868,10 @@ def runaway_hold(entry: Any) -> tuple[float, str] | None:
     now = maybe_make_aware(entry.default_now())
     last = maybe_make_aware(last)
     if isinstance(schedule, crontab):
-        seen = next_occurrence(CronFields.of(schedule), schedule.tz, last)
+        seen = shared_answer(
+            answers, "seen", schedule, last, now,
+            lambda: next_occurrence(CronFields.of(schedule), schedule.tz, last),
+        )  # fmt: skip
         if seen is not None and seen > now:
             return (seen - now).total_seconds(), (
                 f"its fields matched no minute since {last.isoformat()} (its last run, or "

@@ -471,7 +471,7 @@ def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
 
     app = make_app({})
     s = LeaderScheduler.__new__(LeaderScheduler)
-    s.app, s._due_memo, s._offset_us = app, {}, 0
+    s.app, s._answers, s._offset_us = app, {}, 0
     now = datetime.now(timezone.utc)  # Celery's schedules read the real clock
     last = (now - timedelta(minutes=2)).replace(second=0, microsecond=0)
     run = round(last.timestamp() * 1_000_000)
