@@ -194,7 +194,7 @@ MUTATIONS = [
     M("memory-batch-cas", MEM, "                if not leading or _run_key(stored) != _run_key(r.expected):",
       "                if not leading:", BEAT),
     # -- the beat's clock: the runaway guard and cron's daylight-saving rules ---------------
-    M("guard-held", BEAT_SCHED, "        hold = runaway_hold(entry)\n", "        hold = None\n", BEAT_UNIT),
+    M("guard-held", BEAT_SCHED, "        hold = runaway_hold(entry, self._answers)\n", "        hold = None\n", BEAT_UNIT),
     M("guard-cron-fields", BEAT_SCHED, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),
     M("guard-interval-period", BEAT_SCHED, "        period = schedule.run_every.total_seconds()",
       "        period = MIN_GAP", BEAT_UNIT),

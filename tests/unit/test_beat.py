@@ -389,3 +389,107 @@ def test_a_crontab_is_not_sent_twice_in_one_minute(
     assert s.sent == ["t.m"]  # 12:01:00, then held for the rest of the minute
     clock.run(s, 1.5, step=0.5)
     assert s.sent == ["t.m"] * 2  # 12:02:00
+
+
+# -- a large schedule's costs (issue 37: a burst of 10,000 entries) --------------------------
+
+
+def test_a_new_leader_records_and_retires_its_entries_in_batches(
+    shared: MemoryBackend, started: list[Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Promotion stored each new entry (and retired each removed one) with a claim of its
+    own: 10,000 entries took 40 s before the first send. Now one batch each."""
+    from celery_election.beat import LeaderScheduler
+
+    seed(shared, "removed-1", datetime(2024, 1, 1, tzinfo=timezone.utc))
+    seed(shared, "removed-2", datetime(2024, 1, 1, tzinfo=timezone.utc), count=3)
+    calls: dict[str, int] = {"claim_run": 0, "claim_runs": 0}
+    for name in calls:
+        real = getattr(shared.beat, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(shared.beat, name, counted)
+    entries = {f"e{i}": {"task": f"t.e{i}", "schedule": crontab(minute="*")} for i in range(30)}
+    s = LeaderScheduler(app=make_app(entries), schedule_filename=str(tmp_path / "schedule"))
+    started.append(s)
+    assert s.wait_for_leadership(5)
+    s.tick()
+    assert calls == {"claim_run": 0, "claim_runs": 2}
+    runs = shared.beat.load_runs(NS)
+    term = shared.current(NS).term  # type: ignore[union-attr]
+    assert set(entries) <= {name for name, r in runs.items() if r.term == term and r.identity == ""}
+    assert runs["removed-1"].identity == runs["removed-2"].identity == "-"
+    assert runs["removed-2"].total_run_count == 3  # retired as it was, not run again
+
+
+def test_a_large_schedule_is_compared_again_less_often(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The once-a-second safety net costs at most 1/20 of the tick thread: a comparison
+    that took 0.2 s is not made again for 4 s (10,000 entries: 1/6 of a burst's CPU)."""
+    from celery_election.beat import scheduler as scheduler_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler_module, "boottime", lambda: clock[0])
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": schedule(3600)} for i in range(3)})
+    s = leader(app, started)
+    s.tick()
+    compared: list[float] = []
+    stock = Scheduler.schedules_equal
+
+    def slow(self: Any, old: Any, new: Any) -> bool:
+        compared.append(clock[0])
+        clock[0] += 0.2
+        return bool(stock(self, old, new))
+
+    monkeypatch.setattr(Scheduler, "schedules_equal", slow)
+    clock[0] += 1.5
+    s.tick()
+    assert len(compared) == 1  # past the second: compared (it took 0.2 s)
+    clock[0] += 3.5
+    ticks(s, 3)
+    assert len(compared) == 1  # 3.5 s < 20 x 0.2 s
+    clock[0] += 1.0
+    s.tick()
+    assert len(compared) == 2
+
+
+def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
+    """The history's due time: a burst's entries share their crontab and ran within one
+    minute, so one answer serves them all; a crontab in another zone (its __eq__ leaves
+    the zone out) or with other fields, a last run in another minute, or a subclass is
+    asked itself."""
+    from celery_election.beat import LeaderScheduler
+
+    asked: list[Any] = []
+
+    class Counted(crontab):  # type: ignore[misc]
+        def remaining_estimate(self, last: datetime) -> timedelta:
+            asked.append(self)
+            return super().remaining_estimate(last)  # type: ignore[no-any-return]
+
+    app = make_app({})
+    s = LeaderScheduler.__new__(LeaderScheduler)
+    s.app, s._answers, s._offset_us = app, {}, 0
+    now = datetime.now(timezone.utc)  # Celery's schedules read the real clock
+    last = (now - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    run = round(last.timestamp() * 1_000_000)
+    a, b = crontab(minute="*", app=app), crontab(minute="*", app=app)
+    due = s._due_after(a, run, now)
+    assert abs((due - (last + timedelta(minutes=1))).total_seconds()) < 1
+    assert s._due_after(b, run + 59_000_000, now) is due  # the same minute
+    earlier = s._due_after(b, run - 1, now)  # the minute before
+    assert abs((earlier - last).total_seconds()) < 1
+    kolkata = crontab(minute="0", app=make_app({}, timezone="Asia/Kolkata"))
+    utc = crontab(minute="0", app=app)
+    assert kolkata == utc
+    assert s._due_after(kolkata, run, now) != s._due_after(utc, run, now)
+    other_hours = crontab(minute="*", hour=str((last.hour + 12) % 24), app=app)
+    assert s._due_after(other_hours, run, now) != due
+    custom = [Counted(minute="*", app=app) for _ in range(2)]
+    for c in custom:
+        s._due_after(c, run, now)
+    assert asked == custom
