@@ -39,7 +39,9 @@ def remote(c: Cluster, command: str, node: str | None = None) -> dict[str, dict[
         kind = "inspect" if command == "election" else "control"
         target = ["-d", node] if node else []
         out = celery_cli(kind, command, *target, "--json", "-t", "10", env=c.env)
-        return dict(json.loads(out.strip().splitlines()[-1]))
+        parsed = json.loads(out.strip().splitlines()[-1])
+        # inspect prints {node: reply}; control a list of them
+        return parsed if isinstance(parsed, dict) else {k: v for r in parsed for k, v in r.items()}
     replies = c.app.control.broadcast(
         command, reply=True, timeout=5, destination=[node] if node else None
     )
