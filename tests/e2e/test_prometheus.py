@@ -238,7 +238,7 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_real_worker_and_bea
         c.schedule_cli("add", "rare", tick, "every 1h", *setup, '["rare"]', actor="e2e")
         c.schedule_cli("run", "rare", actor="e2e")
         for i in range(3):
-            c.send("skip", f"p{i}", queue=f"only.{name}")
+            c.send("skip", f"p{i}", queue=c.own_queue(name))
         wait_until(lambda: prom.query('sum(up{job="workers"})') == 2, 60, "both targets up")
         # a failover for the failover views: the worker's term resigned, elected anew
         leading = f'sum(celery_election_leading{{namespace="{c.namespace}"}})'
