@@ -50,6 +50,11 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "t.unit.app.test_beat.test_Scheduler::test_ticks": _TICK_57,
     "t.unit.app.test_beat.test_Scheduler::test_pending_tick": _TICK_57,
     "t.unit.app.test_beat.test_Scheduler::test_schedule_no_remain": _TICK_57,
+    # django-celery-beat's record of that old tick: an entry at the heap's top that is not
+    # due held up the others (with Celery 5.7 it fails on stock too)
+    "t.unit.test_schedulers.test_DatabaseScheduler::test_heap_always_return_the_first_item": (
+        _TICK_57
+    ),
 }
 
 
