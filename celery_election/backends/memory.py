@@ -418,9 +418,7 @@ class MemoryBeatStore:
         b = self.backend
         b._enter("claim_run")
         with b._lock:
-            row = b._leases.get(namespace)
-            leading = row is not None and (row.token, row.term) == (token, term)
-            leading = leading and row is not None and row.expires_at > b.clock.wall_us()
+            leading = _leads(b, namespace, token, term)
             stored = b._runs.get((namespace, entry_name))
             if not leading or _run_key(stored) != _run_key(expected):
                 return RunClaim(False, stored, leading)
@@ -443,9 +441,7 @@ class MemoryBeatStore:
         b = self.backend
         b._enter("claim_runs")
         with b._lock:
-            row = b._leases.get(namespace)
-            leading = row is not None and (row.token, row.term) == (token, term)
-            leading = leading and row is not None and row.expires_at > b.clock.wall_us()
+            leading = _leads(b, namespace, token, term)
             out = []
             for r in requests:
                 key = (namespace, r.entry_name)
@@ -575,6 +571,16 @@ class MemorySession:
     def close(self) -> None:
         self.interrupt()
         self.release()
+
+
+def _leads(b: MemoryBackend, namespace: str, token: str, term: int) -> bool:
+    """The beat claims' fence: the lease has this token and term and has not expired."""
+    row = b._leases.get(namespace)
+    return (
+        row is not None
+        and (row.token, row.term) == (token, term)
+        and (row.expires_at > b.clock.wall_us())
+    )
 
 
 def _run_key(state: RunState | None) -> tuple[int, int] | None:
