@@ -1,10 +1,10 @@
-"""The dispatcher: delivers an Elector's events in order, each once, off its election thread.
+"""The dispatcher: delivers an Elector's events in order off its election thread.
 
-Every thread that ends or starts a belief posts here (the election thread, ``resign()``,
-``stop()``, and this thread itself when a trust window runs out while the election thread
-is stuck in a call); this thread alone decides what is announced: a ``revoked`` only for
-the term whose ``elected`` it delivered, so a belief ended from two sides is announced
-once. Callbacks and subscriptions run here, so a slow consumer delays later events only.
+``Belief`` (belief.py) posts each transition here once, in order; the election thread
+posts its errors. Callbacks and subscriptions run on this thread, so a slow consumer
+delays later events only, never the protocol. Between events this thread also watches
+the believed lead's trust window (``expire``): when it runs out while the election
+thread is stuck in a database call, the end is announced on time.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .clock import Clock
+from .stats import ElectorStats
 from .transitions import RevokeReason, Subscription, Transition
-
-if TYPE_CHECKING:
-    from .elector import Elector
 
 __all__ = ["Announcer"]
 
@@ -37,22 +36,36 @@ Callbacks = tuple[
 
 
 class Announcer:
-    """One Elector's event stream and the thread that delivers it."""
+    """One Elector's event stream and the thread that delivers it.
 
-    def __init__(self, elector: Elector, callbacks: Callbacks) -> None:
-        self._elector = elector
+    ``expire()`` returns the seconds until the believed lead's trust runs out (None: no
+    lead), ending it if it has (``Belief.expire``, wired by the Elector).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        database: str,
+        clock: Clock,
+        stats: ElectorStats,
+        callbacks: Callbacks,
+        expire: Callable[[], float | None],
+    ) -> None:
+        self._namespace, self._database = namespace, database
+        self._clock, self._stats = clock, stats
         self._callbacks = callbacks
+        self._expire = expire
         self._lock = threading.Lock()
         # Each event goes to the subscriptions that existed when it was posted.
         self._events: collections.deque[tuple[Item, list[Subscription]]] = collections.deque()
         self._subscriptions: list[Subscription] = []
         #: this thread's wait (a test with a fake clock waits for it to be asleep)
-        self.sleeper = elector._clock.sleeper()
+        self.sleeper = clock.sleeper()
         self._thread: threading.Thread | None = None
+        self._election: threading.Thread | None = None
         self._closing = False
-        # This thread's own: the term announced elected and not yet revoked, and the
-        # error being reported as (kind, when last logged, first failure).
-        self._announced: int | None = None
+        # This thread's own: the error being reported as (kind, when last logged, first
+        # failure).
         self._error_logged: tuple[type[BaseException], float, float] | None = None
 
     def post(self, item: Item) -> None:
@@ -71,7 +84,7 @@ class Announcer:
 
     def subscribe(self) -> Subscription:
         """A new ordered stream of transitions."""
-        sub = Subscription(self._elector)
+        sub = Subscription(self.unsubscribe)
         with self._lock:
             self._subscriptions.append(sub)
         return sub
@@ -81,14 +94,15 @@ class Announcer:
             if sub in self._subscriptions:
                 self._subscriptions.remove(sub)
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, election: threading.Thread) -> None:
+        """Deliver from now on; ``election``: the election thread it outlives at a stop."""
         self._closing = False
-        self._announced = None
+        self._election = election
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float, election: threading.Thread | None) -> None:
-        """Deliver what is queued once ``election`` has ended, then close subscriptions."""
+    def stop(self, timeout: float) -> None:
+        """Deliver what is queued once the election thread ends; close subscriptions."""
         self._closing = True
         self.sleeper.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -109,50 +123,25 @@ class Announcer:
                 self._deliver(item, subs)
             if items:
                 continue
-            election = self._elector._thread
+            election = self._election
             if self._closing and not (election is not None and election.is_alive()):
                 with self._lock:
                     if not self._events:
                         return
                 continue
-            timeout = self._expiry()
+            timeout = self._expire()
             if self._closing:
                 timeout = 0.05 if timeout is None else min(timeout, 0.05)
             if timeout is None or timeout > 0:
                 self.sleeper.wait(timeout)
-
-    def _expiry(self) -> float | None:
-        """Seconds until the announced lead's trust ends; announce it if it has."""
-        e = self._elector
-        lead = e._loop.lead
-        if lead is None or lead.term != self._announced:
-            return None
-        left = e._trust_end(lead) - e._clock.monotonic()
-        if left > 0:
-            return left
-        with e._lock:
-            # The trust window ended and no renewal came: announce it now, even if the
-            # election thread is stuck in a database call.
-            ended = e._loop.lead is lead and e._trusted() is None
-            if ended:
-                e._end_belief(lead, RevokeReason.EXPIRED)
-        if ended:
-            e._want_lock(False)  # let a follower have the lock now: our belief has ended
-        return 0.0
 
     def _deliver(self, item: Item, subs: list[Subscription]) -> None:
         if isinstance(item, str):
             self._error_logged = None
             return
         if isinstance(item, Transition):
-            if item.kind == "revoked":
-                if item.term != self._announced:
-                    return  # ended from another side too: announced once
-                self._announced = None
-            else:
-                self._announced = item.term
             reason = item.reason.value if item.reason is not None else "won"
-            self._elector.stats.transition(item.kind, reason)
+            self._stats.transition(item.kind, reason)
         on_elected, on_revoked, on_error = self._callbacks
         try:
             if isinstance(item, BaseException):
@@ -190,19 +179,18 @@ class Announcer:
         logged one line, then ran with nobody leading: the repeat keeps it visible until
         the database answers (then one INFO line says so).
         """
-        e = self._elector
-        now = e._clock.monotonic()
+        now = self._clock.monotonic()
         logged = self._error_logged
         if logged is not None and logged[0] is type(exc) and now - logged[1] < _ERROR_REPEAT:
-            log.debug("election error (namespace %r): %s", e.namespace, exc)
+            log.debug("election error (namespace %r): %s", self._namespace, exc)
             return
         first = logged[2] if logged is not None and logged[0] is type(exc) else now
         self._error_logged = (type(exc), now, first)
         log.error(
             "election error (namespace %r, %s): %s; this process cannot lead until it "
             "answers (failing for %.0fs; retrying)",
-            e.namespace,
-            e.backend.description,
+            self._namespace,
+            self._database,
             exc,
             now - first,
         )

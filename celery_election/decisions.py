@@ -35,6 +35,7 @@ from .transitions import Lead
 __all__ = [
     "RATE_ALLOWANCE",
     "Call",
+    "LockNews",
     "Next",
     "Proof",
     "Seen",
@@ -46,11 +47,33 @@ __all__ = [
     "follower_wait",
     "granted",
     "heartbeat_now",
+    "look_after_wakeup",
+    "look_now_after",
+    "release_while_waiting",
+    "renew_now_after",
+    "renew_retry_wait",
     "trust_end",
 ]
 
 #: A ping's proof lasts delta x (1 - this): clocks may run fast by up to 1/12 (chrony).
 RATE_ALLOWANCE = 1 / 12
+
+
+class LockNews(str, enum.Enum):
+    """What the lock thread tells the election thread (liveness.py)."""
+
+    #: the lock is ours (a new grant, pinged once)
+    GRANTED = "granted"
+    #: the grant was lost (the session ended, or a ping failed past its proof)
+    LOST = "lost"
+    #: a good ping of the held grant: its proof lasts longer (the lease is not involved)
+    PINGED = "pinged"
+    #: a standby slot was taken after a cold spell: waiting on the lock again
+    HOT = "hot"
+    #: a wait on the lock failed after going well: the grant may not come
+    FAILING = "failing"
+    #: the server cannot hold the lock: the lease alone from now on
+    UNSUPPORTED = "unsupported"
 
 
 @dataclass(frozen=True)
@@ -286,3 +309,78 @@ def after_renew(result: ElectResult, term: int, token: str, *, in_time: bool) ->
     if lease.term == term and lease.token == token:
         return Next.GIVE_UP  # still ours but not renewable: it expired
     return Next.FOLLOW
+
+
+# -- when to look, renew or let go: the election thread's timing rules ---------------------
+
+
+def renew_now_after(news: LockNews) -> bool:
+    """Whether a leader renews at once on ``news`` from its lock.
+
+    Granted: renew to tag the term; lost: renew untagged now, before the ping's trust runs
+    out; unsupported: the lease alone from now on. A failing wait says nothing of a lock
+    already held, and a good ping lengthens trust without the row.
+    """
+    return news in (LockNews.GRANTED, LockNews.LOST, LockNews.UNSUPPORTED, LockNews.HOT)
+
+
+def look_now_after(news: LockNews) -> bool:
+    """Whether a follower looks at once on ``news`` from its lock.
+
+    Elect, take over, or plan the wait anew: a failing lock is no wake-up, so the lease
+    is read again whenever it would end. A lost grant is followed by a wait on the lock.
+    """
+    return news in (LockNews.GRANTED, LockNews.UNSUPPORTED, LockNews.HOT, LockNews.FAILING)
+
+
+def look_after_wakeup(
+    kind: str,
+    term: int | None,
+    seen: Lease | None,
+    *,
+    held: int | None,
+    lock_on: bool,
+    now: float,
+    look_at: float,
+    look_by: float,
+    spread: float,
+) -> float:
+    """When a follower looks next after a wakeup (``kind``, ``term``) from the backend.
+
+    A wakeup only ever changes *when* it looks (``look_at``, a clock reading; 0: now).
+    The leader it last read (``seen``) renewing pushes the look back by one lease length,
+    never past ``look_by`` (a forged stream of these delays it that long at most); a
+    renewal of a term not yet bound by the lock (``lock_on``) may be the one that tags it,
+    so the follower looks, to wait on the lock rather than on the lease. Its own election
+    changes nothing; anything else is looked at now. ``spread`` in [0, 1).
+    """
+    if kind == "renewed":
+        if held is not None or seen is None or not seen.held:
+            return look_at
+        if term != seen.term:
+            return look_at
+        if not lock_on or seen.liveness_us is not None:
+            start = seen.renewed_at_us or seen.acquired_at_us or seen.expires_at_us
+            length = (seen.expires_at_us - start) / 1_000_000
+            return min(max(look_at, now + length + spread * 0.02), look_by)
+    if kind == "elected" and term is not None and term == held:
+        return look_at  # our own
+    return 0.0
+
+
+def renew_retry_wait(trust_left: float, delay: float) -> float:
+    """How long a leader whose renewal failed or lost to contention waits to retry.
+
+    ``delay``: the back-off (or the poll interval); never more than a third of the trust
+    left, so two more tries fit before the trust ends, and never a busy loop.
+    """
+    return min(delay, max(0.01, trust_left / 3))
+
+
+def release_while_waiting(*, following: bool, wait: float, ttl: float) -> bool:
+    """Whether to give the pooled connections back before a wait.
+
+    A follower about to wait a lease or longer holds no connection meanwhile; shorter
+    waits (and a leader's) keep theirs, since reconnecting would cost more than it saves.
+    """
+    return following and wait >= ttl

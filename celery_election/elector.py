@@ -30,14 +30,21 @@ counts as a failure: the term is resigned and a fresh one is sought. With a live
 Threads
 =======
 
-One thread, the election thread, owns every field of the protocol (the belief, the lease
-last read, the schedule). The others only post to it: the lock thread (grants, pings,
-losses), the backend's wakeup listener, ``resign()`` and ``stop()``. What it does with
-what it knows is decided by the pure functions of decisions.py. ``resign()`` and
-``stop()`` end belief at once through one field of their own (a veto) that ``is_leader``
-reads; the dispatcher owns the announcements, in order and each once: events
-(``elected``, ``revoked`` with a reason, ``error``) reach callbacks and subscriptions
-there, and a slow consumer delays only later events, never the protocol.
+This module only composes; each part is a module of its own and none of them knows the
+Elector:
+
+- ``Belief`` (belief.py), the one owner of belief: begun, extended and ended there
+  alone, from whichever thread (the election thread, ``resign()``, ``stop()``, the
+  dispatcher when trust runs out, the lock thread's pings), and announced once.
+- ``ElectionLoop`` (election_loop.py), the election thread: the one writer of the lease
+  last read, the term held and the timers; the others only post to it (the lock thread's
+  news, the backend's wakeups, resign and stop requests). What it does with what it knows
+  is decided by the pure functions of decisions.py.
+- ``Liveness`` (liveness.py), the lock thread: holds the liveness lock, publishes its
+  ``Proof``.
+- ``Announcer`` (announce.py), the dispatcher: events (``elected``, ``revoked`` with a
+  reason, ``error``) reach callbacks and subscriptions there, in order, and a slow
+  consumer delays only later events, never the protocol.
 
 Failures never kill the thread. A follower retries with back-off; a leader keeps renewing
 until its trust window ends, then steps down. ``stop()`` drops the belief first, then
@@ -46,29 +53,28 @@ resigns the term so a follower takes over at once, then unregisters the candidat
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import decisions as rules
 from .announce import Announcer
 from .backends.base import Backend, backend_problem
+from .belief import Belief
 from .clock import Clock, RealClock, Sleeper
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
-from .decisions import Proof
-from .election_loop import ElectionLoop
+from .decisions import LockNews, Proof
+from .election_loop import Candidate, ElectionLoop, Request
 from .errors import ConfigurationError, ElectionError
 from .lease import Lease
 from .liveness import Liveness, start_liveness
-from .metrics.stats import ElectorStats, track
+from .stats import ElectorStats
 from .transitions import (
     Backoff,
-    Lead,
     RevokeReason,
     State,
     Subscription,
@@ -84,12 +90,21 @@ __all__ = [
     "State",
     "Subscription",
     "Transition",
+    "electors",
     "exponential_backoff",
 ]
 
-log = logging.getLogger(__name__)
-
 _NO_PROOF = Proof()
+#: every Elector made in this process (``electors()`` lists the started ones)
+_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
+
+
+def electors() -> list[Elector]:
+    """The electors of this process that have been started and not stopped.
+
+    The metrics exporter and the health probes read them.
+    """
+    return [e for e in list(_electors) if e.snapshot().started]
 
 
 @dataclass(frozen=True)
@@ -152,20 +167,25 @@ class Elector:
         self._register = register
         #: counters for metrics and the health probe (celery_election.metrics)
         self.stats = ElectorStats()
-        # The caller's side (start, stop, resign, subscribe): guarded by _lock.
+        # The caller's side (start, stop, resign): one at a time.
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._started = self._stopping = False
-        self._vetoed = 0  # belief in terms up to this one ended by resign()
-        self._resign_done = threading.Event()
-        self._resign_done.set()
-        self._trust_watchers: list[Callable[[int | None, float | None], Any]] = []
+        self._started = False
         self._thread: threading.Thread | None = None
         self._live: Liveness | None = None
-        self._announcer = Announcer(self, (on_elected, on_revoked, on_error))
-        #: the election thread's state: a new one per start(), the only writer of its fields
-        self._loop = ElectionLoop(self, None)
-        track(self)
+        self._announcer = Announcer(
+            self.namespace,
+            backend.description,
+            self._clock,
+            self.stats,
+            (on_elected, on_revoked, on_error),
+            self._expire,
+        )
+        self._belief = Belief(
+            self.namespace, self.candidate_id, self._clock, self._proof, self._announcer.post
+        )
+        #: the election thread's state: a new one per start()
+        self._loop = self._new_loop(None)
+        _electors.add(self)
 
     def __repr__(self) -> str:
         return (
@@ -179,40 +199,30 @@ class Elector:
         live = self._live
         return _NO_PROOF if live is None else live.proof
 
-    def _trusted(self) -> Lead | None:
-        """The lead believed now: set, not vetoed, its trust not ended."""
-        lead = self._loop.lead
-        if lead is None or self._stopping or lead.term <= self._vetoed:
-            return None
-        if self._clock.monotonic() >= rules.trust_end(lead, self._proof()):
-            return None
-        return lead
-
-    def _trust_end(self, lead: Lead) -> float:
-        return rules.trust_end(lead, self._proof())
-
     @property
     def is_leader(self) -> bool:
         """True only while leading inside the trust window."""
-        return self._trusted() is not None
+        return self._belief.trusted() is not None
 
     @property
     def term(self) -> int | None:
         """The term this elector leads under (its fencing token), None when not leading."""
-        lead = self._trusted()
+        lead = self._belief.trusted()
         return None if lead is None else lead.term
 
     @property
     def trusted_for(self) -> float:
         """Seconds of trust left (0 when not leading)."""
-        lead = self._trusted()
-        return 0.0 if lead is None else max(0.0, self._trust_end(lead) - self._clock.monotonic())
+        lead = self._belief.trusted()
+        if lead is None:
+            return 0.0
+        return max(0.0, self._belief.trust_end(lead) - self._clock.monotonic())
 
     @property
     def trusted_until(self) -> float | None:
         """The boot-time clock reading at which leadership stops being trusted."""
-        lead = self._trusted()
-        return None if lead is None else self._trust_end(lead)
+        lead = self._belief.trusted()
+        return None if lead is None else self._belief.trust_end(lead)
 
     @property
     def token(self) -> str:
@@ -237,9 +247,9 @@ class Elector:
         """What the elector is doing now."""
         if not self._started:
             return State.STOPPED
-        if self._stopping:
+        if self._belief.closed:
             return State.STOPPING
-        if not self._resign_done.is_set():
+        if not self._loop.resigned.is_set():
             return State.RESIGNING
         return State.LEADER if self.is_leader else State.FOLLOWER
 
@@ -270,43 +280,39 @@ class Elector:
 
         Lock-free so that a probe answers even while the election thread is wedged.
         """
-        lead, seen, thread = self._trusted(), self._loop.last_lease, self._thread
+        lead, seen, thread = self._belief.trusted(), self._loop.last_lease, self._thread
         term = lead.term if lead is not None else seen.term if seen is not None else 0
         return ElectorSnapshot(
             started=self._started,
             running=thread is not None and thread.is_alive(),
             leading=lead is not None,
             term=term,
-            trusted_until=None if lead is None else self._trust_end(lead),
+            trusted_until=None if lead is None else self._belief.trust_end(lead),
             failures=self._loop.failures,
         )
 
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Block until this elector leads (True) or ``timeout`` seconds pass (False)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self.is_leader or self._stopping, timeout)
+        changed = self._belief.changed
+        with changed:
+            changed.wait_for(lambda: self.is_leader or self._belief.closed, timeout)
         return self.is_leader
 
     def watch_trust(self, watcher: Callable[[int | None, float | None], Any]) -> None:
         """Call ``watcher(term, trusted_until)`` on every change of trust, renewals included.
 
-        ``(None, None)`` when leadership ends. Called synchronously by the election thread
-        (or the dispatcher, when trust runs out) with the elector's lock held: it must be
-        quick and must not call back into the elector. This is how a process publishes
-        its trust window to others (the Celery worker's shared record does).
+        ``(None, None)`` when leadership ends. Called synchronously by whichever thread
+        changed the trust (the election thread; ``resign()`` or ``stop()``'s caller; the
+        dispatcher when trust runs out; the lock thread when a ping lengthens it), under
+        the lock of belief: it must be quick and must not call back into the elector.
+        This is how a process publishes its trust window to others (the Celery worker's
+        shared record does).
         """
-        with self._lock:
-            self._trust_watchers.append(watcher)
-            lead = self._trusted()
-            if lead is not None:
-                watcher(lead.term, self._trust_end(lead))
+        self._belief.watch(watcher)
 
     def subscribe(self) -> Subscription:
         """An ordered stream of this elector's transitions from now on."""
         return self._announcer.subscribe()
-
-    def _unsubscribe(self, sub: Subscription) -> None:
-        self._announcer.unsubscribe(sub)
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -316,17 +322,17 @@ class Elector:
             if self._started:
                 raise ElectionError(f"{self!r} is already started")
             self._started = True
-            self._stopping = False
             self._token = self._token if self._thread is None else uuid.uuid4().hex
-        self._live = start_liveness(
-            self.backend, self.namespace, self.config, self._clock, self._on_lock
-        )
-        self._loop = ElectionLoop(self, self._loop)
-        self._thread = threading.Thread(
-            target=self._loop.run, name=f"celery-election-{self.namespace}", daemon=True
-        )
-        self._announcer.start(f"celery-election-events-{self.namespace}")
-        self._thread.start()
+            self._live = start_liveness(
+                self.backend, self.namespace, self.config, self._clock, self._on_lock
+            )
+            self._loop = self._new_loop(self._loop)
+            self._belief.open()
+            self._thread = threading.Thread(
+                target=self._loop.run, name=f"celery-election-{self.namespace}", daemon=True
+            )
+            self._announcer.start(f"celery-election-events-{self.namespace}", self._thread)
+            self._thread.start()
         return self
 
     def stop(self, timeout: float | None = None) -> None:
@@ -334,22 +340,18 @@ class Elector:
         with self._lock:
             if not self._started:
                 return
-            lead = self._trusted()
-            self._stopping = True
-            if lead is not None:
-                self._end_belief(lead, RevokeReason.STOPPED)
-            self._changed.notify_all()
-        self._loop.post("stop", None)
+            self._belief.end(RevokeReason.STOPPED, close=True)
+            loop, thread, live = self._loop, self._thread, self._live
+        loop.post(Request.STOP)
         if timeout is None:
             timeout = 3 * self.config.call_timeout + 1
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        wakeup = self._loop.wakeup
-        if wakeup is not None:
-            wakeup.close()
-        if self._live is not None and (self._thread is None or not self._thread.is_alive()):
-            self._live.close()  # normally closed by _shutdown, after the resign
-        self._announcer.stop(timeout, self._thread)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if loop.wakeup is not None:
+            loop.wakeup.close()
+        if live is not None and (thread is None or not thread.is_alive()):
+            live.close()  # normally closed by the loop, after the resign
+        self._announcer.stop(timeout)
         with self._lock:
             self._started = False
 
@@ -359,17 +361,14 @@ class Elector:
         Belief ends before the database is told, so nothing runs as leader during the
         handoff. With ``wait``, returns after the term has been resigned in the database.
         """
-        with self._lock:
-            lead, held = self._loop.lead, self._loop.held
-            if lead is None and held is None:
-                return False
-            self._resign_done.clear()
-            self._vetoed = max(self._vetoed, held or 0, lead.term if lead else 0)
-            if lead is not None:
-                self._end_belief(lead, RevokeReason.RESIGNED)
-        self._loop.post("resign", None)
+        loop = self._loop
+        lead, held = self._belief.lead, loop.held
+        if lead is None and held is None:
+            return False
+        self._belief.end(RevokeReason.RESIGNED, veto=max(held or 0, lead.term if lead else 0))
+        loop.post(Request.RESIGN)
         if wait:
-            self._resign_done.wait(timeout if timeout is not None else self.config.call_timeout + 1)
+            loop.resigned.wait(timeout if timeout is not None else self.config.call_timeout + 1)
         return True
 
     def __enter__(self) -> Elector:
@@ -378,10 +377,27 @@ class Elector:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- posting (any thread) --------------------------------------------------------------------
+    # -- wiring (any thread) ----------------------------------------------------------------------
 
-    def _on_lock(self, kind: str) -> None:
-        """From the lock thread: "granted", "renewed", "lost", "hot" or "unsupported".
+    def _new_loop(self, before: ElectionLoop | None) -> ElectionLoop:
+        candidate = Candidate(
+            self.namespace, self.candidate_id, self.hostname, self._token, self._register
+        )
+        return ElectionLoop(
+            self.config,
+            self.backend,
+            candidate,
+            clock=self._clock,
+            belief=self._belief,
+            announcer=self._announcer,
+            stats=self.stats,
+            backoff=self._backoff,
+            live=self._live,
+            before=before,
+        )
+
+    def _on_lock(self, news: LockNews) -> None:
+        """From the lock thread.
 
         A good ping lengthens a tagged leader's trust at once (``is_leader`` reads the
         proof), so the watchers hear of it here, on the lock thread, not when the
@@ -389,41 +405,19 @@ class Elector:
         window than the one the leader acts in (the history checker saw it on SQLite,
         whose lock pings need no database).
         """
-        if kind == "renewed":
-            with self._lock:
-                lead = self._trusted()
-                if lead is not None and lead.tagged:
-                    self._watchers(lead)
+        if news is LockNews.PINGED:
+            self._belief.republish()
             return
-        self._loop.post("lock", kind)
+        self._loop.post(news)
         self._announcer.wake()  # trust may end earlier now: announce it on time
 
-    def _want_lock(self, wanted: bool) -> None:
-        """Ask the lock thread for the lock, or to give it back (any thread)."""
+    def _expire(self) -> float | None:
+        """For the dispatcher: end belief whose trust ran out, and let the lock go."""
+        left, ended = self._belief.expire()
         live = self._live
-        if live is not None:
-            live.want(wanted)
-
-    def _end_belief(self, lead: Lead, reason: RevokeReason) -> None:
-        """Tell the watchers, then announce the end of ``lead`` (call with _lock held)."""
-        self._watchers(None)
-        self._announcer.post(self._transition("revoked", lead.term, reason))
-        self._changed.notify_all()
-
-    def _transition(self, kind: str, term: int, reason: RevokeReason | None = None) -> Transition:
-        return Transition(
-            kind, self.namespace, term, self.candidate_id, reason, self._clock.monotonic()
-        )
-
-    def _watchers(self, lead: Lead | None) -> None:
-        for watcher in self._trust_watchers:
-            try:
-                if lead is None:
-                    watcher(None, None)
-                else:
-                    watcher(lead.term, self._trust_end(lead))
-            except Exception:
-                log.exception("a trust watcher raised; the election goes on")
+        if ended is not None and live is not None:
+            live.want(False)  # a follower may have the lock now: our belief has ended
+        return left
 
 
 def _config(config: ElectionConfig | None, timings: Mapping[str, Seconds | None]) -> ElectionConfig:

@@ -18,7 +18,7 @@ from .backends.base import Backend
 from .backends.sessions import LivenessSession, LivenessUnsupported
 from .clock import Clock, Sleeper
 from .config import ElectionConfig
-from .decisions import Proof, extend, granted
+from .decisions import LockNews, Proof, extend, granted
 from .errors import BackendUnavailableError
 
 __all__ = ["Liveness", "start_liveness"]
@@ -29,10 +29,9 @@ log = logging.getLogger(__name__)
 class Liveness:
     """Holds one namespace's liveness lock while ``want(True)``; pings while held.
 
-    ``on_change(kind)`` is called from this thread with "granted", "lost", "renewed" (a
-    good ping), "hot" (a standby slot taken after a cold spell), "failing" (a wait failed
-    after going well: the grant may not come, look at the lease meanwhile) or
-    "unsupported"; it must be quick and only post (it runs on this thread).
+    ``on_change(news)`` is called from this thread with each ``LockNews`` (decisions.py:
+    granted, lost, a good ping, a standby slot taken, a failing wait, unsupported); it
+    must be quick and only post (it runs on this thread).
 
     With ``standbys`` > 0 it waits on the lock only while it holds one of that many
     standby slots (a hot standby); without one it is cold: it holds no connection and
@@ -45,7 +44,7 @@ class Liveness:
         delta: float,
         max_wait: float,
         clock: Clock,
-        on_change: Callable[[str], None],
+        on_change: Callable[[LockNews], None],
         name: str,
         *,
         standbys: int = 0,
@@ -153,14 +152,14 @@ class Liveness:
                     return
                 if self.cold:
                     self.cold = False
-                    self._on_change("hot")
+                    self._on_change(LockNews.HOT)
             got = self.session.acquire(self.max_wait)
         except InterruptedError:
             return
         except LivenessUnsupported as exc:
             log.warning("liveness is off: %s; the lease alone decides", exc)
             self.unsupported = True
-            self._on_change("unsupported")
+            self._on_change(LockNews.UNSUPPORTED)
             return
         except BackendUnavailableError as exc:
             self._failed()
@@ -183,7 +182,7 @@ class Liveness:
             log.warning("liveness session lost at its grant (%s)", exc)
             return
         self.proof = granted(self.proof, at, started, self.delta)
-        self._on_change("granted")
+        self._on_change(LockNews.GRANTED)
 
     @property
     def waits_well(self) -> bool:
@@ -193,7 +192,7 @@ class Liveness:
     def _failed(self) -> None:
         self.failures += 1
         if self.failures == 1:
-            self._on_change("failing")
+            self._on_change(LockNews.FAILING)
 
     def _go_cold(self) -> None:
         """Every standby slot is taken: hold no connection until the next try."""
@@ -210,13 +209,13 @@ class Liveness:
             self._lose()
             return
         self.proof = extend(self.proof, started, self._clock.monotonic(), self.delta)
-        self._on_change("renewed")
+        self._on_change(LockNews.PINGED)
 
     def _lose(self) -> None:
         proof = self.proof
         if proof.held:
             self.proof = Proof(proof.grant, None, proof.good_until, proof.previous)
-            self._on_change("lost")
+            self._on_change(LockNews.LOST)
 
     def _release(self) -> None:
         self._lose()
@@ -231,7 +230,7 @@ def start_liveness(
     namespace: str,
     config: ElectionConfig,
     clock: Clock,
-    on_change: Callable[[str], None],
+    on_change: Callable[[LockNews], None],
 ) -> Liveness | None:
     """The lock thread, if liveness is on and the backend can hold a session."""
     make = getattr(backend, "liveness_session", None)

@@ -12,10 +12,6 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .elector import Elector
 
 __all__ = [
     "Backoff",
@@ -80,8 +76,8 @@ class Transition:
 class Subscription:
     """An ordered stream of transitions; iterate it, or ``get()`` with a timeout."""
 
-    def __init__(self, owner: Elector) -> None:
-        self._owner = owner
+    def __init__(self, unsubscribe: Callable[[Subscription], None]) -> None:
+        self._unsubscribe = unsubscribe
         self._items: collections.deque[Transition] = collections.deque()
         self._cond = threading.Condition()
         self.closed = False
@@ -109,7 +105,7 @@ class Subscription:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
-        self._owner._unsubscribe(self)
+        self._unsubscribe(self)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ LOCKS = "celery_election/backends/locks.py"
 DIALECTS = "celery_election/backends/dialects.py"
 CONNECTION = "celery_election/backends/connection.py"
 TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
-ELECTOR = "celery_election/elector.py"
+BELIEF = "celery_election/belief.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
 ELECTION = ["tests/unit/test_elector.py", "tests/unit/test_liveness_rules.py"]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
@@ -140,18 +140,34 @@ MUTATIONS = [
       "        return Next.LEAD\n    if lease is None", RULES),
     M("dec-renew-expired", DEC, "return Next.GIVE_UP  # still ours but not renewable: it expired",
       "return Next.FOLLOW", RULES),
-    M("elector-veto", ELECTOR, "if lead is None or self._stopping or lead.term <= self._vetoed:",
-      "if lead is None or self._stopping:", ELECTION),
-    M("elector-stop-ends-belief", ELECTOR, "if lead is None or self._stopping or lead.term <= self._vetoed:",
-      "if lead is None or lead.term <= self._vetoed:", ELECTION),
-    M("elector-trust-clock", ELECTOR, "if self._clock.monotonic() >= rules.trust_end(lead, self._proof()):",
-      "if False:", ELECTION),
-    M("announce-once", "celery_election/announce.py", "if item.term != self._announced:\n                    return",
-      "if False:\n                    return", ELECTION),
-    M("watchers-before-elected", LOOP, "            self.e._watchers(lead)\n            self.e._announcer.post(self.e._transition(\"elected\", lead.term))\n",
-      "            self.e._announcer.post(self.e._transition(\"elected\", lead.term))\n            self.e._watchers(lead)\n", ELECTION),
-    M("watchers-before-revoked", ELECTOR, "        self._watchers(None)\n        self._announcer.post(self._transition(\"revoked\", lead.term, reason))\n",
-      "        self._announcer.post(self._transition(\"revoked\", lead.term, reason))\n        self._watchers(None)\n", ELECTION),
+    # -- the election thread's timing rules (pure) ---------------------------------------------
+    M("dec-wakeup-look-by", DEC, "return min(max(look_at, now + length + spread * 0.02), look_by)",
+      "return max(look_at, now + length + spread * 0.02)", RULES),
+    M("dec-wakeup-untagged-looks", DEC, "if not lock_on or seen.liveness_us is not None:", "if True:", RULES),
+    M("dec-wakeup-other-term", DEC, "if term != seen.term:\n            return look_at",
+      "if False:\n            return look_at", RULES),
+    M("dec-wakeup-own-election", DEC, 'if kind == "elected" and term is not None and term == held:',
+      "if False:", RULES),
+    M("dec-lock-failing-leader", DEC, "return news in (LockNews.GRANTED, LockNews.LOST, LockNews.UNSUPPORTED, LockNews.HOT)",
+      "return news is not LockNews.PINGED", RULES),
+    M("dec-lock-lost-follower", DEC, "return news in (LockNews.GRANTED, LockNews.UNSUPPORTED, LockNews.HOT, LockNews.FAILING)",
+      "return news is not LockNews.PINGED", RULES),
+    M("dec-retry-third", DEC, "return min(delay, max(0.01, trust_left / 3))", "return min(delay, max(0.01, trust_left))", RULES),
+    M("dec-retry-floor", DEC, "return min(delay, max(0.01, trust_left / 3))", "return min(delay, trust_left / 3)", RULES),
+    M("dec-release-following", DEC, "return following and wait >= ttl", "return wait >= ttl", RULES),
+    M("dec-release-long-wait", DEC, "return following and wait >= ttl", "return following", RULES),
+    # -- belief: one owner, each transition once ------------------------------------------------
+    M("belief-veto", BELIEF, "if self._closed or lead.term <= self._vetoed:", "if self._closed:", ELECTION),
+    M("belief-closed", BELIEF, "if self._closed or lead.term <= self._vetoed:", "if lead.term <= self._vetoed:", ELECTION),
+    M("belief-trust-clock", BELIEF, "if lead is None or self._clock.monotonic() >= trust_end(lead, self._proof()):",
+      "if lead is None:", ELECTION),
+    M("belief-once", BELIEF, "        lead, self._lead = self._lead, None\n", "        lead = self._lead\n", ELECTION),
+    M("belief-never-revived", BELIEF, "if self._lead is not None and self._lead.term == lead.term and self.trusted():",
+      "if self._lead is not None and self._lead.term == lead.term:", ELECTION),
+    M("watchers-before-elected", BELIEF, "            self._tell(lead)\n            self._post(\"elected\", lead.term)\n",
+      "            self._post(\"elected\", lead.term)\n            self._tell(lead)\n", ELECTION),
+    M("watchers-before-revoked", BELIEF, "            self._tell(None)\n            self._post(\"revoked\", lead.term, reason)\n",
+      "            self._post(\"revoked\", lead.term, reason)\n            self._tell(None)\n", ELECTION),
     # -- the liveness lock's sessions -------------------------------------------------------
     M("lock-reprobe-before-wait", LOCKS, "            if not self._verified:\n", "            if False:\n", TOPOLOGIES),
     M("lock-probe-before-silence-bound", LOCKS, "        if self._verified:  # else acquire() probes first",

@@ -2,8 +2,8 @@
 
 One module per job; every name is importable from here:
 
-- ``stats``: an elector's own counters (``ElectorStats``) and the registry of the
-  electors this process exports (``track``, ``electors``).
+- ``ElectorStats`` (an elector's own counters, kept in the core: ``celery_election.stats``)
+  and ``electors`` (the started electors of this process: ``celery_election.elector``).
 - ``counters``: the store everything else counts into: ``LocalCounters`` in one process,
   ``SharedCounters`` shared by a worker's processes; ``use_counters``, ``store``, ``count``,
   ``set_gauge``, ``key``.
@@ -18,7 +18,9 @@ Part of the core: it never imports Celery.
 
 from __future__ import annotations
 
+from ..elector import electors
 from ..errors import ConfigurationError
+from ..stats import BUCKETS, ElectorStats
 from .counters import (
     BEAT,
     ENV_VAR,
@@ -44,7 +46,6 @@ from .exporter import (
     serve,
 )
 from .health import BeatProbe, allow_start, elector_problem, health, mark_tick, tick_late
-from .stats import BUCKETS, ElectorStats, electors, track
 
 __all__ = [
     "BEAT",
@@ -76,6 +77,5 @@ __all__ = [
     "set_gauge",
     "store",
     "tick_late",
-    "track",
     "use_counters",
 ]

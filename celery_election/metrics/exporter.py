@@ -2,7 +2,7 @@
 
 Only this module uses ``prometheus_client``, and it imports it (and ``http.server``)
 lazily, so the package works without the ``metrics`` extra. ``collector()`` reads the
-electors of this process (``stats.electors()``) and its store (``counters``);
+electors of this process (``elector.electors()``) and its store (``counters``);
 ``MetricsServer`` serves it with the probes of ``health``.
 
 Part of the core: it never imports Celery.
@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..clock import boottime
+from ..elector import electors
 from ..errors import ConfigurationError
+from ..stats import BUCKETS
 from . import counters
 from .counters import _SEP, BEAT, TASK, TICK
 from .health import health, tick_late
-from .stats import BUCKETS, electors
 
 if TYPE_CHECKING:
     from ..elector import Elector

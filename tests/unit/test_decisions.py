@@ -14,6 +14,7 @@ from celery_election.config import ElectionConfig
 from celery_election.decisions import (
     RATE_ALLOWANCE,
     Call,
+    LockNews,
     Next,
     Proof,
     Seen,
@@ -24,6 +25,11 @@ from celery_election.decisions import (
     follower_wait,
     granted,
     heartbeat_now,
+    look_after_wakeup,
+    look_now_after,
+    release_while_waiting,
+    renew_now_after,
+    renew_retry_wait,
     trust_end,
 )
 from celery_election.lease import ElectResult, Lease
@@ -230,3 +236,98 @@ def test_a_followers_heartbeat_goes_with_its_look(
 ) -> None:
     got = heartbeat_now(now, 100.0, following=following, look_at=look_at, interval=60.0)
     assert got == expected, why
+
+
+# -- the election thread's timing rules ------------------------------------------------------
+
+LATER, BY = NOW + 1.0, NOW + 60.0  # the look as planned, and the latest a wakeup may push it
+
+
+@pytest.mark.parametrize(
+    ("why", "kind", "term", "seen", "held", "lock_on", "look_by", "spread", "expected"),
+    [
+        ("the leader read renewed (tagged): nothing to look at for one lease length",
+         "renewed", 7, lease(), None, True, BY, 0.0, NOW + 10.0),
+        ("the same without a lock", "renewed", 7, lease(tag=None), None, False, BY, 0.0,
+         NOW + 10.0),
+        ("spread delays it by 0.02 s at most", "renewed", 7, lease(), None, True, BY, 0.999,
+         pytest.approx(NOW + 10.02, abs=1e-3)),
+        ("never past look_by: a forged stream delays the look that long at most",
+         "renewed", 7, lease(), None, True, NOW + 5.0, 0.0, NOW + 5.0),
+        ("an untagged renewal with the lock on may be the tagging one: look now",
+         "renewed", 7, lease(tag=None), None, True, BY, 0.0, 0.0),
+        ("a renewal of a term not read: the look as planned", "renewed", 8, lease(), None,
+         True, BY, 0.0, LATER),
+        ("a renewal while holding a term: the look as planned", "renewed", 7, lease(), 7, True,
+         BY, 0.0, LATER),
+        ("a renewal of a row read vacant: the look as planned", "renewed", 7,
+         lease(token=None), None, True, BY, 0.0, LATER),
+        ("our own election: the look as planned", "elected", 9, lease(), 9, True, BY, 0.0,
+         LATER),
+        ("another's election: look now", "elected", 9, lease(), None, True, BY, 0.0, 0.0),
+        ("a resign: look now", "resigned", 7, lease(), None, True, BY, 0.0, 0.0),
+        ("the listener reconnected (events may be lost): look now", "reconnected", None,
+         lease(), None, True, BY, 0.0, 0.0),
+    ],
+)  # fmt: skip
+def test_when_a_follower_looks_after_a_wakeup(
+    why: str,
+    kind: str,
+    term: int | None,
+    seen: Lease,
+    held: int | None,
+    lock_on: bool,
+    look_by: float,
+    spread: float,
+    expected: float,
+) -> None:
+    got = look_after_wakeup(
+        kind, term, seen, held=held, lock_on=lock_on, now=NOW, look_at=LATER,
+        look_by=look_by, spread=spread,
+    )  # fmt: skip
+    assert got == expected, why
+
+
+@pytest.mark.parametrize(
+    ("news", "renew", "look"),
+    [
+        # a leader renews to tag its term, to drop the tag before the ping's trust ends,
+        # or to go on with the lease alone; a follower elects, takes over or plans anew
+        (LockNews.GRANTED, True, True),
+        (LockNews.LOST, True, False),  # a follower waits on the lock again
+        (LockNews.UNSUPPORTED, True, True),
+        (LockNews.HOT, True, True),
+        (LockNews.FAILING, False, True),  # no wake-up will come: read the lease
+        (LockNews.PINGED, False, False),  # trust lengthens without the row
+    ],
+)  # fmt: skip
+def test_what_lock_news_brings_forward(news: LockNews, renew: bool, look: bool) -> None:
+    assert (renew_now_after(news), look_now_after(news)) == (renew, look)
+
+
+@pytest.mark.parametrize(
+    ("why", "trust_left", "delay", "expected"),
+    [
+        ("plenty of trust: the back-off", 9.0, 1.0, 1.0),
+        ("little trust: a third of it, so two more tries fit", 0.6, 1.0, pytest.approx(0.2)),
+        ("none: never a busy loop", 0.0, 1.0, 0.01),
+    ],
+)  # fmt: skip
+def test_how_long_a_leader_waits_to_renew_again(
+    why: str, trust_left: float, delay: float, expected: float
+) -> None:
+    assert renew_retry_wait(trust_left, delay) == expected, why
+
+
+@pytest.mark.parametrize(
+    ("why", "following", "wait", "expected"),
+    [
+        ("a follower waiting a lease or more gives its connections back", True, 10.0, True),
+        ("a shorter wait keeps them", True, 9.9, False),
+        ("a leader keeps them", False, 30.0, False),
+    ],
+)  # fmt: skip
+def test_when_the_connections_go_back_to_the_pool(
+    why: str, following: bool, wait: float, expected: bool
+) -> None:
+    assert release_while_waiting(following=following, wait=wait, ttl=10.0) is expected, why

@@ -1,23 +1,15 @@
-"""An elector's own counters, and the registry of the electors this process exports.
+"""An elector's own counters: kept whether or not anything exports them (cheap).
 
-Every Elector keeps an ``ElectorStats`` (plain counters, cheap, kept whether or not
-anything exports them) and registers itself with ``track()``; the health probes and the
-exporter read the started ones through ``electors()`` and ``Elector.snapshot()``.
-
-Part of the core: it never imports Celery.
+The exporter and the health probes (celery_election.metrics) read them through
+``elector.electors()``; they live in the core so that the Elector needs nothing from the
+metrics package.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING
+from .clock import boottime
 
-from ..clock import boottime
-
-if TYPE_CHECKING:
-    from ..elector import Elector
-
-__all__ = ["BUCKETS", "ElectorStats", "electors", "track"]
+__all__ = ["BUCKETS", "ElectorStats"]
 
 #: Histogram buckets of one database call (seconds): calls have a deadline (call_timeout).
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -53,16 +45,3 @@ class ElectorStats:
             self.calls_ok += 1
         else:
             self.failures[op] = self.failures.get(op, 0) + 1
-
-
-_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
-
-
-def track(elector: Elector) -> None:
-    """Export ``elector`` from this process (every Elector calls this)."""
-    _electors.add(elector)
-
-
-def electors() -> list[Elector]:
-    """The electors of this process that have been started and not stopped."""
-    return [e for e in list(_electors) if e.snapshot().started]
