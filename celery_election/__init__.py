@@ -9,7 +9,7 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
     elector.py   the Elector; its docstring is the protocol (start there);
                  decisions.py what the election thread does, as pure functions (the
                  liveness rules among them); election_loop.py the election thread, the
-                 one writer of the protocol's fields; liveness.py the lock thread;
+                 one writer of the protocol's fields; lock_thread.py the lock thread;
                  announce.py the dispatcher; transitions.py what an elector reports;
                  aio.py wraps it for asyncio
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in

@@ -5,7 +5,7 @@ makes the call a function chooses, and feeds the answer back. Each function is t
 from a table (tests/unit/test_decisions.py) and each bound in it is a mutation target
 (harness/mutations.py), so a maintainer can check the protocol here, apart from threads.
 
-The liveness rules (docs/design.md, "Liveness"), with ``delta`` the lock session's
+The liveness rules (docs/design.md, "LockThread"), with ``delta`` the lock session's
 silence bound:
 
 * Whoever holds the lock pings it every ``delta / 4``. A ping that started at ``p`` and
@@ -60,7 +60,7 @@ RATE_ALLOWANCE = 1 / 12
 
 
 class LockNews(str, enum.Enum):
-    """What the lock thread tells the election thread (liveness.py)."""
+    """What the lock thread tells the election thread (lock_thread.py)."""
 
     #: the lock is ours (a new grant, pinged once)
     GRANTED = "granted"
@@ -93,7 +93,7 @@ class Proof:
     previous: float = -math.inf
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         """Whether the lock is held, as last heard (and was pinged since the grant)."""
         return self.granted_at is not None
 
@@ -117,7 +117,7 @@ def extend(proof: Proof, started: float, done: float, delta: float) -> Proof:
     Only a ping that returns while the last proof still holds extends it: a proof that
     lapsed stays lapsed, so trust that ended (and was announced ended) never comes back.
     """
-    if not proof.held or done >= proof.good_until:
+    if not proof.has_lock or done >= proof.good_until:
         return proof
     return Proof(
         proof.grant,

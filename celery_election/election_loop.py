@@ -31,7 +31,7 @@ from .clock import Clock, Sleeper, boottime
 from .config import ElectionConfig
 from .decisions import Call, LockNews, Next, Proof
 from .lease import ElectResult, Lease, trusted_until
-from .liveness import Liveness
+from .lock_thread import LockThread
 from .stats import ElectorStats
 from .transitions import Backoff, Lead, RevokeReason
 
@@ -83,7 +83,7 @@ class ElectionLoop:
         announcer: Announcer,
         stats: ElectorStats,
         backoff: Backoff,
-        live: Liveness | None = None,
+        live: LockThread | None = None,
         before: ElectionLoop | None = None,
     ) -> None:
         self.config, self.backend, self.candidate = config, backend, candidate
@@ -105,7 +105,7 @@ class ElectionLoop:
         self._last_lease: Lease | None = None if before is None else before._last_lease
         self._greatest_term: int = 0 if before is None else before.greatest_term
         self._failures = 0
-        self._held: int | None = None  # the term the row holds for our token
+        self._term: int | None = None  # the term the row holds for our token
         # Timers (clock readings): a leader's next renewal; a follower's next look, the
         # latest a wakeup may push it to, since when the row is vacant, its back-off
         # after a resign; the heartbeat and the leader's pruning of dead candidates.
@@ -120,9 +120,9 @@ class ElectionLoop:
     # -- read by other threads (lock-free: each a single reference) -------------------------
 
     @property
-    def held(self) -> int | None:
+    def term(self) -> int | None:
         """The term the row holds for this elector (believed or not)."""
-        return self._held
+        return self._term
 
     @property
     def last_lease(self) -> Lease | None:
@@ -180,7 +180,7 @@ class ElectionLoop:
             now = self._clock.monotonic()
             self._heartbeat_if_due(now)
             wait = self._look(now)
-            if self._held is not None:
+            if self._term is not None:
                 return True
             self._idle(wait)
         return False
@@ -197,7 +197,7 @@ class ElectionLoop:
 
     def _holding(self) -> bool:
         """A term is held and no resign of it is due: the leader's phase goes on."""
-        return self._held is not None and not self._resign_requested
+        return self._term is not None and not self._resign_requested
 
     def _tend(self) -> bool:
         """Act on what other threads posted; False once stopping."""
@@ -211,7 +211,7 @@ class ElectionLoop:
         """Wait ``wait`` seconds (less if a heartbeat is due or something is posted)."""
         if self.candidate.register:
             wait = min(wait, self._next_heartbeat - self._clock.monotonic())
-        following = self._held is None
+        following = self._term is None
         if self._release is not None and rules.release_while_waiting(
             following=following, wait=wait, ttl=self.config.ttl
         ):
@@ -237,7 +237,7 @@ class ElectionLoop:
     def _on_lock_news(self, news: LockNews) -> None:
         if news is LockNews.UNSUPPORTED and self._wakeup is None:
             self._subscribe()  # no lock to wake us: wakeups (LISTEN) instead
-        if self._held is not None:
+        if self._term is not None:
             if rules.renew_now_after(news):
                 self._next_renew = 0.0
         elif rules.look_now_after(news):
@@ -252,7 +252,7 @@ class ElectionLoop:
             wakeup.kind,
             wakeup.term,
             self._last_lease,
-            held=self._held,
+            held=self._term,
             lock_on=self._live is not None,
             now=self._clock.monotonic(),
             look_at=self._follow_until,
@@ -291,7 +291,7 @@ class ElectionLoop:
         if live is None or live.unsupported:
             return rules.Seen(now, self._last_lease, self._token, None, self._vacant_since)
         proof = live.proof if proof is None else proof
-        cold = live.cold and not proof.held
+        cold = live.cold and not proof.has_lock
         return rules.Seen(
             now,
             self._last_lease,
@@ -317,7 +317,7 @@ class ElectionLoop:
 
     def _tag(self, proof: Proof) -> float | None:
         """The delta a step tags its term with: only while the lock is held."""
-        return self._live.delta if self._live is not None and proof.held else None
+        return self._live.delta if self._live is not None and proof.has_lock else None
 
     def _want_lock(self, wanted: bool) -> None:
         """Ask the lock thread for the lock, or to give it back."""
@@ -365,12 +365,12 @@ class ElectionLoop:
         step = rules.after_elect(result, self._token, in_time=in_time)
         if step is Next.LEAD or step is Next.GIVE_UP:
             assert lead is not None
-            self._held = lead.term
+            self._term = lead.term
             self._want_lock(True)  # a leader holds the lock: its grant tags the term
             return self._won(lead, now) if step is Next.LEAD else self._late(lead.term)
         if step is Next.RENEW:  # still ours from a term we had given up on
             assert lease is not None
-            self._held, self._next_renew = lease.term, 0.0
+            self._term, self._next_renew = lease.term, 0.0
             return 0.0
         return self._plan_follow(self._clock.monotonic())
 
@@ -404,7 +404,7 @@ class ElectionLoop:
 
     def _renew(self, started: float) -> float:
         """Renew the term held; the wait until the next step."""
-        term = self._held
+        term = self._term
         assert term is not None
         belief = self._belief
         lead = belief.trusted()
@@ -433,7 +433,7 @@ class ElectionLoop:
             return self._retry(self.config.poll_interval)
         if step is Next.GIVE_UP:
             return self._give_up(RevokeReason.EXPIRED)
-        self._held = None
+        self._term = None
         self._drop(RevokeReason.LOST)
         return self._plan_follow(self._clock.monotonic())
 
@@ -464,7 +464,7 @@ class ElectionLoop:
 
     def _resign(self) -> None:
         """Resign the term held (if any), once; the lock goes after it."""
-        term = self._held
+        term = self._term
         self._belief.end(RevokeReason.RESIGNED)  # already ended by whoever asked, if any
         if term is not None:
             try:
@@ -472,14 +472,14 @@ class ElectionLoop:
             except Exception:
                 log.debug("resign of term %s failed; it will expire", term, exc_info=True)
         self._want_lock(False)  # after the resign: a granted follower finds it vacant
-        self._held = None
+        self._term = None
         self._resign_requested = False
         self.resigned.set()
 
     def _heartbeat_if_due(self, now: float) -> None:
         if not self.candidate.register:
             return
-        following = self._held is None and now >= self._backoff_until
+        following = self._term is None and now >= self._backoff_until
         beat, look = rules.heartbeat_now(
             now,
             self._next_heartbeat,

@@ -25,7 +25,7 @@ margin. ``is_leader`` compares the deadline with the clock on every read: it tur
 at the deadline even while the thread is stuck in a database call, and the dispatcher
 thread announces the revocation then. A success that returns after its own deadline
 counts as a failure: the term is resigned and a fresh one is sought. With a liveness lock
-(liveness.py) trust also ends with the lock's proof; decisions.py has the rules.
+(lock_thread.py) trust also ends with the lock's proof; decisions.py has the rules.
 
 Threads
 =======
@@ -40,7 +40,7 @@ Elector:
   last read, the term held and the timers; the others only post to it (the lock thread's
   news, the backend's wakeups, resign and stop requests). What it does with what it knows
   is decided by the pure functions of decisions.py.
-- ``Liveness`` (liveness.py), the lock thread: holds the liveness lock, publishes its
+- ``LockThread`` (lock_thread.py), the lock thread: holds the liveness lock, publishes its
   ``Proof``.
 - ``Announcer`` (announce.py), the dispatcher: events (``elected``, ``revoked`` with a
   reason, ``error``) reach callbacks and subscriptions there, in order, and a slow
@@ -71,7 +71,7 @@ from .decisions import LockNews, Proof
 from .election_loop import Candidate, ElectionLoop, Request
 from .errors import ConfigurationError, ElectionError
 from .lease import Lease
-from .liveness import Liveness, start_liveness
+from .lock_thread import LockThread, start_lock_thread
 from .stats import ElectorStats
 from .transitions import (
     Backoff,
@@ -171,7 +171,7 @@ class Elector:
         self._lock = threading.Lock()
         self._started = False
         self._thread: threading.Thread | None = None
-        self._live: Liveness | None = None
+        self._live: LockThread | None = None
         self._announcer = Announcer(
             self.namespace,
             backend.description,
@@ -265,7 +265,7 @@ class Elector:
         live = self._live
         if live is None or live.unsupported:
             return "off"
-        if live.held:
+        if live.has_lock:
             return "holding"
         if not live.wanted:
             return "idle"
@@ -323,7 +323,7 @@ class Elector:
                 raise ElectionError(f"{self!r} is already started")
             self._started = True
             self._token = self._token if self._thread is None else uuid.uuid4().hex
-            self._live = start_liveness(
+            self._live = start_lock_thread(
                 self.backend, self.namespace, self.config, self._clock, self._on_lock
             )
             self._loop = self._new_loop(self._loop)
@@ -362,7 +362,7 @@ class Elector:
         handoff. With ``wait``, returns after the term has been resigned in the database.
         """
         loop = self._loop
-        lead, held = self._belief.lead, loop.held
+        lead, held = self._belief.lead, loop.term
         if lead is None and held is None:
             return False
         self._belief.end(RevokeReason.RESIGNED, veto=max(held or 0, lead.term if lead else 0))

@@ -111,7 +111,7 @@ class _DBSession:
         self._mutex = threading.Lock()
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         return self._held
 
     def claim_slot(self, count: int) -> bool:
@@ -450,7 +450,7 @@ class FileSession:
         _FILES.add(self)
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         return self._held
 
     def _slot_path(self, slot: int) -> Path:

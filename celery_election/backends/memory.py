@@ -531,7 +531,7 @@ class MemorySession:
             del self._locks.slots[name]
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         with self._locks.cond:
             return not self.lost and self._locks.holder(self.namespace) is self
 

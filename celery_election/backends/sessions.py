@@ -26,7 +26,7 @@ class LivenessSession(Protocol):
     silent_holders_lose: bool
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         """Whether this session holds the lock (as far as it knows)."""
 
     def claim_slot(self, count: int) -> bool:

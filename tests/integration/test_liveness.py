@@ -278,7 +278,7 @@ def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
     backend = backend_from_url(f"sqlite:///{tmp_path}/e.db")
     session = backend.liveness_session("ns", 1.0, 5.0)
     assert session is not None
-    assert session.acquire(0.1) and session.held
+    assert session.acquire(0.1) and session.has_lock
     assert [p.name for p in tmp_path.glob("e.db.*.lock")] != []
     other = backend.liveness_session("ns", 1.0, 5.0)
     assert other is not None and not other.acquire(0.05)  # one holder per namespace
@@ -486,9 +486,9 @@ def test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver(
     try:
         assert holder.acquire(1.0)
         assert waiter.acquire(1.0) is False
-        assert waiter._conn is not None and not waiter.held  # the same session waits on
+        assert waiter._conn is not None and not waiter.has_lock  # the same session waits on
         holder.release()
-        assert waiter.acquire(5.0) and waiter.held
+        assert waiter.acquire(5.0) and waiter.has_lock
     finally:
         holder.close()
         waiter.close()

@@ -79,7 +79,7 @@ def test_a_slot_taken_on_an_old_verdict_is_checked_again_before_any_wait() -> No
         with pytest.raises(PooledSessions, match="election_direct_url"):
             session.acquire(1.0)
         assert _PINNED[session.description][0] is False  # probed again, and found out
-        assert not session.held
+        assert not session.has_lock
     finally:
         session.close()
         backend.close()
@@ -106,7 +106,7 @@ def test_the_probe_before_a_wait_may_outlast_delta() -> None:
     session._connect = slow_second
     try:
         assert session.claim_slot(2)
-        assert session.acquire(1.0) and session.held
+        assert session.acquire(1.0) and session.has_lock
         session.ping()
         assert len(opened) == 2  # the slot's session and the probe's, nothing reconnected
     finally:

@@ -21,12 +21,12 @@ from .config import ElectionConfig
 from .decisions import LockNews, Proof, extend, granted
 from .errors import BackendUnavailableError
 
-__all__ = ["Liveness", "start_liveness"]
+__all__ = ["LockThread", "start_lock_thread"]
 
 log = logging.getLogger(__name__)
 
 
-class Liveness:
+class LockThread:
     """Holds one namespace's liveness lock while ``want(True)``; pings while held.
 
     ``on_change(news)`` is called from this thread with each ``LockNews`` (decisions.py:
@@ -79,9 +79,9 @@ class Liveness:
         return self._sleeper
 
     @property
-    def held(self) -> bool:
+    def has_lock(self) -> bool:
         """Whether the lock is held and has been pinged since the grant."""
-        return self.proof.held
+        return self.proof.has_lock
 
     @property
     def wanted(self) -> bool:
@@ -115,7 +115,7 @@ class Liveness:
         while not self._closed:
             wanted = self._wanted
             try:
-                if self.proof.held:
+                if self.proof.has_lock:
                     if not wanted:
                         self._release()
                     elif not self.proof.proven(self._clock.monotonic()):
@@ -137,7 +137,7 @@ class Liveness:
                 self._failed()
                 self._lose()
                 self._sleeper.wait(1.0)
-        if self.proof.held:
+        if self.proof.has_lock:
             self._release()
 
     def _acquire(self) -> None:
@@ -213,7 +213,7 @@ class Liveness:
 
     def _lose(self) -> None:
         proof = self.proof
-        if proof.held:
+        if proof.has_lock:
             self.proof = Proof(proof.grant, None, proof.good_until, proof.previous)
             self._on_change(LockNews.LOST)
 
@@ -225,13 +225,13 @@ class Liveness:
             log.debug("liveness release failed; the session ends it", exc_info=True)
 
 
-def start_liveness(
+def start_lock_thread(
     backend: Backend,
     namespace: str,
     config: ElectionConfig,
     clock: Clock,
     on_change: Callable[[LockNews], None],
-) -> Liveness | None:
+) -> LockThread | None:
     """The lock thread, if liveness is on and the backend can hold a session."""
     make = getattr(backend, "liveness_session", None)
     delta, max_wait = config.liveness, config.fallback_interval
@@ -244,7 +244,7 @@ def start_liveness(
         return None
     if session is None:
         return None
-    return Liveness(
+    return LockThread(
         session,
         delta,
         max_wait,
