@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,11 +29,10 @@ import click
 from celery import bootsteps
 
 from . import metrics, shared_state
-from .backends import auto_install, backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
-from .history import Recorder
+from .process import ProcessElection
 from .settings import ElectionSettings, hide_password
 from .shared_state import SharedLeadership
 from .signals import leader_elected, leader_revoked
@@ -77,13 +75,10 @@ class ElectionStep(bootsteps.StartStopStep):
                 cannot_start(exc, "fix the election_* settings or the --election options")
             ) from exc
         self.enabled = self.settings.enabled
-        self.elector: Elector | None = None
-        self.backend: Backend | None = None
+        self.parts = ProcessElection(self.settings, "worker", log)
         self.shared: SharedLeadership | None = None
         self.counters: metrics.SharedCounters | None = None
-        self.server: metrics.MetricsServer | None = None
         self.beats: list[metrics.BeatProbe] = []
-        self._install_lock = threading.Lock()
         super().__init__(worker, **kwargs)
         if not self.enabled:
             if self.settings.metrics_port is not None:
@@ -99,7 +94,7 @@ class ElectionStep(bootsteps.StartStopStep):
             self._gate_embedded_beat(worker)
         if self.settings.metrics_port is not None:
             try:
-                self.server = metrics.bind(self.settings.metrics_port, self._probe)
+                self.parts.serve(self._probe)
             except ConfigurationError as exc:  # the port is taken
                 fix = "set election_metrics_port or --election-metrics-port to a free port"
                 raise click.ClickException(cannot_start(exc, fix)) from exc
@@ -124,6 +119,20 @@ class ElectionStep(bootsteps.StartStopStep):
             return f"{startup_info(*args, **kwargs)}\n{lines}"
 
         worker.startup_info = with_election
+
+    @property
+    def elector(self) -> Elector | None:
+        """The worker's Elector while started."""
+        return self.parts.elector
+
+    @property
+    def backend(self) -> Backend | None:
+        return self.parts.backend
+
+    @property
+    def server(self) -> metrics.MetricsServer | None:
+        """The /metrics server (``election_metrics_port``), if any."""
+        return self.parts.server
 
     def _probe(self) -> tuple[bool, bool, list[str]]:
         elector = self.elector
@@ -173,8 +182,7 @@ class ElectionStep(bootsteps.StartStopStep):
         s = self.settings
         # Never consume the leader queue before leading, even if task_queues lists it.
         worker.app.amqp.queues.deselect(s.leader_queue)
-        backend = backend_from_url(s.url, **s.backend_options())
-        self.backend = backend
+        backend = self.parts.connect()
         log.info(
             "election: namespace %r in %s (%s), leader queue %r",
             s.namespace,
@@ -189,26 +197,17 @@ class ElectionStep(bootsteps.StartStopStep):
                 "this directory, take part. Set election_url to share one election.",
                 backend.description,
             )
-        if s.auto_install:
-            self._install()
-        self.elector = Elector(
-            backend,
+        elector = self.parts.elect(
             s.namespace,
             f"{worker.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
-            config=s.config,
             on_elected=self._elected,
             on_revoked=self._revoked,
             on_error=self._error,
         )
-        shared, elector = self.shared, self.elector
+        shared = self.shared
         assert shared is not None
         elector.watch_trust(lambda term, until: shared.write(term, until, elector.token))
-        if s.history_file:
-            Recorder(s.history_file, role="worker").attach(elector)
-        self.elector.start()
-        if self.server is not None:
-            self.server.start()
-            log.info("election: /metrics, /healthz and /readyz on port %d", self.server.port)
+        self.parts.start()
 
     def stop(self, worker: Any) -> None:
         """Resign, publish "not leader", release everything (idempotent).
@@ -217,12 +216,7 @@ class ElectionStep(bootsteps.StartStopStep):
         steps, never ``shutdown``: so everything is released here, the /dev/shm record
         included (children that still map it keep a valid mapping that says "not leader").
         """
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.elector is not None:
-            self.elector.stop()
-            self.elector = None
+        self.parts.close()
         if self.counters is not None:
             metrics.use_counters(None)
             self.counters.close()
@@ -232,9 +226,6 @@ class ElectionStep(bootsteps.StartStopStep):
             self.shared.close()
             shared_state.use(None)
             self.shared = None
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
 
     terminate = stop  # cold shutdown resigns too, or followers would wait out the lease
     shutdown = stop
@@ -258,16 +249,7 @@ class ElectionStep(bootsteps.StartStopStep):
 
     def _error(self, exc: BaseException) -> None:
         if isinstance(exc, SchemaMissingError) and self.settings.auto_install:
-            self._install()
-
-    def _install(self) -> None:
-        """Create the tables if missing; a database that is down now is retried later."""
-        if self.backend is None or not self._install_lock.acquire(blocking=False):
-            return
-        try:
-            auto_install(self.backend, log)
-        finally:
-            self._install_lock.release()
+            self.parts.install()
 
     def _consume(self, on: bool) -> None:
         """Start or stop consuming the leader queue, in the consumer's own thread."""

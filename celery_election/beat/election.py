@@ -18,12 +18,12 @@ import uuid
 from typing import Any
 
 from .. import metrics, shared_state
-from ..backends import auto_install, backend_from_url
 from ..backends.base import Backend, BeatStore
 from ..clock import boottime
 from ..config import without_celery_prefix
 from ..elector import Elector
 from ..history import Recorder
+from ..process import ProcessElection
 from ..settings import ElectionSettings, hide_password
 
 __all__ = ["BeatElection", "backend_description"]
@@ -43,42 +43,28 @@ class BeatElection:
         if embedded:
             end_with_parent(os.getppid())
         self.namespace = self.settings.namespace if embedded else self.settings.beat_namespace
+        self.parts = ProcessElection(self.settings, "beat", log)
         # Embedded, this process only claims runs (the worker runs the election): no LISTEN.
-        listen = False if self.record is not None else None
-        options = self.settings.backend_options(listen=listen)
-        self.backend: Backend = backend_from_url(self.settings.url, **options)
+        self.backend: Backend = self.parts.connect(listen=False if embedded else None)
         self.store: BeatStore = self.backend.beat
-        if self.settings.auto_install:
-            auto_install(self.backend, log)
         self.elector: Elector | None = None
-        if self.record is None:
-            self.elector = Elector(
-                self.backend,
-                self.namespace,
-                f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
-                config=self.settings.config,
-            )
-        history = self.settings.history_file
-        self.recorder = Recorder(history, role="beat") if history else None
-        self.server: metrics.MetricsServer | None = None
-        if self.elector is not None:
-            if self.settings.metrics_port is not None:
-                self.server = self._bind(self.settings.metrics_port, self.elector)
-            if self.recorder is not None:
-                self.recorder.attach(self.elector)
-            self.elector.start()
-            if self.server is not None:
-                self.server.start()
-                port = self.server.port
-                log.info("beat election: /metrics, /healthz and /readyz on port %d", port)
+        if embedded:
+            return
+        candidate = f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        elector = self.elector = self.parts.elect(self.namespace, candidate)
+        if self.settings.metrics_port is not None:
+            # a standalone beat serves its own /metrics and probes (embedded: the worker)
+            if metrics.store() is None:
+                metrics.use_counters(metrics.LocalCounters())
+            beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
+            metrics.allow_start(self.namespace, 60.0)
+            self.parts.serve(lambda: metrics.health([elector], beats))
+        self.parts.start()
 
-    def _bind(self, port: int, elector: Elector) -> metrics.MetricsServer:
-        """A standalone beat serves its own /metrics and probes (embedded: the worker)."""
-        if metrics.store() is None:
-            metrics.use_counters(metrics.LocalCounters())
-        beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
-        metrics.allow_start(self.namespace, 60.0)
-        return metrics.bind(port, lambda: metrics.health([elector], beats))
+    @property
+    def recorder(self) -> Recorder | None:
+        """The history recorder (``election_history_file``), if any."""
+        return self.parts.recorder
 
     def leadership(self) -> tuple[int, str] | None:
         """(term, token) while this process may act as leader, else None. No I/O."""
@@ -107,16 +93,8 @@ class BeatElection:
         return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self.elector is not None:
-            self.elector.stop()
-            self.elector = None
-        if self.recorder is not None:
-            self.recorder.close()
-            self.recorder = None
-        self.backend.close()
+        self.parts.close()
+        self.elector = None
 
 
 def end_with_parent(parent: int, every: float = 0.2) -> None:

@@ -20,9 +20,9 @@ from celery import Celery
 from celery.beat import Scheduler
 from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 
+from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
-from celery_election.beat import election as beat_module
 
 NS = "default-beat"
 
@@ -40,7 +40,7 @@ class Recording(LeaderSchedulerMixin, Scheduler):
 def shared(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
     """One memory "database" for every scheduler the test starts."""
     backend = MemoryBackend()
-    monkeypatch.setattr(beat_module, "backend_from_url", lambda url, **kw: backend)
+    monkeypatch.setattr(process_module, "backend_from_url", lambda url, **kw: backend)
     return backend
 
 
