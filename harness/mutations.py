@@ -61,7 +61,11 @@ CONNECTION = "celery_election/backends/connection.py"
 TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
 BELIEF = "celery_election/belief.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
-ELECTION = ["tests/unit/test_elector.py", "tests/unit/test_liveness_rules.py"]
+ELECTION = [
+    "tests/unit/test_belief.py",
+    "tests/unit/test_elector.py",
+    "tests/unit/test_liveness_rules.py",
+]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 CRON = "celery_election/beat/cron.py"
