@@ -6,12 +6,13 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  shared with pool children), beat/ (LeaderScheduler), tasks.py
                  (leader_task), control.py, signals.py, cli.py   -- import celery
     settings.py  every election_* setting, parsed and validated once per app
-    elector.py   the Elector; its docstring is the protocol (start there);
-                 decisions.py what the election thread does, as pure functions (the
-                 liveness rules among them); election_loop.py the election thread, the
-                 one writer of the protocol's fields; lock_thread.py the lock thread;
-                 announce.py the dispatcher; transitions.py what an elector reports;
-                 aio.py wraps it for asyncio
+    elector.py   the Elector; its docstring is the protocol (start there). It only
+                 composes: belief.py the one owner of belief; election_loop.py the
+                 election thread, the one writer of the protocol's fields; decisions.py
+                 what that thread does, as pure functions (the liveness rules among
+                 them); lock_thread.py the lock thread; announce.py the dispatcher;
+                 transitions.py what an elector reports; aio.py wraps it for asyncio;
+                 process.py builds a worker's or beat's election parts in one place
     backends/    base.py (the Backend and BeatStore protocols), memory.py, and SQL in
                  dialects.py (what differs between the databases), schema.py (tables,
                  database clock), connection.py (engines, deadlines), sql_calls.py

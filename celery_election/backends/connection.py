@@ -25,19 +25,17 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from . import green
 
-if TYPE_CHECKING:
-    from .dialects import Dialect
-
 __all__ = [
     "WATCHDOG",
     "Deadline",
+    "EngineSetup",
     "LostRound",
     "fork_lock",
     "interrupt",
@@ -270,9 +268,26 @@ def pg_connect_args(
     return args
 
 
+class EngineSetup(Protocol):
+    """What ``private_engine`` needs of a database's dialect (``dialects.Dialect``)."""
+
+    def engine_url(self, url: URL, *, allow_network_filesystem: bool) -> URL: ...
+
+    def engine_options(
+        self,
+        *,
+        driver: str,
+        statement_timeout: float,
+        connect_timeout: float,
+        sqlite_busy_timeout: float,
+    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+    def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None: ...
+
+
 def private_engine(
     url: URL,
-    dialect: Dialect,
+    dialect: EngineSetup,
     *,
     statement_timeout: float,
     connect_timeout: float,
