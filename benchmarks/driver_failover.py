@@ -1,7 +1,7 @@
 """Crash failover and NOTIFY handoff of real ``celery worker --election`` processes, per driver.
 
     .venv/bin/python benchmarks/driver_failover.py --quick     # 2 repetitions, ~3 minutes
-    .venv/bin/python benchmarks/driver_failover.py             # 5 repetitions, ~7 minutes
+    .venv/bin/python benchmarks/driver_failover.py             # 5 repetitions, ~6 minutes
 
 The seconds that tests/e2e/test_worker_drivers.py used to assert (that test now asserts
 the mechanism: the lock path, the NOTIFY wake-up), measured with the same processes: two
@@ -20,12 +20,13 @@ crash failover (liveness on, its default delta 1 s; ttl 10 s)
     waited). The killed worker is replaced before the next repetition.
 NOTIFY handoff (PostgreSQL drivers; liveness off, poll 30 s, ttl 10 s)
     Once the follower's LISTEN connection has listened (``Cluster.listening``), SIGTERM
-    to the leader. Reported: from the old leader's ``revoked`` transition (recorded by a
-    ``leader_revoked`` handler, database clock) to the new term's start; and, for
-    context, SIGTERM to the parent seeing the new leader (host clock; it includes
-    Celery's warm shutdown up to the resign, and the parent's 10 ms polling). The stopped
-    worker is replaced before the next repetition. A follower not woken would look again
-    when the lease it last read ends (up to ttl).
+    to the leader. Reported: from the old leader's resign statement to the new term's
+    start, both database clock (the resign's time is kept by a trigger on the run's lease
+    table, since the follower's election overwrites the vacated row within
+    milliseconds); and, for context, SIGTERM to the parent seeing the new leader (host
+    clock; it includes Celery's warm shutdown up to the resign, and the parent's 10 ms
+    polling). The stopped worker is replaced before the next repetition. A follower not
+    woken would look again when the lease it last read ends (up to ttl).
 
 Output: a table (median, min, max per driver and metric) on stdout, and a JSON file
 (default benchmarks/results/driver_failover.json) with every sample, the settings, the
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import _root  # noqa: F401  (the repository root on sys.path: harness, tests)
+import sqlalchemy as sa
 from _machine import machine_info
 
 from tests.e2e.cluster import Cluster, wait_until
@@ -96,6 +98,46 @@ class Run:
         self.notify = notify
         self.run = uuid.uuid4().hex[:6]
         self.count = 0
+        if notify:
+            self._trace_resigns()
+
+    def _trace_resigns(self) -> None:
+        """Record each resign's database time: a trigger on this run's lease table.
+
+        A resign vacates the row with ``expires_at`` = its statement's time, and the
+        follower's election overwrites it a few milliseconds later, too soon to read; the
+        trigger keeps it (one INSERT in the resign's transaction, before its NOTIFY).
+        """
+        self.log = f"{self.c.prefix}bench_resigns"
+        fn = f"{self.c.prefix}bench_resign_fn"
+        lease = self.c.backend.lease.name
+        with self.c.engine.begin() as conn:
+            conn.execute(sa.text(f'CREATE TABLE "{self.log}" (term BIGINT, at_us BIGINT)'))
+            conn.execute(
+                sa.text(
+                    f'CREATE FUNCTION "{fn}"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+                    "IF NEW.token IS NULL AND OLD.token IS NOT NULL THEN "
+                    f'INSERT INTO "{self.log}" VALUES (NEW.term, NEW.expires_at); '
+                    "END IF; RETURN NULL; END $$"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    f'CREATE TRIGGER "{fn}" AFTER UPDATE ON "{lease}" '
+                    f'FOR EACH ROW EXECUTE FUNCTION "{fn}"()'
+                )
+            )
+        self.fn = fn
+
+    def close(self) -> None:
+        if self.notify:
+            with self.c.engine.begin() as conn:
+                conn.execute(
+                    sa.text(f'DROP TRIGGER IF EXISTS "{self.fn}" ON "{self.c.backend.lease.name}"')
+                )
+                conn.execute(sa.text(f'DROP TABLE IF EXISTS "{self.log}"'))
+                conn.execute(sa.text(f'DROP FUNCTION IF EXISTS "{self.fn}"()'))
+        self.c.close()
 
     def add_worker(self) -> str:
         self.count += 1
@@ -171,20 +213,20 @@ class Run:
         seen = time.monotonic() - t0
         new = self.c.lease()
         assert new is not None and new.acquired_at_us is not None and new.term > before.term
-        revoked = wait_until(lambda: self._revoked(leader, before.term), 10, "the revoke")
+        resigned = wait_until(lambda: self._resigned(before.term), 10, "the resign's record")
         code = self.c.wait_exit(leader)
         return {
-            "handoff_s": (new.acquired_at_us - revoked.at) / 1e6,
+            "handoff_s": (new.acquired_at_us - resigned) / 1e6,
             "sigterm_to_seen_s": seen,
             "exit_code": code,
             "new_leader_was_follower": new_leader == follower,
         }
 
-    def _revoked(self, worker: str, term: int) -> Any:
-        for r in self.c.rows(self.c.transitions):
-            if r.worker.startswith(f"{worker}@") and r.kind == "revoked" and r.term == term:
-                return r
-        return None
+    def _resigned(self, term: int) -> int | None:
+        query = sa.text(f'SELECT at_us FROM "{self.log}" WHERE term = :t')
+        with self.c.engine.connect() as conn:
+            at = conn.execute(query, {"t": term}).scalar()
+        return None if at is None else int(at)
 
 
 class _NoLease:
@@ -223,7 +265,7 @@ def main() -> int:
                     print(run.c.logs(), file=sys.stderr)
                     raise
                 finally:
-                    run.c.close()
+                    run.close()
                 samples[driver][kind] = got
     rows = []
     for driver, kinds in samples.items():
