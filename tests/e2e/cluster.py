@@ -220,6 +220,28 @@ class Cluster:
             f"{n} registered candidates",
         )
 
+    def listening(self, name: str) -> bool:
+        """Whether worker ``name``'s PostgreSQL LISTEN connection has run its LISTEN.
+
+        Its session is found in ``pg_stat_activity`` by the listener's application name
+        and a client port of the worker's main process (the listener is a thread there);
+        the LISTEN is done once the session is idle after it or has moved on to its probe.
+        """
+        ports = _local_ports(self.workers[name].pid)
+        if not ports:
+            return False
+        query = sa.text(
+            "SELECT state, query FROM pg_stat_activity "
+            "WHERE application_name = 'celery-election-listen' AND client_port IN :ports"
+        ).bindparams(sa.bindparam("ports", expanding=True))
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(query, {"ports": sorted(ports)}))
+        return any(
+            (r.state == "idle" and r.query.lstrip().upper().startswith("LISTEN"))
+            or "pg_notify" in r.query
+            for r in rows
+        )
+
     def rows(self, table: sa.Table) -> list[Any]:
         with self.engine.connect() as conn:
             return list(conn.execute(sa.select(table).order_by(table.c.id)))
@@ -231,3 +253,22 @@ class Cluster:
             if r.kind == "elected":
                 owners.setdefault(r.term, set()).add(r.worker.split("@", 1)[0])
         return owners
+
+
+def _local_ports(pid: int) -> set[int]:
+    """Local TCP ports of the sockets process ``pid`` holds open (Linux /proc)."""
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

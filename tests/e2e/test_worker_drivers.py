@@ -1,10 +1,13 @@
 """Two real ``celery worker --election`` on each driver's URL: ``postgresql://`` with only
 psycopg2 importable (psycopg 3 hidden), ``postgresql+psycopg2://``, ``mysql://`` with only
 mysqlclient (PyMySQL hidden), ``mysql+mysqldb://`` (the last two borrowed, as by default,
-from the app's ``db+`` result backend). On each: one leader; a SIGKILL of the
-leader is replaced through the liveness lock (the new term starts before the dead leader's
-10 s lease ends, about a second after the kill, on the database's clock); and on psycopg2
-a clean stop hands over through NOTIFY (liveness off, followers polling every 30 s).
+from the app's ``db+`` result backend). On each: one leader; a SIGKILL of the leader is
+replaced through the liveness lock (the new term starts, on the database's clock, before
+the dead leader's lease would have ended); and on psycopg2 a clean stop hands over through
+NOTIFY (liveness off, followers that would look again only a minute later).
+
+These tests assert what happened, never how fast: the seconds each driver takes are
+measured by benchmarks/driver_failover.py.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,16 +35,23 @@ CASES = {
     "mysql": ("mysql", "mysql", "pymysql", "mysqldb"),
     "mysql+mysqldb": ("mysql", "mysql+mysqldb", None, "mysqldb"),
 }
-TTL = 10.0
+#: The crash test's lease: at the kill at least 0.6 x TTL of it is left (the leader renews
+#: every 0.4 x TTL), which the lock path (delta = 1 s after the grant) beats by far.
+TTL = 30.0
+#: The NOTIFY test: without a wake-up a follower reads the lease again only when it would
+#: end or after its poll, whichever is first: at the earliest POLL after its last look
+#: (the lease it sees has at least 0.6 x NOTIFY_TTL = 60 s left).
+NOTIFY_TTL = 100.0
+POLL = 60.0
 
 
-def _cluster(tmp: Path, case: str, **env: str) -> Cluster:
+def _cluster(tmp: Path, case: str, ttl: float = TTL, **env: str) -> Cluster:
     server, driver, hidden, used = CASES[case]
     url = with_driver(server_url(server), driver)
     # Celery's result backend and the test's records name the driver: on SQLAlchemy 2.1 a
     # bare postgresql:// means psycopg 3, hidden here
     named = with_driver(server_url(server), f"{server}+{used}")
-    c = Cluster(tmp, server_url("amqp"), url, f"db+{named}", ttl=TTL)
+    c = Cluster(tmp, server_url("amqp"), url, f"db+{named}", ttl=ttl)
     path = str(ROOT)
     if hidden is not None:  # the workers import only the other driver
         shim = tmp / "hidden" / hidden
@@ -98,15 +107,19 @@ def test_sigkill_of_the_leader_fails_over_through_the_liveness_lock(
     assert before is not None
     c.signal(leader, signal.SIGKILL)
     c.wait_exit(leader)
+    # the lease alone would elect the follower too, a little after before.expires_at_us:
+    # the assertion below tells the two paths apart, this deadline only bounds the wait
     assert c.wait_leader(TTL + 10, other_than=leader) == follower
     new = c.lease()
     assert new is not None and new.term > before.term and new.acquired_at_us is not None
-    # through the lock: the new term began before the dead leader's lease ended
-    assert new.liveness_us is not None and new.acquired_at_us < before.expires_at_us
-    took = (new.acquired_at_us - before.db_now_us) / 1e6
-    print(f"\nDRIVER-FAILOVER {case}: {took:.3f} s after the kill (lease ends +"
-          f"{(before.expires_at_us - before.db_now_us) / 1e6:.1f} s)")  # fmt: skip
-    assert took < 3.0, took
+    # through the lock: the new term began (database clock) before the dead leader's
+    # lease, as read just before the kill, would have ended (a renewal after that read
+    # only ends it later)
+    left = (before.expires_at_us - new.acquired_at_us) / 1e6
+    assert new.liveness_us is not None and left > 0, (
+        f"the new term began {-left:.3f} s after the dead leader's lease ended: "
+        "the lease's expiry elected it, not the liveness lock"
+    )
     owners = c.term_owners()
     assert all(len(workers) == 1 for workers in owners.values()), owners
 
@@ -115,7 +128,7 @@ def test_sigkill_of_the_leader_fails_over_through_the_liveness_lock(
 def test_a_clean_stop_hands_over_through_notify_on_psycopg2(
     case: str, tmp_path: Path, clusters: list[Cluster]
 ) -> None:
-    c = _cluster(tmp_path, case, E2E_LIVENESS="0", E2E_POLL="30")
+    c = _cluster(tmp_path, case, ttl=NOTIFY_TTL, E2E_LIVENESS="0", E2E_POLL=str(POLL))
     clusters.append(c)
     assert _driver_in_workers(c) == "psycopg2"
     w1, w2 = _names()
@@ -124,15 +137,30 @@ def test_a_clean_stop_hands_over_through_notify_on_psycopg2(
     c.wait_candidates(2)
     leader = c.wait_leader(30)
     follower = w2 if leader == w1 else w1
-    time.sleep(2)  # the follower's listener connects and probes (its first look is at once)
+    # a resign NOTIFYed before the follower LISTENs would wake nobody
+    wait_until(lambda: c.listening(follower), 30, f"{follower}'s LISTEN")
+    # Its heartbeat at registration went right before its first look, and every later
+    # look comes at the earliest POLL after the one before, unless a wake-up calls it.
+    first = next(
+        info.heartbeat_at_us
+        for info in c.backend.candidates(c.namespace)
+        if info.candidate_id.startswith(f"{follower}@")
+    )
     c.signal(leader, signal.SIGTERM)
-    assert c.wait_leader(10, other_than=leader) == follower
+    # long enough for its own next look (its poll, or the lease's end where it trusts its
+    # wake-ups) to elect it: a broken wake-up then fails on the clock below, with a figure
+    assert c.wait_leader(NOTIFY_TTL + 30, other_than=leader) == follower
     revoked = _transition(c, leader, "revoked")
     elected = _transition(c, follower, "elected", term_above=revoked.term)
-    took = (elected.at - revoked.at) / 1e6
-    print(f"\nDRIVER-NOTIFY {case}: elected {took:.3f} s after the resign (poll 30 s)")
-    # polling every 30 s and a 10 s lease: only the resign's NOTIFY wakes it this soon
-    assert took < 1.0, took
+    new = c.lease()
+    assert new is not None and new.term == elected.term and new.acquired_at_us is not None
+    since = (new.acquired_at_us - first) / 1e6
+    # POLL / 2 covers the old leader's warm shutdown many times over, and fails only
+    # when the follower waited for its poll (database clock, from its first look)
+    assert since < POLL / 2, (
+        f"{follower} was elected {since:.3f} s after its first look (poll {POLL:.0f} s): "
+        "the resign's NOTIFY did not wake it"
+    )
     assert c.wait_exit(leader) == 0
 
 
