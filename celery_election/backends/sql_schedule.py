@@ -535,8 +535,9 @@ class SQLScheduleStore:
 
         One row per entry and column (``column_us`` wide, from ``from_us``) that has runs:
         the worst mark of its runs, how many there are and the most late of the late ones.
-        Grouped by the database (one range scan of the (namespace, sent_at) index), so a day
-        of a thousand entries' runs is at most entries x columns rows, by entry and column.
+        Grouped by the database (one range scan of the covering ``schedule_run_window``
+        index, no row read: the columns of the marks are in it), so a day of a thousand
+        entries' runs is at most entries x columns rows, by entry and column.
         """
         stmt = self.marks_statement(namespace, from_us, to_us, column_us)
 
