@@ -25,7 +25,9 @@ Everything here is plain data (the spec is JSON); what a spec means is the Celer
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -44,8 +46,8 @@ __all__ = [
     "LATE_US",
     "MARKS",
     "AuditRecord",
+    "EntryMarks",
     "EntryRow",
-    "MarkRow",
     "RunRecord",
     "SQLScheduleStore",
     "TermRecord",
@@ -59,6 +61,10 @@ MARKS = ("on-time", "run-now", "late", "skipped", "missed", "failed")
 FAILED_OUTCOMES = ("FAILURE", "REVOKED", "REJECTED", "IGNORED")
 #: A run sent more than this after it fell due is late (a tick is ~10 ms late): microseconds.
 LATE_US = 500_000
+#: A run's rank in the timeline's grouping is its mark times this, plus how late it was
+#: (microseconds) when its mark is late: the worst run of a column, and the most late of the
+#: late ones, are then one MAX. Any lateness (< sent_at, < 10**18 µs) stays below the next mark.
+_RANK = 10**18
 
 
 @dataclass(frozen=True)
@@ -128,20 +134,21 @@ class TermRecord:
     ended_at: int | None
 
 
-class MarkRow(NamedTuple):
-    """The runs of one entry in one column of the timeline (:meth:`SQLScheduleStore.marks`).
+class EntryMarks(NamedTuple):
+    """One entry's runs in the columns of the timeline (:meth:`SQLScheduleStore.marks`).
 
-    A tuple, not a dataclass: a day of a thousand entries is ~100,000 of them.
-
-    ``mark``: the worst of them (an index of :data:`MARKS`); ``runs``: how many history
-    rows; ``late_us``: the most a late one of them was late (None: none was).
+    One element per column that has runs, by column, in parallel tuples (not an object per
+    column: a day of a thousand entries is ~100,000 of them): ``columns`` (counted from the
+    window's start), ``marks`` (the worst of its runs, an index of :data:`MARKS`), ``runs``
+    (how many history rows) and ``late_us`` (where the mark is late: how late the most late
+    run was; else None).
     """
 
     entry_key: str
-    column: int
-    mark: int
-    runs: int
-    late_us: int | None
+    columns: tuple[int, ...]
+    marks: tuple[int, ...]
+    runs: tuple[int, ...]
+    late_us: tuple[int | None, ...]
 
 
 T = TypeVar("T")
@@ -523,60 +530,73 @@ class SQLScheduleStore:
             (r.c.kind == "missed", MARKS.index("missed")),
             (r.c.kind == "skipped", MARKS.index("skipped")),
             (r.c.kind == "run_now", MARKS.index("run-now")),
-            (
-                sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US),
-                MARKS.index("late"),
-            ),
+            (self._late(), MARKS.index("late")),
             else_=MARKS.index("on-time"),
         )
 
-    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[MarkRow]:
+    def _late(self) -> sa.ColumnElement[bool]:
+        r = self.run
+        return sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US)
+
+    def _rank_of(self) -> sa.ColumnElement[int]:
+        """A history row's mark times ``_RANK``, plus its lateness if late (SQL, per row).
+
+        :meth:`_mark_of` in the same order, folded with the lateness into one value so the
+        grouping keeps one aggregate (the database sorts and folds ~100,000 rows for a day).
+        """
+        r = self.run
+        return sa.case(
+            (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
+            (r.c.kind == "missed", MARKS.index("missed") * _RANK),
+            (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
+            (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
+            (self._late(), MARKS.index("late") * _RANK + (r.c.sent_at - r.c.due_at)),
+            else_=MARKS.index("on-time") * _RANK,
+        )
+
+    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[EntryMarks]:
         """The history of ``namespace`` sent in [from_us, to_us), as the timeline shows it.
 
-        One row per entry and column (``column_us`` wide, from ``from_us``) that has runs:
-        the worst mark of its runs, how many there are and the most late of the late ones.
-        Grouped by the database (one range scan of the covering ``schedule_run_window``
-        index, no row read: the columns of the marks are in it), so a day of a thousand
-        entries' runs is at most entries x columns rows, by entry and column.
+        Per entry (by key), its columns (``column_us`` wide, from ``from_us``) that have runs:
+        the worst mark of their runs, how many there are and the most late of the late ones.
+        Grouped by the database in one range scan of the covering ``schedule_run_window``
+        index (no row read: the columns of the marks are in it), so a day of a thousand
+        entries' runs is at most entries x columns rows.
         """
         stmt = self.marks_statement(namespace, from_us, to_us, column_us)
+        late = MARKS.index("late")
 
-        def read(conn: Connection) -> list[MarkRow]:
+        def read(conn: Connection) -> list[EntryMarks]:
+            found = []
             rows = conn.execute(stmt).all()
-            if rows and not isinstance(rows[0][2], int):  # MySQL's MAX of a CASE: a Decimal
-                return [MarkRow(k, int(c), int(m), int(n), _opt(x)) for k, c, m, n, x in rows]
-            return list(map(MarkRow._make, rows))
+            for key, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+                _, columns, ranks, runs = zip(*group, strict=True)
+                if not isinstance(ranks[0], int):  # MySQL's MAX of a CASE: a Decimal
+                    columns, ranks, runs = (tuple(map(int, x)) for x in (columns, ranks, runs))
+                marks = tuple(rank // _RANK for rank in ranks)
+                late_us = tuple(
+                    rank % _RANK if mark == late else None
+                    for rank, mark in zip(ranks, marks, strict=True)
+                )
+                found.append(EntryMarks(key, columns, marks, runs, late_us))
+            return found
 
         return self._read(read, self.run)
 
     def marks_statement(
         self, namespace: str, from_us: int, to_us: int, column_us: int
     ) -> sa.Select[Any]:
-        """The query of :meth:`marks` (its plan is checked on each database)."""
+        """The query of :meth:`marks`: per entry and column, the greatest rank and the runs.
+
+        Its plan is checked on each database (tests/integration/test_schedule_store.py).
+        """
         r = self.run
-        mark = self._mark_of()
-        per_run = (
-            sa.select(
-                r.c.entry_key.label("entry_key"),
-                ((r.c.sent_at - from_us) // max(1, column_us)).label("col"),
-                mark.label("mark"),
-                sa.case(
-                    (mark == MARKS.index("late"), r.c.sent_at - r.c.due_at), else_=sa.null()
-                ).label("late"),
-            )
-            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
-            .subquery("per_run")
-        )
+        column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
         return (
-            sa.select(
-                per_run.c.entry_key,
-                per_run.c.col,
-                sa.func.max(per_run.c.mark),
-                sa.func.count(),
-                sa.func.max(per_run.c.late),
-            )
-            .group_by(per_run.c.entry_key, per_run.c.col)
-            .order_by(per_run.c.entry_key, per_run.c.col)
+            sa.select(r.c.entry_key, column, sa.func.max(self._rank_of()), sa.func.count())
+            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
+            .group_by(r.c.entry_key, column)
+            .order_by(r.c.entry_key, column)
         )
 
     def runs_in(

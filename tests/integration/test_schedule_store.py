@@ -18,8 +18,8 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.backends.sql_schedule import (
     MARKS,
+    EntryMarks,
     EntryRow,
-    MarkRow,
     SQLScheduleStore,
     history_row,
     run_mark,
@@ -231,13 +231,16 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     got = store.marks(NS, start, start + 10 * col, col)
     busy, quiet = entry_key("busy"), entry_key("quiet")
     expected = [
-        MarkRow(busy, 0, MARKS.index("failed"), 21, None),
-        MarkRow(busy, 1, MARKS.index("late"), 4, 2_000_000),
-        MarkRow(busy, 2, MARKS.index("missed"), 2, None),
-        MarkRow(busy, 3, MARKS.index("run-now"), 1, None),
-        MarkRow(quiet, 5, MARKS.index("on-time"), 1, None),
+        EntryMarks(
+            busy,
+            columns=(0, 1, 2, 3),
+            marks=tuple(MARKS.index(m) for m in ("failed", "late", "missed", "run-now")),
+            runs=(21, 4, 2, 1),
+            late_us=(None, 2_000_000, None, None),  # the most late of column 1's late runs
+        ),
+        EntryMarks(quiet, (5,), (MARKS.index("on-time"),), (1,), (None,)),
     ]
-    assert got == sorted(expected, key=lambda m: (m.entry_key, m.column))
+    assert got == sorted(expected)
     # the runs behind a mark: the worst first, and how many of each
     runs, counts = store.runs_in(NS, busy, start, start + col)
     assert counts == {"on-time": 20, "failed": 1}
@@ -303,7 +306,8 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
         assert only_index in plan, plan
         if kind == "mysql":
             assert re.search(r"Extra=.*Using index(;|$)", plan), plan  # not "index condition"
-        assert len(store.marks(NS, now - hour, now, 3_000_000)) == 20 * 2
+        got = store.marks(NS, now - hour, now, 3_000_000)
+        assert len(got) == 20 and all(len(m.columns) == 2 for m in got)
     finally:
         b.uninstall()
         b.close()
