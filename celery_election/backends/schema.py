@@ -33,6 +33,7 @@ __all__ = [
     "greatest",
     "key_type",
     "make_metadata",
+    "ordered_concat",
     "validate_table_prefix",
 ]
 
@@ -83,6 +84,26 @@ class greatest(FunctionElement[int]):
     inherit_cache = True
 
 
+class ordered_concat(FunctionElement[str]):
+    """A group's values as one string, ordered by ``order``, joined by ``separator``.
+
+    Each dialect's spelling is its ``Dialect.concat_sql``. SQLite's keeps the order of the
+    rows grouped instead: sort them in a subquery, and check the order where it matters.
+    """
+
+    type = sa.String()
+    inherit_cache = True
+
+    def __init__(self, value: Any, order: Any, separator: str) -> None:
+        if separator not in _SEPARATORS:
+            raise ValueError(f"separator must be one of {sorted(_SEPARATORS)}: got {separator!r}")
+        # a clause, not an attribute: part of the statement's cache key
+        super().__init__(value, order, sa.literal_column(f"'{separator}'"))
+
+
+_SEPARATORS = frozenset({"", ","})
+
+
 def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
     raise unsupported(compiler.dialect.name)
 
@@ -95,12 +116,22 @@ def _greatest(function: str) -> Callable[..., str]:
     return lambda element, compiler, **kw: f"{function}({compiler.process(element.clauses, **kw)})"
 
 
+def _concat(sql: str) -> Callable[..., str]:
+    def spell(element: ordered_concat, compiler: SQLCompiler, **kw: Any) -> str:
+        value, order, separator = (compiler.process(c, **kw) for c in element.clauses)
+        return sql.format(value=value, order=order, separator=separator)
+
+    return spell
+
+
 # Each dialect's spelling lives in dialects.py (docs/design.md, rule 2).
 compiles(db_now_us)(_unsupported)
 compiles(greatest)(_greatest(Dialect.greatest_function))
+compiles(ordered_concat)(_concat(Dialect.concat_sql))
 for _dialect in {d.name: d for d in DIALECTS.values()}.values():
     compiles(db_now_us, _dialect.name)(_clock(_dialect.clock_sql))
     compiles(greatest, _dialect.name)(_greatest(_dialect.greatest_function))
+    compiles(ordered_concat, _dialect.name)(_concat(_dialect.concat_sql))
 
 
 # -- schema ---------------------------------------------------------------------------------

@@ -25,9 +25,7 @@ Everything here is plain data (the spec is JSON); what a spec means is the Celer
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -36,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import ConfigurationError
-from .schema import db_now_us, entry_key, key_type
+from .schema import db_now_us, entry_key, key_type, ordered_concat
 
 if TYPE_CHECKING:
     from .sql import SQLBackend
@@ -51,6 +49,7 @@ __all__ = [
     "RunRecord",
     "SQLScheduleStore",
     "TermRecord",
+    "entry_marks",
     "run_mark",
 ]
 
@@ -559,44 +558,51 @@ class SQLScheduleStore:
 
         Per entry (by key), its columns (``column_us`` wide, from ``from_us``) that have runs:
         the worst mark of their runs, how many there are and the most late of the late ones.
-        Grouped by the database in one range scan of the covering ``schedule_run_window``
-        index (no row read: the columns of the marks are in it), so a day of a thousand
-        entries' runs is at most entries x columns rows.
+        The database groups a range of the covering ``schedule_run_window`` index (no row
+        read) and answers one row per entry: a day of a thousand entries is ~100,000 marks,
+        and as many rows cost more to fetch and convert in Python than to group.
         """
         stmt = self.marks_statement(namespace, from_us, to_us, column_us)
-        late = MARKS.index("late")
 
         def read(conn: Connection) -> list[EntryMarks]:
-            found = []
-            rows = conn.execute(stmt).all()
-            for key, group in itertools.groupby(rows, key=operator.itemgetter(0)):
-                _, columns, ranks, runs = zip(*group, strict=True)
-                if not isinstance(ranks[0], int):  # MySQL's MAX of a CASE: a Decimal
-                    columns, ranks, runs = (tuple(map(int, x)) for x in (columns, ranks, runs))
-                marks = tuple(rank // _RANK for rank in ranks)
-                late_us = tuple(
-                    rank % _RANK if mark == late else None
-                    for rank, mark in zip(ranks, marks, strict=True)
-                )
-                found.append(EntryMarks(key, columns, marks, runs, late_us))
-            return found
+            return [entry_marks(*row) for row in conn.execute(stmt)]
 
         return self._read(read, self.run)
 
     def marks_statement(
         self, namespace: str, from_us: int, to_us: int, column_us: int
     ) -> sa.Select[Any]:
-        """The query of :meth:`marks`: per entry and column, the greatest rank and the runs.
+        """The query of :meth:`marks`: per entry, its columns, marks, runs and lateness.
 
         Its plan is checked on each database (tests/integration/test_schedule_store.py).
         """
         r = self.run
         column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
-        return (
-            sa.select(r.c.entry_key, column, sa.func.max(self._rank_of()), sa.func.count())
+        per_column = (
+            sa.select(
+                r.c.entry_key,
+                column,
+                sa.func.max(self._rank_of()).label("rank"),
+                sa.func.count().label("runs"),
+            )
             .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
             .group_by(r.c.entry_key, column)
-            .order_by(r.c.entry_key, column)
+            .order_by(r.c.entry_key, column)  # SQLite's concatenation keeps this order
+            .subquery("per_column")
+        )
+        g = per_column.c
+        mark = g.rank // _RANK
+        late = sa.case((mark == MARKS.index("late"), g.rank % _RANK), else_=sa.null())
+        return (
+            sa.select(
+                g.entry_key,
+                ordered_concat(g.col, g.col, ","),
+                ordered_concat(mark, g.col, ""),  # one digit a column
+                ordered_concat(g.runs, g.col, ","),
+                ordered_concat(sa.func.coalesce(sa.cast(late, sa.String), ""), g.col, ","),
+            )
+            .group_by(g.entry_key)
+            .order_by(g.entry_key)
         )
 
     def runs_in(
@@ -638,6 +644,32 @@ class SQLScheduleStore:
             t.c.namespace == namespace, sa.func.coalesce(t.c.ended_at, t.c.seen_at) < older_than_us
         )
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
+
+
+def entry_marks(key: str, columns: str, marks: str, runs: str, late_us: str) -> EntryMarks:
+    """One row of :meth:`SQLScheduleStore.marks`'s query as an :class:`EntryMarks`.
+
+    Its strings hold one value a column (``marks``: one digit each, the others separated by
+    commas; ``late_us`` empty where the mark is not late), in column order except where the
+    database did not keep it (SQLite before 3.44 cannot be told): then sorted here.
+    """
+    cols = tuple(map(int, columns.split(",")))
+    digits = tuple(map(int, marks))
+    counts = tuple(map(int, runs.split(",")))
+    late = tuple(int(x) if x else None for x in late_us.split(","))
+    if not len(cols) == len(digits) == len(counts) == len(late):
+        raise ValueError(
+            f"the timeline's marks of entry {key} were cut short ({len(cols)} columns, "
+            f"{len(digits)} marks): the database's string aggregation limit (MySQL: "
+            f"group_concat_max_len) is too small"
+        )
+    if list(cols) != sorted(cols):  # the columns of a group are distinct
+        order = sorted(range(len(cols)), key=cols.__getitem__)
+        cols = tuple(cols[i] for i in order)
+        digits = tuple(digits[i] for i in order)
+        counts = tuple(counts[i] for i in order)
+        late = tuple(late[i] for i in order)
+    return EntryMarks(key, cols, digits, counts, late)
 
 
 def run_mark(r: RunRecord) -> str:

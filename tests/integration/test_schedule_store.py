@@ -298,7 +298,9 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
             plan = explain(b, stmt)
             print(f"{kind} {what}:\n{plan}")
             assert f"{table}_window" in plan or f"{table}_entry" in plan, plan
-            assert not re.search(r"SCAN [^ ]*schedule_run(?! USING)|Seq Scan|\bALL\b", plan), plan
+            # no scan of the history table (MariaDB scans the per-column rows it derived)
+            table_scan = r"SCAN [^ ]*schedule_run(?! USING)|Seq Scan|schedule_run type=ALL\b"
+            assert not re.search(table_scan, plan), plan
         only_index = {"sqlite": f"USING COVERING INDEX {table}_window",
                       "postgresql": f"Index Only Scan using {table}_window",
                       "mysql": f"key={table}_window "}[kind]  # fmt: skip
