@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
 from ..errors import BackendUnavailableError, IncompatibleSchemaError
 from .connection import one_line
@@ -120,7 +120,6 @@ def add_missing_indexes(backend: SQLBackend, conn: Connection) -> None:
     SQLite) holds writes to that table meanwhile: once, at the upgrade's install.
     """
     inspector = sa.inspect(conn)
-    quote = backend.engine.dialect.identifier_preparer.quote
     for table in backend.metadata.sorted_tables:
         have = {i["name"] for i in inspector.get_indexes(table.name)}
         for index in table.indexes:
@@ -129,10 +128,9 @@ def add_missing_indexes(backend: SQLBackend, conn: Connection) -> None:
                 log.info("created index %s in %s", index.name, backend.description)
         short = table.name.removeprefix(backend.table_prefix)
         for retired in (f"{backend.table_prefix}{n}" for n in RETIRED_INDEXES.get(short, ())):
-            if retired in have:
-                mysql = backend.engine.dialect.name in ("mysql", "mariadb")
-                on = f" ON {quote(table.name)}" if mysql else ""
-                conn.exec_driver_sql(f"DROP INDEX {quote(retired)}{on}")
+            if retired in have:  # on a stand-in table: MySQL's DROP INDEX names its table
+                stand_in = sa.Table(table.name, sa.MetaData(), sa.Column("namespace", sa.String))
+                conn.execute(DropIndex(sa.Index(retired, stand_in.c.namespace)))
                 log.info("dropped index %s (replaced) in %s", retired, backend.description)
 
 
