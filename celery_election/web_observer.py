@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import json
 import logging
 import operator
@@ -348,25 +347,15 @@ class Observer:
         keys: list[str] = []
         rows: list[list[Any]] = []
         total = 0
-        late_mark = MARKS.index("late")
-        marks = store.marks(self.namespace, from_us, to_us + 1, column_ms * 1000)
-        for key, group in itertools.groupby(marks, key=operator.itemgetter(0)):
-            steps: list[int] = []
-            digits: list[str] = []
-            many: list[int] = []
-            late: list[int] = []
-            last = 0
-            for i, (_, column, mark, runs, late_us) in enumerate(group):
-                steps.append(column - last)
-                last = column
-                digits.append(_DIGITS[mark])
-                if runs > 1:
-                    many += (i, runs)
-                if mark == late_mark and late_us is not None:
-                    late += (i, late_us // 1000)
-                total += runs
-            rows.append([len(keys), steps, "".join(digits), many, late])
+        for key, cols, marks, runs, late_us in store.marks(
+            self.namespace, from_us, to_us + 1, column_ms * 1000
+        ):
+            steps = list(map(operator.sub, cols, (0, *cols[:-1])))
+            many = [x for i, n in enumerate(runs) if n > 1 for x in (i, n)]
+            late = [x for i, us in enumerate(late_us) if us is not None for x in (i, us // 1000)]
+            rows.append([len(keys), steps, "".join(map(_DIGITS.__getitem__, marks)), many, late])
             keys.append(key)
+            total += sum(runs)
         with self._lock:
             leases = {
                 n["namespace"]: {"term": n["term"], "held": n["leader"] is not None}

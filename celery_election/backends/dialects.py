@@ -97,6 +97,9 @@ class Dialect:
     clock_sql: ClassVar[str]
     #: the function that spells GREATEST(a, b)
     greatest_function: ClassVar[str] = "GREATEST"
+    #: a group's values as one string in an order (``schema.ordered_concat``): the
+    #: timeline's marks come as one row per entry, not one per mark
+    concat_sql: ClassVar[str] = "string_agg(CAST({value} AS TEXT), {separator} ORDER BY {order})"
     #: the database runs inside this process (SQLite): forks wait for its calls, and the
     #: file's absolute path is logged
     in_process: ClassVar[bool] = False
@@ -248,6 +251,9 @@ class SQLite(Dialect):
     # SQLite's 'now' is the host clock, constant within one statement step.
     clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
     greatest_function = "max"
+    # No ORDER BY in an aggregate before SQLite 3.44: the values come in the order of the
+    # rows grouped (sorted by the subquery), which their reader checks (sql_schedule.py).
+    concat_sql = "group_concat({value}, {separator})"
     in_process = True
     row_locks = False
     network_filesystems: ClassVar[frozenset[str]] = frozenset(
@@ -441,6 +447,7 @@ class MySQL(Dialect):
     name = "mysql"
     # UTC_TIMESTAMP ignores the session time zone; (6) keeps the microseconds.
     clock_sql = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    concat_sql = "GROUP_CONCAT({value} ORDER BY {order} SEPARATOR {separator})"
     contention: ClassVar[frozenset[int]] = frozenset({1213, 1205, 1062, 1969, 3024})
     missing: ClassVar[frozenset[int]] = frozenset({1146})
 
@@ -485,6 +492,9 @@ class MySQL(Dialect):
             settings = [
                 f"innodb_lock_wait_timeout = {max(1, round(secs))}",
                 "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES')",
+                # GROUP_CONCAT stops at 1 KB on MySQL (1 MB on MariaDB): a timeline row
+                # of 4,000 columns is ~100 KB
+                "group_concat_max_len = 67108864",
             ]
             if "mariadb" in dbapi_conn.get_server_info().lower():
                 settings.append(f"max_statement_time = {secs}")

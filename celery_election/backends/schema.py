@@ -26,12 +26,14 @@ from .dialects import DIALECTS, Dialect, unsupported
 __all__ = [
     "DEFAULT_TABLE_PREFIX",
     "PROTOCOL",
+    "RETIRED_INDEXES",
     "SCHEMA_VERSION",
     "db_now_us",
     "entry_key",
     "greatest",
     "key_type",
     "make_metadata",
+    "ordered_concat",
     "validate_table_prefix",
 ]
 
@@ -45,6 +47,12 @@ SCHEMA_VERSION = 2
 #: release that changes it records the new one at ``install()``, and older code refuses to
 #: start against it instead of taking part in an election whose rules it does not know.
 PROTOCOL = 1
+#: Indexes an earlier build made that a newer index now covers, by table (without the
+#: prefix): ``install()`` drops them. An index changes no row, so adding or dropping one
+#: needs no schema version: code of either side reads the same tables.
+RETIRED_INDEXES: dict[str, tuple[str, ...]] = {
+    "schedule_run": ("schedule_run_sent",),  # (namespace, sent_at): schedule_run_window's head
+}
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
 TOKEN_LENGTH = 32
 
@@ -76,6 +84,26 @@ class greatest(FunctionElement[int]):
     inherit_cache = True
 
 
+class ordered_concat(FunctionElement[str]):
+    """A group's values as one string, ordered by ``order``, joined by ``separator``.
+
+    Each dialect's spelling is its ``Dialect.concat_sql``. SQLite's keeps the order of the
+    rows grouped instead: sort them in a subquery, and check the order where it matters.
+    """
+
+    type = sa.String()
+    inherit_cache = True
+
+    def __init__(self, value: Any, order: Any, separator: str) -> None:
+        if separator not in _SEPARATORS:
+            raise ValueError(f"separator must be one of {sorted(_SEPARATORS)}: got {separator!r}")
+        # a clause, not an attribute: part of the statement's cache key
+        super().__init__(value, order, sa.literal_column(f"'{separator}'"))
+
+
+_SEPARATORS = frozenset({"", ","})
+
+
 def _unsupported(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
     raise unsupported(compiler.dialect.name)
 
@@ -88,12 +116,22 @@ def _greatest(function: str) -> Callable[..., str]:
     return lambda element, compiler, **kw: f"{function}({compiler.process(element.clauses, **kw)})"
 
 
+def _concat(sql: str) -> Callable[..., str]:
+    def spell(element: ordered_concat, compiler: SQLCompiler, **kw: Any) -> str:
+        value, order, separator = (compiler.process(c, **kw) for c in element.clauses)
+        return sql.format(value=value, order=order, separator=separator)
+
+    return spell
+
+
 # Each dialect's spelling lives in dialects.py (docs/design.md, rule 2).
 compiles(db_now_us)(_unsupported)
 compiles(greatest)(_greatest(Dialect.greatest_function))
+compiles(ordered_concat)(_concat(Dialect.concat_sql))
 for _dialect in {d.name: d for d in DIALECTS.values()}.values():
     compiles(db_now_us, _dialect.name)(_clock(_dialect.clock_sql))
     compiles(greatest, _dialect.name)(_greatest(_dialect.greatest_function))
+    compiles(ordered_concat, _dialect.name)(_concat(_dialect.concat_sql))
 
 
 # -- schema ---------------------------------------------------------------------------------
@@ -250,7 +288,17 @@ def _schedule_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("duration_us", sa.BigInteger, nullable=True),
         sa.Index(f"{prefix}schedule_run_entry", "namespace", "entry_key", "id"),
         sa.Index(f"{prefix}schedule_run_task", "task_id"),
-        sa.Index(f"{prefix}schedule_run_sent", "namespace", "sent_at"),
+        # The window's runs, and all the timeline's grouping reads of them (covering: the
+        # query never visits the rows). It replaced (namespace, sent_at): RETIRED_INDEXES.
+        sa.Index(
+            f"{prefix}schedule_run_window",
+            "namespace",
+            "sent_at",
+            "entry_key",
+            "kind",
+            "due_at",
+            "outcome",
+        ),
         **_MYSQL_OPTIONS,
     )
 

@@ -2,7 +2,8 @@
 
 ``install`` creates the missing tables in one transaction, under the dialect's lock
 against concurrent DDL (``Dialect.install_lock``; docs/design.md, rule 10), then adds the
-nullable columns that tables made by an older version lack, and records what the tables
+nullable columns and the indexes that tables made by an older version lack (and drops the
+indexes a newer one replaced, ``schema.RETIRED_INDEXES``), and records what the tables
 now are in the meta table (``schema.SCHEMA_VERSION``, ``schema.PROTOCOL``): tables made by
 a newer release are refused before any DDL (``check_versions``), as every backend's first
 write refuses them (``SQLCalls._run``). It retries a lost race, and says "cannot reach" at
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
 from ..errors import BackendUnavailableError, IncompatibleSchemaError
 from .connection import one_line
-from .schema import PROTOCOL, SCHEMA_VERSION
+from .schema import PROTOCOL, RETIRED_INDEXES, SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from .sql import SQLBackend
@@ -45,6 +46,7 @@ def install(backend: SQLBackend) -> list[str]:
                 created = [t.name for t in backend.metadata.sorted_tables if t.name not in have]
                 backend.metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(backend, conn)
+                add_missing_indexes(backend, conn)
                 _record_versions(backend, conn)
             if created:
                 log.info("created tables %s in %s", ", ".join(created), backend.description)
@@ -106,6 +108,30 @@ def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:
             if column.name not in have:
                 type_ = column.type.compile(dialect=backend.engine.dialect)
                 conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {type_}")
+
+
+def add_missing_indexes(backend: SQLBackend, conn: Connection) -> None:
+    """Create the indexes that tables made by an older version lack; drop the retired ones.
+
+    ``create_all`` skips a table that exists, indexes and all, so an index added to an
+    existing table (``schedule_run_window``, which the timeline's query reads instead of
+    the rows) reaches existing installations only here. Idempotent: by name, from what
+    the database lists. On a large history, creating it takes a while and (PostgreSQL,
+    SQLite) holds writes to that table meanwhile: once, at the upgrade's install.
+    """
+    inspector = sa.inspect(conn)
+    for table in backend.metadata.sorted_tables:
+        have = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name not in have:
+                index.create(conn)
+                log.info("created index %s in %s", index.name, backend.description)
+        short = table.name.removeprefix(backend.table_prefix)
+        for retired in (f"{backend.table_prefix}{n}" for n in RETIRED_INDEXES.get(short, ())):
+            if retired in have:  # on a stand-in table: MySQL's DROP INDEX names its table
+                stand_in = sa.Table(table.name, sa.MetaData(), sa.Column("namespace", sa.String))
+                conn.execute(DropIndex(sa.Index(retired, stand_in.c.namespace)))
+                log.info("dropped index %s (replaced) in %s", retired, backend.description)
 
 
 def _legacy(backend: SQLBackend) -> list[sa.Table]:

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import ConfigurationError
-from .schema import db_now_us, entry_key, key_type
+from .schema import db_now_us, entry_key, key_type, ordered_concat
 
 if TYPE_CHECKING:
     from .sql import SQLBackend
@@ -44,11 +44,12 @@ __all__ = [
     "LATE_US",
     "MARKS",
     "AuditRecord",
+    "EntryMarks",
     "EntryRow",
-    "MarkRow",
     "RunRecord",
     "SQLScheduleStore",
     "TermRecord",
+    "entry_marks",
     "run_mark",
 ]
 
@@ -59,6 +60,10 @@ MARKS = ("on-time", "run-now", "late", "skipped", "missed", "failed")
 FAILED_OUTCOMES = ("FAILURE", "REVOKED", "REJECTED", "IGNORED")
 #: A run sent more than this after it fell due is late (a tick is ~10 ms late): microseconds.
 LATE_US = 500_000
+#: A run's rank in the timeline's grouping is its mark times this, plus how late it was
+#: (microseconds) when its mark is late: the worst run of a column, and the most late of the
+#: late ones, are then one MAX. Any lateness (< sent_at, < 10**18 µs) stays below the next mark.
+_RANK = 10**18
 
 
 @dataclass(frozen=True)
@@ -128,20 +133,21 @@ class TermRecord:
     ended_at: int | None
 
 
-class MarkRow(NamedTuple):
-    """The runs of one entry in one column of the timeline (:meth:`SQLScheduleStore.marks`).
+class EntryMarks(NamedTuple):
+    """One entry's runs in the columns of the timeline (:meth:`SQLScheduleStore.marks`).
 
-    A tuple, not a dataclass: a day of a thousand entries is ~100,000 of them.
-
-    ``mark``: the worst of them (an index of :data:`MARKS`); ``runs``: how many history
-    rows; ``late_us``: the most a late one of them was late (None: none was).
+    One element per column that has runs, by column, in parallel tuples (not an object per
+    column: a day of a thousand entries is ~100,000 of them): ``columns`` (counted from the
+    window's start), ``marks`` (the worst of its runs, an index of :data:`MARKS`), ``runs``
+    (how many history rows) and ``late_us`` (where the mark is late: how late the most late
+    run was; else None).
     """
 
     entry_key: str
-    column: int
-    mark: int
-    runs: int
-    late_us: int | None
+    columns: tuple[int, ...]
+    marks: tuple[int, ...]
+    runs: tuple[int, ...]
+    late_us: tuple[int | None, ...]
 
 
 T = TypeVar("T")
@@ -523,59 +529,80 @@ class SQLScheduleStore:
             (r.c.kind == "missed", MARKS.index("missed")),
             (r.c.kind == "skipped", MARKS.index("skipped")),
             (r.c.kind == "run_now", MARKS.index("run-now")),
-            (
-                sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US),
-                MARKS.index("late"),
-            ),
+            (self._late(), MARKS.index("late")),
             else_=MARKS.index("on-time"),
         )
 
-    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[MarkRow]:
+    def _late(self) -> sa.ColumnElement[bool]:
+        r = self.run
+        return sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US)
+
+    def _rank_of(self) -> sa.ColumnElement[int]:
+        """A history row's mark times ``_RANK``, plus its lateness if late (SQL, per row).
+
+        :meth:`_mark_of` in the same order, folded with the lateness into one value so the
+        grouping keeps one aggregate (the database sorts and folds ~100,000 rows for a day).
+        """
+        r = self.run
+        return sa.case(
+            (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
+            (r.c.kind == "missed", MARKS.index("missed") * _RANK),
+            (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
+            (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
+            (self._late(), MARKS.index("late") * _RANK + (r.c.sent_at - r.c.due_at)),
+            else_=MARKS.index("on-time") * _RANK,
+        )
+
+    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[EntryMarks]:
         """The history of ``namespace`` sent in [from_us, to_us), as the timeline shows it.
 
-        One row per entry and column (``column_us`` wide, from ``from_us``) that has runs:
-        the worst mark of its runs, how many there are and the most late of the late ones.
-        Grouped by the database (one range scan of the (namespace, sent_at) index), so a day
-        of a thousand entries' runs is at most entries x columns rows, by entry and column.
+        Per entry (by key), its columns (``column_us`` wide, from ``from_us``) that have runs:
+        the worst mark of their runs, how many there are and the most late of the late ones.
+        The database groups a range of the covering ``schedule_run_window`` index (no row
+        read) and answers one row per entry: a day of a thousand entries is ~100,000 marks,
+        and as many rows cost more to fetch and convert in Python than to group.
         """
         stmt = self.marks_statement(namespace, from_us, to_us, column_us)
 
-        def read(conn: Connection) -> list[MarkRow]:
-            rows = conn.execute(stmt).all()
-            if rows and not isinstance(rows[0][2], int):  # MySQL's MAX of a CASE: a Decimal
-                return [MarkRow(k, int(c), int(m), int(n), _opt(x)) for k, c, m, n, x in rows]
-            return list(map(MarkRow._make, rows))
+        def read(conn: Connection) -> list[EntryMarks]:
+            return [entry_marks(*row) for row in conn.execute(stmt)]
 
         return self._read(read, self.run)
 
     def marks_statement(
         self, namespace: str, from_us: int, to_us: int, column_us: int
     ) -> sa.Select[Any]:
-        """The query of :meth:`marks` (its plan is checked on each database)."""
+        """The query of :meth:`marks`: per entry, its columns, marks, runs and lateness.
+
+        Its plan is checked on each database (tests/integration/test_schedule_store.py).
+        """
         r = self.run
-        mark = self._mark_of()
-        per_run = (
+        column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
+        per_column = (
             sa.select(
-                r.c.entry_key.label("entry_key"),
-                ((r.c.sent_at - from_us) // max(1, column_us)).label("col"),
-                mark.label("mark"),
-                sa.case(
-                    (mark == MARKS.index("late"), r.c.sent_at - r.c.due_at), else_=sa.null()
-                ).label("late"),
+                r.c.entry_key,
+                column,
+                sa.func.max(self._rank_of()).label("rank"),
+                sa.func.count().label("runs"),
             )
             .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
-            .subquery("per_run")
+            .group_by(r.c.entry_key, column)
+            .order_by(r.c.entry_key, column)  # SQLite's concatenation keeps this order
+            .subquery("per_column")
         )
+        g = per_column.c
+        mark = g.rank // _RANK
+        late = sa.case((mark == MARKS.index("late"), g.rank % _RANK), else_=sa.null())
         return (
             sa.select(
-                per_run.c.entry_key,
-                per_run.c.col,
-                sa.func.max(per_run.c.mark),
-                sa.func.count(),
-                sa.func.max(per_run.c.late),
+                g.entry_key,
+                ordered_concat(g.col, g.col, ","),
+                ordered_concat(mark, g.col, ""),  # one digit a column
+                ordered_concat(g.runs, g.col, ","),
+                ordered_concat(sa.func.coalesce(sa.cast(late, sa.String), ""), g.col, ","),
             )
-            .group_by(per_run.c.entry_key, per_run.c.col)
-            .order_by(per_run.c.entry_key, per_run.c.col)
+            .group_by(g.entry_key)
+            .order_by(g.entry_key)
         )
 
     def runs_in(
@@ -617,6 +644,32 @@ class SQLScheduleStore:
             t.c.namespace == namespace, sa.func.coalesce(t.c.ended_at, t.c.seen_at) < older_than_us
         )
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
+
+
+def entry_marks(key: str, columns: str, marks: str, runs: str, late_us: str) -> EntryMarks:
+    """One row of :meth:`SQLScheduleStore.marks`'s query as an :class:`EntryMarks`.
+
+    Its strings hold one value a column (``marks``: one digit each, the others separated by
+    commas; ``late_us`` empty where the mark is not late), in column order except where the
+    database did not keep it (SQLite before 3.44 cannot be told): then sorted here.
+    """
+    cols = tuple(map(int, columns.split(",")))
+    digits = tuple(map(int, marks))
+    counts = tuple(map(int, runs.split(",")))
+    late = tuple(int(x) if x else None for x in late_us.split(","))
+    if not len(cols) == len(digits) == len(counts) == len(late):
+        raise ValueError(
+            f"the timeline's marks of entry {key} were cut short ({len(cols)} columns, "
+            f"{len(digits)} marks): the database's string aggregation limit (MySQL: "
+            f"group_concat_max_len) is too small"
+        )
+    if list(cols) != sorted(cols):  # the columns of a group are distinct
+        order = sorted(range(len(cols)), key=cols.__getitem__)
+        cols = tuple(cols[i] for i in order)
+        digits = tuple(digits[i] for i in order)
+        counts = tuple(counts[i] for i in order)
+        late = tuple(late[i] for i in order)
+    return EntryMarks(key, cols, digits, counts, late)
 
 
 def run_mark(r: RunRecord) -> str:

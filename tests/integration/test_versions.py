@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from celery_election import backend_from_url
 from celery_election.backends import SQLBackend
 from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION
+from celery_election.backends.sql_schedule import history_row
 from celery_election.errors import IncompatibleSchemaError
 
 from ..conftest import unique_prefix, url_for
@@ -64,6 +65,30 @@ def test_install_upgrades_tables_of_the_previous_release(backend: SQLBackend) ->
     assert _versions(backend) == {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}
     lease = backend.current("ns")
     assert lease is not None and lease.held  # the upgrade kept the row
+
+
+def test_install_gives_an_older_history_table_the_timelines_index(backend: SQLBackend) -> None:
+    """A run history made before ``schedule_run_window``: install() creates the index, drops
+    the (namespace, sent_at) one it replaced, keeps the rows, and does it once."""
+    backend.install()
+    run, prefix = backend.schedule.run, backend.table_prefix
+    on = f" ON {run.name}" if backend.engine.dialect.name in ("mysql", "mariadb") else ""
+    with backend.engine.begin() as conn:  # the history table as the earlier build made it
+        conn.exec_driver_sql(f"DROP INDEX {prefix}schedule_run_window{on}")
+        conn.exec_driver_sql(f"CREATE INDEX {prefix}schedule_run_sent ON {run.name} "
+                             f"(namespace, sent_at)")  # fmt: skip
+        conn.execute(sa.insert(run), [history_row("ns", "job", "run", run_key=1, term=1,
+                                                  sent_at=10, due_at=10)])  # fmt: skip
+
+    def indexes() -> set[str]:
+        return {i["name"] for i in sa.inspect(backend.engine).get_indexes(run.name)}
+
+    assert f"{prefix}schedule_run_window" not in indexes()
+    assert backend.install() == []  # no table created: an index added, one dropped
+    assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
+    assert backend.install() == []  # idempotent
+    assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
+    assert [r.sent_at for r in backend.schedule.runs_between("ns", 0, 100)] == [10]
 
 
 @pytest.mark.parametrize(
