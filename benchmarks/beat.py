@@ -107,6 +107,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "beat.json"
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
+AMQP_DEFAULT = "amqp://guest:guest@127.0.0.1:5672//"
 ALL_CONFIGS = ("stock", "sqlite", "postgresql", "mariadb")
 DEFAULT_CONFIGS = "stock,sqlite,postgresql"
 MODES = ("send", "count")

@@ -54,9 +54,9 @@ from typing import Any
 import _root  # noqa: F401  (the repository root on sys.path: harness, tests)
 import sqlalchemy as sa
 from _machine import machine_info
+from beat import AMQP_DEFAULT, MYSQL_DEFAULT, PG_DEFAULT
 
-from tests.e2e.cluster import Cluster, wait_until
-from tests.services import AMQP_DEFAULT, MYSQL_DEFAULT, PG_DEFAULT, with_driver
+from harness.cluster import Cluster, wait_until
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "driver_failover.json"
@@ -85,7 +85,7 @@ class Run:
     def __init__(self, tmp: Path, driver: str, *, notify: bool) -> None:
         server, name = DRIVERS[driver]
         u = urls()
-        url = with_driver(u[server], name)
+        url = sa.make_url(u[server]).set(drivername=name).render_as_string(hide_password=False)
         folder = tmp / f"{name.replace('+', '-')}-{'notify' if notify else 'crash'}"
         folder.mkdir()
         self.c = Cluster(folder, u["amqp"], url, f"db+{url}", ttl=TTL)

@@ -78,7 +78,7 @@ MUTATIONS = [
     M("versions-schema", SQL_INSTALL, "    if schema > SCHEMA_VERSION:", "    if False:", VERSIONS),
     M("versions-protocol", SQL_INSTALL, "    if protocol > PROTOCOL:", "    if False:", VERSIONS),
     M("versions-first-write", SQL_CALLS, "        if write and not self._versions_checked:", "        if False:", VERSIONS),
-    M("versions-before-ddl", SQL_INSTALL, "                    check_versions(read_versions(backend, conn), backend.description)",
+    M("versions-before-ddl", SQL_INSTALL, "                    check_versions(read_versions(backend.meta, conn), backend.description)",
       "                    pass", VERSIONS),
     # -- the lease steps (SQL) ------------------------------------------------------------
     M("lease-elect-expired", SQL_LEASE, "t.c.token.is_(None), t.c.expires_at <= now",

@@ -423,7 +423,7 @@ class PostgresBackend(SQLBackend):
             return []
         query = sa.text("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async'")
         try:
-            count = self._run(
+            count = self.call(
                 lambda conn: conn.execute(query).scalar(),
                 table=self.lease,
                 write=False,

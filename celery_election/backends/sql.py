@@ -185,7 +185,7 @@ class SQLBackend(SQLCalls):
             def work(conn: Connection) -> sa.Row[Any] | None:
                 return conn.execute(statement, params).first()
 
-            row = self._run(
+            row = self.call(
                 work, table=self.lease, write=True, timeout=timeout, connection=connection
             )
             lease = lease_from_row(row)
@@ -196,7 +196,7 @@ class SQLBackend(SQLCalls):
         def work_count(conn: Connection) -> int:
             return int(conn.execute(statement, params).rowcount)
 
-        changed = self._run(
+        changed = self.call(
             work_count, table=self.lease, write=True, timeout=timeout, connection=connection
         )
         if changed != 1:
@@ -307,7 +307,7 @@ class SQLBackend(SQLCalls):
                 # First election of this namespace: create the vacant row, then race.
                 values = {"namespace": namespace, "term": 0, "expires_at": 0}
                 vacant = self.db.insert_if_absent(self.lease, values, "term")
-                self._run(
+                self.call(
                     _rowcount(vacant),
                     table=self.lease,
                     write=True,
@@ -421,7 +421,7 @@ class SQLBackend(SQLCalls):
         self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
     ) -> Lease | None:
         """The lease row as stored now (None if this namespace was never elected)."""
-        return self._run(
+        return self.call(
             lambda conn: self._select_lease(conn, namespace),
             table=self.lease,
             write=False,
@@ -437,7 +437,7 @@ class SQLBackend(SQLCalls):
         def work(conn: Connection) -> list[str]:
             return sorted(str(r[0]) for r in conn.execute(stmt))
 
-        return self._run(work, table=lease, write=False, timeout=timeout, connection=None)
+        return self.call(work, table=lease, write=False, timeout=timeout, connection=None)
 
     # -- candidates -------------------------------------------------------------------------
 
@@ -472,7 +472,7 @@ class SQLBackend(SQLCalls):
         refresh = {"heartbeat_at": now, "expires_at": now + _us(ttl)}
         stmt = self.db.upsert(c, values, lambda new: refresh)
         # lost to contention: the next heartbeat refreshes it
-        self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
+        self.call_write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
     def unregister(
         self,
@@ -485,7 +485,7 @@ class SQLBackend(SQLCalls):
         """Remove this candidate's row."""
         c = self.candidate
         stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.token == token)
-        self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
+        self.call_write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
 
     def candidates(
         self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
@@ -511,7 +511,7 @@ class SQLBackend(SQLCalls):
                 for r in conn.execute(stmt)
             ]
 
-        return self._run(work, table=c, write=False, timeout=timeout, connection=connection)
+        return self.call(work, table=c, write=False, timeout=timeout, connection=connection)
 
     def prune(
         self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
@@ -519,7 +519,9 @@ class SQLBackend(SQLCalls):
         """Delete candidate rows whose heartbeat expired."""
         c = self.candidate
         stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.expires_at <= db_now_us())
-        return self._write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
+        return self.call_write(
+            _rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection
+        )
 
     def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
         """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
@@ -566,7 +568,7 @@ class SQLBackend(SQLCalls):
 
 
 def _rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
-    """Work for ``_run``: execute ``stmt`` and return the rows it changed."""
+    """Work for ``call``: execute ``stmt`` and return the rows it changed."""
     return lambda conn: int(conn.execute(stmt).rowcount)
 
 

@@ -44,7 +44,7 @@ from .base import RunClaim, RunRequest, RunState, check_batch, next_run_count
 from .schema import db_now_us, entry_key, key_type
 
 if TYPE_CHECKING:
-    from .sql import SQLBackend
+    from .sql_host import SQLHost
 
 __all__ = ["BATCH", "BATCH_ARRAYS", "SQLBeatStore"]
 
@@ -58,7 +58,7 @@ BATCH_ARRAYS = 2000
 class SQLBeatStore:
     """The :class:`~celery_election.backends.base.BeatStore` of a :class:`SQLBackend`."""
 
-    def __init__(self, backend: SQLBackend) -> None:
+    def __init__(self, backend: SQLHost) -> None:
         self.backend = backend
         self.table = backend.beat_run
         # PostgreSQL: a batch's requests are bound as arrays (one statement shape)
@@ -70,7 +70,7 @@ class SQLBeatStore:
         stmt = sa.select(
             t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity
         ).where(t.c.namespace == namespace)
-        return self.backend._run(
+        return self.backend.call(
             lambda conn: {r.entry_name: _state(r) for r in conn.execute(stmt)},
             table=t,
             write=False,
@@ -123,7 +123,7 @@ class SQLBeatStore:
             return RunClaim(False, None if row is None else _state(row), holds)
 
         lost = RunClaim(False, expected, True)  # lost to contention: nothing decided
-        return self.backend._write(work, table=self.table, lost=lost, timeout=timeout)
+        return self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
 
     def claim_runs(
         self,
@@ -142,7 +142,7 @@ class SQLBeatStore:
             chunk = list(requests[start : start + batch])
             lost = [RunClaim(False, r.expected, True) for r in chunk]
             work = functools.partial(self._claim_chunk, namespace, token, term, chunk)
-            out += self.backend._write(work, table=self.table, lost=lost, timeout=timeout)
+            out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
         return out
 
     def _claim_chunk(

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from ..errors import BackendUnavailableError, SchemaMissingError
 from .connection import WATCHDOG, Deadline, LostRound, one_line
 from .dialects import Dialect
+from .sql_install import check_versions, read_versions
 
 __all__ = ["Caller", "SQLCalls"]
 
@@ -61,7 +62,7 @@ class SQLCalls:
             if kind == "contention" and write:
                 raise LostRound() from exc
             if kind == "read-only":
-                raise BackendUnavailableError(self._read_only()) from (exc.orig or exc)
+                raise BackendUnavailableError(self.read_only_message()) from (exc.orig or exc)
             if kind in ("unavailable", "contention"):
                 error = BackendUnavailableError(
                     f"election database {self.description} is unavailable: {one_line(exc)}"
@@ -72,7 +73,7 @@ class SQLCalls:
         except NoSuchTableError as exc:
             raise SchemaMissingError(table.name, self.description) from exc
 
-    def _run(
+    def call(
         self,
         work: Callable[[Connection], T],
         *,
@@ -97,12 +98,10 @@ class SQLCalls:
             return self._run_bounded(work, table=table, write=write, timeout=timeout)
 
     def _check_versions(self, timeout: float | None) -> None:
-        from .sql_install import check_versions, read_versions
-
         try:
             with self._fork_guard:
                 versions = self._run_bounded(
-                    lambda conn: read_versions(self, conn),  # type: ignore[arg-type]
+                    lambda conn: read_versions(self.meta, conn),
                     table=self.meta,
                     write=False,
                     timeout=timeout,
@@ -151,7 +150,7 @@ class SQLCalls:
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _write(
+    def call_write(
         self,
         work: Callable[[Connection], T],
         *,
@@ -162,18 +161,18 @@ class SQLCalls:
     ) -> T:
         """A write whose loss to contention means ``lost``, not an error."""
         try:
-            return self._run(work, table=table, write=True, timeout=timeout, connection=connection)
+            return self.call(work, table=table, write=True, timeout=timeout, connection=connection)
         except LostRound:
             return lost
 
-    def _in_transaction(self, work: Callable[[Connection], T], *, table: sa.Table) -> T:
+    def call_in_transaction(self, work: Callable[[Connection], T], *, table: sa.Table) -> T:
         """``work`` in one real transaction (an operator's change: several statements)."""
         for attempt in range(5):
             try:
                 with (
                     self._fork_guard,
                     self._errors(table, write=True),
-                    self._transaction() as conn,
+                    self.begin() as conn,
                 ):
                     return work(conn)
             except LostRound:  # a deadlock or serialisation failure: nothing was written
@@ -185,14 +184,14 @@ class SQLCalls:
                     ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _transaction(self) -> Any:
+    def begin(self) -> Any:
         """A real transaction, for install's advisory lock (held until it ends).
 
         The engine autocommits its one-statement calls (see ``private_engine``).
         """
         return self.db.transaction(self.engine)
 
-    def _read_only(self) -> str:
+    def read_only_message(self) -> str:
         return (
             f"election database {self.description} is a read-only standby: point "
             f"election_url at the primary, or list every host and add "

@@ -26,23 +26,23 @@ from .connection import one_line
 from .schema import PROTOCOL, RETIRED_INDEXES, SCHEMA_VERSION
 
 if TYPE_CHECKING:
-    from .sql import SQLBackend
+    from .sql_host import SQLHost
 
 __all__ = ["check_versions", "create_ddl", "drop_ddl", "install", "read_versions", "uninstall"]
 
 log = logging.getLogger("celery_election.backends.sql")
 
 
-def install(backend: SQLBackend) -> list[str]:
+def install(backend: SQLHost) -> list[str]:
     """Create the tables if missing; the names of those created. Safe to race."""
     last: Exception | None = None
     for _attempt in range(5):
         try:
-            with backend._transaction() as conn:
-                backend.db.install_lock(conn, backend.table_prefix, backend._read_only())
+            with backend.begin() as conn:
+                backend.db.install_lock(conn, backend.table_prefix, backend.read_only_message())
                 have = set(sa.inspect(conn).get_table_names())
                 if backend.meta.name in have:
-                    check_versions(read_versions(backend, conn), backend.description)
+                    check_versions(read_versions(backend.meta, conn), backend.description)
                 created = [t.name for t in backend.metadata.sorted_tables if t.name not in have]
                 backend.metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(backend, conn)
@@ -62,9 +62,9 @@ def install(backend: SQLBackend) -> list[str]:
     ) from last
 
 
-def read_versions(backend: SQLBackend, conn: Connection) -> dict[str, int]:
+def read_versions(meta: sa.Table, conn: Connection) -> dict[str, int]:
     """The meta table's rows (``schema``, ``protocol``); tables of 0.1.0 have none."""
-    rows = conn.execute(sa.select(backend.meta.c.name, backend.meta.c.value))
+    rows = conn.execute(sa.select(meta.c.name, meta.c.value))
     return {name: int(value) for name, value in rows}
 
 
@@ -84,9 +84,9 @@ def check_versions(versions: dict[str, int], where: str) -> None:
         )
 
 
-def _record_versions(backend: SQLBackend, conn: Connection) -> None:
+def _record_versions(backend: SQLHost, conn: Connection) -> None:
     """Raise the recorded schema and protocol to this code's (never lower them)."""
-    have = read_versions(backend, conn)
+    have = read_versions(backend.meta, conn)
     for name, value in (("schema", SCHEMA_VERSION), ("protocol", PROTOCOL)):
         if name not in have:
             conn.execute(sa.insert(backend.meta).values(name=name, value=value))
@@ -95,7 +95,7 @@ def _record_versions(backend: SQLBackend, conn: Connection) -> None:
             conn.execute(sa.update(backend.meta).where(where).values(value=value))
 
 
-def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:
+def add_missing_columns(backend: SQLHost, conn: Connection) -> None:
     """Add the columns that tables made by an older version lack.
 
     ``lease.liveness_us`` and ``beat_run.identity``: they are nullable, so electors and
@@ -110,7 +110,7 @@ def add_missing_columns(backend: SQLBackend, conn: Connection) -> None:
                 conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {type_}")
 
 
-def add_missing_indexes(backend: SQLBackend, conn: Connection) -> None:
+def add_missing_indexes(backend: SQLHost, conn: Connection) -> None:
     """Create the indexes that tables made by an older version lack; drop the retired ones.
 
     ``create_all`` skips a table that exists, indexes and all, so an index added to an
@@ -134,21 +134,21 @@ def add_missing_indexes(backend: SQLBackend, conn: Connection) -> None:
                 log.info("dropped index %s (replaced) in %s", retired, backend.description)
 
 
-def _legacy(backend: SQLBackend) -> list[sa.Table]:
+def _legacy(backend: SQLHost) -> list[sa.Table]:
     """The beat ledger of 0.1 (replaced by beat_run): uninstall drops it too."""
     legacy = sa.MetaData()
     return [sa.Table(f"{backend.table_prefix}{n}", legacy) for n in ("beat_state", "beat_ledger")]
 
 
-def uninstall(backend: SQLBackend) -> None:
+def uninstall(backend: SQLHost) -> None:
     """Drop the tables if they exist. Terms stay increasing after a re-install."""
-    with backend._transaction() as conn:
+    with backend.begin() as conn:
         backend.metadata.drop_all(conn, checkfirst=True)
         for table in _legacy(backend):
             table.drop(conn, checkfirst=True)
 
 
-def drop_ddl(backend: SQLBackend) -> list[str]:
+def drop_ddl(backend: SQLHost) -> list[str]:
     """The DROP statements uninstall() runs, for this database's dialect (legacy ones too)."""
     return [
         str(DropTable(t, if_exists=True).compile(dialect=backend.engine.dialect)).strip()
@@ -156,7 +156,7 @@ def drop_ddl(backend: SQLBackend) -> list[str]:
     ]
 
 
-def create_ddl(backend: SQLBackend) -> list[str]:
+def create_ddl(backend: SQLHost) -> list[str]:
     """The CREATE statements install() would run, for this database's dialect."""
     dialect = backend.engine.dialect
     out = []

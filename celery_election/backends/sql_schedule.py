@@ -37,7 +37,7 @@ from ..errors import ConfigurationError
 from .schema import db_now_us, entry_key, key_type, ordered_concat
 
 if TYPE_CHECKING:
-    from .sql import SQLBackend
+    from .sql_host import SQLHost
 
 __all__ = [
     "FAILED_OUTCOMES",
@@ -160,7 +160,7 @@ Change = Callable[[EntryRow | None, int], tuple[dict[str, Any] | None, dict[str,
 class SQLScheduleStore:
     """The schedule tables of a :class:`SQLBackend` (see the module)."""
 
-    def __init__(self, backend: SQLBackend) -> None:
+    def __init__(self, backend: SQLHost) -> None:
         self.backend = backend
         prefix = backend.table_prefix
         tables = backend.metadata.tables
@@ -171,10 +171,10 @@ class SQLScheduleStore:
         self.term_table = tables[f"{prefix}schedule_term"]
 
     def _read(self, work: Callable[[Connection], T], table: sa.Table) -> T:
-        return self.backend._run(work, table=table, write=False, timeout=None, connection=None)
+        return self.backend.call(work, table=table, write=False, timeout=None, connection=None)
 
     def _do(self, work: Callable[[Connection], T], table: sa.Table) -> T:
-        return self.backend._run(work, table=table, write=True, timeout=None, connection=None)
+        return self.backend.call(work, table=table, write=True, timeout=None, connection=None)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -245,7 +245,7 @@ class SQLScheduleStore:
             row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
             return _entry(row)
 
-        return backend._in_transaction(run, table=t)
+        return backend.call_in_transaction(run, table=t)
 
     def _insert_entry(
         self, conn: Connection, namespace: str, name: str, now: int, values: dict[str, Any]
@@ -321,7 +321,7 @@ class SQLScheduleStore:
             "p_term": term,
         }
         return bool(
-            self.backend._write(
+            self.backend.call_write(
                 lambda conn: conn.execute(self._claim_statement, params).rowcount == 1,
                 table=self.entry,
                 lost=False,

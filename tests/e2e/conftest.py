@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import Cluster
+
 from ..conftest import failed, server_url
-from .cluster import Cluster
 
 KINDS = ("rabbitmq+postgresql", "sqla+sqlite")
 

@@ -21,6 +21,7 @@ from celery_election import init_app, leader_task
 from celery_election.backends.sql import db_now_us
 from celery_election.signals import leader_elected, leader_revoked
 from celery_election.tasks import current_term
+from harness.e2e_tables import e2e_tables
 
 BROKER = os.environ.get("E2E_BROKER", "memory://")
 if BROKER.startswith("sqla+"):
@@ -59,42 +60,7 @@ if os.environ.get("E2E_BEAT"):
 init_app(app)
 
 _engine: sa.Engine | None = None
-_runs = sa.Table(
-    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}runs",
-    sa.MetaData(),
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("task", sa.String(50)),
-    sa.Column("label", sa.String(50)),
-    sa.Column("worker", sa.String(200)),
-    sa.Column("pid", sa.Integer),
-    sa.Column("term", sa.BigInteger, nullable=True),
-)
-
-
-_transitions = sa.Table(
-    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}transitions",
-    _runs.metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("worker", sa.String(200)),
-    sa.Column("kind", sa.String(20)),
-    sa.Column("term", sa.BigInteger),
-    sa.Column("reason", sa.String(20), nullable=True),
-    sa.Column("at", sa.BigInteger),  # the database clock, epoch microseconds
-)
-
-
-_ticks = sa.Table(
-    f"{os.environ.get('E2E_PREFIX', 'celery_election_')}ticks",
-    _runs.metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("entry", sa.String(50)),
-    sa.Column("run", sa.BigInteger, nullable=True),  # the run's key, from the beat's header
-    sa.Column("term", sa.BigInteger, nullable=True),
-    sa.Column("worker", sa.String(200)),
-    sa.Column("task_id", sa.String(64), nullable=True),
-    sa.Column("started_at", sa.BigInteger, nullable=True),  # database clock, epoch us
-    sa.Column("ended_at", sa.BigInteger, nullable=True),
-)
+_runs, _transitions, _ticks = e2e_tables(os.environ.get("E2E_PREFIX", "celery_election_"))
 
 
 def ticks_table() -> sa.Table:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .cluster import Cluster, wait_until
+from harness.cluster import Cluster, wait_until
 
 pytestmark = [
     pytest.mark.slow,

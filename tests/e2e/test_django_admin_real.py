@@ -51,11 +51,11 @@ pytest.importorskip("django_celery_beat")
 
 import sqlalchemy as sa
 
+from harness.cluster import ROOT, tail_logs, wait_until
 from harness.processes import Proc, stop_all
 
 from ..conftest import server_url, unique_prefix
 from ..support.django_settings import configure
-from .cluster import ROOT, tail_logs, wait_until
 
 pytestmark = [pytest.mark.tier2, pytest.mark.timeout(600)]
 

@@ -24,10 +24,10 @@ from kombu import Connection
 
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.settings import leader_queue_name
+from harness.cluster import ROOT, tail_logs, wait_until
 from harness.processes import Proc, stop_all
 
 from ..conftest import failed, server_url
-from .cluster import ROOT, tail_logs, wait_until
 from .layouts import LAYOUTS, SENDER, Settings
 
 pytestmark = pytest.mark.slow

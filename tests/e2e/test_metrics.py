@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import ROOT, Cluster, wait_until
+from harness.cluster import ROOT, Cluster, wait_until
 
 pytest.importorskip("prometheus_client")
 

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster, wait_until
+
 from ..conftest import server_url
 from ..support.locks import waiting_on_lock
-from .cluster import Cluster, wait_until
 from .test_worker_election import _inspect, remote
 
 CELLS = [

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from celery_election import Elector, MemoryBackend, metrics
+from harness.cluster import ROOT, Cluster, wait_until
 
 from ..conftest import tool
-from .cluster import ROOT, Cluster, wait_until
 from .test_metrics import free_port
 
 pytest.importorskip("prometheus_client")

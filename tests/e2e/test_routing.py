@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from .cluster import ROOT, Cluster, wait_until
+from harness.cluster import ROOT, Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 N = 20

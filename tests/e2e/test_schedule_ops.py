@@ -21,8 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend
-
-from .cluster import Cluster, wait_until
+from harness.cluster import Cluster, wait_until
 
 pytestmark = [
     pytest.mark.slow,

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from harness.checker import check, load
+from harness.cluster import ROOT, Cluster, wait_until
 
 from ..conftest import REQUIRE, server_url
-from .cluster import ROOT, Cluster, wait_until
 
 #: celery-election 0.1.0 (tag v0.1.0), the release before this one
 PREVIOUS = "757f953"

@@ -36,10 +36,10 @@ from celery_election.backends import SQLBackend
 from celery_election.backends.sql_schedule import history_row
 from celery_election.schedule import Schedule
 from celery_election.web import make_app, server
+from harness.cluster import Cluster, wait_until
 from harness.processes import Proc
 
 from ..conftest import tool
-from .cluster import Cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 webdriver = pytest.importorskip("selenium.webdriver")

@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import ROOT, Cluster, wait_until
+
 from ..conftest import failed, server_url
 from ..services import with_driver
-from .cluster import ROOT, Cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 

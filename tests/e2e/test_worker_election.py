@@ -17,7 +17,8 @@ import sys
 import pytest
 from celery.bin import control as celery_control_cli
 
-from .cluster import ROOT, Cluster, wait_until
+from harness.cluster import ROOT, Cluster, wait_until
+
 from .conftest import KINDS
 
 pytestmark = [

@@ -311,7 +311,7 @@ def test_a_call_past_its_deadline_is_cut_on_every_driver(backend: Any) -> None:
     sleep = "SELECT pg_sleep(3)" if backend.dialect == "postgresql" else "SELECT SLEEP(3)"
     started = time.monotonic()
     with pytest.raises(BackendUnavailableError, match="did not answer within"):
-        backend._run(
+        backend.call(
             lambda conn: conn.exec_driver_sql(sleep).all(),
             table=backend.lease,
             write=False,

@@ -15,10 +15,10 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.clock import boottime
 from celery_election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
+from harness.cluster import wait_until
 from harness.proxy import Proxy
 
 from ..conftest import unique_prefix
-from ..e2e.cluster import wait_until
 
 FAST = dict(ttl=2.0, renew_interval=0.4, poll_interval=0.1, safety_margin=0.5)
 WAIT = 10.0

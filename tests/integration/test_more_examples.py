@@ -29,9 +29,9 @@ from celery import Celery
 
 from celery_election.app import leader_queue_name
 from celery_election.backends import backend_from_url
+from harness.cluster import wait_until
 
 from ..conftest import server_url, unique_prefix
-from ..e2e.cluster import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -1,8 +1,11 @@
 """The package's import graph: no cycles, and imports point down the layers of docs/design.md.
 
-Read from the source with ``ast`` (function-level imports included: an import hidden in a
-function still makes a cycle, it only delays it), so a new cycle fails here with its path.
-Imports under ``if TYPE_CHECKING:`` never run and are left out.
+Read from the source with ``ast``, every import counted: function-level ones (an import
+hidden in a function still makes a cycle, it only delays it) and type-only ones under
+``if TYPE_CHECKING:`` (they never run, but a module that names another's types while that
+one imports it back is one room in two files). Importing ``a.b.c`` also runs the packages
+``a.b`` and ``a`` (unless the importer is inside them), so they count as imported too. A
+new cycle fails here with its path.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ def module_name(path: Path) -> str:
     return ".".join(p for p in parts if p != "__init__")
 
 
-def imports_of(path: Path) -> set[str]:
-    """The package modules ``path`` imports (``from . import x`` counted as ``x``)."""
+def imports_of(path: Path, *, typing: bool = True) -> set[str]:
+    """The package modules ``path`` imports (``from . import x`` counted as ``x``).
+
+    ``typing=False``: only what runs (imports under ``if TYPE_CHECKING:`` left out).
+    """
     here = module_name(path).split(".") if module_name(path) else []
     package = here if path.name == "__init__.py" else here[:-1]
     found: set[str] = set()
-    for node in runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if typing else runtime_nodes(tree):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - (node.level - 1)]
             target = [*base, *(node.module.split(".") if node.module else [])]
@@ -45,6 +52,10 @@ def imports_of(path: Path) -> set[str]:
             for n in [name] if name else [a.name for a in node.names]:  # type: ignore[union-attr]
                 if n and n.startswith("celery_election."):
                     found.add(n.removeprefix("celery_election."))
+    found = {m for m in found if m in MODULES}
+    for m in list(found):  # the packages that importing ``m`` runs first
+        parts = m.split(".")
+        found.update(".".join(parts[:k]) for k in range(1, len(parts)) if parts[:k] != here[:k])
     return {m for m in found if m in MODULES and m != module_name(path)}
 
 
@@ -65,6 +76,8 @@ def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
 FILES = sorted(PACKAGE.rglob("*.py"))
 MODULES = {module_name(f) for f in FILES}
 GRAPH = {module_name(f): imports_of(f) for f in FILES}
+#: what runs: the Celery side may be named in a type hint of the core, never imported
+RUNTIME = {module_name(f): imports_of(f, typing=False) for f in FILES}
 
 
 def cycle_from(start: str) -> list[str] | None:
@@ -101,7 +114,7 @@ def on_celery_side(module: str) -> bool:
 
 def test_the_core_never_imports_the_celery_side() -> None:
     core = {m for m in MODULES if not on_celery_side(m) and m != "_demo"}
-    reach = {m: {s for s in GRAPH[m] if on_celery_side(s)} - ALLOWED.get(m, set()) for m in core}
+    reach = {m: {s for s in RUNTIME[m] if on_celery_side(s)} - ALLOWED.get(m, set()) for m in core}
     bad = {m: sorted(sides) for m, sides in reach.items() if sides}
     bad.pop("", None)  # the package's __init__ loads the Celery side lazily, by name
     assert bad == {}

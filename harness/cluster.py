@@ -23,13 +23,14 @@ from celery.result import AsyncResult
 from celery_election.app import leader_queue_name
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.lease import Lease
+from harness.e2e_tables import e2e_tables
 from harness.processes import Proc, stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
     """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -81,21 +82,9 @@ class Cluster:
         self.backend = backend_from_url(election_url, table_prefix=self.prefix)
         assert isinstance(self.backend, SQLBackend)
         self.backend.install()
-        from . import proj
-
         self.engine = sa.create_engine(election_url, poolclass=sa.pool.NullPool)
-        # proj's tables are named from E2E_PREFIX at import: rebuild them for this prefix
-        self.runs = sa.Table(
-            f"{self.prefix}runs", sa.MetaData(), *[c._copy() for c in proj.runs_table().c]
-        )
-        self.transitions = sa.Table(
-            f"{self.prefix}transitions",
-            self.runs.metadata,
-            *[c._copy() for c in proj.transitions_table().c],
-        )
-        self.ticks = sa.Table(
-            f"{self.prefix}ticks", self.runs.metadata, *[c._copy() for c in proj.ticks_table().c]
-        )
+        # the project's workers write these under E2E_PREFIX (this cluster's prefix)
+        self.runs, self.transitions, self.ticks = e2e_tables(self.prefix)
         self.runs.metadata.create_all(self.engine)
         # A fresh app to send from: a Celery app caches its broker pool and result backend,
         # so one shared across tests would keep talking to the first test's servers.
