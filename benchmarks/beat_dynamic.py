@@ -46,6 +46,7 @@ from celery import Celery
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.beat import LeaderScheduler
+from celery_election.schedule.store import schedule_store
 
 DEFAULT_URL = os.environ.get(
     "CELERY_ELECTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -79,7 +80,7 @@ def count_statements(backend: SQLBackend) -> list[int]:
 
 def seed_entries(backend: SQLBackend, namespace: str, n: int, period: float) -> None:
     """``n`` dynamic entries every ``period`` s, due times spread over the next period."""
-    now = backend.schedule.db_now()
+    now = schedule_store(backend).db_now()
     spec = json.dumps({"schedule": {"every": period}, "args": [], "kwargs": {}, "options": {},
                        "catch_up": "latest", "catch_up_max": 10, "grace": None,
                        "overlap": "allow", "overlap_timeout": 3600.0})  # fmt: skip
@@ -100,8 +101,8 @@ def seed_entries(backend: SQLBackend, namespace: str, n: int, period: float) -> 
         for i in range(n)
     ]
     with backend.engine.begin() as conn:
-        conn.execute(sa.insert(backend.schedule.entry), rows)
-        conn.execute(sa.insert(backend.schedule.rev).values(namespace=namespace, version=n))
+        conn.execute(sa.insert(schedule_store(backend).entry), rows)
+        conn.execute(sa.insert(schedule_store(backend).rev).values(namespace=namespace, version=n))
 
 
 def leader_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +166,7 @@ def history_run(args: argparse.Namespace) -> dict[str, Any]:
     backend = backend_from_url(args.url, table_prefix=prefix)
     assert isinstance(backend, SQLBackend)
     backend.install()
-    store = backend.schedule
+    store = schedule_store(backend)
     ns = "history-bench"
     entries, per = 1000, max(1, args.history_rows // 1000)
     try:
@@ -207,7 +208,7 @@ def history_run(args: argparse.Namespace) -> dict[str, Any]:
 def _bulk_history(backend: SQLBackend, ns: str, entries: int, per: int) -> None:
     """``entries`` x ``per`` finished runs, sent_at 1 s apart per entry (a year of hourly
     runs is 8,760 per entry; these are 1,000)."""
-    table = backend.schedule.run
+    table = schedule_store(backend).run
     columns = ["namespace", "entry_key", "kind", "run_key", "term", "sent_at", "task_id",
                "count", "finished_at", "outcome", "duration_us"]  # fmt: skip
 

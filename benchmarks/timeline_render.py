@@ -39,8 +39,8 @@ import sqlalchemy as sa
 from _machine import machine_info
 from celery import Celery
 
-from celery_election.backends.sql_schedule import history_row
 from celery_election.schedule import Schedule
+from celery_election.schedule.store import history_row
 from celery_election.web import make_app, server
 
 HERE = Path(__file__).resolve().parent

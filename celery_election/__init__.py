@@ -4,7 +4,9 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
 
     Celery side  app.py (init_app), bootstep.py (worker step), shared_state.py (record
                  shared with pool children), beat/ (LeaderScheduler), tasks.py
-                 (leader_task), control.py, signals.py, cli.py   -- import celery
+                 (leader_task), control.py, signals.py, cli.py   -- import celery;
+                 schedule/ the operable schedule and its page (API, store, spec, CLI,
+                 web), a room the core never imports
     settings.py  every election_* setting, parsed and validated once per app
     elector.py   the Elector; its docstring is the protocol (start there). It only
                  composes: belief.py the one owner of belief; election_loop.py the
@@ -17,9 +19,9 @@ Where things are (imports point down; ``tests/unit/test_layers.py`` checks the g
                  dialects.py (what differs between the databases), schema.py (tables,
                  database clock), connection.py (engines, deadlines), sql_calls.py
                  (each call's transaction and errors), sql_lease.py (the lease steps),
-                 sql.py (lease, candidates), sql_install.py (tables), sql_beat.py
-                 (beat runs), sql_schedule.py (operable schedule), locks.py (the
-                 lock sessions and standby slots), postgres.py (NOTIFY + LISTEN)
+                 sql.py (lease, candidates), sql_host.py (what the stores use of
+                 it), sql_install.py (tables), sql_beat.py (beat runs), locks.py
+                 (the lock sessions and standby slots), postgres.py (NOTIFY + LISTEN)
     core values  config.py (ElectionConfig), lease.py, clock.py, errors.py, history.py;
                  shm.py (the /dev/shm file a worker shares with its pool children)
 

@@ -85,7 +85,7 @@ def _report_runs(app: Celery) -> None:
     """Workers record when a beat-sent run ends (``schedule.run_ended``): the task signals."""
     from celery.signals import task_postrun, task_prerun
 
-    from .schedule import run_ended, run_started
+    from .schedule.api import run_ended, run_started
 
     def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
         run_started(task, task_id)

@@ -374,7 +374,7 @@ def demo(demo_url: str | None, ttl: float, keep: bool, history: str | None) -> N
 
 
 def _add_schedule() -> None:
-    from .cli_schedule import schedule
+    from .schedule.cli import schedule
 
     election.add_command(schedule)
 
@@ -383,7 +383,7 @@ _add_schedule()
 
 
 def _add_web() -> None:
-    from .cli_web import web
+    from .schedule.cli_web import web
 
     election.add_command(web)
 

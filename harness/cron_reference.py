@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 from celery.schedules import crontab
 
-from celery_election.beat.cron import CronFields, next_run
+from celery_election.schedule.cron import CronFields, next_run
 
 UTC = timezone.utc
 MINUTE = timedelta(minutes=1)

@@ -51,7 +51,7 @@ SQL_LEASE = "celery_election/backends/sql_lease.py"
 SQL_CALLS = "celery_election/backends/sql_calls.py"
 MEM = "celery_election/backends/memory.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
-SQL_SCHED = "celery_election/backends/sql_schedule.py"
+SQL_SCHED = "celery_election/schedule/store.py"
 OPS = "celery_election/beat/ops.py"
 DEC = "celery_election/decisions.py"
 LOOP = "celery_election/election_loop.py"
@@ -68,7 +68,7 @@ ELECTION = [
 ]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
-CRON = "celery_election/beat/cron.py"
+CRON = "celery_election/schedule/cron.py"
 CRON_UNIT = ["tests/unit/test_cron_dst.py"]
 SQL_INSTALL = "celery_election/backends/sql_install.py"
 VERSIONS = ["tests/integration/test_versions.py"]
@@ -238,7 +238,7 @@ MUTATIONS = [
     M("sched-run-now-unexpired", SQL_SCHED, "                lease.c.expires_at > db_now_us(),\n", "", SCHED),
     M("sched-run-now-entry", SQL_SCHED, 't.c.entry_key == sa.bindparam("p_key", type_=key_type(40)),',
       'sa.bindparam("p_key", type_=key_type(40)).is_not(None),', SCHED),
-    M("sched-request-once", "celery_election/schedule.py",
+    M("sched-request-once", "celery_election/schedule/api.py",
       'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
     M("sched-changes-since", SQL_SCHED, ".where(t.c.namespace == namespace, t.c.version > since)",
       ".where(t.c.namespace == namespace)", SCHED),

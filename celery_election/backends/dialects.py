@@ -252,7 +252,7 @@ class SQLite(Dialect):
     clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
     greatest_function = "max"
     # No ORDER BY in an aggregate before SQLite 3.44: the values come in the order of the
-    # rows grouped (sorted by the subquery), which their reader checks (sql_schedule.py).
+    # rows grouped (sorted by the subquery), which their reader checks (schedule/store.py).
     concat_sql = "group_concat({value}, {separator})"
     in_process = True
     row_locks = False

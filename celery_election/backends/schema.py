@@ -153,7 +153,7 @@ def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
     """The election tables as SQLAlchemy ``MetaData``, e.g. for an Alembic env.
 
     The lease and candidates (backends/sql.py), beat run state (sql_beat.py) and the
-    operable schedule (sql_schedule.py): entries, their changes, runs, audit, and the
+    operable schedule (schedule/store.py): entries, their changes, runs, audit, and the
     leadership history the schedule page draws.
     """
     metadata = sa.MetaData()
@@ -227,7 +227,7 @@ def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
 
 
 def _schedule_entry(metadata: sa.MetaData, prefix: str) -> sa.Table:
-    """One row per entry changed at runtime (backends/sql_schedule.py).
+    """One row per entry changed at runtime (schedule/store.py).
 
     A dynamic entry (task set), or an operator's overlay on a static ``beat_schedule``
     entry (task NULL: paused, run now, policies).

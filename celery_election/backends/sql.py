@@ -25,7 +25,7 @@ databases), ``schema.py`` (tables, the database clock), ``connection.py`` (priva
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
 ``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
 ``sql_install.py`` (create, upgrade and drop the tables), ``sql_beat.py`` (beat run state,
-``backend.beat``), ``sql_schedule.py`` (the operable schedule, ``backend.schedule``).
+``backend.beat``); the operable schedule's store is ``celery_election.schedule``'s.
 ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
@@ -58,7 +58,6 @@ from .schema import (
 from .sql_beat import SQLBeatStore
 from .sql_calls import Caller, SQLCalls
 from .sql_lease import lease_columns, lease_from_row, lease_statements
-from .sql_schedule import SQLScheduleStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
 
@@ -538,11 +537,6 @@ class SQLBackend(SQLCalls):
     def beat(self) -> SQLBeatStore:
         """The beat entries' shared run state (the fence of every beat send)."""
         return SQLBeatStore(self)
-
-    @functools.cached_property
-    def schedule(self) -> SQLScheduleStore:
-        """The operable schedule: entries changed at runtime, run now, history, audit."""
-        return SQLScheduleStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

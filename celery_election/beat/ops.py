@@ -44,11 +44,11 @@ from celery.beat import event_t
 from celery.schedules import schedstate
 
 from .. import metrics
-from ..backends.sql_schedule import EntryRow, SQLScheduleStore, history_row
 from ..clock import boottime
 from ..errors import ElectionError
+from ..schedule.spec import SKIP_GRACE, check_policies, from_spec
+from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import shared_answer
-from .spec import SKIP_GRACE, check_policies, from_spec
 
 __all__ = ["Decision", "HistoryWriter", "OperableScheduleMixin", "decide", "due_times"]
 
@@ -265,7 +265,7 @@ class OperableScheduleMixin:
 
     def _ops_store(self) -> SQLScheduleStore | None:
         election = self._election
-        return None if election is None else getattr(election.backend, "schedule", None)
+        return None if election is None else schedule_store(election.backend)
 
     @property
     def _schedule_ns(self) -> str:

@@ -67,9 +67,9 @@ from .. import metrics, shared_state
 from ..backends.base import RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ConfigurationError, ElectionError, cannot_start
+from ..schedule.cron import CronFields, next_occurrence
 from ..settings import ElectionSettings
 from .answers import Answers, shared_answer
-from .cron import CronFields, next_occurrence
 from .election import BeatElection, backend_description
 from .ops import OperableScheduleMixin
 from .rows import DjangoRowsMixin

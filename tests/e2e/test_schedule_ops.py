@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend
+from celery_election.schedule.store import schedule_store
 from harness.cluster import Cluster, wait_until
 
 pytestmark = [
@@ -47,7 +48,7 @@ def executions(c: Cluster, entry: str) -> list[Any]:
 def history(c: Cluster, entry: str) -> list[Any]:
     backend = c.backend
     assert isinstance(backend, SQLBackend)
-    return backend.schedule.history(f"{c.namespace}-beat", entry, limit=1000)
+    return schedule_store(backend).history(f"{c.namespace}-beat", entry, limit=1000)
 
 
 def recorded(c: Cluster, entry: str, pick: Any, what: str) -> list[Any]:
@@ -59,7 +60,7 @@ def recorded(c: Cluster, entry: str, pick: Any, what: str) -> list[Any]:
 def audit_at(c: Cluster, action: str, name: str) -> int:
     backend = c.backend
     assert isinstance(backend, SQLBackend)
-    rows = backend.schedule.audit(f"{c.namespace}-beat", limit=1000)
+    rows = schedule_store(backend).audit(f"{c.namespace}-beat", limit=1000)
     return max(a.at for a in rows if a.action == action and a.name == name)
 
 

@@ -33,8 +33,8 @@ import sqlalchemy as sa
 from celery import Celery
 
 from celery_election.backends import SQLBackend
-from celery_election.backends.sql_schedule import history_row
 from celery_election.schedule import Schedule
+from celery_election.schedule.store import history_row, schedule_store
 from celery_election.web import make_app, server
 from harness.cluster import Cluster, wait_until
 from harness.processes import Proc
@@ -127,7 +127,7 @@ def executions(c: Cluster, entry: str) -> int:
 def history(c: Cluster, entry: str) -> list[Any]:
     backend = c.backend
     assert isinstance(backend, SQLBackend)
-    return backend.schedule.history(f"{c.namespace}-beat", entry, limit=1000)
+    return schedule_store(backend).history(f"{c.namespace}-beat", entry, limit=1000)
 
 
 def cluster_app(c: Cluster) -> Celery:
@@ -244,7 +244,7 @@ def test_the_page_follows_a_failover_and_acts_on_the_leader(
     goal = executions(c, "every-second-b") + 4
     wait_until(lambda: executions(c, "every-second-b") >= goal, 30, "4 more runs of the other")
     assert executions(c, "every-second-a") <= base + 1  # a run the leader had in hand
-    audit = c.backend.schedule.audit(ns, limit=50)  # type: ignore[attr-defined]
+    audit = schedule_store(c.backend).audit(ns, limit=50)  # type: ignore[attr-defined]
     assert any(a.action == "pause" and a.actor == "web:e2e" for a in audit)
     shot(browser, artifacts, "3-paused")
 

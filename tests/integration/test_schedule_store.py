@@ -16,15 +16,16 @@ import pytest
 
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.backends.sql_schedule import (
+from celery_election.errors import ConfigurationError
+from celery_election.schedule.store import (
     MARKS,
     EntryMarks,
     EntryRow,
     SQLScheduleStore,
     history_row,
     run_mark,
+    schedule_store,
 )
-from celery_election.errors import ConfigurationError
 
 from ..conftest import EVERY_SQL, SQL_KINDS, expire, token, url_for
 
@@ -56,7 +57,7 @@ def put(store: SQLScheduleStore, name: str, **values: Any) -> EntryRow:
 
 
 def test_each_change_gets_a_greater_version_and_is_seen_once(backend: SQLBackend) -> None:
-    store = backend.schedule
+    store = schedule_store(backend)
     a = put(store, "a")
     b = put(store, "b")
     a2 = put(store, "a", enabled=False)
@@ -70,7 +71,7 @@ def test_each_change_gets_a_greater_version_and_is_seen_once(backend: SQLBackend
 
 def test_concurrent_writers_commit_in_version_order(backend: SQLBackend) -> None:
     """A reader that saw version N never misses a change committed later below N."""
-    store = backend.schedule
+    store = schedule_store(backend)
     seen: set[str] = set()
     since = -1
     errors: list[BaseException] = []
@@ -98,7 +99,7 @@ def test_concurrent_writers_commit_in_version_order(backend: SQLBackend) -> None
 
 
 def test_a_refused_change_writes_nothing(backend: SQLBackend) -> None:
-    store = backend.schedule
+    store = schedule_store(backend)
     put(store, "a")
 
     def refuse(current: EntryRow | None, now: int) -> Any:
@@ -111,7 +112,7 @@ def test_a_refused_change_writes_nothing(backend: SQLBackend) -> None:
 
 
 def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBackend) -> None:
-    store = backend.schedule
+    store = schedule_store(backend)
     a, b = token(), token()
     lease = backend.elect(LEASE_NS, a, "beat-a", 30.0).lease
     row = put(store, "job", run_now_at=1234)
@@ -134,7 +135,7 @@ def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBa
 
 
 def test_history_finishes_by_task_id_once_and_prunes_by_age(backend: SQLBackend) -> None:
-    store = backend.schedule
+    store = schedule_store(backend)
     store.record(NS, "job", "run", run_key=1, term=7, task_id="t-1")
     store.record(NS, "job", "missed", run_key=2, term=7, count=30)
     store.record(NS, "other", "run", run_key=1, term=7, task_id="t-2")
@@ -158,7 +159,7 @@ def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
     backend: SQLBackend,
 ) -> None:
     """The page's leader bands: the lease's start, a last sign of life, a clean end."""
-    store = backend.schedule
+    store = schedule_store(backend)
     a, b = token(), token()
     first = backend.elect(LEASE_NS, a, "beat-a", 30.0).lease
     assert first is not None and first.acquired_at_us is not None
@@ -190,7 +191,7 @@ def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
 
 
 def test_runs_between_reads_a_window_of_the_history_oldest_first(backend: SQLBackend) -> None:
-    store = backend.schedule
+    store = schedule_store(backend)
     now = store.db_now()
     store.record_many([
         history_row(NS, f"e{i}", "run", run_key=i, term=1, sent_at=now - i * 1000, due_at=now)
@@ -208,7 +209,7 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     backend: SQLBackend,
 ) -> None:
     """The timeline's columns: a failed run among twenty on time still shows failed."""
-    store = backend.schedule
+    store = schedule_store(backend)
     now = store.db_now()
     start, col = now - 100_000_000, 10_000_000  # ten columns of 10 s
 
@@ -274,7 +275,7 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
     assert isinstance(b, SQLBackend)
     b.install()
     try:
-        store = b.schedule
+        store = schedule_store(b)
         now = store.db_now()
         day = 86_400_000_000
         rows = [

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from celery_election import backend_from_url
 from celery_election.backends import SQLBackend
 from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION
-from celery_election.backends.sql_schedule import history_row
 from celery_election.errors import IncompatibleSchemaError
+from celery_election.schedule.store import history_row, schedule_store
 
 from ..conftest import unique_prefix, url_for
 
@@ -71,7 +71,7 @@ def test_install_gives_an_older_history_table_the_timelines_index(backend: SQLBa
     """A run history made before ``schedule_run_window``: install() creates the index, drops
     the (namespace, sent_at) one it replaced, keeps the rows, and does it once."""
     backend.install()
-    run, prefix = backend.schedule.run, backend.table_prefix
+    run, prefix = schedule_store(backend).run, backend.table_prefix
     on = f" ON {run.name}" if backend.engine.dialect.name in ("mysql", "mariadb") else ""
     with backend.engine.begin() as conn:  # the history table as the earlier build made it
         conn.exec_driver_sql(f"DROP INDEX {prefix}schedule_run_window{on}")
@@ -88,7 +88,7 @@ def test_install_gives_an_older_history_table_the_timelines_index(backend: SQLBa
     assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
     assert backend.install() == []  # idempotent
     assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
-    assert [r.sent_at for r in backend.schedule.runs_between("ns", 0, 100)] == [10]
+    assert [r.sent_at for r in schedule_store(backend).runs_between("ns", 0, 100)] == [10]
 
 
 @pytest.mark.parametrize(

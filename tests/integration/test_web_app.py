@@ -28,9 +28,9 @@ from click.testing import CliRunner
 from celery_election import Elector
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.backends.sql_schedule import history_row
 from celery_election.cli import election
 from celery_election.schedule import Schedule
+from celery_election.schedule.store import history_row, schedule_store
 from celery_election.web import Observer, WebApp, make_app, server
 
 SECRET_ARG = "hunter2-arg"
@@ -199,7 +199,7 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     assert before <= report["next_due_ms"] <= before + 5 * 60_000 + 1000
     assert often["policies"]["overlap"] == "skip" and often["state"] == "enabled"
     assert often["last"] is None and often["last_run_ms"] is None
-    store = backend.schedule
+    store = schedule_store(backend)
     store.record("web-beat", "often", "run", run_key=1, term=3, task_id="t-1")
     store.record("web-beat", "often", "skipped", run_key=2, term=3, count=4)
     store.record("web-beat", "tick", "run", run_key=7, term=3, task_id="t-2")
@@ -216,7 +216,9 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
 
 def test_one_entry_with_its_history_and_changes(web: WebApp, backend: SQLBackend) -> None:
     for key in range(3):
-        backend.schedule.record("web-beat", "often", "run", run_key=key, term=1, task_id=f"x{key}")
+        schedule_store(backend).record(
+            "web-beat", "often", "run", run_key=key, term=1, task_id=f"x{key}"
+        )
     detail = call(web, "/api/entry?name=often").json()
     assert detail["entry"]["name"] == "often"
     assert [h["task_id"] for h in detail["history"]] == ["x2", "x1", "x0"]
@@ -244,7 +246,7 @@ def test_the_timeline_shows_each_column_its_worst_run_and_hover_fetches_it(
     web: WebApp, backend: SQLBackend
 ) -> None:
     """Runs reduced to what pixels show: a failed run among a hundred on time stays failed."""
-    store = backend.schedule
+    store = schedule_store(backend)
     now_ms = store.db_now() // 1000
     base = (now_ms - 30_000) // 1000 * 1000  # a second's edge, 30 s ago
     rows = [

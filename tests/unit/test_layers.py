@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: package listed here (beat) is on the Celery side with all its modules (``beat.ops``).
 CELERY_SIDE = {
     "app", "bootstep", "shared_state", "beat", "schedule", "tasks", "control", "signals",
-    "cli", "cli_schedule", "cli_web", "web_observer", "web",
+    "cli", "web",
 }  # fmt: skip
 #: Core modules allowed one Celery-side module, and why: the test kit writes the shared
 #: leadership record that leader tasks read, and shared_state itself imports no Celery
@@ -98,13 +98,26 @@ def test_the_graph_is_read() -> None:
     assert GRAPH["beat"] == {"beat.scheduler"}
     assert GRAPH["beat.scheduler"] >= {"settings", "beat.election", "beat.ops", "backends.base"}
     assert "elector" in GRAPH["beat.election"]
-    assert "beat.spec" in GRAPH["schedule"]
+    assert "schedule.spec" in GRAPH["schedule.api"]
     assert "backends.sql_beat" in GRAPH["backends.sql"]
 
 
 def test_no_import_cycles() -> None:
     cycles = [c for m in sorted(MODULES) if (c := cycle_from(m))]
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_election_core_never_imports_the_operable_schedule() -> None:
+    """The operable schedule and its page are a room of their own (``schedule/``): only
+    the beat that serves it, the CLI and the app's signal hookup reach into it."""
+    users = {
+        m
+        for m, deps in GRAPH.items()
+        if not m.startswith("schedule") and any(d.split(".")[0] == "schedule" for d in deps)
+    }
+    assert users <= {"app", "beat.ops", "beat.scheduler", "cli", "web"}, sorted(users)
+    core = {m for m in MODULES if not on_celery_side(m) and m != "_demo"}
+    assert not users & core
 
 
 def on_celery_side(module: str) -> bool:

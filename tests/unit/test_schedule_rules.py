@@ -14,7 +14,8 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 
 from celery_election.beat.ops import Decision, decide, due_times
-from celery_election.beat.spec import (
+from celery_election.errors import ConfigurationError
+from celery_election.schedule.spec import (
     POLICY_DEFAULTS,
     ZonedCrontab,
     check_policies,
@@ -23,7 +24,6 @@ from celery_election.beat.spec import (
     parse_schedule,
     to_spec,
 )
-from celery_election.errors import ConfigurationError
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
 APP = Celery("rules", set_as_current=False)

@@ -22,10 +22,10 @@ from typing import Any
 
 import click
 
-from .app import bare_app
-from .beat.spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
-from .errors import ElectionError
-from .schedule import Entry, Schedule
+from ..app import bare_app
+from ..errors import ElectionError
+from .api import Entry, Schedule
+from .spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
 
 __all__ = ["command_app", "schedule"]
 

@@ -17,7 +17,7 @@ edited or removed here (the code defines it).
 Each change is validated before it is stored (a bad crontab, an unknown time zone, a task
 no module of the app registers: one line saying what to do) and recorded with who and
 when. "Run now" and the runs themselves are fenced by the leader's term (see
-``backends/sql_schedule.py``); pause, resume and edits are plain versioned writes that the
+``schedule/store.py``); pause, resume and edits are plain versioned writes that the
 leader applies at its next look.
 
 Policies, per entry:
@@ -50,12 +50,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .backends import SQLBackend, backend_from_url
-from .backends.base import RunState
-from .backends.sql_schedule import EntryRow, RunRecord, SQLScheduleStore
-from .beat.spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
-from .errors import ConfigurationError, ElectionError
-from .settings import ElectionSettings
+from ..backends import SQLBackend, backend_from_url
+from ..backends.base import RunState
+from ..errors import ConfigurationError, ElectionError
+from ..settings import ElectionSettings
+from .spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
+from .store import EntryRow, RunRecord, SQLScheduleStore, schedule_store
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
@@ -204,7 +204,9 @@ class Schedule:
                 )
             backend = made
         self.backend = backend
-        self.store: SQLScheduleStore = backend.schedule
+        store = schedule_store(backend)
+        assert store is not None  # a SQL backend (checked above)
+        self.store: SQLScheduleStore = store
 
     def close(self) -> None:
         if self._owned:
@@ -538,5 +540,5 @@ def _store_of(app: Celery) -> SQLScheduleStore | None:
             log.warning("celery-election: beat runs' ends are not recorded (%s)", exc)
             return None
         if isinstance(backend, SQLBackend):
-            _STORES[key] = backend.schedule
+            _STORES[key] = schedule_store(backend)
     return _STORES[key]

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .backends import SQLBackend
-from .backends.schema import entry_key
-from .backends.sql_schedule import LATE_US, MARKS, RunRecord, run_mark
-from .beat.spec import describe, from_spec
-from .lease import Lease
-from .schedule import Entry, Schedule
-from .settings import ElectionSettings, hide_password
+from ..backends import SQLBackend
+from ..backends.schema import entry_key
+from ..lease import Lease
+from ..settings import ElectionSettings, hide_password
+from .api import Entry, Schedule
+from .spec import describe, from_spec
+from .store import LATE_US, MARKS, RunRecord, run_mark
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery

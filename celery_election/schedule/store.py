@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -33,11 +34,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..backends.schema import db_now_us, entry_key, key_type, ordered_concat
+from ..backends.sql import SQLBackend
 from ..errors import ConfigurationError
-from .schema import db_now_us, entry_key, key_type, ordered_concat
 
 if TYPE_CHECKING:
-    from .sql_host import SQLHost
+    from ..backends.sql_host import SQLHost
 
 __all__ = [
     "FAILED_OUTCOMES",
@@ -51,6 +53,7 @@ __all__ = [
     "TermRecord",
     "entry_marks",
     "run_mark",
+    "schedule_store",
 ]
 
 #: What a run looks like on the schedule page's timeline, least to most worrying: a column
@@ -155,6 +158,23 @@ T = TypeVar("T")
 #: What a change function returns: the columns to write (None: delete nothing, write
 #: nothing) and the audit detail.
 Change = Callable[[EntryRow | None, int], tuple[dict[str, Any] | None, dict[str, Any]]]
+
+
+#: each SQL backend's store (``schedule_store``), gone with its backend
+_STORES: weakref.WeakKeyDictionary[SQLBackend, SQLScheduleStore] = weakref.WeakKeyDictionary()
+
+
+def schedule_store(backend: object) -> SQLScheduleStore | None:
+    """The operable schedule's store of ``backend``: one per backend; None if not SQL.
+
+    Built here, not by the backend: the election core never imports the schedule.
+    """
+    if not isinstance(backend, SQLBackend):
+        return None
+    store = _STORES.get(backend)
+    if store is None:
+        store = _STORES[backend] = SQLScheduleStore(backend)
+    return store
 
 
 class SQLScheduleStore:

@@ -15,8 +15,8 @@ import logging
 
 import click
 
-from .cli_schedule import command_app
-from .errors import ElectionError
+from ..errors import ElectionError
+from .cli import command_app
 
 __all__ = ["web"]
 
