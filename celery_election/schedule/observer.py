@@ -30,7 +30,7 @@ from .store import LATE_US, MARKS, RunRecord, run_mark
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
 
-__all__ = ["Observer", "Transition"]
+__all__ = ["LeaderChange", "Observer"]
 
 log = logging.getLogger("celery_election.web")
 
@@ -51,7 +51,7 @@ def _ms(us: int | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class Transition:
+class LeaderChange:
     """A change of a namespace's lease that the observer saw."""
 
     at_ms: int
@@ -96,7 +96,7 @@ class Observer:
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {"namespaces": [], "error": None, "now_ms": None}
         self._seen: dict[str, tuple[int | None, str | None]] = {}
-        self.transitions: collections.deque[Transition] = collections.deque(maxlen=keep)
+        self.changes: collections.deque[LeaderChange] = collections.deque(maxlen=keep)
         self._entries: tuple[float, bytes, str] | None = None
         self._due: dict[tuple[str, str, int | None], int | None] = {}
         self._thread: threading.Thread | None = None
@@ -147,8 +147,8 @@ class Observer:
                 before = self._seen.get(key)
                 if before != now:
                     self._seen[key] = now
-                    self.transitions.appendleft(
-                        Transition(now_us // 1000, key, now[0], now[1],
+                    self.changes.appendleft(
+                        LeaderChange(now_us // 1000, key, now[0], now[1],
                                    *(before if before is not None else (None, None)))
                     )  # fmt: skip
             self._status = {"namespaces": out, "error": None, "now_ms": now_us // 1000}
@@ -161,7 +161,7 @@ class Observer:
         if status["now_ms"] is None:  # the thread's first look has not finished
             status = dict(self.look())
         with self._lock:
-            transitions = [t.as_dict() for t in self.transitions]
+            transitions = [t.as_dict() for t in self.changes]
         audit = self.schedule.store.audit(self.namespace, limit=20)
         return {
             **status,
