@@ -896,12 +896,16 @@ class _BurstRouter:
     quarter of Celery's publish cost in a burst. Bound once per burst, the queue is
     declared (if the connection has not declared it yet) at its first send and found in
     the cache at once after that. The message, the signals' arguments and the routing
-    are the app router's: the bound copy equals the queue it copies.
+    are the app router's: the bound copy equals the queue it copies. A publish retried
+    after a reconnect finds the copy's channel closed and kombu re-binds it to the new
+    one, as it does with the exchange it declared before the reconnect.
     """
 
     def __init__(self, router: Any, producer: Any) -> None:
         self.router, self.producer = router, producer
-        self._bound: dict[Queue, Queue] = {}  # keyed by equality: the same declaration
+        # keyed by equality (the same declaration: what Celery reads from the queue to
+        # route, and kombu's declared cache is by name alone) and type (a Broadcast)
+        self._bound: dict[tuple[type, Queue], Queue] = {}
 
     def route(
         self,
@@ -914,13 +918,14 @@ class _BurstRouter:
         options = self.router.route(options, name, args, kwargs, task_type)
         queue = options.get("queue")
         if isinstance(queue, Queue) and not queue.is_bound:
-            bound = self._bound.get(queue)
+            key = (type(queue), queue)
+            bound = self._bound.get(key)
             if bound is None:
                 try:
                     bound = queue.bind(self.producer.channel)  # type: ignore[no-untyped-call]
                 except Exception:  # no channel yet: the publish connects (and retries)
                     return options
-                self._bound[queue] = bound
+                self._bound[key] = bound
             options["queue"] = bound
         return options
 
