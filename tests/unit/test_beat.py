@@ -457,6 +457,36 @@ def test_a_large_schedule_is_compared_again_less_often(
     assert len(compared) == 2
 
 
+def test_the_safety_comparison_waits_for_the_end_of_a_burst(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick that sent a full batch is followed by another at once: the comparison every
+    second waits until the burst is over (at most _RECHECK_BURST s), then runs again."""
+    from celery_election.beat import scheduler as scheduler_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler_module, "boottime", lambda: clock[0])
+    monkeypatch.setattr(scheduler_module, "BURST", 2)
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
+    s = leader(app, started)
+    compared: list[float] = []
+    stock = Scheduler.schedules_equal
+
+    def counting(self: Any, old: Any, new: Any) -> bool:
+        compared.append(clock[0])
+        return bool(stock(self, old, new))
+
+    monkeypatch.setattr(Scheduler, "schedules_equal", counting)
+    assert s.tick() == 0  # the heap is built; a full batch of 2 went out
+    for _ in range(2):  # the burst goes on, seconds apart: not compared
+        clock[0] += 2.0
+        s.tick()
+    assert len(s.sent) == 5 and compared == []  # the last batch (1) ended the burst
+    clock[0] += 2.0
+    s.tick()
+    assert len(compared) == 1  # the safety net again
+
+
 def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
     """The history's due time: a burst's entries share their crontab and ran within one
     minute, so one answer serves them all; a crontab in another zone (its __eq__ leaves
