@@ -318,7 +318,7 @@ def run_once(cfg: str, mode: str, st: Settings, rep: int) -> dict[str, Any]:
         s.probe = probe
         election_wait = None
         if cfg != "stock":
-            el = s._election
+            el = s._fence.election
             assert el is not None and el.elector is not None
             t0 = perf()
             if not el.elector.wait_for_leadership(30):
@@ -366,7 +366,7 @@ def run_once(cfg: str, mode: str, st: Settings, rep: int) -> dict[str, Any]:
         busy = sum(ticks_sent) + idle_rebuild
         leading = None
         if cfg != "stock":
-            leading = s._election.leadership() is not None
+            leading = s._fence.election.leadership() is not None
         result.update(
             window_s=window,
             sends=probe.sends,

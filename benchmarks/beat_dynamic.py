@@ -123,7 +123,7 @@ def leader_run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         seed_entries(backend, f"{ns}-beat", args.entries, args.period)
         assert s.wait_for_leadership(30)
-        election = s._election
+        election = s._fence.election
         assert election is not None and isinstance(election.backend, SQLBackend)
         statements = count_statements(election.backend)
         while len(s.schedule) < args.entries:  # promoted and loaded

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import metrics, shared_state
 from ..backends.base import Backend, BeatStore
@@ -26,9 +26,16 @@ from ..history import Recorder
 from ..process import ProcessElection
 from ..settings import ElectionSettings, hide_password
 
-__all__ = ["BeatElection", "backend_description"]
+__all__ = ["BeatElection", "Leadership", "backend_description"]
 
 log = logging.getLogger("celery_election.beat")
+
+
+class Leadership(NamedTuple):
+    """The term this process leads in and its instance token (a claim's proof)."""
+
+    term: int
+    token: str
 
 
 class BeatElection:
@@ -66,16 +73,16 @@ class BeatElection:
         """The history recorder (``election_history_file``), if any."""
         return self.parts.recorder
 
-    def leadership(self) -> tuple[int, str] | None:
-        """(term, token) while this process may act as leader, else None. No I/O."""
+    def leadership(self) -> Leadership | None:
+        """The term and token while this process may act as leader, else None. No I/O."""
         if self.record is not None:
             reading = self.record.read()
             if reading.trusted() and reading.term is not None and reading.token:
-                return reading.term, reading.token
+                return Leadership(reading.term, reading.token)
             return None
         assert self.elector is not None
         term = self.elector.term
-        return None if term is None else (term, self.elector.token)
+        return None if term is None else Leadership(term, self.elector.token)
 
     def wait_for_leadership(self, timeout: float) -> bool:
         """Block until this process leads (True) or ``timeout`` seconds pass (False)."""

@@ -36,6 +36,7 @@ import heapq
 import logging
 import os
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -44,13 +45,24 @@ from celery.beat import event_t
 from celery.schedules import schedstate
 
 from .. import metrics
+from ..backends.base import RunRequest
 from ..clock import boottime
 from ..errors import ElectionError
 from ..schedule.spec import SKIP_GRACE, check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
-from .answers import shared_answer
+from .answers import Answers, shared_answer
+from .fence import BeatFence, Leadership, scheduler_app
+from .policy import DefaultRunPolicy, RunPolicy
 
-__all__ = ["Decision", "HistoryWriter", "OperableScheduleMixin", "decide", "due_times"]
+__all__ = [
+    "Decision",
+    "HistoryWriter",
+    "OperableScheduleMixin",
+    "RunPolicy",
+    "ScheduleOps",
+    "decide",
+    "due_times",
+]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -131,101 +143,42 @@ def decide(
 
 
 class OperableScheduleMixin:
-    """Serve the operable schedule (see the module) in a LeaderSchedulerMixin scheduler."""
+    """Serve the operable schedule (see the module) in a LeaderSchedulerMixin scheduler.
+
+    What Celery calls is overridden here (the schedule it sees, ``schedules_equal``,
+    ``reserve``, ``tick``, ``is_due``, ``close``); what the operable schedule knows is a
+    :class:`ScheduleOps`, plugged into the fence's caller as its :class:`RunPolicy`.
+    """
 
     app: Any
     _heap: Any
-    _runs: Any
     _seen: Any
-    _election: Any
+    _fence: BeatFence
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._rows: dict[str, EntryRow] = {}  # stored rows, by name (deleted ones dropped)
-        self._dynamic: dict[str, Any] = {}  # dynamic entries as Celery schedules them
-        self._identity: dict[str, str] = {}  # dynamic entry -> its run state's identity
-        self._built: dict[str, EntryRow] = {}  # dynamic entry -> the row it was built from
-        self._view: dict[str, Any] | None = None  # the schedule Celery sees, if not the shelve
-        self._view_key = 0
-        self._compared = -1
-        self._since = -1
-        self._ops_term: int | None = None
-        self._next_look = 0.0
-        self._next_prune = 0.0
-        self._windowed: dict[str, bool] = {}  # dynamic entries with start/expiry: inside?
-        self._send_as: dict[str, datetime] = {}
-        self._asked: set[str] = set()  # entries with a "run now" this leader has not served
-        self._policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
-        self._writer: HistoryWriter | None = None
-        self._run_now_key: int | None = None
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, fence: BeatFence | None = None, **kwargs: Any) -> None:
+        """Celery's arguments; ``fence``: the shared run state's (default: one of its own)."""
+        if fence is None:
+            fence = BeatFence(scheduler_app(args, kwargs))
+        self._ops = ScheduleOps(fence, self._base, self.Entry)  # type: ignore[attr-defined]
+        self._compared = -1  # the view's key when last found equal to its copy
+        super().__init__(*args, fence=fence, policy=self._ops, **kwargs)  # type: ignore[call-arg]
 
     # -- the schedule Celery sees -----------------------------------------------------------
 
     def get_schedule(self) -> dict[str, Any]:
-        view = self._view
+        view = self._ops.view
         return view if view is not None else super().get_schedule()  # type: ignore[misc]
 
     def set_schedule(self, schedule: dict[str, Any]) -> None:
         super().set_schedule(schedule)  # type: ignore[misc]
-        if self._view is not None:
-            self._rebuild()
+        if self._ops.view is not None:
+            self._ops.rebuild()
 
     schedule = property(get_schedule, set_schedule)
 
     def _base(self) -> dict[str, Any]:
+        """The wrapped scheduler's own schedule (PersistentScheduler's shelve)."""
         return super().get_schedule()  # type: ignore[misc, no-any-return]
-
-    def _rebuild(self) -> None:
-        """Recompute the view from the shelve's entries and the stored rows."""
-        self._view_key += 1
-        if not self._rows:
-            self._view = None
-            return
-        base = self._base()
-        view = {}
-        for name, entry in base.items():
-            row = self._rows.get(name)
-            if row is None or row.task is not None or (row.enabled and not row.paused):
-                view[name] = entry
-        now = self.app.now()
-        self._windowed = {}
-        for name, row in self._rows.items():
-            if row.task is None or name in base:
-                continue  # an overlay, or a name a deploy made static (the code wins)
-            inside = _inside(row, now)
-            if "start_at" in row.spec or "expires_at" in row.spec:
-                self._windowed[name] = inside
-            if row.enabled and not row.paused and inside:
-                view[name] = self._dynamic_entry(row)
-        self._view = view
-
-    def _dynamic_entry(self, row: EntryRow) -> Any:
-        """The Celery entry of a dynamic row; an edit keeps the entry's run state."""
-        name = row.name
-        old = self._dynamic.get(name)
-        identity = f"dyn:{row.created_at}"
-        if old is not None and self._built.get(name) is row:
-            return old
-        spec = row.spec
-        if old is not None and self._identity.get(name) == identity:
-            last, count = old.last_run_at, old.total_run_count
-        else:
-            last, count = self._from_db(row.created_at, self.app.now()), 0  # type: ignore[attr-defined]
-        entry = self.Entry(  # type: ignore[attr-defined]
-            name=name,
-            task=row.task,
-            schedule=from_spec(spec["schedule"], self.app),
-            args=tuple(spec.get("args") or ()),
-            kwargs=dict(spec.get("kwargs") or {}),
-            options=dict(spec.get("options") or {}),
-            last_run_at=last,
-            total_run_count=count,
-            app=self.app,
-        )
-        self._dynamic[name] = entry
-        self._identity[name] = identity
-        self._built[name] = row
-        return entry
 
     def schedules_equal(self, old: Any, new: Any) -> bool:
         """Celery's comparison, skipped while the view has not changed since it was equal.
@@ -233,161 +186,86 @@ class OperableScheduleMixin:
         Celery compares every entry at every tick; with the view, only a rebuild changes
         what it could find (reserve keeps entries equal), so 10,000 entries cost nothing.
         """
-        if new is not None and new is self._view and self._compared == self._view_key:
+        ops = self._ops
+        if new is not None and new is ops.view and self._compared == ops.view_key:
             return True
         equal = bool(super().schedules_equal(old, new))  # type: ignore[misc]
-        if equal and new is not None and new is self._view:
-            self._compared = self._view_key
+        if equal and new is not None and new is ops.view:
+            self._compared = ops.view_key
         return equal
 
     def reserve(self, entry: Any) -> Any:
         new_entry = super().reserve(entry)  # type: ignore[misc]
-        if self._view is not None:
+        ops = self._ops
+        if ops.view is not None:
             name = entry.name
-            if name in self._dynamic and self._view.get(name) is new_entry:
-                self._dynamic[name] = new_entry
+            if name in ops.dynamic and ops.view.get(name) is new_entry:
+                ops.dynamic[name] = new_entry
             elif name in self._base():
                 self._base()[name] = new_entry  # the shelve keeps static entries only
         return new_entry
 
-    def _live_names(self) -> set[str]:
-        """Entries that exist, sent now or not: their run state is not retired."""
-        return set(self._base()) | set(self._rows)
-
-    def _follows_deploys(self, entry: Any) -> bool:
-        """A dynamic entry starts when it was added (its row says so), not at a promotion."""
-        return entry.name not in self._identity and bool(super()._follows_deploys(entry))  # type: ignore[misc]
-
-    def run_state_identity(self, entry: Any) -> str:
-        return self._identity.get(entry.name) or super().run_state_identity(entry)  # type: ignore[misc]
-
     # -- looking at the stored schedule -----------------------------------------------------
 
-    def _ops_store(self) -> SQLScheduleStore | None:
-        election = self._election
-        return None if election is None else schedule_store(election.backend)
-
-    @property
-    def _schedule_ns(self) -> str:
-        return str(self._election.settings.beat_namespace)
-
-    def _promote(self, lead: tuple[int, str]) -> bool:
-        """Load the stored schedule before the shared run state is matched with it."""
-        if self._ops_store() is not None and not self._look(lead, full=True):
-            return False
-        return bool(super()._promote(lead))  # type: ignore[misc]
-
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        lead = self._leading()  # type: ignore[attr-defined]
-        store = self._ops_store()
+        lead = self._take_lead()  # type: ignore[attr-defined]
+        ops = self._ops
+        store = ops.store()
         if lead is not None and store is not None:
-            if boottime() >= self._next_look:
-                self._look(lead)
+            if boottime() >= ops.next_look:
+                ops.look(lead)
             self._serve_run_now(lead, store)
-            self._prune(store)
-        if store is not None and (lead is not None or self._writer is not None):
-            if self._writer is None:
-                self._writer = HistoryWriter(store)
-            self._writer.lead(self._election.namespace, None if lead is None else lead[0],
-                              self._leader_label())  # fmt: skip
+            ops.prune(store)
+        if store is not None:
+            ops.mark_term(store, lead)
         next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
         return min(next_in, LOOK_EVERY) if store is not None else next_in
 
-    def _leader_label(self) -> str:
-        """Who leads, for the leadership history when the lease row no longer says."""
-        elector = getattr(self._election, "elector", None)
-        return str(elector.candidate_id) if elector is not None else f"beat pid {os.getpid()}"
-
-    def _look(self, lead: tuple[int, str], *, full: bool = False) -> bool:
-        """Read what changed since the last look; False if the database did not answer."""
-        store = self._ops_store()
-        assert store is not None
-        if full or lead[0] != self._ops_term:
-            self._since, self._rows, self._ops_term = -1, {}, lead[0]
-            self._asked, self._policies = set(), {}
-        self._next_look = boottime() + LOOK_EVERY
-        try:
-            changed = store.changes(self._schedule_ns, self._since)
-        except ElectionError as exc:
-            log.warning("beat election: could not read the schedule's changes (%s)", exc)
-            return False
-        for row in changed:
-            self._since = max(self._since, row.version)
-            self._policies.pop(row.name, None)
-            if row.deleted:
-                self._rows.pop(row.name, None)
-                self._dynamic.pop(row.name, None)
-            else:
-                self._rows[row.name] = row
-            if row.run_now_at is not None and not row.deleted:
-                self._asked.add(row.name)
-        if changed:
-            log.info("beat election: %d schedule change(s) up to version %d", len(changed),
-                     self._since)  # fmt: skip
-        now = self.app.now()
-        crossed = any(_inside(self._rows[n], now) != v for n, v in self._windowed.items()
-                      if n in self._rows)  # fmt: skip
-        if changed or crossed:
-            self._rebuild()
-        return True
-
-    def _serve_run_now(self, lead: tuple[int, str], store: SQLScheduleStore) -> None:
+    def _serve_run_now(self, lead: Leadership, store: SQLScheduleStore) -> None:
         """Send each pending "run now" this leader wins in the database, once."""
-        for name in list(self._asked):
-            self._asked.discard(name)
-            row = self._rows.get(name)
+        ops = self._ops
+        for name in list(ops.asked):
+            ops.asked.discard(name)
+            row = ops.rows.get(name)
             if row is None or row.run_now_at is None:
                 continue
-            self._rows[name] = replace(row, run_now_at=None)
-            entry = self._base().get(name) if row.task is None else self._dynamic_entry(row)
+            ops.rows[name] = replace(row, run_now_at=None)
+            entry = self._base().get(name) if row.task is None else ops.dynamic_entry(row)
             if entry is None:
                 log.warning("beat election: run now of %s: no such entry in this beat", name)
                 continue
-            election = self._election
+            election = self._fence.election
+            assert election is not None
             try:
-                won = store.claim_run_now(self._schedule_ns, (election.namespace, lead[1],
-                                          lead[0]), name, row.run_now_at)  # fmt: skip
+                won = store.claim_run_now(ops.namespace, (election.namespace, lead.token,
+                                          lead.term), name, row.run_now_at)  # fmt: skip
             except ElectionError as exc:
                 log.warning("beat election: run now of %s not claimed (%s)", name, exc)
-                self._rows[name] = row  # try again at the next tick
-                self._asked.add(name)
+                ops.rows[name] = row  # try again at the next tick
+                ops.asked.add(name)
                 continue
             if not won:
                 continue
             log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
-            self._run_now_key = row.run_now_at
+            ops.run_now_key = row.run_now_at
             try:
                 self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
             finally:
-                self._run_now_key = None
-
-    def _prune(self, store: SQLScheduleStore) -> None:
-        if boottime() < self._next_prune:
-            return
-        self._next_prune = boottime() + PRUNE_EVERY
-        days = float(self._election.settings.schedule_retention)
-        try:
-            cut = store.db_now() - int(days * 86_400_000_000)
-            gone = store.prune(self._schedule_ns, cut)
-            store.prune_terms(self._election.namespace, cut)
-        except ElectionError as exc:
-            log.warning("beat election: could not prune the run history (%s)", exc)
-            return
-        if gone:
-            log.info("beat election: pruned %d history rows older than %g days", gone, days)
+                ops.run_now_key = None
 
     # -- policies ---------------------------------------------------------------------------
 
     def is_due(self, entry: Any) -> Any:
         state = super().is_due(entry)  # type: ignore[misc]
-        row = self._rows.get(entry.name)
+        ops = self._ops
+        row = ops.rows.get(entry.name)
         if not state.is_due or row is None:
             return state
-        cached = self._policies.get(entry.name)
+        cached = ops.policies.get(entry.name)
         if cached is None:
-            cached = self._policies[entry.name] = check_policies(row.spec)
+            cached = ops.policies[entry.name] = check_policies(row.spec)
         policies = cached
-        lead = self._leading()  # type: ignore[attr-defined]
+        lead = self._take_lead()  # type: ignore[attr-defined]
         if lead is None:
             return state
         now = self.app.now()
@@ -395,57 +273,41 @@ class OperableScheduleMixin:
         times = due_times(entry.schedule, last, now)
         skip_before = None
         if row.skip_before is not None:
-            skip_before = self._from_db(row.skip_before, now)  # type: ignore[attr-defined]
-        busy = policies["overlap"] == "skip" and self._busy(entry.name, policies)
+            skip_before = self._fence.from_db(row.skip_before, now)
+        busy = policies["overlap"] == "skip" and ops.busy(entry.name, policies)
         decision = decide(times, now, policies, skip_before=skip_before, busy=busy)
         if decision.skip_to is not None:
             self._skip(entry, lead, decision)
             return schedstate(False, 0)
         if decision.send_as is not None:
             # the run stands for its due time, and the next missed one is due at once
-            self._send_as[entry.name] = decision.send_as
+            ops.send_as[entry.name] = decision.send_as
             state = schedstate(True, 0)
         if times:
             late = (now - times[-1]).total_seconds()
-            metrics.count(self._metric(entry.name, "late_ms"), max(0, round(late * 1000)))
+            metrics.count(ops.metric(entry.name, "late_ms"), max(0, round(late * 1000)))
         return state
 
-    def _busy(self, name: str, policies: dict[str, Any]) -> bool:
-        """Whether the entry's last sent run is still running (within overlap_timeout)."""
-        store = self._ops_store()
-        if store is None:
-            return False
-        if self._writer is not None:
-            self._writer.flush()  # this leader's last send must be in the table first
-        try:
-            last = store.last_sent(self._schedule_ns, name)
-            if last is None or last.finished_at is not None:
-                return False
-            age = (store.db_now() - last.sent_at) / 1e6
-        except ElectionError as exc:
-            log.warning("beat election: overlap check of %s failed (%s); sending", name, exc)
-            return False
-        return age < float(policies["overlap_timeout"])
-
-    def _skip(self, entry: Any, lead: tuple[int, str], decision: Decision) -> None:
+    def _skip(self, entry: Any, lead: Leadership, decision: Decision) -> None:
         """Move the run state past dropped runs, under this term; the history counts them."""
         name = entry.name
-        expected = self._runs.get(name)
+        fence, ops = self._fence, self._ops
+        expected = fence.runs.get(name)
         assert decision.skip_to is not None
-        at = self._to_db(decision.skip_to)  # type: ignore[attr-defined]
+        at = fence.to_db(decision.skip_to)
         count = int(entry.total_run_count or 0)
-        claim = self._claim(lead, str(name), expected, at, count, self.run_state_identity(entry))  # type: ignore[attr-defined]
+        identity = self.run_state_identity(entry)  # type: ignore[attr-defined]
+        claim = fence.claim(lead, RunRequest(str(name), expected, at, count, identity))
         if claim.won:
-            self._runs[name] = claim.state
             self.adopt_run_state(entry, decision.skip_to, count)  # type: ignore[attr-defined]
             self._seen[name] = (entry.last_run_at, entry.total_run_count)
             what = "missed" if decision.kind == "missed" else "skipped_overlap"
-            metrics.count(self._metric(name, what), decision.count)
+            metrics.count(ops.metric(name, what), decision.count)
             policy = "overlap" if decision.kind == "skipped" else "catch-up"
             log.info("beat election: %s: %d run(s) %s (%s policy)", name, decision.count,
                      decision.kind, policy)  # fmt: skip
-            self._history(name, decision.kind, lead[0], expected.last_run_us if expected else 0,
-                          None, decision.count)  # fmt: skip
+            ops.history(name, decision.kind, lead.term, expected.last_run_us if expected else 0,
+                        None, decision.count)  # fmt: skip
         elif claim.state is not None and claim.state != expected:
             self._adopt(entry, claim.state)  # type: ignore[attr-defined]
         heap = self._heap
@@ -456,26 +318,234 @@ class OperableScheduleMixin:
         else:
             self._heap = None
 
-    def _next_run_at(self, entry: Any, new_entry: Any) -> Any:
-        send_as = self._send_as.pop(entry.name, None)
+    def close(self) -> None:
+        try:
+            super().close()  # type: ignore[misc]
+        finally:
+            self._ops.close()
+
+
+class ScheduleOps(DefaultRunPolicy):
+    """The operable schedule as this beat knows it, and the :class:`RunPolicy` it gives.
+
+    It reads the stored schedule's changes (:meth:`look`), builds the schedule Celery sees
+    (:attr:`view`: the shelve's entries less the paused ones, plus the dynamic entries),
+    keeps each entry's checked policies and pending "run now", and queues the history.
+    As the scheduler's policy it loads the stored schedule at promotion, names the
+    entries that exist (beside the shelve's), gives dynamic entries their identity and
+    origin, stores a caught-up run as its due time, and heads and records each send.
+    """
+
+    def __init__(
+        self, fence: BeatFence, base: Callable[[], dict[str, Any]], make_entry: Callable[..., Any]
+    ) -> None:
+        """``base``: the wrapped scheduler's own schedule; ``make_entry``: its Entry class."""
+        self.fence = fence
+        self.app = fence.app
+        self._base, self._make_entry = base, make_entry
+        self.rows: dict[str, EntryRow] = {}  # stored rows, by name (deleted ones dropped)
+        self.dynamic: dict[str, Any] = {}  # dynamic entries as Celery schedules them
+        self._identity: dict[str, str] = {}  # dynamic entry -> its run state's identity
+        self._built: dict[str, EntryRow] = {}  # dynamic entry -> the row it was built from
+        self.view: dict[str, Any] | None = None  # the schedule Celery sees, if not the shelve
+        self.view_key = 0  # moves at each rebuild of the view
+        self._since = -1  # the stored schedule's version read up to
+        self._term: int | None = None  # the term the rows were read in
+        self.next_look = 0.0
+        self._next_prune = 0.0
+        self._windowed: dict[str, bool] = {}  # dynamic entries with start/expiry: inside?
+        self.send_as: dict[str, datetime] = {}  # a due run stands for this time (catch-up)
+        self.asked: set[str] = set()  # entries with a "run now" this leader has not served
+        self.policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
+        self._writer: HistoryWriter | None = None
+        self.run_now_key: int | None = None  # the "run now" being sent
+        self._answers: Answers = {}  # due times shared by a burst's crontabs
+
+    def store(self) -> SQLScheduleStore | None:
+        """The stored schedule (None: a memory election database, no tables)."""
+        election = self.fence.election
+        return None if election is None else schedule_store(election.backend)
+
+    @property
+    def namespace(self) -> str:
+        """The stored schedule's namespace (the beats')."""
+        election = self.fence.election
+        assert election is not None
+        return str(election.settings.beat_namespace)
+
+    # -- the RunPolicy ----------------------------------------------------------------------
+
+    def promote(self, lead: Leadership) -> bool:
+        """Load the stored schedule before the shared run state is matched with it."""
+        return self.store() is None or self.look(lead, full=True)
+
+    def live_names(self, schedule: Mapping[str, Any]) -> set[str]:
+        """Entries that exist, sent now or not: their run state is not retired."""
+        return set(self._base()) | set(self.rows)
+
+    def follows_deploys(self, entry: Any) -> bool:
+        """A dynamic entry starts when it was added (its row says so), not at a promotion."""
+        return entry.name not in self._identity and super().follows_deploys(entry)
+
+    def identity(self, entry: Any) -> str | None:
+        return self._identity.get(entry.name)
+
+    def next_run_at(self, entry: Any, new_entry: Any) -> Any:
+        send_as = self.send_as.pop(entry.name, None)
         return new_entry.last_run_at if send_as is None else send_as
 
-    # -- sending and history ----------------------------------------------------------------
-
-    def _send_headers(self, entry: Any) -> dict[str, Any]:
-        if self._ops_store() is None:
+    def send_headers(self, entry: Any) -> dict[str, Any]:
+        if self.store() is None:
             return {}
-        return {"election_schedule": self._schedule_ns, "election_entry": str(entry.name)}
+        return {"election_schedule": self.namespace, "election_entry": str(entry.name)}
 
-    def _sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
-        kind = "run" if run is not None or self._run_now_key is None else "run_now"
-        key = run if run is not None else (self._run_now_key or 0)
+    def sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
+        kind = "run" if run is not None or self.run_now_key is None else "run_now"
+        key = run if run is not None else (self.run_now_key or 0)
         if kind == "run_now":
-            metrics.count(self._metric(entry.name, "run_now"))
-        due = self._due_us(entry, run) if kind == "run" else None
-        self._history(entry.name, kind, term, key, getattr(result, "id", None), 1, due)
+            metrics.count(self.metric(entry.name, "run_now"))
+        now = self.app.now()  # one reading for both: Celery's now is a tenth of a send
+        due = self._due_us(entry, run, now) if kind == "run" else None
+        self.history(entry.name, kind, term, key, getattr(result, "id", None), 1, due, now)
 
-    def _due_us(self, entry: Any, run: int | None) -> int | None:
+    # -- the view ---------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        """Recompute the view from the shelve's entries and the stored rows."""
+        self.view_key += 1
+        if not self.rows:
+            self.view = None
+            return
+        base = self._base()
+        view = {}
+        for name, entry in base.items():
+            row = self.rows.get(name)
+            if row is None or row.task is not None or (row.enabled and not row.paused):
+                view[name] = entry
+        now = self.app.now()
+        self._windowed = {}
+        for name, row in self.rows.items():
+            if row.task is None or name in base:
+                continue  # an overlay, or a name a deploy made static (the code wins)
+            inside = _inside(row, now)
+            if "start_at" in row.spec or "expires_at" in row.spec:
+                self._windowed[name] = inside
+            if row.enabled and not row.paused and inside:
+                view[name] = self.dynamic_entry(row)
+        self.view = view
+
+    def dynamic_entry(self, row: EntryRow) -> Any:
+        """The Celery entry of a dynamic row; an edit keeps the entry's run state."""
+        name = row.name
+        old = self.dynamic.get(name)
+        identity = f"dyn:{row.created_at}"
+        if old is not None and self._built.get(name) is row:
+            return old
+        spec = row.spec
+        if old is not None and self._identity.get(name) == identity:
+            last, count = old.last_run_at, old.total_run_count
+        else:
+            last, count = self.fence.from_db(row.created_at, self.app.now()), 0
+        entry = self._make_entry(
+            name=name,
+            task=row.task,
+            schedule=from_spec(spec["schedule"], self.app),
+            args=tuple(spec.get("args") or ()),
+            kwargs=dict(spec.get("kwargs") or {}),
+            options=dict(spec.get("options") or {}),
+            last_run_at=last,
+            total_run_count=count,
+            app=self.app,
+        )
+        self.dynamic[name] = entry
+        self._identity[name] = identity
+        self._built[name] = row
+        return entry
+
+    def look(self, lead: Leadership, *, full: bool = False) -> bool:
+        """Read what changed since the last look; False if the database did not answer."""
+        store = self.store()
+        assert store is not None
+        if full or lead.term != self._term:
+            self._since, self.rows, self._term = -1, {}, lead.term
+            self.asked, self.policies = set(), {}
+        self.next_look = boottime() + LOOK_EVERY
+        try:
+            changed = store.changes(self.namespace, self._since)
+        except ElectionError as exc:
+            log.warning("beat election: could not read the schedule's changes (%s)", exc)
+            return False
+        for row in changed:
+            self._since = max(self._since, row.version)
+            self.policies.pop(row.name, None)
+            if row.deleted:
+                self.rows.pop(row.name, None)
+                self.dynamic.pop(row.name, None)
+            else:
+                self.rows[row.name] = row
+            if row.run_now_at is not None and not row.deleted:
+                self.asked.add(row.name)
+        if changed:
+            log.info("beat election: %d schedule change(s) up to version %d", len(changed),
+                     self._since)  # fmt: skip
+        now = self.app.now()
+        crossed = any(_inside(self.rows[n], now) != v for n, v in self._windowed.items()
+                      if n in self.rows)  # fmt: skip
+        if changed or crossed:
+            self.rebuild()
+        return True
+
+    def busy(self, name: str, policies: dict[str, Any]) -> bool:
+        """Whether the entry's last sent run is still running (within overlap_timeout)."""
+        store = self.store()
+        if store is None:
+            return False
+        if self._writer is not None:
+            self._writer.flush()  # this leader's last send must be in the table first
+        try:
+            last = store.last_sent(self.namespace, name)
+            if last is None or last.finished_at is not None:
+                return False
+            age = (store.db_now() - last.sent_at) / 1e6
+        except ElectionError as exc:
+            log.warning("beat election: overlap check of %s failed (%s); sending", name, exc)
+            return False
+        return age < float(policies["overlap_timeout"])
+
+    def prune(self, store: SQLScheduleStore) -> None:
+        if boottime() < self._next_prune:
+            return
+        self._next_prune = boottime() + PRUNE_EVERY
+        election = self.fence.election
+        assert election is not None
+        days = float(election.settings.schedule_retention)
+        try:
+            cut = store.db_now() - int(days * 86_400_000_000)
+            gone = store.prune(self.namespace, cut)
+            store.prune_terms(election.namespace, cut)
+        except ElectionError as exc:
+            log.warning("beat election: could not prune the run history (%s)", exc)
+            return
+        if gone:
+            log.info("beat election: pruned %d history rows older than %g days", gone, days)
+
+    # -- history ----------------------------------------------------------------------------
+
+    def mark_term(self, store: SQLScheduleStore, lead: Leadership | None) -> None:
+        """Tell the leadership history which term this beat leads now (None: none)."""
+        if lead is None and self._writer is None:
+            return
+        if self._writer is None:
+            self._writer = HistoryWriter(store)
+        self._writer.lead(self.fence.namespace, None if lead is None else lead.term,
+                          self._leader_label())  # fmt: skip
+
+    def _leader_label(self) -> str:
+        """Who leads, for the leadership history when the lease row no longer says."""
+        elector = getattr(self.fence.election, "elector", None)
+        return str(elector.candidate_id) if elector is not None else f"beat pid {os.getpid()}"
+
+    def _due_us(self, entry: Any, run: int | None, now: datetime | None = None) -> int | None:
         """When the run sent now fell due (database clock): its schedule after ``run``.
 
         The page shows how late a run went out; None when unknown (an entry's first run,
@@ -484,9 +554,9 @@ class OperableScheduleMixin:
         if not run:
             return None
         try:
-            now = self.app.now()
+            now = self.app.now() if now is None else now
             due = self._due_after(entry.schedule, run, now)
-            return int(self._to_db(min(due, now)))  # type: ignore[attr-defined]
+            return self.fence.to_db(min(due, now))
         except Exception as exc:  # informational only: the run went out
             log.debug("beat election: due time of %s: %s", entry.name, exc)
             return None
@@ -497,16 +567,15 @@ class OperableScheduleMixin:
         Shared by equal crontabs last run in the same minute (``shared_answer``): asking
         Celery for each entry of a burst cost 8 % of a 10,000-entry burst.
         """
-        last = self._from_db(run, now)  # type: ignore[attr-defined]
-        answers = self._answers  # type: ignore[attr-defined]
+        last = self.fence.from_db(run, now)
 
         def ask() -> datetime:
             due: datetime = now + sched.remaining_estimate(last)
             return due
 
-        return shared_answer(answers, "due", sched, last, now, ask)
+        return shared_answer(self._answers, "due", sched, last, now, ask)
 
-    def _history(
+    def history(
         self,
         name: str,
         kind: str,
@@ -515,29 +584,28 @@ class OperableScheduleMixin:
         task_id: str | None,
         count: int,
         due_at: int | None = None,
+        now: datetime | None = None,
     ) -> None:
         """Queue a history row: written off the tick thread, so a send costs one claim."""
-        store = self._ops_store()
+        store = self.store()
         if store is None:
             return
         if self._writer is None:
             self._writer = HistoryWriter(store)
-        sent_at = self._to_db(self.app.now())  # type: ignore[attr-defined]
-        row = history_row(self._schedule_ns, str(name), kind, run_key=run_key, term=term,
+        sent_at = self.fence.to_db(self.app.now() if now is None else now)
+        row = history_row(self.namespace, str(name), kind, run_key=run_key, term=term,
                           task_id=task_id, count=count, sent_at=sent_at,
                           due_at=due_at)  # fmt: skip
         self._writer.add(row)
 
-    def close(self) -> None:
-        try:
-            super().close()  # type: ignore[misc]
-        finally:
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.close()
+    def metric(self, name: str, what: str) -> str:
+        return metrics.key(metrics.BEAT, self.namespace, str(name), what)
 
-    def _metric(self, name: str, what: str) -> str:
-        return metrics.key(metrics.BEAT, self._schedule_ns, str(name), what)
+    def close(self) -> None:
+        """Write the queued history and end the led term's record."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
 
 class HistoryWriter:

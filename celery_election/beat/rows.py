@@ -10,7 +10,10 @@ check and the write cannot undo the new leader's writes either.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .fence import BeatFence
 
 __all__ = ["DjangoRowsMixin"]
 
@@ -20,9 +23,7 @@ log = logging.getLogger("celery_election.beat")
 class DjangoRowsMixin:
     """``sync`` for schedulers whose entries have rows (django-celery-beat's models)."""
 
-    _election: Any
-    _loaded_term: int | None
-    _lost_term: int | None
+    _fence: BeatFence
 
     def sync(self) -> None:
         """The wrapped scheduler's sync; model rows are written by the leader only.
@@ -49,11 +50,11 @@ class DjangoRowsMixin:
 
     def _may_write(self) -> bool:
         """Leading, in the term whose state this process loaded (if it loaded one)."""
-        election = self._election
-        lead = election.leadership() if election is not None else None
-        if lead is None or lead[0] == self._lost_term:
+        fence = self._fence
+        lead = fence.leadership()
+        if lead is None:
             return False
-        return self._loaded_term is None or lead[0] == self._loaded_term
+        return fence.loaded_term is None or lead.term == fence.loaded_term
 
     def _write_rows(self, dirty: set[Any]) -> None:
         """Write the django-celery-beat rows of ``dirty`` entries, never backwards.

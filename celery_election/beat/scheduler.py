@@ -23,6 +23,12 @@ Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``r
   split brain. At most once, not exactly once: a leader that dies between its claim and
   its send loses that run.
 
+The mixin keeps what concerns Celery's entries (matching them with the shared state,
+the burst tick, reserve, settle and send); what it asks of the election database goes
+through its :class:`~.fence.BeatFence` (leadership, promotion, claims, the database
+clock), and what a schedule kept beside Celery's adds goes through its
+:class:`~.policy.RunPolicy` (``LeaderScheduler`` plugs in the operable schedule's).
+
 Times in the shared state are on the database's clock: each beat measures its offset
 from it (at promotion and every minute) and converts at the boundary, so a beat host
 with a wrong clock neither stalls nor repeats the schedule.
@@ -53,15 +59,15 @@ import copy
 import heapq
 import logging
 import sys
-import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 from celery.beat import PersistentScheduler, Scheduler, event_t
 from celery.schedules import crontab, schedstate
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
+from kombu.entity import Queue
 
 from .. import metrics, shared_state
 from ..backends.base import RunClaim, RunRequest, RunState
@@ -70,23 +76,20 @@ from ..errors import ConfigurationError, ElectionError, cannot_start
 from ..schedule.cron import CronFields, next_occurrence
 from ..settings import ElectionSettings
 from .answers import Answers, shared_answer
-from .election import BeatElection, backend_description
+from .election import backend_description
+from .fence import NOT_LEADING, BeatFence, Claim, Leadership, scheduler_app
 from .ops import OperableScheduleMixin
+from .policy import DefaultRunPolicy, RunPolicy, has_row
 from .rows import DjangoRowsMixin
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
 
 log = logging.getLogger("celery_election.beat")
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = timedelta(microseconds=1)
-_FOLLOWER_TICK = 0.2
+_FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership flag
 #: Celery guards each entry's is_due in populate_heap and tick (5.7+); before, one
 #: raising entry stopped the whole tick
-_GUARDED = hasattr(
-    Scheduler, "_is_due_failed"
-)  # seconds between two looks at the (in-memory) leadership flag
-_OFFSET_EVERY = 60.0
+_GUARDED = hasattr(Scheduler, "_is_due_failed")
 #: Due entries sent by one tick at most: a burst of 10,000 is 10 ticks with no wait between.
 BURST = 1000
 #: Seconds a schedule found equal to its copy is trusted without comparing it again, as
@@ -96,16 +99,15 @@ _RECHECK_EVERY = 1.0
 #: safety net costs the tick thread at most 1/20 of its time (10,000 entries took 0.05 s
 #: to compare, 1/6 of a burst's CPU when compared every second).
 _RECHECK_COST = 20.0
+#: ... but not within a burst (a tick that sent a full batch of BURST answers 0 and the
+#: next one goes on with it), for up to this many seconds: the comparisons every second
+#: cost a 10,000-entry burst 3.5 % of its tick thread. Stock's tick is as blind between
+#: its own comparisons, and the identity checks still run at every tick.
+_RECHECK_BURST = 10.0
 
 
-@dataclass(frozen=True)
-class _Fence:
-    """A reserved run: sent only if ``won`` and the term still leads when sending."""
-
-    won: bool
-    term: int
-    run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
-    at: int  # its own last_run_at, as stored (database clock, epoch us)
+#: The attribute a reserved entry carries its claim to the send in (see ``reserve``).
+CLAIM_ATTR = "election_claim"
 
 
 class LeaderSchedulerMixin(DjangoRowsMixin):
@@ -124,34 +126,43 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
     #: not for django-celery-beat, whose disabled entries leave the schedule.
     follow_deploys = False
 
-    _election: BeatElection | None = None
-    _loaded_term: int | None = None
-    _lost_term: int | None = None
     _closed = False
 
     # -- set-up and tear-down ---------------------------------------------------------------
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._runs: dict[str, RunState] = {}  # the shared state as this leader knows it
-        # entry name -> the entry's (last_run_at, total_run_count) as matched with _runs
+    def __init__(
+        self,
+        *args: Any,
+        fence: BeatFence | None = None,
+        policy: RunPolicy | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Celery's arguments, and the collaborators to use.
+
+        ``fence``: the shared run state's (default: one of its own); ``policy``: what a
+        schedule kept beside Celery's adds (default: nothing).
+        """
+        self._fence = fence if fence is not None else BeatFence(scheduler_app(args, kwargs))
+        self._policy: RunPolicy = policy if policy is not None else DefaultRunPolicy()
+        # entry name -> the entry's (last_run_at, total_run_count) as matched with the
+        # fence's shared state
         self._seen: dict[str, tuple[Any, Any]] = {}
-        self._pending: dict[str, _Fence] = {}  # reserved runs, by entry name
-        self._offset_us = 0  # database clock - this host's clock
-        self._next_offset = 0.0
         # a batch tick's reserved runs, claimed together (None: reserve claims at once)
-        self._deferred: list[_Deferred] | None = None
+        self._deferred: list[_Reserved] | None = None
         self._schedule_version = 0  # changes made through the scheduler's own methods
         self._equal: tuple[Any, Any, int, int] | None = None  # (old, new, len, version)
         self._equal_until = 0.0
         self._held: dict[str, Any] = {}  # entry name -> the last run its held send followed
         self._recording: list[RunRequest] | None = None  # a promotion's records, batched
         self._answers: Answers = {}  # crontab answers shared by a burst (shared_answer)
+        self._router: _BurstRouter | None = None  # the burst's router (_send_burst)
+        self._burst_until = 0.0  # a burst goes on: the safety comparison waits till then
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
         super().setup_schedule()  # type: ignore[misc]
         try:
-            self._elect()
+            self._fence.elect()
         except ConfigurationError as exc:
             # `celery beat` would log the exception with a long traceback (it catches
             # Exception around the scheduler's start); SystemExit passes through: one line
@@ -165,23 +176,14 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         try:
             super().close()  # type: ignore[misc]  # its final sync, while still leading
         finally:
-            election, self._election = self._election, None
-            if election is not None:
-                election.close()
+            self._fence.close()
 
     def wait_for_leadership(self, timeout: float) -> bool:
         """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s.
 
         A lazy scheduler (``lazy=True``, set up for introspection) joins the election here.
         """
-        return self._elect().wait_for_leadership(timeout)
-
-    def _elect(self) -> BeatElection:
-        """The scheduler's election, started on first need (a lazy scheduler's too)."""
-        if self._election is None:
-            self._election = BeatElection(self.app)
-            log.info("beat election: %s", self._election.describe())
-        return self._election
+        return self._fence.elect().wait_for_leadership(timeout)
 
     @property
     def info(self) -> str:
@@ -197,57 +199,58 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
 
     # -- leadership -------------------------------------------------------------------------
 
-    def _leading(self) -> tuple[int, str] | None:
-        """(term, token) if this process leads and has loaded the shared state, else None."""
+    def _take_lead(self) -> Leadership | None:
+        """The leadership to act under, or None; acts: a newly won term is promoted first.
+
+        Not a query (the fence's ``leadership()`` is one): it starts the election if need
+        be, promotes a term whose shared state is not loaded yet (:meth:`_promote`), and
+        reads the database clock again every minute.
+        """
         if self._closed:
             return None
-        lead = self._elect().leadership()
-        if lead is None or lead[0] == self._lost_term:
-            self._loaded_term = None
+        fence = self._fence
+        fence.elect()
+        lead = fence.leadership()
+        if lead is None:
+            fence.demote()
             return None
-        if lead[0] != self._loaded_term and not self._promote(lead):
+        if lead.term != fence.loaded_term and not self._promote(lead):
             return None
-        self._measure_offset()
+        fence.measure_offset()
         return lead
 
-    def _promote(self, lead: tuple[int, str]) -> bool:
+    def _promote(self, lead: Leadership) -> bool:
         """Newly leading: adopt the shared run state, not this process's memory."""
-        election = self._election
-        assert election is not None
-        term = lead[0]
-        self._next_offset = 0.0
-        self._measure_offset()
-        try:
-            self._runs = election.store.load_runs(election.namespace)
-        except ElectionError as exc:
-            log.error("beat election: cannot load the shared schedule state (%s)", exc)
-            return False  # _loaded_term stays unset: try again next tick
+        fence = self._fence
+        if not self._policy.promote(lead) or not fence.promote(lead):
+            return False  # not loaded: try again next tick
         self._seen = {}
-        self._pending = {}
-        self._loaded_term = term
         if self._reconcile(lead):
             self._heap = None  # rebuilt by the wrapped scheduler from the adopted state
         if self.follow_deploys:
-            self._retire_absent(lead)
+            # a deploy removed the stored entries this beat's schedule lacks
+            fence.retire_absent(lead, self._policy.live_names(self.schedule))
         if hasattr(self, "_last_sync"):
             # sync at the first loop, as a beat started now would: the rows (and the
             # shelve) show the adopted state at once, not up to beat_sync_every later
             self._last_sync = None
         log.info(
             "beat election: leading namespace=%s term=%s; resumed %d entries from the shared state",
-            election.namespace,
-            term,
-            len(self._runs),
+            fence.namespace,
+            lead.term,
+            len(fence.runs),
         )
         return True
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        if self._leading() is None:
+        if self._take_lead() is None:
             next_in = min(self.max_interval, _FOLLOWER_TICK)
         else:
             next_in = self._tick_burst()
+        if next_in > 0:
+            self._burst_until = 0.0  # no burst goes on
         # the health probe's clock: a tick loop wedged in a send stops moving it
-        metrics.mark_tick(self._namespace, next_in)
+        metrics.mark_tick(self._fence.namespace, next_in)
         return next_in
 
     def _tick_burst(self) -> float:
@@ -302,6 +305,10 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                     break
                 return float(min(self.adjust(delay), max_interval))  # type: ignore[attr-defined]
             batch.append((event, next_time_to_run))
+        if len(batch) < BURST:
+            self._burst_until = 0.0
+        elif not self._burst_until:
+            self._burst_until = boottime() + _RECHECK_BURST
         self._send_burst(heap, batch)
         return 0.0
 
@@ -317,20 +324,25 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             for event, _ in batch[len(nexts) :]:
                 heapq.heappush(heap, event)  # not reserved (reserve raised): as they were
             self._settle_deferred(deferred)
-        for (event, next_time_to_run), next_entry in zip(batch, nexts, strict=False):
-            self.apply_entry(event[2], producer=self.producer)  # type: ignore[attr-defined]
-            when = self._when(next_entry, next_time_to_run)  # type: ignore[attr-defined]
-            heapq.heappush(heap, event_t(when, event[1], next_entry))
+        producer = self.producer  # type: ignore[attr-defined]
+        self._router = _BurstRouter(self.app.amqp.router, producer)
+        try:
+            for (event, next_time_to_run), next_entry in zip(batch, nexts, strict=False):
+                self.apply_entry(event[2], producer=producer)  # type: ignore[attr-defined]
+                when = self._when(next_entry, next_time_to_run)  # type: ignore[attr-defined]
+                heapq.heappush(heap, event_t(when, event[1], next_entry))
+        finally:
+            self._router = None
 
-    def _settle_deferred(self, deferred: list[_Deferred]) -> None:
+    def _settle_deferred(self, deferred: list[_Reserved]) -> None:
         """Claim the deferred runs, one batch per leadership they were reserved under."""
-        groups: dict[tuple[int, str], list[_Deferred]] = {}
+        groups: dict[Leadership, list[_Reserved]] = {}
         for item in deferred:
             groups.setdefault(item.lead, []).append(item)
         for lead, items in groups.items():
-            claims = self._claim_many(lead, [item.request for item in items])
+            claims = self._fence.claim_many(lead, [item.request for item in items])
             for item, claim in zip(items, claims, strict=True):
-                self._settle(item.new_entry, item.was, lead, item.request, claim)
+                self._settle(item, claim)
 
     def schedules_equal(self, old: Any, new: Any) -> bool:
         """Celery's comparison, skipped while the schedule cannot have changed.
@@ -351,7 +363,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                 and new is was_new
                 and len(new) == size
                 and version == self._schedule_version
-                and boottime() < self._equal_until
+                and boottime() < max(self._equal_until, self._burst_until)
             ):
                 return True
         started = boottime()
@@ -415,7 +427,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             )
             return False, self.max_interval
 
-    def _reconcile(self, promoting: tuple[int, str] | None = None) -> bool:
+    def _reconcile(self, promoting: Leadership | None = None) -> bool:
         """Match entries that do not hold the shared state with it; True if any changed.
 
         An entry holds it when its ``last_run_at`` and ``total_run_count`` are the ones
@@ -433,10 +445,10 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         finally:
             recording, self._recording = self._recording, None
         if promoting is not None and recording:
-            self._store_states(promoting, recording)
+            self._fence.store_states(promoting, recording)
         return changed
 
-    def _match(self, entry: Any, promoting: tuple[int, str] | None) -> bool:
+    def _match(self, entry: Any, promoting: Leadership | None) -> bool:
         """One entry against the shared state; True if the entry's state changed.
 
         * The stored state is another entry's (a different :meth:`run_state_identity`:
@@ -452,7 +464,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
           it since, or had not saved yet).
         """
         name = entry.name
-        state = self._runs.get(name)
+        state = self._fence.runs.get(name)
         identity = self.run_state_identity(entry)
         if state is not None and state.identity in (None, identity):
             if self._edited(entry, state):
@@ -464,7 +476,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             self._adopt(entry, state)
             return True
         changed = False
-        if promoting is not None and self.follow_deploys and self._follows_deploys(entry):
+        if promoting is not None and self.follow_deploys and self._policy.follows_deploys(entry):
             if not entry.total_run_count:  # it never ran here: when it appeared, not now
                 entry.last_run_at = entry.default_now()
             self._record(promoting, entry, state, identity)
@@ -472,17 +484,17 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._seen[name] = _held(entry)
         return changed
 
-    def _follows_deploys(self, entry: Any) -> bool:
-        """A static entry without a row of its own: its start is when it was deployed."""
-        return not _has_row(entry)
-
     def run_state_identity(self, entry: Any) -> str:
         """Whose run state it is: an entry with another identity does not inherit it.
 
         django-celery-beat's entries: the ``PeriodicTask`` id (a deleted and re-created
-        task starts fresh, as with stock). Others: the name alone (``""``); a name that a
+        task starts fresh, as with stock); a dynamic entry of the operable schedule: when
+        it was added (its policy says). Others: the name alone (``""``); a name that a
         deploy dropped is retired (:attr:`follow_deploys`).
         """
+        identity = self._policy.identity(entry)
+        if identity:
+            return identity
         model = getattr(entry, "model", None)
         pk = getattr(model, "pk", None)
         return "" if pk is None else f"id:{pk}"
@@ -498,110 +510,29 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         run count, or a row saved (``date_changed``: disabled and enabled again, changed
         in the admin) after the stored run.
         """
-        if not _has_row(entry) or entry.last_run_at is None:
+        if not has_row(entry) or entry.last_run_at is None:
             return False
-        row_us = self._to_db(entry.last_run_at)
+        row_us = self._fence.to_db(entry.last_run_at)
         count = int(entry.total_run_count or 0)
         if count == state.total_run_count:
             return abs(row_us - state.last_run_us) > _SAME_TIME_US
         if count > state.total_run_count:
             return True
         changed = getattr(entry.model, "date_changed", None)
-        return isinstance(changed, datetime) and self._to_db(changed) > state.last_run_us
+        return isinstance(changed, datetime) and self._fence.to_db(changed) > state.last_run_us
 
-    def _record(
-        self, lead: tuple[int, str], entry: Any, state: RunState | None, identity: str
-    ) -> None:
+    def _record(self, lead: Leadership, entry: Any, state: RunState | None, identity: str) -> None:
         """Store a new entry's state under this term (the next leader counts from it).
 
         During a promotion's ``_reconcile`` the record waits for the others (one batch).
         """
-        at = self._to_db(entry.last_run_at)
+        at = self._fence.to_db(entry.last_run_at)
         count = int(entry.total_run_count or 0)
         request = RunRequest(str(entry.name), state, at, count, identity)
         if self._recording is not None:
             self._recording.append(request)
             return
-        self._store_states(lead, [request])
-
-    def _store_states(self, lead: tuple[int, str], requests: list[RunRequest]) -> None:
-        """Claim ``requests`` in batches and keep what the store then holds for each.
-
-        A new leader of 10,000 entries made 10,000 single claims (40 s) before its first
-        send; a name twice (not from one dict) is claimed on its own.
-        """
-        batch: list[RunRequest] = []
-        alone: list[RunRequest] = []
-        names: set[str] = set()
-        for r in requests:
-            (alone if r.entry_name in names else batch).append(r)
-            names.add(r.entry_name)
-        claims = self._claim_many(lead, batch) if batch else []
-        claims += [self._claim_many(lead, [r])[0] for r in alone]
-        for r, claim in zip(batch + alone, claims, strict=True):
-            if claim.state is not None:
-                self._runs[r.entry_name] = claim.state
-
-    def _retire_absent(self, lead: tuple[int, str]) -> None:
-        """Retire stored entries this beat's schedule lacks (a deploy removed them).
-
-        As PersistentScheduler drops them from its shelve: a name reused later starts
-        fresh instead of inheriting the old entry's last run.
-        """
-        names = self._live_names()
-        requests = [
-            RunRequest(name, state, state.last_run_us, state.total_run_count, _RETIRED)
-            for name, state in list(self._runs.items())
-            if name not in names and state.identity != _RETIRED
-        ]
-        if requests:
-            self._store_states(lead, requests)
-
-    def _live_names(self) -> set[str]:
-        """The entries that exist (sent now or not): the others' run state is retired."""
-        return set(self.schedule)
-
-    # -- the clock --------------------------------------------------------------------------
-
-    def _measure_offset(self) -> None:
-        """Read the database clock against this host's (one statement, leader only).
-
-        The shared state holds times every beat must agree on. With host clocks a beat
-        whose clock was an hour fast stored runs an hour ahead, and the next leader then
-        waited an hour (the chaos runs skew one process's clock). The offset is good to
-        half a round trip; it is measured at each promotion and every minute.
-        """
-        election = self._election
-        if election is None or boottime() < self._next_offset:
-            return
-        self._next_offset = boottime() + _OFFSET_EVERY
-        try:
-            before = self.app.now().timestamp()  # the clock Celery's entries are read on
-            lease = election.backend.current(election.namespace)
-            after = self.app.now().timestamp()
-        except ElectionError as exc:
-            log.warning("beat election: could not read the database clock (%s)", exc)
-            return
-        if lease is not None:
-            offset = lease.db_now_us - round((before + after) / 2 * 1_000_000)
-            if abs(offset) > 1_000_000:
-                log.warning("beat election: this host's clock is %+.3fs off the database's; "
-                            "the shared state follows the database", -offset / 1e6)  # fmt: skip
-            self._offset_us = offset
-
-    def _to_db(self, when: datetime) -> int:
-        """A host-clock time as stored: database-clock epoch microseconds."""
-        aware = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
-        return (aware - EPOCH) // _US + self._offset_us
-
-    def _from_db(self, us: int, like: Any) -> datetime:
-        """A stored time on this host's clock, shaped like ``like`` (naive stays naive UTC)."""
-        when = EPOCH + _US * (us - self._offset_us)
-        if isinstance(like, datetime) and like.tzinfo is None:
-            return when.replace(tzinfo=None)
-        if isinstance(like, datetime):
-            return when.astimezone(like.tzinfo)
-        return when.astimezone(self.app.timezone)
+        self._fence.store_states(lead, [request])
 
     # -- adopting the shared state ----------------------------------------------------------
 
@@ -619,13 +550,13 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             model.total_run_count = total_run_count
 
     def _adopt(self, entry: Any, state: RunState) -> None:
-        when = self._from_db(state.last_run_us, entry.last_run_at or entry.default_now())
+        """Give ``entry`` the stored ``state`` (the fence's, as the store holds it)."""
+        when = self._fence.from_db(state.last_run_us, entry.last_run_at or entry.default_now())
         row = (entry.last_run_at, entry.total_run_count)
         self.adopt_run_state(entry, when, state.total_run_count)
-        self._runs[entry.name] = state
         self._seen[entry.name] = _held(entry)
         dirty = getattr(self, "_dirty", None)
-        if _has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
+        if has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
             dirty.add(entry.name)  # the row lags: the next sync writes the adopted state
 
     # -- the runaway guard -----------------------------------------------------------------
@@ -651,165 +582,59 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         log.log(level, "beat election: %s not sent: its schedule %r answered due (next in %ss), "
                 "but %s; held %.3fs (runaway guard)", entry.name, entry.schedule, answer, why,
                 wait)  # fmt: skip
-        metrics.count(metrics.key(metrics.BEAT, self._namespace, str(entry.name), "held"))
+        metrics.count(metrics.key(metrics.BEAT, self._fence.namespace, str(entry.name), "held"))
         return schedstate(False, wait)
 
     # -- the fence --------------------------------------------------------------------------
 
     def reserve(self, entry: Any) -> Any:
-        """Celery's reserve, fenced: claim the run in the shared state under this term."""
+        """Celery's reserve, fenced: claim the run in the shared state under this term.
+
+        The claim travels with the entries to the send: Celery's tick sends the entry it
+        gave (``apply_entry``), ``apply_async(advance=True)`` the one returned, so both
+        carry it (``election_claim``) and the send takes it (:func:`_take_claim`).
+        """
         name = entry.name
         was = (entry.last_run_at, entry.total_run_count)
+        entry.__dict__.pop(CLAIM_ATTR, None)  # Celery's next(entry) copies its attributes
         new_entry = super().reserve(entry)  # type: ignore[misc]
-        lead = self._leading()
+        lead = self._take_lead()
         if lead is None:
-            self._pending[name] = _Fence(False, 0, 0, 0)
+            _give_claim(entry, new_entry, NOT_LEADING)
             self.adopt_run_state(new_entry, *was)
             return new_entry
-        expected = self._runs.get(name)
-        new_entry.last_run_at = self._next_run_at(entry, new_entry)
-        at = self._to_db(new_entry.last_run_at or new_entry.default_now())
+        fence = self._fence
+        expected = fence.runs.get(name)
+        new_entry.last_run_at = self._policy.next_run_at(entry, new_entry)
+        at = fence.to_db(new_entry.last_run_at or new_entry.default_now())
         count = int(new_entry.total_run_count or 0)
         identity = self.run_state_identity(new_entry)
         request = RunRequest(str(name), expected, at, count, identity)
+        item = _Reserved(entry, new_entry, was, lead, request)
         if self._deferred is not None:  # a burst: claimed with the others (_send_burst)
-            self._deferred.append(_Deferred(new_entry, was, lead, request))
+            self._deferred.append(item)
             return new_entry
-        claim = self._claim(lead, str(name), expected, at, count, identity)
-        self._settle(new_entry, was, lead, request, claim)
+        self._settle(item, fence.claim(lead, item.request))
         return new_entry
 
-    def _settle(
-        self,
-        new_entry: Any,
-        was: tuple[Any, Any],
-        lead: tuple[int, str],
-        request: RunRequest,
-        claim: RunClaim,
-    ) -> None:
-        """Act on a reserved run's claim: send it if won, else adopt what is stored."""
-        name = new_entry.name
-        expected, at, identity = request.expected, request.last_run_us, request.identity
-        run = 0 if expected is None else expected.last_run_us
-        self._pending[name] = _Fence(claim.won, lead[0], run, at)
-        if claim.won:
-            metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "claimed"))
-            assert claim.state is not None
-            self._runs[name] = claim.state
-            self._seen[name] = _held(new_entry)
-            return
-        if not claim.leading:
-            log.warning(
-                "beat election: namespace=%s term=%s is over in the database; %s not sent",
-                self._namespace,
-                lead[0],
-                name,
-            )
-            self._lost_term = lead[0]
-        if claim.state is not None and claim.state != expected:
-            log.info("beat election: %s already ran (term %s); not sent", name, claim.state.term)
-            metrics.count(metrics.key(metrics.BEAT, self._namespace, str(name), "refused"))
-            self._runs[name] = claim.state
-            if claim.state.identity in (None, identity):
-                self._adopt(new_entry, claim.state)
-                return
-        self.adopt_run_state(new_entry, *was)
+    def _settle(self, item: _Reserved, result: RunClaim) -> None:
+        """Act on a reserved run's claim: its entries carry it to the send.
 
-    def _next_run_at(self, entry: Any, new_entry: Any) -> Any:
-        """The last_run_at a reserved run stores: Celery's (now), unless a policy says."""
-        return new_entry.last_run_at
-
-    def _send_headers(self, entry: Any) -> dict[str, Any]:
-        """Headers added to a fenced send beside the term and the run (none here)."""
-        return {}
-
-    def _sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
-        """A run was published (``run``: its key; None for an unreserved send)."""
-
-    @property
-    def _namespace(self) -> str:
-        return self._election.namespace if self._election is not None else "?"
-
-    def _claim(
-        self,
-        lead: tuple[int, str],
-        name: str,
-        expected: RunState | None,
-        at: int,
-        count: int,
-        identity: str,
-    ) -> RunClaim:
-        """Claim, retrying a failed call while still trusted (up to one renew interval).
-
-        A claim that raised may have committed: a retry that finds exactly the state it
-        tried to write, under its own term, counts it as its own. Without the retry, a
-        database blip at a run's due time lost that run although this process went on
-        leading (the chaos runs found it).
+        Refused, the entry adopts what is stored (another leader ran it), or else its own
+        state again.
         """
-        election = self._election
-        assert election is not None
-        deadline = boottime() + election.settings.config.renew_interval
-        delay = 0.05
-        retried = False
-        while True:
-            try:
-                claim = election.store.claim_run(
-                    election.namespace, lead[1], lead[0], name, expected, at,
-                    total_run_count=count, identity=identity,
-                )  # fmt: skip
-            except ElectionError as exc:
-                if boottime() + delay > deadline or election.leadership() != lead:
-                    log.error("beat election: could not claim %s (%s); not sent", name, exc)
-                    return RunClaim(False, expected, True)
-                log.warning("beat election: claim of %s failed (%s); retrying", name, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                retried = True
-                continue
-            mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
-                lead[0],
-                at,
-            )
-            if retried and not claim.won and mine:
-                return RunClaim(True, claim.state, True)
-            return claim
-
-    def _claim_many(self, lead: tuple[int, str], requests: list[RunRequest]) -> list[RunClaim]:
-        """``_claim`` for a batch: one ``claim_runs``, retried as a whole the same way."""
-        election = self._election
-        assert election is not None
-        if len(requests) == 1:
-            r = requests[0]
-            claim = self._claim(lead, r.entry_name, r.expected, r.last_run_us,
-                                int(r.total_run_count or 0), r.identity or "")  # fmt: skip
-            return [claim]
-        deadline = boottime() + election.settings.config.renew_interval
-        delay = 0.05
-        retried = False
-        while True:
-            try:
-                claims = election.store.claim_runs(election.namespace, lead[1], lead[0], requests)
-            except ElectionError as exc:
-                if boottime() + delay > deadline or election.leadership() != lead:
-                    log.error("beat election: could not claim %d runs (%s); not sent",
-                              len(requests), exc)  # fmt: skip
-                    return [RunClaim(False, r.expected, True) for r in requests]
-                log.warning("beat election: claim of %d runs failed (%s); retrying",
-                            len(requests), exc)  # fmt: skip
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                retried = True
-                continue
-            if not retried:
-                return claims
-            out = []
-            for r, claim in zip(requests, claims, strict=True):
-                mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
-                    lead[0],
-                    r.last_run_us,
-                )
-                out.append(RunClaim(True, claim.state, True) if not claim.won and mine else claim)
-            return out
+        new_entry, request = item.new_entry, item.request
+        claim = self._fence.settle(item.lead, request, result)
+        _give_claim(item.entry, new_entry, claim)
+        if claim.won:
+            self._seen[new_entry.name] = _held(new_entry)
+            return
+        state = result.state  # what the store holds now
+        ran = state is not None and state != request.expected  # another leader ran it
+        if ran and state is not None and state.identity in (None, request.identity):
+            self._adopt(new_entry, state)
+            return
+        self.adopt_run_state(new_entry, *item.was)
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -817,25 +642,29 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         """Celery's send, only for a run this leader claimed (or, unreserved, while leading)."""
         if advance:
             entry = self.reserve(entry)
-        fence = self._pending.pop(entry.name, None)
-        election = self._election
+        claim = _take_claim(entry)
+        fence = self._fence
+        election = fence.election
         checked = boottime()  # read before the check: the history's rule for an act
-        lead = self._leading()
-        if fence is not None and not fence.won:
+        leading = self._take_lead()  # a term won since the last tick is promoted first
+        if claim is not None and not claim.won:
             log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
             return None
-        if lead is None or election is None or (fence is not None and fence.term != lead[0]):
+        lead = None if leading is None or election is None else fence.may_send(claim)
+        if lead is None or election is None:
             log.warning("beat election: %s: this process does not lead now; not sent", entry.name)
             return None
         headers = dict(entry.options.get("headers") or {})
-        headers.update(self._send_headers(entry))
-        headers["election_term"] = lead[0]
-        if fence is not None:
+        headers.update(self._policy.send_headers(entry))
+        headers["election_term"] = lead.term
+        if claim is not None:
             # The task can see which run it is (self.request.election_run), e.g. to
             # deduplicate or fence its own writes.
-            headers["election_run"] = fence.run
+            headers["election_run"] = claim.run
         original = entry.options
         entry.options = {**original, "headers": headers}
+        if self._router is not None and "router" not in original:
+            entry.options["router"] = self._router  # send_task(router=...): see _BurstRouter
         sent = metrics.key(metrics.BEAT, election.namespace, str(entry.name), "sent")
         try:
             result = super().apply_async(entry, producer, advance=False, **kwargs)  # type: ignore[misc]
@@ -844,26 +673,102 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             raise
         else:
             metrics.count(sent)
-            self._sent(entry, result, lead[0], None if fence is None else fence.run)
+            self._policy.sent(entry, result, lead.term, None if claim is None else claim.run)
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
             entry.options = original
-        if election.recorder is not None and fence is not None:
+        if election.recorder is not None and claim is not None:
             election.recorder.record("send", mono=checked, ns=election.namespace,
-                                     term=lead[0], entry=entry.name, run=fence.run,
-                                     at=fence.at)  # fmt: skip
+                                     term=lead.term, entry=entry.name, run=claim.run,
+                                     at=claim.at)  # fmt: skip
         return result
 
 
 @dataclass(frozen=True)
-class _Deferred:
-    """A run reserved in a burst, waiting for the burst's batch claim."""
+class _Reserved:
+    """A run reserved under ``lead``: its claim's request (a burst's wait for the batch)."""
 
-    new_entry: Any
-    was: tuple[Any, Any]
-    lead: tuple[int, str]
+    entry: Any  # the entry reserve was given (Celery's tick sends this one)
+    new_entry: Any  # the entry it returned (apply_async(advance=True) sends this one)
+    was: tuple[Any, Any]  # the entry's (last_run_at, total_run_count) before reserve
+    lead: Leadership
     request: RunRequest
+
+
+class _Ticket:
+    """A reserved run's claim, on both entries of the reservation: taken once, by its send.
+
+    Shared so that the entry not sent (Celery keeps one of the two in its schedule)
+    cannot carry the claim to a later, unreserved send of it (a "run now").
+    """
+
+    __slots__ = ("claim",)
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim: Claim | None = claim
+
+
+def _give_claim(entry: Any, new_entry: Any, claim: Claim) -> None:
+    """Put a reserved run's claim on both entries of its reservation."""
+    ticket = _Ticket(claim)
+    setattr(entry, CLAIM_ATTR, ticket)
+    setattr(new_entry, CLAIM_ATTR, ticket)
+
+
+def _take_claim(entry: Any) -> Claim | None:
+    """The claim an entry carries to its send, taken (None: an unreserved send).
+
+    Never pickled into a shelve: ``ScheduleEntry.__reduce__`` names the fields it keeps.
+    """
+    ticket: _Ticket | None = entry.__dict__.pop(CLAIM_ATTR, None)
+    if ticket is None:
+        return None
+    claim, ticket.claim = ticket.claim, None
+    return claim
+
+
+class _BurstRouter:
+    """The app's router, whose queues come bound to the burst's producer channel.
+
+    Celery routes a send to the app's own (unbound) ``Queue`` and asks kombu to declare
+    it; kombu's ``maybe_declare`` then copies the queue and its exchange to bind the copy
+    to the channel, only to find it in the connection's cache of declared entities: a
+    quarter of Celery's publish cost in a burst. Bound once per burst, the queue is
+    declared (if the connection has not declared it yet) at its first send and found in
+    the cache at once after that. The message, the signals' arguments and the routing
+    are the app router's: the bound copy equals the queue it copies. A publish retried
+    after a reconnect finds the copy's channel closed and kombu re-binds it to the new
+    one, as it does with the exchange it declared before the reconnect.
+    """
+
+    def __init__(self, router: Any, producer: Any) -> None:
+        self.router, self.producer = router, producer
+        # keyed by equality (the same declaration: what Celery reads from the queue to
+        # route, and kombu's declared cache is by name alone) and type (a Broadcast)
+        self._bound: dict[tuple[type, Queue], Queue] = {}
+
+    def route(
+        self,
+        options: dict[str, Any],
+        name: str,
+        args: Any = (),
+        kwargs: Any = None,
+        task_type: Any = None,
+    ) -> Any:
+        options = self.router.route(options, name, args, kwargs, task_type)
+        queue = options.get("queue")
+        if isinstance(queue, Queue) and not queue.is_bound:
+            key = (type(queue), queue)
+            bound = self._bound.get(key)
+            if bound is None:
+                try:
+                    bound = queue.bind(self.producer.channel)  # type: ignore[no-untyped-call]
+                except Exception:  # no channel yet: the publish connects (and retries)
+                    return options
+                self._bound[key] = bound
+            options["queue"] = bound
+        return options
 
 
 def _numeric(value: Any) -> bool:
@@ -922,18 +827,12 @@ def runaway_hold(entry: Any, answers: Answers | None = None) -> tuple[float, str
     return None
 
 
-_RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
 _SAME_TIME_US = 1_000_000  # a row within 1 s of the stored run holds it (offsets move)
 
 
 def _held(entry: Any) -> tuple[Any, Any]:
     """The run state an entry holds, as :meth:`LeaderSchedulerMixin._reconcile` compares it."""
     return entry.last_run_at, entry.total_run_count
-
-
-def _has_row(entry: Any) -> bool:
-    """Whether the entry keeps its run state on a row of its own (django-celery-beat)."""
-    return hasattr(getattr(entry, "model", None), "last_run_at")
 
 
 class LeaderScheduler(OperableScheduleMixin, LeaderSchedulerMixin, PersistentScheduler):

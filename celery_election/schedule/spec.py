@@ -1,6 +1,6 @@
 """What a stored schedule entry means: its schedule as a spec (JSON), and its policies.
 
-A spec is plain data, stored as JSON by ``backends/sql_schedule.py``; ``from_spec`` gives
+A spec is plain data, stored as JSON by ``schedule/store.py``; ``from_spec`` gives
 the Celery schedule it stands for (an interval, a crontab in its own time zone, a solar
 event, or one run at a time), ``to_spec`` the spec of a Celery schedule or of an
 operator's text (``parse_schedule``). ``check_spec`` and ``check_policies`` refuse what

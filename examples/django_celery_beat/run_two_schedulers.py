@@ -76,7 +76,7 @@ def serve(until: float) -> None:
     led = False
     while time.time() < until:
         s.tick()
-        led = led or s._election.leadership() is not None
+        led = led or s._fence.leadership() is not None
         time.sleep(0.05)
     print(json.dumps({"led": led, "sent": s.sent, "cwd": os.getcwd()}), flush=True)
     sys.stdin.read()

@@ -39,6 +39,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     """
     while made:
         scheduler = made.pop()
-        election, scheduler._election = scheduler._election, None
+        election, scheduler._fence.election = scheduler._fence.election, None
         if election is not None:
             election.close()

@@ -336,11 +336,11 @@ def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
 ) -> None:
     app = app_for(sql_url)
     a = leading_scheduler(app, tmp_path, "a")
-    assert a._election is not None
-    stale = a._election.leadership()
+    assert a._fence.election is not None
+    stale = a._fence.election.leadership()
     assert stale is not None
     b = make_scheduler(app, tmp_path, "b")
-    assert b._election is not None and b._election.elector is not None
+    assert b._fence.election is not None and b._fence.election.elector is not None
     try:
         _tick_until(a, lambda: len(a.sent) >= 1)
 
@@ -350,16 +350,16 @@ def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
             raise BackendUnavailableError("cut off")
 
         for step in ("elect", "renew", "resign"):
-            setattr(a._election.backend, step, cut)
-        expire(b._election.backend, b._election.namespace)
-        assert b._election.elector.wait_for_leadership(10)
-        a._election.leadership = lambda: stale  # type: ignore[method-assign]
+            setattr(a._fence.election.backend, step, cut)
+        expire(b._fence.election.backend, b._fence.election.namespace)
+        assert b._fence.election.elector.wait_for_leadership(10)
+        a._fence.election.leadership = lambda: stale  # type: ignore[method-assign]
         before = len(a.sent)
         _tick_until(b, lambda: len(b.sent) >= 3, also=a)
         assert len(a.sent) == before, "the stale leader sent a run"
         runs = [run for _, run in a.sent + b.sent]
         assert len(runs) == len(set(runs)), f"a run was sent twice: {runs}"
-        assert a._lost_term == stale[0], "the stale leader did not notice its term ended"
+        assert a._fence.leadership() is None, "the stale leader did not notice its term ended"
     finally:
         b.close()
         a.close()
@@ -371,12 +371,12 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     although the same process kept leading. Now it is retried, and sent exactly once."""
     app = app_for(f"sqlite:///{tmp_path}/election.db")
     s = leading_scheduler(app, tmp_path, "a")
-    assert s._election is not None
-    store = s._election.store
+    assert s._fence.election is not None
+    store = s._fence.election.store
     real = store.claim_run
     failures: list[int] = []
-    assert s._leading() is not None  # promoted: the new entry is recorded (run count 0)
-    recorded = store.load_runs(s._election.namespace)["job"]
+    assert s._take_lead() is not None  # promoted: the new entry is recorded (run count 0)
+    recorded = store.load_runs(s._fence.election.namespace)["job"]
     assert recorded.total_run_count == 0
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> Any:
@@ -412,8 +412,8 @@ def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(
         m.setattr(Celery, "now", lambda self: real_now(self) + hour)
         a = leading_scheduler(app_for("", "fast", conf), tmp_path, "a")
         _tick_until(a, lambda: len(a.sent) >= 2)
-        assert a._offset_us < -3_500_000_000, "the hour was not measured"
-        stored = a._runs["job"].last_run_us
+        assert a._fence.offset_us < -3_500_000_000, "the hour was not measured"
+        stored = a._fence.runs["job"].last_run_us
         a.close()  # resigns
     now_us = datetime.now(timezone.utc).timestamp() * 1_000_000
     assert abs(stored - now_us) < 10_000_000, "a fast host stored its own clock"
@@ -452,7 +452,7 @@ def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
     )
     lazy = LeaderScheduler(app=app, lazy=True, schedule_filename=str(tmp_path / "lazy"))
     assert "election ->" in lazy.info and "namespace='shop-beat'" in lazy.info
-    assert lazy._election is None  # the banner's lazy scheduler starts nothing
+    assert lazy._fence.election is None  # the banner's lazy scheduler starts nothing
     s = make_scheduler(app, tmp_path, "s")
     try:
         assert s.wait_for_leadership(10)
@@ -468,8 +468,8 @@ def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
         for task in ("x.one", "x.two"):
             runs = [r for n, r in s.sent if n == task]
             assert len(runs) == len(set(runs)), f"{task} sent twice"
-        assert s._election is not None
-        stored = s._election.store.load_runs("shop-beat")
+        assert s._fence.election is not None
+        stored = s._fence.election.store.load_runs("shop-beat")
         assert {"one", "two"} <= set(stored)
     finally:
         s.close()

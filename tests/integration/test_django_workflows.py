@@ -45,6 +45,7 @@ from celery.beat import PersistentScheduler  # noqa: E402
 from celery.schedules import crontab  # noqa: E402
 
 from celery_election.beat import LeaderScheduler, LeaderSchedulerMixin  # noqa: E402
+from celery_election.beat.fence import BeatFence, scheduler_app  # noqa: E402
 
 from ..conftest import expire, unique_prefix, url_for  # noqa: E402
 from ..support.django_settings import configure  # noqa: E402
@@ -87,13 +88,17 @@ class _Records:
         self.sent.append((name.removeprefix("t."), round(at, 3)))
 
 
-class _PinnedOffset:
+class _PinnedFence(BeatFence):
     """The fake clock is every host's and the database's: no offset to measure."""
 
-    _offset_us: int
+    def measure_offset(self) -> None:
+        pass  # the offset stays 0
 
-    def _measure_offset(self) -> None:
-        self._offset_us = 0
+
+class _PinnedOffset:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        fence = _PinnedFence(scheduler_app(args, kwargs))
+        super().__init__(*args, fence=fence, **kwargs)  # type: ignore[call-arg]
 
 
 class StockDatabase(_Records, DatabaseScheduler):
@@ -448,9 +453,7 @@ class World:
         once in a clean-clone run). The scenarios mean one leader at every fake instant.
         """
         deadline = time.monotonic() + timeout
-        while not any(
-            s._election is not None and s._election.leadership() is not None for s in self.live
-        ):
+        while not any(s._fence.leadership() is not None for s in self.live):
             assert time.monotonic() < deadline, "no beat leads"
             time.sleep(0.01)
 
@@ -460,7 +463,7 @@ class World:
             self.live.remove(s)
             s.close()
         elif how == "demote":  # the elector is gone; the process ticks and syncs on
-            election = s._election
+            election = s._fence.election
             assert election is not None and election.elector is not None
             election.elector.stop()
         elif how == "kill":  # no sync, no resign: the lease runs out
@@ -468,12 +471,12 @@ class World:
             if hasattr(s, "_finalize"):
                 s._finalize.cancel()
             if self.leader:
-                election = s._election
+                election = s._fence.election
                 backend = election.backend
                 backend.resign = lambda *a, **k: False  # type: ignore[method-assign]
                 election.elector.stop()
                 expire(backend, election.namespace)
-                s._election = None
+                s._fence.election = None
                 election.close()
             else:
                 s._store = None  # PersistentScheduler: nothing written at exit either

@@ -457,12 +457,44 @@ def test_a_large_schedule_is_compared_again_less_often(
     assert len(compared) == 2
 
 
+def test_the_safety_comparison_waits_for_the_end_of_a_burst(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick that sent a full batch is followed by another at once: the comparison every
+    second waits until the burst is over (at most _RECHECK_BURST s), then runs again."""
+    from celery_election.beat import scheduler as scheduler_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler_module, "boottime", lambda: clock[0])
+    monkeypatch.setattr(scheduler_module, "BURST", 2)
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
+    s = leader(app, started)
+    compared: list[float] = []
+    stock = Scheduler.schedules_equal
+
+    def counting(self: Any, old: Any, new: Any) -> bool:
+        compared.append(clock[0])
+        return bool(stock(self, old, new))
+
+    monkeypatch.setattr(Scheduler, "schedules_equal", counting)
+    assert s.tick() == 0  # the heap is built; a full batch of 2 went out
+    for _ in range(2):  # the burst goes on, seconds apart: not compared
+        clock[0] += 2.0
+        s.tick()
+    assert len(s.sent) == 5 and compared == []  # the last batch (1) ended the burst
+    clock[0] += 2.0
+    s.tick()
+    assert len(compared) == 1  # the safety net again
+
+
 def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
     """The history's due time: a burst's entries share their crontab and ran within one
     minute, so one answer serves them all; a crontab in another zone (its __eq__ leaves
     the zone out) or with other fields, a last run in another minute, or a subclass is
     asked itself."""
     from celery_election.beat import LeaderScheduler
+    from celery_election.beat.fence import BeatFence
+    from celery_election.beat.ops import ScheduleOps
 
     asked: list[Any] = []
 
@@ -472,8 +504,7 @@ def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
             return super().remaining_estimate(last)  # type: ignore[no-any-return]
 
     app = make_app({})
-    s = LeaderScheduler.__new__(LeaderScheduler)
-    s.app, s._answers, s._offset_us = app, {}, 0
+    s = ScheduleOps(BeatFence(app), dict, LeaderScheduler.Entry)  # offset 0: not measured
     now = datetime.now(timezone.utc)  # Celery's schedules read the real clock
     last = (now - timedelta(minutes=2)).replace(second=0, microsecond=0)
     run = round(last.timestamp() * 1_000_000)
@@ -493,3 +524,47 @@ def test_due_times_are_asked_once_per_tick_for_equal_crontabs() -> None:
     for c in custom:
         s._due_after(c, run, now)
     assert asked == custom
+
+
+class Headed(Recording):
+    """Records each send's headers too."""
+
+    headers: list[dict[str, Any]]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.sent.append(name)
+        self.headers.append(dict(kwargs.get("headers") or {}))
+
+
+def test_a_reserved_run_carries_its_claim_to_one_send(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """The claim travels on the entries of its reservation: Celery's tick sends the entry
+    reserve was given, ``apply_async(advance=True)`` the one it returned. Whichever is
+    sent takes it, for both: the other, sent later unreserved (a "run now"), goes out
+    as an unreserved send, not as the claimed run again. It never reaches a shelve."""
+    import pickle
+
+    from celery_election.beat.scheduler import CLAIM_ATTR
+
+    s = Headed(app=make_app({"job": {"task": "t.job", "schedule": IsDueOnly()}}))
+    started.append(s)
+    s.sent, s.headers = [], []
+    assert s.wait_for_leadership(5)
+    entry = s.schedule["job"]
+    new = s.reserve(entry)
+    assert getattr(entry, CLAIM_ATTR) is getattr(new, CLAIM_ATTR)
+    assert CLAIM_ATTR not in vars(pickle.loads(pickle.dumps(new)))
+    s.apply_async(entry, advance=False)  # as Celery's tick sends it
+    assert CLAIM_ATTR not in vars(entry)
+    assert "election_run" in s.headers[-1]
+    s.apply_async(new, advance=False)  # the twin, unreserved: no run of its own
+    assert len(s.sent) == 2 and "election_run" not in s.headers[-1]
+    assert "election_term" in s.headers[-1]
+    newer = s.reserve(new)  # a twin that kept an attribute is reserved again (next())
+    s.apply_async(newer, advance=False)
+    assert s.headers[-1]["election_run"] != s.headers[0]["election_run"]
+    s.apply_async(s.schedule["job"])  # advance=True: the entry reserve returns is sent
+    assert len(s.sent) == 4 and "election_run" in s.headers[-1]
+    runs = [h["election_run"] for h in s.headers if "election_run" in h]
+    assert len(runs) == len(set(runs)) == 3

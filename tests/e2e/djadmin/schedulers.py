@@ -33,7 +33,7 @@ class _Recording:
 
     def tick(self, *args: Any, **kwargs: Any) -> Any:
         result = super().tick(*args, **kwargs)  # type: ignore[misc]
-        leading_fn = getattr(self, "_leading", None)
+        leading_fn = getattr(self, "_take_lead", None)
         leading = True if leading_fn is None else leading_fn() is not None
         if leading != self._was_leading:
             record("leading" if leading else "following")

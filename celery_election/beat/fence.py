@@ -1,0 +1,340 @@
+"""The beat's fence: the shared run state a leading scheduler claims each run in.
+
+``LeaderSchedulerMixin`` (scheduler.py) keeps what concerns Celery's entries: it matches
+them with the shared state, reserves, settles and sends them. What it needs from the
+election and its database it asks of a :class:`BeatFence`:
+
+* :meth:`~BeatFence.leadership`: who leads now, a read of memory (no I/O);
+* :meth:`~BeatFence.promote`: a newly won term loads the shared run state and measures
+  the database clock (I/O);
+* :meth:`~BeatFence.claim`, :meth:`~BeatFence.claim_many`, :meth:`~BeatFence.store_states`:
+  the compare-and-set of a run under the term, in one statement that locks the lease row
+  (docs/design.md, rule 6), retried while this process still trusts its term; the fence
+  keeps what the store then holds;
+* :meth:`~BeatFence.settle`: a reserved run's claim as its send will check it (a
+  :class:`Claim`); :meth:`~BeatFence.may_send`: that check.
+
+Times in the shared state are on the database's clock: :meth:`~BeatFence.to_db` and
+:meth:`~BeatFence.from_db` convert at the boundary with the offset measured at each
+promotion and every minute, so a beat host with a wrong clock neither stalls nor repeats
+the schedule.
+
+``Leadership`` (term, token) is what :class:`~.election.BeatElection` answers; it is
+defined there (the election imports nothing of the fence) and named here with the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .. import metrics
+from ..backends.base import RunClaim, RunRequest, RunState
+from ..clock import boottime
+from ..errors import ElectionError
+from .election import BeatElection, Leadership
+
+__all__ = ["NOT_LEADING", "BeatFence", "Claim", "Leadership", "scheduler_app"]
+
+log = logging.getLogger("celery_election.beat")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+_OFFSET_EVERY = 60.0  # seconds between two readings of the database clock (leader only)
+RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A reserved run: sent only if ``won`` and its term still leads when sending."""
+
+    won: bool
+    term: int
+    run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
+    at: int  # its own last_run_at, as stored (database clock, epoch us)
+
+
+#: The claim of a run reserved while this process did not lead: never sent.
+NOT_LEADING = Claim(False, 0, 0, 0)
+
+
+def scheduler_app(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The app among a Celery scheduler's constructor arguments (its first)."""
+    return kwargs["app"] if "app" in kwargs else args[0]
+
+
+class BeatFence:
+    """The shared run state of one beat scheduler: its election, claims and clock."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.election: BeatElection | None = None  # started on first need (elect)
+        self.runs: dict[str, RunState] = {}  # the shared state as this leader knows it
+        self._loaded_term: int | None = None  # the term whose shared state was loaded
+        self._lost_term: int | None = None  # a term a claim found over in the database
+        self._offset_us = 0  # database clock - this host's clock
+        self._next_offset = 0.0
+
+    # -- the election -----------------------------------------------------------------------
+
+    def elect(self) -> BeatElection:
+        """The scheduler's election, started on first need (a lazy scheduler's too)."""
+        if self.election is None:
+            self.election = BeatElection(self.app)
+            log.info("beat election: %s", self.election.describe())
+        return self.election
+
+    def close(self) -> None:
+        """Stop the election (it resigns); idempotent."""
+        election, self.election = self.election, None
+        if election is not None:
+            election.close()
+
+    @property
+    def namespace(self) -> str:
+        return self.election.namespace if self.election is not None else "?"
+
+    # -- leadership -------------------------------------------------------------------------
+
+    def leadership(self) -> Leadership | None:
+        """Who leads now: this process's term and token, or None. No I/O.
+
+        None also in a term a claim found over in the database (:meth:`settle`).
+        """
+        election = self.election
+        lead = election.leadership() if election is not None else None
+        if lead is None or lead.term == self._lost_term:
+            return None
+        return lead
+
+    @property
+    def loaded_term(self) -> int | None:
+        """The term whose shared state this process loaded (None: none since it last led)."""
+        return self._loaded_term
+
+    def demote(self) -> None:
+        """Not leading: a term won later (even this one again) loads the state again."""
+        self._loaded_term = None
+
+    def promote(self, lead: Leadership) -> bool:
+        """Newly leading: load the shared run state and measure the database clock.
+
+        False if the state could not be loaded (the next tick tries again).
+        """
+        election = self.election
+        assert election is not None
+        self._next_offset = 0.0
+        self.measure_offset()
+        try:
+            self.runs = election.store.load_runs(election.namespace)
+        except ElectionError as exc:
+            log.error("beat election: cannot load the shared schedule state (%s)", exc)
+            return False  # loaded_term stays unset: try again next tick
+        self._loaded_term = lead.term
+        return True
+
+    def may_send(self, claim: Claim | None) -> Leadership | None:
+        """The leadership a send goes out under, or None: not sent.
+
+        A reserved run (``claim``) only if its claim won and its term still leads; an
+        unreserved send (None) while this process leads in a term whose state it loaded.
+        """
+        lead = self.leadership()
+        if lead is None or lead.term != self._loaded_term:
+            return None
+        if claim is not None and (not claim.won or claim.term != lead.term):
+            return None
+        return lead
+
+    # -- claims -----------------------------------------------------------------------------
+
+    def claim(self, lead: Leadership, request: RunRequest) -> RunClaim:
+        """Claim one run, retrying a failed call while trusted (up to a renew interval).
+
+        A claim that raised may have committed: a retry that finds exactly the state it
+        tried to write, under its own term, counts it as its own. Without the retry, a
+        database blip at a run's due time lost that run although this process went on
+        leading (the chaos runs found it).
+        """
+        election = self.election
+        assert election is not None
+        name, expected, at = request.entry_name, request.expected, request.last_run_us
+        count, identity = int(request.total_run_count or 0), request.identity or ""
+        deadline = boottime() + election.settings.config.renew_interval
+        delay = 0.05
+        retried = False
+        while True:
+            try:
+                claim = election.store.claim_run(
+                    election.namespace, lead.token, lead.term, name, expected, at,
+                    total_run_count=count, identity=identity,
+                )  # fmt: skip
+            except ElectionError as exc:
+                if boottime() + delay > deadline or election.leadership() != lead:
+                    log.error("beat election: could not claim %s (%s); not sent", name, exc)
+                    return self._kept(name, RunClaim(False, expected, True))
+                log.warning("beat election: claim of %s failed (%s); retrying", name, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                retried = True
+                continue
+            mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
+                lead.term,
+                at,
+            )
+            if retried and not claim.won and mine:
+                return self._kept(name, RunClaim(True, claim.state, True))
+            return self._kept(name, claim)
+
+    def claim_many(self, lead: Leadership, requests: list[RunRequest]) -> list[RunClaim]:
+        """:meth:`claim` for a batch: one ``claim_runs``, retried as a whole the same way."""
+        election = self.election
+        assert election is not None
+        if len(requests) == 1:
+            return [self.claim(lead, requests[0])]
+        deadline = boottime() + election.settings.config.renew_interval
+        delay = 0.05
+        retried = False
+        while True:
+            try:
+                claims = election.store.claim_runs(
+                    election.namespace, lead.token, lead.term, requests
+                )
+            except ElectionError as exc:
+                if boottime() + delay > deadline or election.leadership() != lead:
+                    log.error("beat election: could not claim %d runs (%s); not sent",
+                              len(requests), exc)  # fmt: skip
+                    claims = [RunClaim(False, r.expected, True) for r in requests]
+                    break
+                log.warning("beat election: claim of %d runs failed (%s); retrying",
+                            len(requests), exc)  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                retried = True
+                continue
+            if not retried:
+                break
+            out = []
+            for r, claim in zip(requests, claims, strict=True):
+                mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
+                    lead.term,
+                    r.last_run_us,
+                )
+                out.append(RunClaim(True, claim.state, True) if not claim.won and mine else claim)
+            claims = out
+            break
+        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
+
+    def _kept(self, name: str, claim: RunClaim) -> RunClaim:
+        """Keep what the store holds after a claim (won or refused) as the shared state."""
+        if claim.state is not None:
+            self.runs[name] = claim.state
+        return claim
+
+    def store_states(self, lead: Leadership, requests: list[RunRequest]) -> None:
+        """Claim ``requests`` in batches and keep what the store then holds for each.
+
+        A new leader of 10,000 entries made 10,000 single claims (40 s) before its first
+        send; a name twice (not from one dict) is claimed on its own.
+        """
+        batch: list[RunRequest] = []
+        alone: list[RunRequest] = []
+        names: set[str] = set()
+        for r in requests:
+            (alone if r.entry_name in names else batch).append(r)
+            names.add(r.entry_name)
+        if batch:
+            self.claim_many(lead, batch)
+        for r in alone:
+            self.claim(lead, r)
+
+    def retire_absent(self, lead: Leadership, live: Collection[str]) -> None:
+        """Retire stored entries whose names are not ``live`` (a deploy removed them).
+
+        As PersistentScheduler drops them from its shelve: a name reused later starts
+        fresh instead of inheriting the old entry's last run.
+        """
+        requests = [
+            RunRequest(name, state, state.last_run_us, state.total_run_count, RETIRED)
+            for name, state in list(self.runs.items())
+            if name not in live and state.identity != RETIRED
+        ]
+        if requests:
+            self.store_states(lead, requests)
+
+    def settle(self, lead: Leadership, request: RunRequest, result: RunClaim) -> Claim:
+        """A reserved run's claim as its send will check it.
+
+        A claim refused because the term is over in the database ends this process's
+        acting in that term (:meth:`leadership` answers None for it from now on).
+        """
+        name = request.entry_name
+        expected = request.expected
+        if result.won:
+            metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "claimed"))
+        else:
+            if not result.leading:
+                log.warning(
+                    "beat election: namespace=%s term=%s is over in the database; %s not sent",
+                    self.namespace,
+                    lead.term,
+                    name,
+                )
+                self._lost_term = lead.term
+            state = result.state
+            if state is not None and state != expected:
+                log.info("beat election: %s already ran (term %s); not sent", name, state.term)
+                metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "refused"))
+        run = 0 if expected is None else expected.last_run_us
+        return Claim(result.won, lead.term, run, request.last_run_us)
+
+    # -- the clock --------------------------------------------------------------------------
+
+    def measure_offset(self) -> None:
+        """Read the database clock against this host's (one statement, leader only).
+
+        The shared state holds times every beat must agree on. With host clocks a beat
+        whose clock was an hour fast stored runs an hour ahead, and the next leader then
+        waited an hour (the chaos runs skew one process's clock). The offset is good to
+        half a round trip; it is measured at each promotion and every minute.
+        """
+        election = self.election
+        if election is None or boottime() < self._next_offset:
+            return
+        self._next_offset = boottime() + _OFFSET_EVERY
+        try:
+            before = self.app.now().timestamp()  # the clock Celery's entries are read on
+            lease = election.backend.current(election.namespace)
+            after = self.app.now().timestamp()
+        except ElectionError as exc:
+            log.warning("beat election: could not read the database clock (%s)", exc)
+            return
+        if lease is not None:
+            offset = lease.db_now_us - round((before + after) / 2 * 1_000_000)
+            if abs(offset) > 1_000_000:
+                log.warning("beat election: this host's clock is %+.3fs off the database's; "
+                            "the shared state follows the database", -offset / 1e6)  # fmt: skip
+            self._offset_us = offset
+
+    @property
+    def offset_us(self) -> int:
+        """The database clock minus this host's, in microseconds, as last measured."""
+        return self._offset_us
+
+    def to_db(self, when: datetime) -> int:
+        """A host-clock time as stored: database-clock epoch microseconds."""
+        aware = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        return (aware - EPOCH) // _US + self._offset_us
+
+    def from_db(self, us: int, like: Any) -> datetime:
+        """A stored time on this host's clock, shaped like ``like`` (naive stays naive UTC)."""
+        when = EPOCH + _US * (us - self._offset_us)
+        if isinstance(like, datetime) and like.tzinfo is None:
+            return when.replace(tzinfo=None)
+        if isinstance(like, datetime):
+            return when.astimezone(like.tzinfo)
+        return when.astimezone(self.app.timezone)

@@ -1,0 +1,224 @@
+"""A burst's sends are the messages stock beat sends, through kombu's memory transport.
+
+The leader sends a burst through the app's router with its queues bound once to the
+burst's producer channel (``_BurstRouter``). What users rely on must not change: the
+message (headers, properties, body), where it is routed (``task_routes``, the entry's
+queue, routing key, priority, expires, headers) and the publish signals, one pair per
+message. Each test sends the same entries with Celery's plain ``Scheduler.apply_async``
+and with the leader's burst, and compares what the broker holds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.beat import Scheduler
+from celery.schedules import BaseSchedule, schedstate
+from celery.signals import after_task_publish, before_task_publish
+from kombu import Exchange, Queue
+
+from celery_election import process as process_module
+from celery_election.backends import MemoryBackend
+from celery_election.beat import LeaderSchedulerMixin
+from celery_election.beat import scheduler as scheduler_module
+
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+#: Headers the fenced send adds (the task reads them as self.request.election_*).
+FENCE_HEADERS = {"election_term", "election_run"}
+
+
+class Due(BaseSchedule):  # type: ignore[misc]
+    """Due at every tick: every entry of the schedule is in one burst."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        return schedstate(True, 3600.0)
+
+
+class Leading(LeaderSchedulerMixin, Scheduler):
+    """The mixin over Celery's plain Scheduler, sending for real."""
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
+    backend = MemoryBackend()
+    monkeypatch.setattr(process_module, "backend_from_url", lambda url, **kw: backend)
+    return backend
+
+
+def registered(x: int) -> int:
+    """A task this app knows: beat sends it through ``Task.apply_async``."""
+    return x
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """Queues of each kind, a route, and entries with each routing option."""
+    vhost = uuid.uuid4().hex[:8]  # the memory transport's state is per virtual host
+    app = Celery(f"t{vhost}", broker=f"memory://localhost/{vhost}", set_as_current=False)
+    topic = Exchange("ex.topic", type="topic")
+    app.conf.update(
+        election_url="memory://",
+        election_ttl=2.0,
+        task_default_queue="q.default",
+        task_queues=[
+            Queue("q.default"),
+            Queue("q.routed"),
+            Queue("q.other", max_priority=10),
+            Queue("q.topic", topic, routing_key="topic.#"),
+        ],
+        task_routes={"t.routed": {"queue": "q.routed"}},
+        beat_schedule={
+            name: {"task": name, "schedule": Due(), **extra}
+            for name, extra in {
+                "t.plain": {},
+                "t.routed": {},
+                "t.queue": {"options": {"queue": "q.other", "priority": 7}},
+                "t.topic": {"options": {"queue": "q.topic", "routing_key": "topic.key"}},
+                "t.expires": {"options": {"expires": 120}},
+                "t.headers": {"options": {"headers": {"x-custom": "yes"}}},
+                "t.args": {"args": (1, "two"), "kwargs": {"three": 3.0}},
+                "t.registered": {"args": (4,)},
+            }.items()
+        },
+    )
+    app.task(name="t.registered", shared=False)(registered)
+    app.now = lambda: NOW  # type: ignore[method-assign]  # the same expiry in both sends
+    yield app
+
+
+def drain(app: Celery) -> dict[str, dict[str, Any]]:
+    """Every message the broker holds, by task name: where it went and what it is."""
+    out: dict[str, dict[str, Any]] = {}
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for name in app.amqp.queues:
+            while (message := channel.basic_get(name, no_ack=True)) is not None:
+                headers = dict(message.headers)
+                properties = dict(message.properties)
+                task_id = headers.pop("id")
+                properties.pop("delivery_tag")  # the transport's own, per message
+                assert headers.pop("root_id") == properties.pop("correlation_id") == task_id
+                fence = {k: headers.pop(k) for k in FENCE_HEADERS if k in headers}
+                info = message.delivery_info
+                out[headers["task"]] = {
+                    "queue": name,
+                    "exchange": info["exchange"],
+                    "routing_key": info["routing_key"],
+                    "headers": headers,
+                    "properties": properties,
+                    "body": message.body,
+                    "content": (message.content_type, message.content_encoding),
+                    "fence": fence,
+                }
+    return out
+
+
+@pytest.fixture
+def signals() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Each publish signal as it fired: (which, its keyword arguments)."""
+    fired: list[tuple[str, dict[str, Any]]] = []
+
+    def before(**kw: Any) -> None:
+        fired.append(("before", kw))
+
+    def after(**kw: Any) -> None:
+        fired.append(("after", kw))
+
+    before_task_publish.connect(before, weak=False)
+    after_task_publish.connect(after, weak=False)
+    yield fired
+    before_task_publish.disconnect(before)
+    after_task_publish.disconnect(after)
+
+
+def by_task(fired: list[tuple[str, dict[str, Any]]], which: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for kind, kw in fired:
+        if kind == which:
+            out[kw["headers"]["task"]] = {
+                "exchange": kw["exchange"],
+                "routing_key": kw["routing_key"],
+                "declare": kw.get("declare"),
+            }
+    return out
+
+
+def test_a_burst_sends_what_stock_sends(
+    app: Celery,
+    shared: MemoryBackend,
+    signals: list[tuple[str, dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = sorted(app.conf.beat_schedule)
+    stock = Scheduler(app=app)
+    try:
+        for entry in stock.schedule.values():
+            if entry.name in entries:
+                stock.apply_async(entry, producer=stock.producer)
+    finally:
+        stock.close()
+    sent_stock = drain(app)
+    fired_stock, signals[:] = list(signals), []
+    assert sorted(sent_stock) == entries
+
+    binds: list[Any] = []
+    bind = Queue.bind
+
+    def counting(self: Queue, channel: Any) -> Queue:
+        binds.append(self.name)
+        return bind(self, channel)  # type: ignore[no-any-return]
+
+    s = Leading(app=app)
+    try:
+        assert s.wait_for_leadership(5)
+        monkeypatch.setattr(Queue, "bind", counting)
+        assert s.tick() == 0  # every entry is due: one burst
+        assert s._router is None  # the burst's router lives as long as its sends
+    finally:
+        s.close()
+    sent_burst = drain(app)
+
+    assert sorted(sent_burst) == entries
+    for name in entries:
+        stock_msg, burst_msg = sent_stock[name], sent_burst[name]
+        assert burst_msg["fence"].keys() == FENCE_HEADERS
+        assert stock_msg["fence"] == {}
+        del stock_msg["fence"], burst_msg["fence"]
+        assert burst_msg == stock_msg, name
+    assert sent_burst["t.queue"]["properties"]["priority"] == 7
+    assert sent_burst["t.topic"]["routing_key"] == "topic.key"
+    assert sent_burst["t.headers"]["headers"]["x-custom"] == "yes"
+    assert sent_burst["t.expires"]["headers"]["expires"] is not None
+    assert sent_burst["t.plain"]["headers"]["celery_beat_task"] is True
+    # one pair of publish signals per message, with stock's routing and declarations
+    assert [k for k, _ in signals] == ["before", "after"] * len(entries)
+    for which in ("before", "after"):
+        assert by_task(signals, which) == by_task(fired_stock, which)
+    # each queue bound once for the burst, not once per send (stock: kombu copies it)
+    assert binds and sorted(binds) == sorted(set(binds))
+
+
+def test_a_queue_the_router_builds_per_send_is_bound_once_per_equal_queue(
+    app: Celery, shared: MemoryBackend
+) -> None:
+    """A router function may build a new Queue for each send: equal queues share the
+    bound copy (the same declaration), a queue of another name gets its own."""
+
+    def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> Any:
+        return {"queue": Queue("q.built" if name != "t.plain" else "q.plain")}
+
+    app.conf.task_routes = (route,)
+    s = Leading(app=app)
+    try:
+        assert s.wait_for_leadership(5)
+        router = scheduler_module._BurstRouter(app.amqp.Router(), s.producer)
+        queues = [router.route({}, name)["queue"] for name in ("t.a", "t.b", "t.plain")]
+    finally:
+        s.close()
+    assert queues[0] is queues[1] and queues[0].is_bound
+    assert queues[2].name == "q.plain" and queues[2] is not queues[0]
