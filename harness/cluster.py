@@ -26,7 +26,7 @@ from celery_election.lease import Lease
 from harness.e2e_tables import e2e_tables
 from harness.processes import Proc, stop_all
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
