@@ -152,7 +152,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._schedule_version = 0  # changes made through the scheduler's own methods
         self._equal: tuple[Any, Any, int, int] | None = None  # (old, new, len, version)
         self._equal_until = 0.0
-        self._held: dict[str, Any] = {}  # entry name -> the last run its held send followed
+        self._warned: dict[str, Any] = {}  # entry name -> the last run its runaway was logged for
         self._recording: list[RunRequest] | None = None  # a promotion's records, batched
         self._answers: Answers = {}  # crontab answers shared by a burst (shared_answer)
         self._router: _BurstRouter | None = None  # the burst's router (_send_burst)
@@ -440,7 +440,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             self._recording = []  # new entries' records, claimed together below
         try:
             for name, entry in list(self.schedule.items()):
-                if self._seen.get(name) != _held(entry):
+                if self._seen.get(name) != _state_of(entry):
                     changed = self._match(entry, promoting) or changed
         finally:
             recording, self._recording = self._recording, None
@@ -471,7 +471,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                 log.info("beat election: %s was edited (last_run_at %s, run count %s); "
                          "the edit wins over the shared state", name, entry.last_run_at,
                          entry.total_run_count)  # fmt: skip
-                self._seen[name] = _held(entry)
+                self._seen[name] = _state_of(entry)
                 return False
             self._adopt(entry, state)
             return True
@@ -481,7 +481,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                 entry.last_run_at = entry.default_now()
             self._record(promoting, entry, state, identity)
             changed = True
-        self._seen[name] = _held(entry)
+        self._seen[name] = _state_of(entry)
         return changed
 
     def run_state_identity(self, entry: Any) -> str:
@@ -554,7 +554,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         when = self._fence.from_db(state.last_run_us, entry.last_run_at or entry.default_now())
         row = (entry.last_run_at, entry.total_run_count)
         self.adopt_run_state(entry, when, state.total_run_count)
-        self._seen[entry.name] = _held(entry)
+        self._seen[entry.name] = _state_of(entry)
         dirty = getattr(self, "_dirty", None)
         if has_row(entry) and isinstance(dirty, set) and row != (when, state.total_run_count):
             dirty.add(entry.name)  # the row lags: the next sync writes the adopted state
@@ -576,9 +576,9 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         if hold is None:
             return state
         wait, why = hold
-        again = self._held.get(entry.name) == entry.last_run_at
+        again = self._warned.get(entry.name) == entry.last_run_at
         level = logging.DEBUG if again else logging.WARNING
-        self._held[entry.name] = entry.last_run_at
+        self._warned[entry.name] = entry.last_run_at
         log.log(level, "beat election: %s not sent: its schedule %r answered due (next in %ss), "
                 "but %s; held %.3fs (runaway guard)", entry.name, entry.schedule, answer, why,
                 wait)  # fmt: skip
@@ -627,7 +627,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         claim = self._fence.settle(item.lead, request, result)
         _give_claim(item.entry, new_entry, claim)
         if claim.won:
-            self._seen[new_entry.name] = _held(new_entry)
+            self._seen[new_entry.name] = _state_of(new_entry)
             return
         state = result.state  # what the store holds now
         ran = state is not None and state != request.expected  # another leader ran it
@@ -830,7 +830,7 @@ def runaway_hold(entry: Any, answers: Answers | None = None) -> tuple[float, str
 _SAME_TIME_US = 1_000_000  # a row within 1 s of the stored run holds it (offsets move)
 
 
-def _held(entry: Any) -> tuple[Any, Any]:
+def _state_of(entry: Any) -> tuple[Any, Any]:
     """The run state an entry holds, as :meth:`LeaderSchedulerMixin._reconcile` compares it."""
     return entry.last_run_at, entry.total_run_count
 
