@@ -185,7 +185,12 @@ class Demo:
         self.procs[first].wait()
         second = self.wait("a new leader", lambda: self.leader(other_than=first), self.ttl + 30)
         # the workers record their events with this host's clock, as we read ``killed``
-        won = [r[5] for r in self.rows("elected") if r[1].startswith(f"{second}@")]
+        # (from their dispatcher threads: the lease can show the new leader first)
+        won = self.wait(
+            "the new leader's record",
+            lambda: [r[5] for r in self.rows("elected") if r[1].startswith(f"{second}@")],
+            10,
+        )
         crash = None
         if won:
             crash = won[-1] - killed
@@ -198,10 +203,18 @@ class Demo:
         self.faults.append(time.time())
         self.procs[second].send_signal(signal.SIGTERM)
         third = self.wait("the handoff", lambda: self.leader(other_than=second), 30)
-        revoked = [r for r in self.rows("revoked") if r[1].startswith(f"{second}@")]
-        elected = [r for r in self.rows("elected") if r[1].startswith(f"{third}@")]
+
+        def recorded() -> tuple[list[Any], list[Any]] | None:
+            # each worker records its own event from its dispatcher thread: the new
+            # leader can be seen in the lease before either line is written
+            revoked = [r for r in self.rows("revoked") if r[1].startswith(f"{second}@")]
+            elected = [r for r in self.rows("elected") if r[1].startswith(f"{third}@")]
+            return (revoked, elected) if revoked and elected else None
+
+        records = self.wait("the handoff's records", recorded, 10)
         handoff = None
-        if revoked and elected:
+        if records:
+            revoked, elected = records
             handoff = elected[-1][5] - revoked[-1][5]
             print(f"  -> {third} took over {handoff * 1000:.0f} ms after {second} stepped down")
         self.ticks(4)

@@ -48,7 +48,14 @@ class ProcessElection:
             self.server = metrics.bind(port, probe)
 
     def connect(self, *, listen: bool | None = None) -> Backend:
-        """The backend (``listen=False``: no LISTEN connection), tables created if asked."""
+        """The backend (``listen=False``: no LISTEN connection), tables created if asked.
+
+        The history recorder opens here too: a beat embedded in a worker records its sends
+        though it runs no Elector of its own.
+        """
+        history = self.settings.history_file
+        if history and self.recorder is None:
+            self.recorder = Recorder(history, role=self.role)
         self.backend = backend_from_url(
             self.settings.url, **self.settings.backend_options(listen=listen)
         )
@@ -74,7 +81,7 @@ class ProcessElection:
         on_revoked: Callable[[int, RevokeReason], Any] | None = None,
         on_error: Callable[[BaseException], Any] | None = None,
     ) -> Elector:
-        """The Elector of this process (not started), its history recorded if asked."""
+        """The Elector of this process (not started), its changes recorded if asked."""
         assert self.backend is not None, "connect() first"
         self.elector = Elector(
             self.backend,
@@ -85,9 +92,7 @@ class ProcessElection:
             on_revoked=on_revoked,
             on_error=on_error,
         )
-        history = self.settings.history_file
-        if history:
-            self.recorder = Recorder(history, role=self.role)
+        if self.recorder is not None:
             self.recorder.attach(self.elector)
         return self.elector
 
