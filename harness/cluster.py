@@ -107,10 +107,14 @@ class Cluster:
     def start(
         self, name: str, *args: str, election: bool = True, pool: str = "prefork", c: int = 2
     ) -> None:
-        """A worker (``--election`` unless told otherwise)."""
+        """A worker (``--election`` unless told otherwise).
+
+        Its node name is ``<name>@<host>.<namespace>``: two test runs on one broker would
+        otherwise both start ``w1@host`` and fight over its exclusive pidbox queue.
+        """
         self._spawn(name, [
             "worker", *(["--election"] if election else []),
-            "-c", str(c), "-P", pool, "-n", f"{name}@%h",
+            "-c", str(c), "-P", pool, "-n", f"{name}@%h.{self.namespace}",
             "-Q", f"q.{self.namespace},{self.own_queue(name)}",
             "--without-gossip", "--without-mingle", "-s", str(self.tmp / f"{name}-schedule"),
             *args,
