@@ -53,12 +53,12 @@ class ProcessElection:
         The history recorder opens here too: a beat embedded in a worker records its sends
         though it runs no Elector of its own.
         """
-        history = self.settings.history_file
-        if history and self.recorder is None:
-            self.recorder = Recorder(history, role=self.role)
         self.backend = backend_from_url(
             self.settings.url, **self.settings.backend_options(listen=listen)
         )
+        history = self.settings.history_file
+        if history and self.recorder is None:
+            self.recorder = Recorder(history, role=self.role)
         if self.settings.auto_install:
             self.install()
         return self.backend
