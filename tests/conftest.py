@@ -225,6 +225,23 @@ def expire_candidates(backend: Any, namespace: str) -> None:
 os.environ.setdefault("HYPOTHESIS_PROFILE", "default")
 
 
+@pytest.fixture(autouse=True)
+def _celery_app_restored() -> Iterator[None]:
+    """Celery's current and default app as they were before the test.
+
+    ``Celery()`` makes itself current unless told otherwise, and shared tasks (every
+    ``@leader_task`` in the test kit's tests) run on the current app: without this, a test
+    that made an app whose result backend is ``db+postgresql://u@pg/db`` handed it to
+    whichever test ran next in that xdist worker (CI saw the kit's ``apply()`` try host pg).
+    """
+    from celery import _state
+
+    current, default = getattr(_state._tls, "current_app", None), _state.default_app
+    yield
+    _state._tls.current_app = current
+    _state.default_app = default
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     """Keep each phase's report on the item, so fixtures can tell that the test failed."""
