@@ -278,7 +278,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         heap = self._heap
         if not heap:
             return float(max_interval)
-        batch: list[tuple[Any, Any]] = []  # (event, next_time_to_run), popped
+        batch: list[tuple[Any, Any, float]] = []  # (event, next_time_to_run, now), popped
         while heap and len(batch) < BURST:
             event = heap[0]
             entry = event[2]
@@ -304,7 +304,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                 if batch or (heap and heap[0][2] is not entry):
                     break
                 return float(min(self.adjust(delay), max_interval))  # type: ignore[attr-defined]
-            batch.append((event, next_time_to_run))
+            batch.append((event, next_time_to_run, now))
         if len(batch) < BURST:
             self._burst_until = 0.0
         elif not self._burst_until:
@@ -312,24 +312,31 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._send_burst(heap, batch)
         return 0.0
 
-    def _send_burst(self, heap: list[Any], batch: list[tuple[Any, Any]]) -> None:
-        """Reserve every entry of ``batch``, claim them together, send, and reheap them."""
+    def _send_burst(self, heap: list[Any], batch: list[tuple[Any, Any, float]]) -> None:
+        """Reserve every entry of ``batch``, claim them together, send, and reheap them.
+
+        An entry goes back on the heap at the time its schedule named when it was asked
+        (``now`` then, plus the answer), as Celery's ``_when`` reckons it: reckoned after
+        the send, as stock does, the time moved later by how long the batch took to send
+        before it, and cost another reading of Celery's (slow) clock per entry.
+        """
         self._deferred = []
         nexts: list[Any] = []
         try:
-            for event, _ in batch:
+            for event, _, _ in batch:
                 nexts.append(self.reserve(event[2]))
         finally:
             deferred, self._deferred = self._deferred, None
-            for event, _ in batch[len(nexts) :]:
+            for event, _, _ in batch[len(nexts) :]:
                 heapq.heappush(heap, event)  # not reserved (reserve raised): as they were
             self._settle_deferred(deferred)
         producer = self.producer  # type: ignore[attr-defined]
         self._router = _BurstRouter(self.app.amqp.router, producer)
         try:
-            for (event, next_time_to_run), next_entry in zip(batch, nexts, strict=False):
+            adjust = self.adjust  # type: ignore[attr-defined]
+            for (event, next_time_to_run, now), next_entry in zip(batch, nexts, strict=False):
                 self.apply_entry(event[2], producer=producer)  # type: ignore[attr-defined]
-                when = self._when(next_entry, next_time_to_run)  # type: ignore[attr-defined]
+                when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
                 heapq.heappush(heap, event_t(when, event[1], next_entry))
         finally:
             self._router = None
