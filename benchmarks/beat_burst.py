@@ -18,8 +18,8 @@ later is the one measured. The beat process itself stamps every publish
 * ``last send``: seconds from the boundary to the last of the N sends (or, if not all N
   went out within ``--window`` seconds, how many did).
 * ``sends/s``: N / last send.
-* ``CPU s``: the beat process's user + system CPU from just before the boundary to the
-  last send (/proc/PID/stat).
+* ``CPU s``: the beat process's user + system CPU, and its publishers', from just before
+  the boundary to the last send (/proc/PID/stat).
 * ``stmt/send``: SQL statements the beat process executed (a SQLAlchemy
   ``before_cursor_execute`` listener on every Engine in that process; BEGIN / COMMIT are
   not statements), from half a second before the boundary (the process writes its count
@@ -82,6 +82,7 @@ APP = textwrap.dedent(
             election_url=E["BURST_URL"],
             election_table_prefix=E["BURST_PREFIX"],
             election_namespace=E["BURST_NS"],
+            election_beat_publishers=int(E.get("BURST_PUBLISHERS") or 0),
         )
 
     STATEMENTS = [0]
@@ -111,8 +112,19 @@ APP = textwrap.dedent(
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    """User + system CPU of ``pid`` and of its children (a leader's publishers)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total = 0.0
+    for p in [pid, *map(int, children)]:
+        with contextlib.suppress(FileNotFoundError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    return total
+
+
+def publishers_of(kind: str) -> int:
+    """``leader-p2``: LeaderScheduler with election_beat_publishers = 2."""
+    return int(kind.split("-p", 1)[1]) if kind.startswith("leader-p") else 0
 
 
 def stamps(path: Path) -> list[tuple[float, int]]:
@@ -151,8 +163,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
         "BURST_OUT": str(out),
     }
     scheduler = "celery.beat:PersistentScheduler"
-    if kind == "leader":
+    leader = kind.startswith("leader")
+    if leader:
         env.update(BURST_URL=args.pg, BURST_PREFIX=prefix, BURST_NS=ns)
+        env.update(BURST_PUBLISHERS=str(publishers_of(kind)))
         scheduler = "celery_election.beat:LeaderScheduler"
     argv = [sys.executable, "-m", "celery", "-A", "burstapp", "beat", "-S", scheduler,
             "-s", str(tmp / f"schedule-{tag}"), "--loglevel", "WARNING"]  # fmt: skip
@@ -168,7 +182,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
                 )
             if kind == "stock" and time.time() - started > 3:
                 break
-            if kind == "leader" and beat_rows(args.pg, prefix) >= n:
+            if leader and beat_rows(args.pg, prefix) >= n:
                 break
             time.sleep(0.5)
         else:
@@ -188,7 +202,9 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
                 break
             time.sleep(0.2)
         cpu1 = cpu_seconds(proc.pid)
-        burst = [s for s in stamps(out) if s[0] >= boundary]
+        # publishers stamp their sends with the count they forked with: read the beat's
+        stmt1 = int(count.read_text() or 0) if count.exists() else 0
+        burst = sorted(s for s in stamps(out) if s[0] >= boundary)
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -196,10 +212,12 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
         if proc.poll() is None:
             proc.kill()
         logfile.close()
-        cleanup(args, queue, prefix if kind == "leader" else None)
+        cleanup(args, queue, prefix if leader else None)
     complete = len(burst) >= n
     last = burst[-1][0] - boundary if burst else None
-    stmts = (burst[-1][1] - stmt0) if burst and kind == "leader" else None
+    stmts = None
+    if burst and leader:
+        stmts = (stmt1 if publishers_of(kind) else burst[-1][1]) - stmt0
     return {
         "kind": kind,
         "entries": n,
@@ -247,6 +265,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         name = (
             "stock PersistentScheduler" if r["kind"] == "stock" else "LeaderScheduler (PostgreSQL)"
         )
+        if publishers_of(r["kind"]):
+            name += f", {publishers_of(r['kind'])} publisher(s)"
         lines.append(f"| {r['entries']:,} | {name} | {r['sent']:,} | {last} | {rate} | "
                      f"{r['cpu_s']:.2f} | {stmt} |")  # fmt: skip
     return "\n".join(lines)
@@ -255,7 +275,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entries", default="1000,10000", help="Comma-separated sizes.")
-    parser.add_argument("--schedulers", default="stock,leader")
+    parser.add_argument("--schedulers", default="stock,leader,leader-p1",
+                        help="stock, leader, leader-pN (election_beat_publishers = N)")  # fmt: skip
     parser.add_argument("--broker", default=AMQP_DEFAULT)
     parser.add_argument("--pg", default=PG_DEFAULT)
     parser.add_argument("--window", type=float, default=55.0,

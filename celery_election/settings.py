@@ -123,6 +123,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("election_leader_queue", "`election-leader.<namespace>`", "the leader-only queue"),
     Setting("election_beat_namespace", "`<namespace>-beat`", "standalone beats' election"),
     Setting(
+        "election_beat_publishers",
+        "`0`",
+        "processes the leading beat forks to publish a burst's sends while it readies the "
+        "next batch (`0`: it sends them itself); for thousands of entries due at once",
+    ),
+    Setting(
         "election_history_file",
         "-",
         "append every trust change, transition and beat send here (JSON lines; "
@@ -213,6 +219,8 @@ class ElectionSettings:
     metrics_port: int | None = None
     #: Days of run history the leading beat keeps (celery_election.schedule).
     schedule_retention: float = 30.0
+    #: Publisher processes a leading beat sends a burst through (beat.publishers), or 0.
+    beat_publishers: int = 0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None
     #: Session state (liveness lock, LISTEN) goes here when ``url`` leads to a pooler.
@@ -297,6 +305,7 @@ class ElectionSettings:
         history_file = read.text("election_history_file")
         metrics_port = read.metrics_port()
         retention = read.retention()
+        publishers = read.count("election_beat_publishers", 0, most=16)
         if read.problems:  # every problem at once
             raise ConfigurationError(read.problems)
         return cls(
@@ -314,6 +323,7 @@ class ElectionSettings:
             history_file=history_file,
             metrics_port=metrics_port,
             schedule_retention=retention,
+            beat_publishers=publishers,
             split=split,
             direct_url=direct_url,
         )
@@ -398,6 +408,15 @@ class _Reader:
             return None
         self.check(_require_metrics_client, None, None)
         return port
+
+    def count(self, name: str, default: int, *, most: int) -> int:
+        value = self.values.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not (0 <= value <= most):
+            self.problems.append(f"{name} must be a whole number from 0 to {most}: got {value!r}")
+            return default
+        return value
 
     def retention(self) -> float:
         days = self.values.get("election_schedule_retention")

@@ -74,14 +74,19 @@ class SharedLeadership:
         self.owner = create
 
     @classmethod
-    def create(cls) -> SharedLeadership:
-        """A new record in /dev/shm (or the temp dir), published in the environment."""
+    def create(cls, *, published: bool = True) -> SharedLeadership:
+        """A new record in /dev/shm (or the temp dir), published in the environment.
+
+        ``published=False``: for forked children alone (a beat's publishers), not the
+        process's record (``current()``) nor that of spawned children.
+        """
         base = shm.directory()
         sweep(base)
         path = os.path.join(base, f"{_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
         record = cls(path, create=True)
         record.write(None, None)
-        os.environ[ENV_VAR] = path
+        if published:
+            os.environ[ENV_VAR] = path
         return record
 
     def write(

@@ -25,6 +25,7 @@ from ..elector import Elector
 from ..history import Recorder
 from ..process import ProcessElection
 from ..settings import ElectionSettings, hide_password
+from ..shared_state import SharedLeadership
 
 __all__ = ["BeatElection", "Leadership", "backend_description"]
 
@@ -41,7 +42,12 @@ class Leadership(NamedTuple):
 class BeatElection:
     """The leadership a scheduler acts on: its own Elector, or the worker's record."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, publishers_record: SharedLeadership | None = None) -> None:
+        """The app's election; ``publishers_record``: where else its trust goes.
+
+        A standalone beat's elector writes its trust there too, for the beat's publisher
+        processes (``beat.publish``).
+        """
         self.record = shared_state.current()
         self.settings = ElectionSettings.from_app(app)
         self.settings.refuse_split()
@@ -66,6 +72,9 @@ class BeatElection:
             beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
             metrics.allow_start(self.namespace, 60.0)
             self.parts.serve(lambda: metrics.health([elector], beats))
+        if publishers_record is not None:
+            record = publishers_record
+            elector.watch_trust(lambda term, until: record.write(term, until, elector.token))
         self.parts.start()
 
     @property

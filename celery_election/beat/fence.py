@@ -36,6 +36,7 @@ from .. import metrics
 from ..backends.base import RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ElectionError
+from ..shared_state import SharedLeadership
 from .election import BeatElection, Leadership
 
 __all__ = ["NOT_LEADING", "BeatFence", "Claim", "Leadership", "scheduler_app"]
@@ -73,6 +74,9 @@ class BeatFence:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.election: BeatElection | None = None  # started on first need (elect)
+        #: A standalone beat's record for its publishers (beat.publish), written by its
+        #: elector; set before the election starts.
+        self.publishers_record: SharedLeadership | None = None
         self.runs: dict[str, RunState] = {}  # the shared state as this leader knows it
         self._loaded_term: int | None = None  # the term whose shared state was loaded
         self._lost_term: int | None = None  # a term a claim found over in the database
@@ -84,7 +88,7 @@ class BeatFence:
     def elect(self) -> BeatElection:
         """The scheduler's election, started on first need (a lazy scheduler's too)."""
         if self.election is None:
-            self.election = BeatElection(self.app)
+            self.election = BeatElection(self.app, self.publishers_record)
             log.info("beat election: %s", self.election.describe())
         return self.election
 

@@ -57,17 +57,18 @@ from __future__ import annotations
 
 import copy
 import heapq
+import itertools
 import logging
 import sys
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery.beat import PersistentScheduler, Scheduler, event_t
+from celery.beat import logger as _celery_log
 from celery.schedules import crontab, schedstate
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
-from kombu.entity import Queue
 
 from .. import metrics, shared_state
 from ..backends.base import RunClaim, RunRequest, RunState
@@ -75,11 +76,13 @@ from ..clock import boottime
 from ..errors import ConfigurationError, ElectionError, cannot_start
 from ..schedule.cron import CronFields, next_occurrence
 from ..settings import ElectionSettings
+from ..shared_state import SharedLeadership
 from .answers import Answers, shared_answer
 from .election import backend_description
 from .fence import NOT_LEADING, BeatFence, Claim, Leadership, scheduler_app
 from .ops import OperableScheduleMixin
 from .policy import DefaultRunPolicy, RunPolicy, has_row
+from .publish import FAILED, FENCED, SENT, BurstRouter, Job, Publishers, Reply
 from .rows import DjangoRowsMixin
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
@@ -155,11 +158,15 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._warned: dict[str, Any] = {}  # entry name -> the last run its runaway was logged for
         self._recording: list[RunRequest] | None = None  # a promotion's records, batched
         self._answers: Answers = {}  # crontab answers shared by a burst (shared_answer)
-        self._router: _BurstRouter | None = None  # the burst's router (_send_burst)
+        self._router: BurstRouter | None = None  # the burst's router (_send_burst)
         self._burst_until = 0.0  # a burst goes on: the safety comparison waits till then
+        self._publishers: Publishers | None = None  # election_beat_publishers (beat.publish)
+        self._handed: dict[int, tuple[Any, _Send]] = {}  # a job's entry and fence, by index
+        self._jobs = itertools.count()
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
+        self._start_publishers()
         super().setup_schedule()  # type: ignore[misc]
         try:
             self._fence.elect()
@@ -174,6 +181,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
     def close(self) -> None:
         self._closed = True
         try:
+            self._stop_publishers()  # what they sent goes into the final sync's history
             super().close()  # type: ignore[misc]  # its final sync, while still leading
         finally:
             self._fence.close()
@@ -249,6 +257,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             next_in = self._tick_burst()
         if next_in > 0:
             self._burst_until = 0.0  # no burst goes on
+            self._collect()
         # the health probe's clock: a tick loop wedged in a send stops moving it
         metrics.mark_tick(self._fence.namespace, next_in)
         return next_in
@@ -331,15 +340,20 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
                 heapq.heappush(heap, event)  # not reserved (reserve raised): as they were
             self._settle_deferred(deferred)
         producer = self.producer  # type: ignore[attr-defined]
-        self._router = _BurstRouter(self.app.amqp.router, producer)
+        self._router = BurstRouter(self.app.amqp.router, producer)
+        publishers = self._publishers
         try:
-            adjust = self.adjust  # type: ignore[attr-defined]
-            for (event, next_time_to_run, now), next_entry in zip(batch, nexts, strict=False):
-                self.apply_entry(event[2], producer=producer)  # type: ignore[attr-defined]
-                when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
-                heapq.heappush(heap, event_t(when, event[1], next_entry))
+            if publishers is not None and publishers.alive:
+                self._hand_off(batch[: len(nexts)], publishers)
+            else:
+                for event, _, _ in batch[: len(nexts)]:
+                    self.apply_entry(event[2], producer=producer)  # type: ignore[attr-defined]
         finally:
             self._router = None
+            adjust = self.adjust  # type: ignore[attr-defined]
+            for (event, next_time_to_run, now), next_entry in zip(batch, nexts, strict=False):
+                when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
+                heapq.heappush(heap, event_t(when, event[1], next_entry))
 
     def _settle_deferred(self, deferred: list[_Reserved]) -> None:
         """Claim the deferred runs, one batch per leadership they were reserved under."""
@@ -649,47 +663,151 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         """Celery's send, only for a run this leader claimed (or, unreserved, while leading)."""
         if advance:
             entry = self.reserve(entry)
+        send = self._send_under(entry)
+        if send is None:
+            return None
+        return self._publish(entry, send, producer, **kwargs)
+
+    def _send_under(self, entry: Any) -> _Send | None:
+        """The fence at a send: its leadership and options, or None: not sent (logged).
+
+        The options carry the election's headers: the term, and the run (the task can see
+        which run it is, ``self.request.election_run``, e.g. to deduplicate or fence its
+        own writes).
+        """
         claim = _take_claim(entry)
         fence = self._fence
-        election = fence.election
         checked = boottime()  # read before the check: the history's rule for an act
         leading = self._take_lead()  # a term won since the last tick is promoted first
         if claim is not None and not claim.won:
             log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
             return None
-        lead = None if leading is None or election is None else fence.may_send(claim)
-        if lead is None or election is None:
+        lead = None if leading is None or fence.election is None else fence.may_send(claim)
+        if lead is None:
             log.warning("beat election: %s: this process does not lead now; not sent", entry.name)
             return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self._policy.send_headers(entry))
         headers["election_term"] = lead.term
         if claim is not None:
-            # The task can see which run it is (self.request.election_run), e.g. to
-            # deduplicate or fence its own writes.
             headers["election_run"] = claim.run
+        options = {**entry.options, "headers": headers}
+        if self._router is not None and "router" not in entry.options:
+            options["router"] = self._router  # send_task(router=...): see BurstRouter
+        return _Send(lead, claim, checked, options)
+
+    def _publish(self, entry: Any, send: _Send, producer: Any, **kwargs: Any) -> Any:
+        """Celery's publish of ``entry`` with the fenced options, in this process."""
         original = entry.options
-        entry.options = {**original, "headers": headers}
-        if self._router is not None and "router" not in original:
-            entry.options["router"] = self._router  # send_task(router=...): see _BurstRouter
-        sent = metrics.key(metrics.BEAT, election.namespace, str(entry.name), "sent")
+        entry.options = send.options
         try:
             result = super().apply_async(entry, producer, advance=False, **kwargs)  # type: ignore[misc]
         except BaseException:
-            metrics.count(sent[: -len("sent")] + "publish_failed")
+            self._count(entry, "publish_failed")
             raise
         else:
-            metrics.count(sent)
-            self._policy.sent(entry, result, lead.term, None if claim is None else claim.run)
+            self._sent(entry, send, result, send.checked)
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
             entry.options = original
-        if election.recorder is not None and claim is not None:
-            election.recorder.record("send", mono=checked, ns=election.namespace,
-                                     term=lead.term, entry=entry.name, run=claim.run,
-                                     at=claim.at)  # fmt: skip
         return result
+
+    def _count(self, entry: Any, what: str) -> None:
+        metrics.count(metrics.key(metrics.BEAT, self._fence.namespace, str(entry.name), what))
+
+    def _sent(self, entry: Any, send: _Send, result: Any, checked: float) -> None:
+        """A run went out (here or from a publisher): count it, keep its history and record."""
+        self._count(entry, "sent")
+        claim, term = send.claim, send.lead.term
+        self._policy.sent(entry, result, term, None if claim is None else claim.run)
+        election = self._fence.election
+        if election is not None and election.recorder is not None and claim is not None:
+            election.recorder.record("send", mono=checked, ns=election.namespace, term=term,
+                                     entry=entry.name, run=claim.run, at=claim.at)  # fmt: skip
+
+    # -- publisher processes (election_beat_publishers) -------------------------------------
+
+    def _start_publishers(self) -> None:
+        """Fork the ``election_beat_publishers``, before any connection or thread opens."""
+        try:
+            count = ElectionSettings.from_app(self.app).beat_publishers
+        except ElectionError:
+            return  # the election reports the settings' problems, all at once
+        if not count or self._publishers is not None:
+            return
+        record = shared_state.current()  # embedded: the worker's record
+        if record is None:  # standalone: one that this beat's elector writes
+            record = SharedLeadership.create(published=False)
+            self._fence.publishers_record = record
+        self._publishers = Publishers(self.app, record, count)
+
+    def _hand_off(self, batch: list[tuple[Any, Any, float]], publishers: Publishers) -> None:
+        """Hand the batch's sends to the publishers; act on the replies to the batch before."""
+        jobs = []
+        for event, _, _ in batch:
+            entry = event[2]
+            _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+            send = self._send_under(entry)
+            if send is None:
+                continue
+            index = next(self._jobs)
+            self._handed[index] = (entry, send)
+            options = {k: v for k, v in send.options.items() if v is not self._router}
+            args = (str(entry.name), entry.task, entry.args, entry.kwargs, options)
+            jobs.append(Job(index, *args, send.lead.term))
+        replies, kept = publishers.hand(jobs)
+        self._settle_replies(replies)
+        for job in kept:  # no publisher took it: sent here, as apply_entry sends
+            entry, send = self._handed.pop(job.key)
+            try:
+                self._publish(entry, send, self.producer)  # type: ignore[attr-defined]
+            except Exception as exc:
+                _celery_log.error("Message Error: %s", exc, exc_info=True)
+        self._tasks_since_sync: int = self._tasks_since_sync + len(jobs)
+
+    def _settle_replies(self, replies: list[Reply]) -> None:
+        """Act on what the publishers did with the jobs handed to them."""
+        for reply in replies:
+            entry, send = self._handed.pop(reply.key)
+            if reply.outcome == SENT:
+                self._sent(entry, send, _Published(reply.task_id), reply.checked)
+            elif reply.outcome == FENCED:
+                log.warning("beat election: %s: this process does not lead now; not sent",
+                            entry.name)  # fmt: skip
+            else:  # FAILED, or LOST with its publisher (logged then)
+                self._count(entry, "publish_failed")
+                if reply.outcome == FAILED:
+                    _celery_log.error("Message Error: %s", reply.error)
+
+    def _collect(self) -> None:
+        """Wait for the replies the publishers owe (the burst is over, or the beat stops)."""
+        if self._publishers is not None and self._handed:
+            self._settle_replies(self._publishers.collect())
+
+    def _stop_publishers(self) -> None:
+        publishers, self._publishers = self._publishers, None
+        if publishers is not None:
+            self._settle_replies(publishers.close())
+        record, self._fence.publishers_record = self._fence.publishers_record, None
+        if record is not None:
+            record.write(None, None)
+            record.close()
+
+
+class _Send(NamedTuple):
+    """A send the fence let through: under which lead, for which claim, with what."""
+
+    lead: Leadership
+    claim: Claim | None
+    checked: float  # boot-time clock, read before the fence check
+    options: dict[str, Any]
+
+
+class _Published(NamedTuple):
+    """A publisher's send, as the history reads Celery's result: its task id."""
+
+    id: str | None
 
 
 @dataclass(frozen=True)
@@ -733,49 +851,6 @@ def _take_claim(entry: Any) -> Claim | None:
         return None
     claim, ticket.claim = ticket.claim, None
     return claim
-
-
-class _BurstRouter:
-    """The app's router, whose queues come bound to the burst's producer channel.
-
-    Celery routes a send to the app's own (unbound) ``Queue`` and asks kombu to declare
-    it; kombu's ``maybe_declare`` then copies the queue and its exchange to bind the copy
-    to the channel, only to find it in the connection's cache of declared entities: a
-    quarter of Celery's publish cost in a burst. Bound once per burst, the queue is
-    declared (if the connection has not declared it yet) at its first send and found in
-    the cache at once after that. The message, the signals' arguments and the routing
-    are the app router's: the bound copy equals the queue it copies. A publish retried
-    after a reconnect finds the copy's channel closed and kombu re-binds it to the new
-    one, as it does with the exchange it declared before the reconnect.
-    """
-
-    def __init__(self, router: Any, producer: Any) -> None:
-        self.router, self.producer = router, producer
-        # keyed by equality (the same declaration: what Celery reads from the queue to
-        # route, and kombu's declared cache is by name alone) and type (a Broadcast)
-        self._bound: dict[tuple[type, Queue], Queue] = {}
-
-    def route(
-        self,
-        options: dict[str, Any],
-        name: str,
-        args: Any = (),
-        kwargs: Any = None,
-        task_type: Any = None,
-    ) -> Any:
-        options = self.router.route(options, name, args, kwargs, task_type)
-        queue = options.get("queue")
-        if isinstance(queue, Queue) and not queue.is_bound:
-            key = (type(queue), queue)
-            bound = self._bound.get(key)
-            if bound is None:
-                try:
-                    bound = queue.bind(self.producer.channel)  # type: ignore[no-untyped-call]
-                except Exception:  # no channel yet: the publish connects (and retries)
-                    return options
-                self._bound[key] = bound
-            options["queue"] = bound
-        return options
 
 
 def _numeric(value: Any) -> bool:

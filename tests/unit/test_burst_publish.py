@@ -1,7 +1,7 @@
 """A burst's sends are the messages stock beat sends, through kombu's memory transport.
 
 The leader sends a burst through the app's router with its queues bound once to the
-burst's producer channel (``_BurstRouter``). What users rely on must not change: the
+burst's producer channel (``BurstRouter``). What users rely on must not change: the
 message (headers, properties, body), where it is routed (``task_routes``, the entry's
 queue, routing key, priority, expires, headers) and the publish signals, one pair per
 message. Each test sends the same entries with Celery's plain ``Scheduler.apply_async``
@@ -27,7 +27,7 @@ from kombu import Exchange, Queue
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
-from celery_election.beat import scheduler as scheduler_module
+from celery_election.beat.publish import BurstRouter
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 #: Headers the fenced send adds (the task reads them as self.request.election_*).
@@ -222,7 +222,7 @@ def test_a_queue_the_router_builds_per_send_is_bound_once_per_equal_queue(
     s = Leading(app=app)
     try:
         assert s.wait_for_leadership(5)
-        router = scheduler_module._BurstRouter(app.amqp.Router(), s.producer)
+        router = BurstRouter(app.amqp.Router(), s.producer)
         queues = [router.route({}, name)["queue"] for name in ("t.a", "t.b", "t.plain")]
     finally:
         s.close()

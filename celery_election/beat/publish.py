@@ -1,0 +1,289 @@
+"""How a leading beat publishes a burst: its router, and its publisher processes.
+
+A burst of thousands of due entries is CPU-bound in one process: per send, Celery's
+publish is about half and the scheduler's own questions (is it due, reserve, the claim,
+the history) the rest. With ``election_beat_publishers = N`` the scheduler forks N
+processes when it starts (before it opens a connection or starts a thread) and hands
+each batch's sends to them: they publish batch k while the leader claims batch k + 1.
+
+The fence holds in the publisher: a send goes out only if, at the send, the shared
+leadership record (the worker's for a beat embedded in it, else one the beat's own
+elector writes) says that the term which claimed the run is still trusted. The publish
+is Celery's own (``Scheduler.apply_async``: the task's ``apply_async`` when the beat
+knows the task, the entry's options, ``before_task_publish``/``after_task_publish``),
+in the publisher's process, through its own broker connection.
+
+At most once: a publisher that dies or stops answering takes the runs it had not
+answered for with it (logged, never resent), and the beat sends by itself from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import signal
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+from celery.beat import Scheduler
+from kombu.entity import Queue
+
+from ..clock import boottime
+from ..shared_state import SharedLeadership
+
+__all__ = ["BurstRouter", "Job", "Publishers", "Reply", "publish"]
+
+log = logging.getLogger("celery_election.beat")
+
+#: A publisher that has not answered for its batch in this many seconds is given up.
+ANSWER_WITHIN = 60.0
+
+SENT, FENCED, FAILED, LOST = "sent", "fenced", "failed", "lost"
+
+
+class BurstRouter:
+    """The app's router, whose queues come bound to the burst's producer channel.
+
+    Celery routes a send to the app's own (unbound) ``Queue`` and asks kombu to declare
+    it; kombu's ``maybe_declare`` then copies the queue and its exchange to bind the copy
+    to the channel, only to find it in the connection's cache of declared entities: a
+    quarter of Celery's publish cost in a burst. Bound once per burst, the queue is
+    declared (if the connection has not declared it yet) at its first send and found in
+    the cache at once after that. The message, the signals' arguments and the routing
+    are the app router's: the bound copy equals the queue it copies. A publish retried
+    after a reconnect finds the copy's channel closed and kombu re-binds it to the new
+    one, as it does with the exchange it declared before the reconnect.
+    """
+
+    def __init__(self, router: Any, producer: Any) -> None:
+        self.router, self.producer = router, producer
+        # keyed by equality (the same declaration: what Celery reads from the queue to
+        # route, and kombu's declared cache is by name alone) and type (a Broadcast)
+        self._bound: dict[tuple[type, Queue], Queue] = {}
+
+    def route(
+        self,
+        options: dict[str, Any],
+        name: str,
+        args: Any = (),
+        kwargs: Any = None,
+        task_type: Any = None,
+    ) -> Any:
+        options = self.router.route(options, name, args, kwargs, task_type)
+        queue = options.get("queue")
+        if isinstance(queue, Queue) and not queue.is_bound:
+            key = (type(queue), queue)
+            bound = self._bound.get(key)
+            if bound is None:
+                try:
+                    bound = queue.bind(self.producer.channel)  # type: ignore[no-untyped-call]
+                except Exception:  # no channel yet: the publish connects (and retries)
+                    return options
+                self._bound[key] = bound
+            options["queue"] = bound
+        return options
+
+
+class Job(NamedTuple):
+    """One send handed to a publisher: the entry as Celery sends it, and its term."""
+
+    key: int  # the beat's key for the send, answered back
+    name: str
+    task: str
+    args: Any
+    kwargs: Any
+    options: dict[str, Any]  # the entry's, with the election's headers
+    term: int  # the term that claimed the run: sent only while it is trusted
+
+
+class Reply(NamedTuple):
+    """What became of a job: SENT (with the task id), FENCED, FAILED (why) or LOST."""
+
+    key: int
+    outcome: str
+    task_id: str | None = None
+    error: str | None = None
+    checked: float = 0.0  # boot-time clock, read before the fence check (the act's time)
+
+
+class _Entry(NamedTuple):
+    """What ``Scheduler.apply_async`` reads of an entry."""
+
+    name: str
+    task: str
+    args: Any
+    kwargs: Any
+    options: dict[str, Any]
+
+
+class _Sender:
+    """The ``self`` Celery's ``Scheduler.apply_async`` needs: the app, and no sync."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._tasks_since_sync = 0
+
+    def send_task(self, *args: Any, **kwargs: Any) -> Any:
+        return self.app.send_task(*args, **kwargs)
+
+    def should_sync(self) -> bool:
+        return False  # the beat syncs its own schedule: a publisher holds none
+
+
+def publish(sender: Any, record: SharedLeadership, job: Job, producer: Any, router: Any) -> Reply:
+    """Send ``job`` if its term is trusted now (the fence), as Celery's beat sends."""
+    checked = boottime()
+    reading = record.read()
+    if not reading.trusted(checked) or reading.term != job.term:
+        return Reply(job.key, FENCED, checked=checked)
+    options = job.options if "router" in job.options else {**job.options, "router": router}
+    entry = _Entry(job.name, job.task, job.args, job.kwargs, options)
+    try:
+        result = Scheduler.apply_async(sender, entry, producer=producer, advance=False)
+    except Exception as exc:  # Celery's SchedulingError: the beat logs it as apply_entry does
+        return Reply(job.key, FAILED, error=str(exc), checked=checked)
+    return Reply(job.key, SENT, task_id=getattr(result, "id", None), checked=checked)
+
+
+def _serve(app: Any, record: SharedLeadership, conn: Connection, inherited: list[Any]) -> None:
+    """A publisher's life: batches of pickled jobs in, their replies out, until EOF."""
+    for other in inherited:  # the beat's ends: its death must reach this process as EOF
+        other.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C stops the beat, which stops us
+    connection = app.connection_for_write()
+    producer = app.amqp.Producer(connection, auto_declare=False)
+    router = BurstRouter(app.amqp.router, producer)
+    sender = _Sender(app)
+    try:
+        while True:
+            try:
+                blobs = conn.recv()
+            except (EOFError, OSError):
+                return
+            jobs = [pickle.loads(blob) for blob in blobs]
+            conn.send([publish(sender, record, job, producer, router) for job in jobs])
+    finally:
+        connection.close()
+
+
+class _Publisher:
+    """One publisher process and the jobs it has not answered for."""
+
+    def __init__(self, proc: Any, conn: Connection) -> None:
+        self.proc, self.conn = proc, conn
+        self.pending: list[int] = []
+
+
+class Publishers:
+    """The beat's publisher processes: one batch in flight each (the pipeline's depth)."""
+
+    def __init__(self, app: Any, record: SharedLeadership, count: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.record = record
+        self._all: list[_Publisher] = []
+        ends: list[Connection] = []
+        for n in range(count):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_serve,
+                args=(app, record, theirs, [*ends, mine]),
+                name=f"celery-election-publisher-{n + 1}",
+                daemon=True,
+            )
+            proc.start()
+            theirs.close()
+            ends.append(mine)
+            self._all.append(_Publisher(proc, mine))
+        self._next = 0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._all)
+
+    def hand(self, jobs: list[Job]) -> tuple[list[Reply], list[Job]]:
+        """Hand ``jobs`` out; returns the replies of the batch before and the jobs kept.
+
+        Each publisher answers for its previous batch first (so at most one batch is in
+        flight per publisher). Jobs that cannot be pickled, or that no publisher took
+        (all gone), come back for the beat to send itself.
+        """
+        replies = self.collect()
+        kept: list[Job] = []
+        shares: list[list[bytes]] = [[] for _ in self._all]
+        keys: list[list[int]] = [[] for _ in self._all]
+        for job in jobs:
+            if not self._all:
+                kept.append(job)
+                continue
+            try:
+                blob = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)
+            except Exception:  # e.g. an argument that does not pickle: the beat sends it
+                kept.append(job)
+                continue
+            n = self._next = (self._next + 1) % len(self._all)
+            shares[n].append(blob)
+            keys[n].append(job.key)
+        for publisher, share, held in zip(list(self._all), shares, keys, strict=True):
+            if not share:
+                continue
+            try:
+                publisher.conn.send(share)
+            except OSError as exc:
+                replies += self._lost(publisher, f"it could not be reached ({exc})")
+                taken = set(held)
+                kept += [job for job in jobs if job.key in taken]
+                continue
+            publisher.pending = held
+        return replies, kept
+
+    def collect(self) -> list[Reply]:
+        """Wait for every publisher's replies to the jobs it holds.
+
+        A publisher that died, or did not answer within :data:`ANSWER_WITHIN`, is given
+        up: its jobs are LOST.
+        """
+        replies: list[Reply] = []
+        for publisher in list(self._all):
+            if not publisher.pending:
+                continue
+            try:
+                if not publisher.conn.poll(ANSWER_WITHIN):
+                    replies += self._lost(publisher, f"it did not answer in {ANSWER_WITHIN:g}s")
+                    continue
+                answered: list[Reply] = publisher.conn.recv()
+            except (EOFError, OSError) as exc:
+                replies += self._lost(publisher, f"it is gone ({exc or type(exc).__name__})")
+                continue
+            publisher.pending = []
+            replies += answered
+        return replies
+
+    def _lost(self, publisher: _Publisher, why: str) -> list[Reply]:
+        """Give a publisher up: the jobs it did not answer for may or may not have gone."""
+        self._all.remove(publisher)
+        lost, publisher.pending = publisher.pending, []
+        log.error(
+            "beat election: publisher pid %s: %s; %d sends it held may or may not have gone "
+            "out (at most once: not sent again); %s",
+            publisher.proc.pid, why, len(lost),
+            "the beat sends by itself now" if not self._all else "the others go on",
+        )  # fmt: skip
+        self._stop(publisher)
+        return [Reply(key, LOST) for key in lost]
+
+    @staticmethod
+    def _stop(publisher: _Publisher) -> None:
+        publisher.conn.close()
+        publisher.proc.join(2.0)
+        if publisher.proc.is_alive():
+            publisher.proc.kill()
+            publisher.proc.join(2.0)
+
+    def close(self) -> list[Reply]:
+        """The replies still owed, then the publishers stop (EOF on their pipes)."""
+        replies = self.collect()
+        for publisher in self._all:
+            self._stop(publisher)
+        self._all = []
+        return replies
