@@ -68,6 +68,9 @@ ELECTION = [
 ]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
+PUBLISH = "celery_election/beat/publish.py"
+BEAT_ELECTION = "celery_election/beat/election.py"
+PUBLISHERS = ["tests/unit/test_burst_publish.py", "tests/integration/test_beat_publishers.py"]
 CRON = "celery_election/schedule/cron.py"
 CRON_UNIT = ["tests/unit/test_cron_dst.py"]
 SQL_INSTALL = "celery_election/backends/sql_install.py"
@@ -219,6 +222,16 @@ MUTATIONS = [
     M("guard-interval-period", BEAT_SCHED, "        period = schedule.run_every.total_seconds()",
       "        period = MIN_GAP", BEAT_UNIT),
     M("guard-min-gap", BEAT_SCHED, "MIN_GAP = 1.0", "MIN_GAP = 0.0", BEAT_UNIT),
+    # -- a publisher process sends only while the claiming term is trusted ----------------
+    M("publish-fence-term", PUBLISH, "if not reading.trusted(checked) or reading.term != job.term:",
+      "if not reading.trusted(checked):", PUBLISHERS),
+    M("publish-fence-trust", PUBLISH, "if not reading.trusted(checked) or reading.term != job.term:",
+      "if reading.term != job.term:", PUBLISHERS),
+    M("publish-record-written", BEAT_ELECTION,
+      "elector.watch_trust(lambda term, until: record.write(term, until, elector.token))",
+      "pass", PUBLISHERS),
+    M("publish-lost-not-resent", PUBLISH, "kept += [job for job in jobs if job.key in taken]",
+      "kept += list(jobs)", PUBLISHERS),
     # -- the claim travels with the reserved entries to one send ---------------------------
     M("beat-claim-taken-once", BEAT_SCHED, "    claim, ticket.claim = ticket.claim, None\n", "    claim = ticket.claim\n", BEAT_UNIT),
     M("cron-fixed-first-occurrence", CRON, "lowest = first_local if mode != \"fixed\" or seen is None else max(first_local, seen)",

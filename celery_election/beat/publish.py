@@ -32,7 +32,7 @@ from kombu.entity import Queue
 from ..clock import boottime
 from ..shared_state import SharedLeadership
 
-__all__ = ["BurstRouter", "Job", "Publishers", "Reply", "publish"]
+__all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -131,19 +131,36 @@ class _Sender:
         return False  # the beat syncs its own schedule: a publisher holds none
 
 
-def publish(sender: Any, record: SharedLeadership, job: Job, producer: Any, router: Any) -> Reply:
-    """Send ``job`` if its term is trusted now (the fence), as Celery's beat sends."""
-    checked = boottime()
-    reading = record.read()
-    if not reading.trusted(checked) or reading.term != job.term:
-        return Reply(job.key, FENCED, checked=checked)
-    options = job.options if "router" in job.options else {**job.options, "router": router}
-    entry = _Entry(job.name, job.task, job.args, job.kwargs, options)
-    try:
-        result = Scheduler.apply_async(sender, entry, producer=producer, advance=False)
-    except Exception as exc:  # Celery's SchedulingError: the beat logs it as apply_entry does
-        return Reply(job.key, FAILED, error=str(exc), checked=checked)
-    return Reply(job.key, SENT, task_id=getattr(result, "id", None), checked=checked)
+class Publisher:
+    """A publisher's means: its broker connection, the burst's router, Celery's send."""
+
+    def __init__(self, app: Any, record: SharedLeadership) -> None:
+        self.record = record
+        self.connection = app.connection_for_write()
+        self.producer = app.amqp.Producer(self.connection, auto_declare=False)
+        self.router = BurstRouter(app.amqp.router, self.producer)
+        self._sender = _Sender(app)
+
+    def publish(self, job: Job) -> Reply:
+        """Send ``job`` if its term is trusted now (the fence), as Celery's beat sends."""
+        checked = boottime()
+        reading = self.record.read()
+        if not reading.trusted(checked) or reading.term != job.term:
+            return Reply(job.key, FENCED, checked=checked)
+        options = job.options
+        if "router" not in options:
+            options = {**options, "router": self.router}
+        entry = _Entry(job.name, job.task, job.args, job.kwargs, options)
+        try:
+            result = Scheduler.apply_async(
+                self._sender, entry, producer=self.producer, advance=False
+            )
+        except Exception as exc:  # Celery's SchedulingError: the beat logs it as apply_entry
+            return Reply(job.key, FAILED, error=str(exc), checked=checked)
+        return Reply(job.key, SENT, task_id=getattr(result, "id", None), checked=checked)
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 def _serve(app: Any, record: SharedLeadership, conn: Connection, inherited: list[Any]) -> None:
@@ -151,23 +168,19 @@ def _serve(app: Any, record: SharedLeadership, conn: Connection, inherited: list
     for other in inherited:  # the beat's ends: its death must reach this process as EOF
         other.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C stops the beat, which stops us
-    connection = app.connection_for_write()
-    producer = app.amqp.Producer(connection, auto_declare=False)
-    router = BurstRouter(app.amqp.router, producer)
-    sender = _Sender(app)
+    publisher = Publisher(app, record)
     try:
         while True:
             try:
                 blobs = conn.recv()
             except (EOFError, OSError):
                 return
-            jobs = [pickle.loads(blob) for blob in blobs]
-            conn.send([publish(sender, record, job, producer, router) for job in jobs])
+            conn.send([publisher.publish(pickle.loads(blob)) for blob in blobs])
     finally:
-        connection.close()
+        publisher.close()
 
 
-class _Publisher:
+class _Child:
     """One publisher process and the jobs it has not answered for."""
 
     def __init__(self, proc: Any, conn: Connection) -> None:
@@ -181,7 +194,7 @@ class Publishers:
     def __init__(self, app: Any, record: SharedLeadership, count: int) -> None:
         ctx = multiprocessing.get_context("fork")
         self.record = record
-        self._all: list[_Publisher] = []
+        self._all: list[_Child] = []
         ends: list[Connection] = []
         for n in range(count):
             mine, theirs = ctx.Pipe()
@@ -194,7 +207,7 @@ class Publishers:
             proc.start()
             theirs.close()
             ends.append(mine)
-            self._all.append(_Publisher(proc, mine))
+            self._all.append(_Child(proc, mine))
         self._next = 0
 
     @property
@@ -253,13 +266,13 @@ class Publishers:
                     continue
                 answered: list[Reply] = publisher.conn.recv()
             except (EOFError, OSError) as exc:
-                replies += self._lost(publisher, f"it is gone ({exc or type(exc).__name__})")
+                replies += self._lost(publisher, f"it is gone ({str(exc) or type(exc).__name__})")
                 continue
             publisher.pending = []
             replies += answered
         return replies
 
-    def _lost(self, publisher: _Publisher, why: str) -> list[Reply]:
+    def _lost(self, publisher: _Child, why: str) -> list[Reply]:
         """Give a publisher up: the jobs it did not answer for may or may not have gone."""
         self._all.remove(publisher)
         lost, publisher.pending = publisher.pending, []
@@ -273,7 +286,7 @@ class Publishers:
         return [Reply(key, LOST) for key in lost]
 
     @staticmethod
-    def _stop(publisher: _Publisher) -> None:
+    def _stop(publisher: _Child) -> None:
         publisher.conn.close()
         publisher.proc.join(2.0)
         if publisher.proc.is_alive():

@@ -185,6 +185,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             super().close()  # type: ignore[misc]  # its final sync, while still leading
         finally:
             self._fence.close()
+            self._close_record()
 
     def wait_for_leadership(self, timeout: float) -> bool:
         """Block until this scheduler leads, e.g. in tests; False after ``timeout`` s.
@@ -789,6 +790,9 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         publishers, self._publishers = self._publishers, None
         if publishers is not None:
             self._settle_replies(publishers.close())
+
+    def _close_record(self) -> None:
+        """The publishers' record goes after the election (its elector writes it to the end)."""
         record, self._fence.publishers_record = self._fence.publishers_record, None
         if record is not None:
             record.write(None, None)

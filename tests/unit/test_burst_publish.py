@@ -27,7 +27,10 @@ from kombu import Exchange, Queue
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
-from celery_election.beat.publish import BurstRouter
+from celery_election.beat import scheduler as scheduler_module
+from celery_election.beat.publish import FAILED, FENCED, SENT, BurstRouter, Job, Publisher, Reply
+from celery_election.clock import boottime
+from celery_election.shared_state import SharedLeadership
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 #: Headers the fenced send adds (the task reads them as self.request.election_*).
@@ -153,23 +156,58 @@ def by_task(fired: list[tuple[str, dict[str, Any]]], which: str) -> dict[str, di
     return out
 
 
+def stock_sends(
+    app: Celery, signals: list[tuple[str, dict[str, Any]]]
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
+    """What Celery's plain Scheduler sends for every entry, and the signals it fired."""
+    stock = Scheduler(app=app)
+    try:
+        for entry in stock.schedule.values():
+            if entry.name in app.conf.beat_schedule:
+                stock.apply_async(entry, producer=stock.producer)
+    finally:
+        stock.close()
+    sent, fired = drain(app), list(signals)
+    signals[:] = []
+    assert sorted(sent) == sorted(app.conf.beat_schedule)
+    return sent, fired
+
+
+def assert_sent_as_stock(
+    app: Celery,
+    sent_stock: dict[str, dict[str, Any]],
+    fired_stock: list[tuple[str, dict[str, Any]]],
+    signals: list[tuple[str, dict[str, Any]]],
+) -> dict[str, dict[str, Any]]:
+    """The broker holds stock's messages plus the fence's headers; stock's signals fired."""
+    entries = sorted(app.conf.beat_schedule)
+    sent_burst = drain(app)
+    assert sorted(sent_burst) == entries
+    for name in entries:
+        stock_msg, burst_msg = dict(sent_stock[name]), dict(sent_burst[name])
+        assert burst_msg.pop("fence").keys() == FENCE_HEADERS
+        assert stock_msg.pop("fence") == {}
+        assert burst_msg == stock_msg, name
+    assert sent_burst["t.queue"]["properties"]["priority"] == 7
+    assert sent_burst["t.topic"]["routing_key"] == "topic.key"
+    assert sent_burst["t.headers"]["headers"]["x-custom"] == "yes"
+    assert sent_burst["t.expires"]["headers"]["expires"] is not None
+    if CELERY_MARKS_BEAT_SENDS:  # Celery's own header on a beat send
+        assert sent_burst["t.plain"]["headers"]["celery_beat_task"] is True
+    # one pair of publish signals per message, with stock's routing and declarations
+    assert [k for k, _ in signals] == ["before", "after"] * len(entries)
+    for which in ("before", "after"):
+        assert by_task(signals, which) == by_task(fired_stock, which)
+    return sent_burst
+
+
 def test_a_burst_sends_what_stock_sends(
     app: Celery,
     shared: MemoryBackend,
     signals: list[tuple[str, dict[str, Any]]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    entries = sorted(app.conf.beat_schedule)
-    stock = Scheduler(app=app)
-    try:
-        for entry in stock.schedule.values():
-            if entry.name in entries:
-                stock.apply_async(entry, producer=stock.producer)
-    finally:
-        stock.close()
-    sent_stock = drain(app)
-    fired_stock, signals[:] = list(signals), []
-    assert sorted(sent_stock) == entries
+    sent_stock, fired_stock = stock_sends(app, signals)
 
     binds: list[Any] = []
     bind = Queue.bind
@@ -186,25 +224,7 @@ def test_a_burst_sends_what_stock_sends(
         assert s._router is None  # the burst's router lives as long as its sends
     finally:
         s.close()
-    sent_burst = drain(app)
-
-    assert sorted(sent_burst) == entries
-    for name in entries:
-        stock_msg, burst_msg = sent_stock[name], sent_burst[name]
-        assert burst_msg["fence"].keys() == FENCE_HEADERS
-        assert stock_msg["fence"] == {}
-        del stock_msg["fence"], burst_msg["fence"]
-        assert burst_msg == stock_msg, name
-    assert sent_burst["t.queue"]["properties"]["priority"] == 7
-    assert sent_burst["t.topic"]["routing_key"] == "topic.key"
-    assert sent_burst["t.headers"]["headers"]["x-custom"] == "yes"
-    assert sent_burst["t.expires"]["headers"]["expires"] is not None
-    if CELERY_MARKS_BEAT_SENDS:  # Celery's own header on a beat send
-        assert sent_burst["t.plain"]["headers"]["celery_beat_task"] is True
-    # one pair of publish signals per message, with stock's routing and declarations
-    assert [k for k, _ in signals] == ["before", "after"] * len(entries)
-    for which in ("before", "after"):
-        assert by_task(signals, which) == by_task(fired_stock, which)
+    assert_sent_as_stock(app, sent_stock, fired_stock, signals)
     # each queue bound once for the burst, not once per send (stock: kombu copies it)
     assert binds and sorted(binds) == sorted(set(binds))
 
@@ -228,3 +248,126 @@ def test_a_queue_the_router_builds_per_send_is_bound_once_per_equal_queue(
         s.close()
     assert queues[0] is queues[1] and queues[0].is_bound
     assert queues[2].name == "q.plain" and queues[2] is not queues[0]
+
+
+# -- publisher processes (election_beat_publishers) ------------------------------------------
+
+
+class Inline:
+    """Publishers in this process: the real :class:`Publisher` (its fence and Celery's
+    send) on the test's memory broker, without the fork (the forked ones:
+    tests/integration/test_beat_publishers.py)."""
+
+    made: list[Inline] = []
+    alive = True
+
+    def __init__(self, app: Celery, record: SharedLeadership, count: int) -> None:
+        self.record = record
+        self.publisher = Publisher(app, record)
+        self.jobs: list[Job] = []
+        Inline.made.append(self)
+
+    def hand(self, jobs: list[Job]) -> tuple[list[Reply], list[Job]]:
+        self.jobs += jobs
+        return [self.publisher.publish(job) for job in jobs], []
+
+    def collect(self) -> list[Reply]:
+        return []
+
+    def close(self) -> list[Reply]:
+        self.publisher.close()
+        return []
+
+
+def test_a_burst_through_publishers_sends_what_stock_sends(
+    app: Celery,
+    shared: MemoryBackend,
+    signals: list[tuple[str, dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every send of the burst goes through a publisher, fenced by the record that this
+    beat's own elector writes, and the broker gets stock's messages."""
+    sent_stock, fired_stock = stock_sends(app, signals)
+    app.conf.election_beat_publishers = 1
+    monkeypatch.setattr(scheduler_module, "Publishers", Inline)
+    s = Leading(app=app)
+    try:
+        assert s.wait_for_leadership(5)
+        record = s._fence.publishers_record
+        assert record is not None and record.read().trusted()
+        assert s.tick() == 0  # every entry is due: one burst, handed to the publisher
+        assert s.tick() > 0
+    finally:
+        s.close()
+    assert s._fence.publishers_record is None  # ended with the beat
+    (inline,) = [i for i in Inline.made if i.record is record]
+    assert sorted(job.name for job in inline.jobs) == sorted(app.conf.beat_schedule)
+    sent = assert_sent_as_stock(app, sent_stock, fired_stock, signals)
+    (term,) = {job.term for job in inline.jobs}  # the term that claimed the runs
+    assert {m["fence"]["election_term"] for m in sent.values()} == {term}
+
+
+def test_a_publisher_sends_only_while_the_claiming_term_is_trusted(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = SharedLeadership.create(published=False)
+    publisher = Publisher(app, record)
+    token = uuid.uuid4().hex
+
+    def job(key: int, term: int) -> Job:
+        return Job(key, "t.plain", "t.plain", (), {}, {"headers": {"election_term": term}}, term)
+
+    try:
+        record.write(5, boottime() + 30, token)
+        assert publisher.publish(job(1, 4)) == Reply(
+            1, FENCED, checked=pytest.approx(boottime(), abs=5)
+        )
+        record.write(5, boottime() - 0.001, token)
+        assert publisher.publish(job(2, 5)).outcome == FENCED  # its trust ran out
+        record.write(None, None)
+        assert publisher.publish(job(3, 5)).outcome == FENCED  # no longer leading
+        assert drain(app) == {}
+
+        record.write(5, boottime() + 30, token)
+        sent = publisher.publish(job(4, 5))
+        assert sent.outcome == SENT and sent.task_id is not None
+        assert list(drain(app)) == ["t.plain"]
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise OSError("the broker went away")
+
+        monkeypatch.setattr(publisher.producer, "publish", broken)
+        failed = publisher.publish(job(5, 5))
+        assert failed.outcome == FAILED
+        assert failed.error is not None and "Couldn't apply scheduled task" in failed.error
+    finally:
+        publisher.close()
+        record.close()
+
+
+def test_a_send_its_publisher_fenced_is_not_counted_as_sent(
+    app: Celery,
+    shared: MemoryBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A publisher whose record says another term sends nothing, and the beat says so."""
+
+    class Elsewhere(Inline):
+        def __init__(self, app: Celery, record: SharedLeadership, count: int) -> None:
+            other = SharedLeadership.create(published=False)
+            other.write(1, boottime() + 60, uuid.uuid4().hex)  # a term no claim was made in
+            super().__init__(app, other, count)
+
+    app.conf.election_beat_publishers = 1
+    monkeypatch.setattr(scheduler_module, "Publishers", Elsewhere)
+    s = Leading(app=app)
+    try:
+        assert s.wait_for_leadership(5)
+        assert s.tick() == 0
+        assert s._handed == {}  # every reply was acted on
+    finally:
+        s.close()
+    assert drain(app) == {}
+    not_sent = [r for r in caplog.records if "does not lead now; not sent" in r.getMessage()]
+    assert len(not_sent) == len(app.conf.beat_schedule)
