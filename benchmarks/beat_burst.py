@@ -122,6 +122,17 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def statements(count: Path) -> int:
+    """The beat's count of statements (its thread rewrites the file every 0.1 s: a read
+    between the truncation and the write finds it empty, and is read again)."""
+    for _ in range(50):
+        text = count.read_text() if count.exists() else ""
+        if text:
+            return int(text)
+        time.sleep(0.01)
+    return 0
+
+
 def publishers_of(kind: str) -> int:
     """``leader-p2``: LeaderScheduler with election_beat_publishers = 2."""
     return int(kind.split("-p", 1)[1]) if kind.startswith("leader-p") else 0
@@ -195,7 +206,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
             time.sleep(min(0.5, boundary - 0.5 - time.time()))
         cpu0 = cpu_seconds(proc.pid)
         count = Path(f"{out}.count")
-        stmt0 = int(count.read_text() or 0) if count.exists() else 0
+        stmt0 = statements(count)
         end = boundary + args.window
         while time.time() < end:
             if len([s for s in stamps(out) if s[0] >= boundary]) >= n:
@@ -203,7 +214,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
             time.sleep(0.2)
         cpu1 = cpu_seconds(proc.pid)
         # publishers stamp their sends with the count they forked with: read the beat's
-        stmt1 = int(count.read_text() or 0) if count.exists() else 0
+        stmt1 = statements(count)
         burst = sorted(s for s in stamps(out) if s[0] >= boundary)
     finally:
         proc.terminate()

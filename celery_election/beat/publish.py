@@ -193,7 +193,6 @@ class Publishers:
 
     def __init__(self, app: Any, record: SharedLeadership, count: int) -> None:
         ctx = multiprocessing.get_context("fork")
-        self.record = record
         self._all: list[_Child] = []
         ends: list[Connection] = []
         for n in range(count):

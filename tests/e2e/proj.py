@@ -53,6 +53,8 @@ if os.environ.get("E2E_BROKER_OPTIONS"):  # e.g. Redis: when a dead worker's tas
 if os.environ.get("E2E_BEAT"):
     app.conf.beat_scheduler = "celery_election.beat:LeaderScheduler"
     app.conf.beat_max_loop_interval = 1
+    # E2E_PUBLISHERS=N: the leading beat's sends go out through N publisher processes
+    app.conf.election_beat_publishers = int(os.environ.get("E2E_PUBLISHERS") or 0)
     app.conf.beat_schedule = {
         name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name]}
         for name in ("every-second-a", "every-second-b")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,50 @@ def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
     stats = check_history(c, faults)
     print(f"\nbeat history: {stats}")
     assert stats["terms"] >= 3
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (a beat's publishers)."""
+    try:
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+def test_three_standalone_beats_with_publishers(cluster: Cluster) -> None:
+    """The same faults with every send going out through a publisher process
+    (``election_beat_publishers = 1``): each run once, and a SIGKILLed beat's publisher
+    ends with it (no orphan keeps a broker connection open)."""
+    c = cluster
+    c.start("w", election=False)
+    for b in ("b1", "b2", "b3"):
+        c.start_beat(b, env={"E2E_PUBLISHERS": "1"})
+    publishers: dict[str, set[int]] = {}
+
+    def leader(other: str | None) -> str:
+        name = c.wait_beat_leader(30, other_than=other)
+        pid = c.workers[name].popen.pid  # type: ignore[union-attr]
+        publishers[name] = wait_until(lambda: children(pid) or None, 10, f"{name}'s publisher")
+        return name
+
+    faults = run_faults(c, leader)
+    stats = check_history(c, faults)
+    print(f"\nbeat history with publishers: {stats}")
+    assert stats["terms"] >= 3
+    killed = [name for name, proc in c.workers.items() if proc.returncode == -signal.SIGKILL]
+    assert len(killed) == 2
+    for name in killed:
+        wait_until(
+            lambda name=name: not any(alive(p) for p in publishers[name]) or None,  # type: ignore[misc]
+            10,
+            f"the publisher of the SIGKILLed {name} to end",
+        )
