@@ -105,7 +105,13 @@ class Cluster:
     # -- processes --------------------------------------------------------------------------
 
     def start(
-        self, name: str, *args: str, election: bool = True, pool: str = "prefork", c: int = 2
+        self,
+        name: str,
+        *args: str,
+        election: bool = True,
+        pool: str = "prefork",
+        c: int = 2,
+        env: dict[str, str] | None = None,
     ) -> None:
         """A worker (``--election`` unless told otherwise).
 
@@ -118,7 +124,7 @@ class Cluster:
             "-Q", f"q.{self.namespace},{self.own_queue(name)}",
             "--without-gossip", "--without-mingle", "-s", str(self.tmp / f"{name}-schedule"),
             *args,
-        ])  # fmt: skip
+        ], env)  # fmt: skip
 
     def start_beat(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         """A standalone ``celery beat`` with the LeaderScheduler (E2E_BEAT must be set)."""

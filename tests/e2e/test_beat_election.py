@@ -156,3 +156,17 @@ def test_three_standalone_beats_with_publishers(cluster: Cluster) -> None:
             10,
             f"the publisher of the SIGKILLed {name} to end",
         )
+
+
+def test_an_embedded_beat_forks_its_publisher_and_sends_each_run_once(cluster: Cluster) -> None:
+    """``worker -B --election`` with ``election_beat_publishers = 1``: the beat (a child of
+    the worker) forks its publisher, fenced by the worker's own shared record."""
+    c = cluster
+    c.start("w1", "-B", env={"E2E_PUBLISHERS": "1"})
+    c.wait_leader(30)
+    wait_ticks(c, 4)
+    worker = c.workers["w1"].popen.pid  # type: ignore[union-attr]
+    beats = [p for p in children(worker) if children(p)]  # the pool's children have none
+    assert len(beats) == 1, "the embedded beat and its publisher"
+    stats = check_history(c, [])
+    assert stats["terms"] == 1
