@@ -74,7 +74,8 @@ class Deployment:
         for n, host in enumerate(self.hosts, 1):
             host.mkdir()
             self.celery(f"w{n}", host, "worker", "--election", "-P", "prefork", "-c", "1",
-                        "-n", f"w{n}@%h", "--without-gossip", "--without-mingle")  # fmt: skip
+                        "-n", f"w{n}@%h.{self.settings.namespace}",  # unique per run on the broker
+                        "--without-gossip", "--without-mingle")  # fmt: skip
             self.celery(f"beat{n}", host, "beat", "-S", "celery_election.beat:LeaderScheduler")
 
     def leader_of(self, namespace: str, joined: int = 2) -> str | None:
