@@ -219,7 +219,7 @@ class ElectionSettings:
     metrics_port: int | None = None
     #: Days of run history the leading beat keeps (celery_election.schedule).
     schedule_retention: float = 30.0
-    #: Publisher processes a leading beat sends a burst through (beat.publishers), or 0.
+    #: Publisher processes a leading beat sends a burst through (beat.publish), or 0.
     beat_publishers: int = 0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None

@@ -161,7 +161,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         self._router: BurstRouter | None = None  # the burst's router (_send_burst)
         self._burst_until = 0.0  # a burst goes on: the safety comparison waits till then
         self._publishers: Publishers | None = None  # election_beat_publishers (beat.publish)
-        self._handed: dict[int, tuple[Any, _Send]] = {}  # a job's entry and fence, by index
+        self._handed: dict[int, tuple[Any, _Send]] = {}  # a job's entry and fence, by key
         self._jobs = itertools.count()
         super().__init__(*args, **kwargs)
 
@@ -752,11 +752,11 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             send = self._send_under(entry)
             if send is None:
                 continue
-            index = next(self._jobs)
-            self._handed[index] = (entry, send)
+            key = next(self._jobs)
+            self._handed[key] = (entry, send)
             options = {k: v for k, v in send.options.items() if v is not self._router}
             args = (str(entry.name), entry.task, entry.args, entry.kwargs, options)
-            jobs.append(Job(index, *args, send.lead.term))
+            jobs.append(Job(key, *args, send.lead.term))
         replies, kept = publishers.hand(jobs)
         self._settle_replies(replies)
         for job in kept:  # no publisher took it: sent here, as apply_entry sends

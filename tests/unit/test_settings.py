@@ -187,6 +187,20 @@ def test_non_bool_flags_are_refused(setting: str, value: object) -> None:
     assert repr(value) in str(info.value)
 
 
+@pytest.mark.parametrize("value", [-1, 17, "2", 1.5, True])
+def test_a_bad_number_of_publishers_is_refused_with_what_to_set(value: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ElectionSettings.from_app(new_app(election_beat_publishers=value))
+    assert str(info.value) == (
+        f"election_beat_publishers must be a whole number from 0 to 16: got {value!r}"
+    )
+
+
+def test_publishers_default_to_none_and_take_a_count() -> None:
+    assert ElectionSettings.from_app(new_app()).beat_publishers == 0
+    assert ElectionSettings.from_app(new_app(election_beat_publishers=2)).beat_publishers == 2
+
+
 def test_all_problems_are_reported_at_once() -> None:
     """A bad flag and a bad timing: both in one error, like ElectionConfig does."""
     with pytest.raises(ConfigurationError) as info:
