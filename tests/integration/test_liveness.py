@@ -150,19 +150,42 @@ def _no_overlap(env: dict[str, Any]) -> None:
     assert report.overlap_seconds == 0
 
 
+def _pg_lock_ids(prefix: str) -> dict[str, int]:
+    """The namespace's advisory lock as pg_locks shows it (classid, objid)."""
+    k = int.from_bytes(lock_key(prefix, NS)[:8], "big", signed=True) & 0xFFFFFFFFFFFFFFFF
+    return {"c": k >> 32, "o": k & 0xFFFFFFFF}
+
+
+def _pg_lock_waiters(url: str, prefix: str) -> int:
+    """How many sessions wait on the namespace's liveness lock (PostgreSQL)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND NOT granted AND classid = :c AND objid = :o"
+                    ),
+                    _pg_lock_ids(prefix),
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
 def _kill_lock_session(env: dict[str, Any]) -> None:
     """End the lock holder's session from the server side (the leader lives on)."""
     key = lock_key(env["prefix"], NS)
     engine = sa.create_engine(env["url"])
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
-            k = int.from_bytes(key[:8], "big", signed=True) & 0xFFFFFFFFFFFFFFFF
             pid = conn.execute(
                 sa.text(
                     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
                     "AND classid = :c AND objid = :o"
                 ),
-                {"c": k >> 32, "o": k & 0xFFFFFFFF},
+                _pg_lock_ids(env["prefix"]),
             ).scalar_one()
             conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
         else:

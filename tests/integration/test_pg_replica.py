@@ -252,7 +252,7 @@ def test_after_a_restart_a_crash_is_replaced_through_the_lock(down: float, tmp_p
     SIGKILLed: the next leader comes through the liveness lock (before the old lease
     could end), every time (once it took 9.4 s: the lease)."""
     from .test_liveness import NS as LIVE_NS
-    from .test_liveness import Child, _wait_tagged
+    from .test_liveness import Child, _pg_lock_waiters, _wait_tagged
 
     r = Replicated(sync=False, standby=False)
     prefix = unique_prefix()
@@ -277,6 +277,10 @@ def test_after_a_restart_a_crash_is_replaced_through_the_lock(down: float, tmp_p
         r.start_primary()
         old = wait("a tagged leader after the restart", tagged, 60)
         old = _wait_tagged(admin, old.term)
+        # the followers' waits on the lock were cut with the server: the crash is to be
+        # replaced through the lock once one of them waits on it again (under a loaded
+        # second tier one had not yet, and the take-over went through the lease)
+        wait("a follower waiting on the lock", lambda: _pg_lock_waiters(r.primary_url, prefix), 30)
         victim = children[["c1", "c2", "c3"].index(str(old.leader_id))]
         killed = time.monotonic()
         victim.proc.kill()
