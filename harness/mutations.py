@@ -230,7 +230,7 @@ MUTATIONS = [
     M("publish-record-written", BEAT_ELECTION,
       "elector.watch_trust(lambda term, until: record.write(term, until, elector.token))",
       "pass", PUBLISHERS),
-    M("publish-lost-not-resent", PUBLISH, "kept += [job for job in jobs if job.key in taken]",
+    M("publish-lost-not-resent", PUBLISH, "kept += [job for job, _ in share]",
       "kept += list(jobs)", PUBLISHERS),
     # -- the claim travels with the reserved entries to one send ---------------------------
     M("beat-claim-taken-once", BEAT_SCHED, "    claim, ticket.claim = ticket.claim, None\n", "    claim = ticket.claim\n", BEAT_UNIT),

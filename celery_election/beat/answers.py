@@ -68,9 +68,6 @@ def _equal(a: Any, b: Any) -> bool:
     """
     if a is b:
         return True
-    try:
-        if a.nowfun == b.nowfun and all(getattr(a, f) == getattr(b, f) for f in _DECLARED):
-            return True
-    except AttributeError:  # a crontab of another Celery, declared otherwise
-        pass
+    if a.nowfun == b.nowfun and all(getattr(a, f) == getattr(b, f) for f in _DECLARED):
+        return True
     return bool(a == b)

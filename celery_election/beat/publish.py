@@ -221,32 +221,28 @@ class Publishers:
         (all gone), come back for the beat to send itself.
         """
         replies = self.collect()
+        if not self._all:
+            return replies, list(jobs)
         kept: list[Job] = []
-        shares: list[list[bytes]] = [[] for _ in self._all]
-        keys: list[list[int]] = [[] for _ in self._all]
+        shares: list[list[tuple[Job, bytes]]] = [[] for _ in self._all]
         for job in jobs:
-            if not self._all:
-                kept.append(job)
-                continue
             try:
                 blob = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)
             except Exception:  # e.g. an argument that does not pickle: the beat sends it
                 kept.append(job)
                 continue
-            n = self._next = (self._next + 1) % len(self._all)
-            shares[n].append(blob)
-            keys[n].append(job.key)
-        for publisher, share, held in zip(list(self._all), shares, keys, strict=True):
+            self._next = (self._next + 1) % len(self._all)
+            shares[self._next].append((job, blob))
+        for publisher, share in zip(list(self._all), shares, strict=True):
             if not share:
                 continue
             try:
-                publisher.conn.send(share)
+                publisher.conn.send([blob for _, blob in share])
             except OSError as exc:
                 replies += self._lost(publisher, f"it could not be reached ({exc})")
-                taken = set(held)
-                kept += [job for job in jobs if job.key in taken]
+                kept += [job for job, _ in share]  # never read: the beat sends them
                 continue
-            publisher.pending = held
+            publisher.pending = [job.key for job, _ in share]
         return replies, kept
 
     def collect(self) -> list[Reply]:

@@ -109,6 +109,9 @@ _RECHECK_COST = 20.0
 _RECHECK_BURST = 10.0
 
 
+#: A send the fence held: logged alike whether the beat or its publisher checked.
+_NOT_LEADING_NOW = "beat election: %s: this process does not lead now; not sent"
+
 #: The attribute a reserved entry carries its claim to the send in (see ``reserve``).
 CLAIM_ATTR = "election_claim"
 
@@ -604,7 +607,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
         log.log(level, "beat election: %s not sent: its schedule %r answered due (next in %ss), "
                 "but %s; held %.3fs (runaway guard)", entry.name, entry.schedule, answer, why,
                 wait)  # fmt: skip
-        metrics.count(metrics.key(metrics.BEAT, self._fence.namespace, str(entry.name), "held"))
+        self._count(entry, "held")
         return schedstate(False, wait)
 
     # -- the fence --------------------------------------------------------------------------
@@ -685,7 +688,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             return None
         lead = None if leading is None or fence.election is None else fence.may_send(claim)
         if lead is None:
-            log.warning("beat election: %s: this process does not lead now; not sent", entry.name)
+            log.warning(_NOT_LEADING_NOW, entry.name)
             return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self._policy.send_headers(entry))
@@ -774,8 +777,7 @@ class LeaderSchedulerMixin(DjangoRowsMixin):
             if reply.outcome == SENT:
                 self._sent(entry, send, _Published(reply.task_id), reply.checked)
             elif reply.outcome == FENCED:
-                log.warning("beat election: %s: this process does not lead now; not sent",
-                            entry.name)  # fmt: skip
+                log.warning(_NOT_LEADING_NOW, entry.name)
             else:  # FAILED, or LOST with its publisher (logged then)
                 self._count(entry, "publish_failed")
                 if reply.outcome == FAILED:

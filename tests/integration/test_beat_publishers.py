@@ -16,33 +16,18 @@ import signal
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from amqp.exceptions import NotFound
 from celery import Celery
-from celery.beat import Scheduler
-from celery.schedules import BaseSchedule, schedstate
 from celery.signals import before_task_publish
 
-from celery_election.beat import LeaderSchedulerMixin
-
 from ..conftest import server_url
+from ..support.beat import Due, Leading
 
 N = 120
-
-
-class Due(BaseSchedule):  # type: ignore[misc]
-    """Due now, and next in an hour: every entry is in the first burst, once."""
-
-    def is_due(self, last_run_at: datetime) -> schedstate:
-        return schedstate(True, 3600.0)
-
-
-class Leading(LeaderSchedulerMixin, Scheduler):
-    """The mixin over Celery's plain Scheduler (no shelve)."""
 
 
 @pytest.fixture

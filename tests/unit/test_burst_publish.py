@@ -20,17 +20,17 @@ import celery.beat
 import pytest
 from celery import Celery
 from celery.beat import Scheduler
-from celery.schedules import BaseSchedule, schedstate
 from celery.signals import after_task_publish, before_task_publish
 from kombu import Exchange, Queue
 
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
-from celery_election.beat import LeaderSchedulerMixin
 from celery_election.beat import scheduler as scheduler_module
 from celery_election.beat.publish import FAILED, FENCED, SENT, BurstRouter, Job, Publisher, Reply
 from celery_election.clock import boottime
 from celery_election.shared_state import SharedLeadership
+
+from ..support.beat import Due, Leading
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 #: Headers the fenced send adds (the task reads them as self.request.election_*).
@@ -38,17 +38,6 @@ FENCE_HEADERS = {"election_term", "election_run"}
 #: newer Celery marks a beat send with a header of its own (celery.beat's
 #: ``celery_beat_task``, in 5.7); 5.3 does not, and then neither does the burst
 CELERY_MARKS_BEAT_SENDS = "celery_beat_task" in inspect.getsource(celery.beat)
-
-
-class Due(BaseSchedule):  # type: ignore[misc]
-    """Due at every tick: every entry of the schedule is in one burst."""
-
-    def is_due(self, last_run_at: datetime) -> schedstate:
-        return schedstate(True, 3600.0)
-
-
-class Leading(LeaderSchedulerMixin, Scheduler):
-    """The mixin over Celery's plain Scheduler, sending for real."""
 
 
 @pytest.fixture
