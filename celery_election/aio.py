@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
-from .config import ElectionConfig, Seconds
-from .elector import Elector, RevokeReason, State, Subscription, Transition
-from .errors import ConfigurationError
+from .elector import Elector, ElectorOptions, State, Subscription, Transition
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 __all__ = ["AsyncElector"]
 
@@ -47,30 +48,28 @@ class AsyncElector:
         backend: Backend,
         namespace: str = "default",
         candidate_id: str | None = None,
-        *,
-        config: ElectionConfig | None = None,
-        on_elected: Callable[[int], Any] | None = None,
-        on_revoked: Callable[[int, RevokeReason], Any] | None = None,
-        on_error: Callable[[BaseException], Any] | None = None,
-        **timings: Seconds,
+        **options: Unpack[ElectorOptions],
     ) -> None:
-        self._callbacks = (on_elected, on_revoked, on_error)
+        """Take the Elector's arguments (its timings, ``config``, the callbacks, ...).
+
+        The callbacks run on the event loop, not on the Elector's threads; a coroutine
+        function's coroutine is scheduled as a task.
+        """
+        self._callbacks = (
+            options.get("on_elected"),
+            options.get("on_revoked"),
+            options.get("on_error"),
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        if config is not None and timings:
-            raise ConfigurationError(
-                f"pass either config= or timing arguments, not both: got {sorted(timings)}"
-            )
-        self.elector = Elector(
-            backend,
-            namespace,
-            candidate_id,
-            config=config or ElectionConfig.create(**timings),
-            on_elected=lambda term: self._post(0, term),
-            on_revoked=lambda term, reason: self._post(1, term, reason),
-            on_error=lambda exc: self._post(2, exc),
-        )
+        forwarded: ElectorOptions = {
+            **options,
+            "on_elected": lambda term: self._post(0, term),
+            "on_revoked": lambda term, reason: self._post(1, term, reason),
+            "on_error": lambda exc: self._post(2, exc),
+        }
+        self.elector = Elector(backend, namespace, candidate_id, **forwarded)
 
     # -- state (no I/O) ---------------------------------------------------------------------
 

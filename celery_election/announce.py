@@ -110,9 +110,7 @@ class Announcer:
         with self._lock:
             subs = list(self._subscriptions)
         for sub in subs:
-            with sub._cond:
-                sub.closed = True
-                sub._cond.notify_all()
+            sub.close()  # a blocked ``get()`` returns None; unsubscribed
 
     def _run(self) -> None:
         while True:
@@ -170,7 +168,7 @@ class Announcer:
             log.exception("an election callback raised; the election goes on")
         if isinstance(item, Transition):
             for sub in subs:
-                sub._put(item)
+                sub.put(item)
 
     def _log_error(self, exc: BaseException) -> None:
         """ERROR at the first failure of a kind, then again every ``_ERROR_REPEAT`` s.

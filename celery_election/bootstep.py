@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +30,7 @@ from . import metrics, shared_state
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
+from .identity import new_candidate_id
 from .process import ProcessElection
 from .settings import ElectionSettings, hide_password
 from .shared_state import SharedLeadership
@@ -199,7 +198,7 @@ class ElectionStep(bootsteps.StartStopStep):
             )
         elector = self.parts.elect(
             s.namespace,
-            f"{worker.hostname}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            new_candidate_id(worker.hostname),
             on_elected=self._elected,
             on_revoked=self._revoked,
             on_error=self._error,

@@ -1,9 +1,10 @@
 """The election thread's decisions, as pure functions of what it knows and the time.
 
-No I/O, no threads, no clock reads: the Elector (elector.py) reads the clock and the lock,
-makes the call a function chooses, and feeds the answer back. Each function is tested
-from a table (tests/unit/test_decisions.py) and each bound in it is a mutation target
-(harness/mutations.py), so a maintainer can check the protocol here, apart from threads.
+No I/O, no threads, no clock reads: the election thread (election_loop.py) reads the
+clock and the lock, makes the call a function chooses, and feeds the answer back. Each
+function is tested from a table (tests/unit/test_decisions.py) and each bound in it is a
+mutation target (harness/mutations.py), so a maintainer can check the protocol here,
+apart from threads.
 
 The liveness rules (docs/design.md, "LockThread"), with ``delta`` the lock session's
 silence bound:
@@ -53,6 +54,7 @@ __all__ = [
     "renew_now_after",
     "renew_retry_wait",
     "trust_end",
+    "vacancy",
 ]
 
 #: A ping's proof lasts delta x (1 - this): clocks may run fast by up to 1/12 (chrony).
@@ -138,6 +140,21 @@ def trust_end(lead: Lead, proof: Proof) -> float:
     else:
         bound = -math.inf
     return min(lead.lease_until, bound)
+
+
+def vacancy(
+    since: float | None, lease: Lease | None, now: float, *, looked: bool = False
+) -> float | None:
+    """Since when the row has been vacant, after a step read ``lease`` at ``now``.
+
+    ``since``: the vacancy seen before (None: none); a look that found no row at all
+    (``looked``, ``lease`` None) starts one, a step that read nothing changes nothing.
+    """
+    if lease is None:
+        return now if looked and since is None else since
+    if lease.held:
+        return None
+    return now if since is None else since
 
 
 @dataclass(frozen=True)

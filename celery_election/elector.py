@@ -37,9 +37,10 @@ Elector:
   alone, from whichever thread (the election thread, ``resign()``, ``stop()``, the
   dispatcher when trust runs out, the lock thread's pings), and announced once.
 - ``ElectionLoop`` (election_loop.py), the election thread: the one writer of the lease
-  last read, the term held and the timers; the others only post to it (the lock thread's
-  news, the backend's wakeups, resign and stop requests). What it does with what it knows
-  is decided by the pure functions of decisions.py.
+  last read and the term held; its follower and leader phases keep their own timers and
+  hand each other a small value. The others only post to it (the lock thread's news, the
+  backend's wakeups, resign and stop requests). What it does with what it knows is
+  decided by the pure functions of decisions.py.
 - ``LockThread`` (lock_thread.py), the lock thread: holds the liveness lock, publishes its
   ``Proof``.
 - ``Announcer`` (announce.py), the dispatcher: events (``elected``, ``revoked`` with a
@@ -53,14 +54,13 @@ resigns the term so a follower takes over at once, then unregisters the candidat
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .announce import Announcer
 from .backends.base import Backend, backend_problem
@@ -70,8 +70,9 @@ from .config import ElectionConfig, Seconds, validate_candidate_id, validate_nam
 from .decisions import LockNews, Proof
 from .election_loop import Candidate, ElectionLoop, Request
 from .errors import ConfigurationError, ElectionError
+from .identity import new_candidate_id
 from .lease import Lease
-from .lock_thread import LockThread, start_lock_thread
+from .lock_thread import LockThread, lock_status, start_lock_thread
 from .stats import ElectorStats
 from .transitions import (
     Backoff,
@@ -85,6 +86,7 @@ from .transitions import (
 __all__ = [
     "Backoff",
     "Elector",
+    "ElectorOptions",
     "ElectorSnapshot",
     "RevokeReason",
     "State",
@@ -105,6 +107,38 @@ def electors() -> list[Elector]:
     The metrics exporter and the health probes read them.
     """
     return [e for e in list(_electors) if e.snapshot().started]
+
+
+class Timings(TypedDict, total=False):
+    """The timing keyword arguments of an Elector: ElectionConfig's fields (seconds)."""
+
+    ttl: Seconds
+    renew_interval: Seconds
+    poll_interval: Seconds
+    jitter: Seconds
+    safety_margin: Seconds
+    call_timeout: Seconds
+    resign_backoff: Seconds
+    candidate_ttl: Seconds
+    fallback_interval: Seconds
+    liveness: Seconds
+    standbys: Seconds
+
+
+class ElectorOptions(Timings, total=False):
+    """The keyword arguments of ``Elector(backend, namespace, candidate_id, **options)``.
+
+    AsyncElector takes and forwards the same (``**options: Unpack[ElectorOptions]``);
+    tests/unit/test_elector.py holds this to Elector's own signature.
+    """
+
+    config: ElectionConfig | None
+    on_elected: Callable[[int], Any] | None
+    on_revoked: Callable[[int, RevokeReason], Any] | None
+    on_error: Callable[[BaseException], Any] | None
+    backoff: Backoff | None
+    clock: Clock | None
+    register: bool
 
 
 @dataclass(frozen=True)
@@ -159,7 +193,7 @@ class Elector:
         self.hostname = socket.gethostname()
         self._token = uuid.uuid4().hex
         if candidate_id is None:
-            candidate_id = f"{self.hostname}:{os.getpid()}:{self._token[:8]}"
+            candidate_id = new_candidate_id(self.hostname)
         self.candidate_id = validate_candidate_id(candidate_id)
         self._clock: Clock = clock or RealClock()
         poll = self.config.poll_interval
@@ -262,14 +296,7 @@ class Elector:
         nobody's trust is bound by the lock now (no leader, or one not bound by it), so
         it does not wait.
         """
-        live = self._live
-        if live is None or live.unsupported:
-            return "off"
-        if live.has_lock:
-            return "holding"
-        if not live.wanted:
-            return "idle"
-        return "standby" if live.cold else "waiting"
+        return lock_status(self._live)
 
     def sleepers(self) -> list[Sleeper]:
         """The waits of its election thread and dispatcher (for ``FakeClock.settled``)."""

@@ -21,7 +21,7 @@ from .config import ElectionConfig
 from .decisions import LockNews, Proof, extend, granted
 from .errors import BackendUnavailableError
 
-__all__ = ["LockThread", "start_lock_thread"]
+__all__ = ["LockThread", "lock_status", "start_lock_thread"]
 
 log = logging.getLogger(__name__)
 
@@ -233,12 +233,11 @@ def start_lock_thread(
     on_change: Callable[[LockNews], None],
 ) -> LockThread | None:
     """The lock thread, if liveness is on and the backend can hold a session."""
-    make = getattr(backend, "liveness_session", None)
     delta, max_wait = config.liveness, config.fallback_interval
-    if delta is None or make is None:
+    if delta is None:
         return None
     try:
-        session = make(namespace, delta, max_wait)
+        session = backend.liveness_session(namespace, delta, max_wait)
     except Exception as exc:
         log.warning("liveness is off for namespace %r: %s", namespace, exc)
         return None
@@ -256,3 +255,19 @@ def start_lock_thread(
         # standbys cover the next failover meanwhile: a cold one need not connect often.
         cold_wait=config.fallback_interval,
     )
+
+
+def lock_status(live: LockThread | None) -> str:
+    """What a candidate does with its liveness lock (``Elector.liveness`` reports it).
+
+    "off" (no lock thread, or the server cannot hold one), "holding" it, "waiting" for
+    it, "standby" (it would wait, but the standby slots are taken: no connection held),
+    or "idle" (on, but not asked for: nobody's trust is bound by it now).
+    """
+    if live is None or live.unsupported:
+        return "off"
+    if live.has_lock:
+        return "holding"
+    if not live.wanted:
+        return "idle"
+    return "standby" if live.cold else "waiting"

@@ -129,17 +129,17 @@ class LeaderTask(Task):
         task at a time per thread and the next run sets its own, and ``apply()`` puts the
         caller's back around an eager run nested in another.
         """
-        record = shared_state._current or shared_state.current()
+        record = shared_state.current()
         term = record.leader_term() if record is not None else None
         if term is not None:
             _TERM.set(term)
-            store = counters._store
+            store = counters.in_use()
             if store is not None:  # metrics on: one dict lookup and one shared-memory add
                 store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
             return
         _TERM.set(None)
         mode = _check_mode(self.on_follower)
-        if counters._store is not None:
+        if counters.in_use() is not None:
             metrics.count(_count_key(self.name, _OUTCOME[mode]))
         if mode == "skip":
             log.warning("%s[%s] skipped: this worker is not the leader", self.name, task_id)

@@ -82,7 +82,8 @@ class Subscription:
         self._cond = threading.Condition()
         self.closed = False
 
-    def _put(self, item: Transition) -> None:
+    def put(self, item: Transition) -> None:
+        """Deliver ``item`` to this stream (the dispatcher's call, in order)."""
         with self._cond:
             self._items.append(item)
             self._cond.notify_all()

@@ -293,6 +293,19 @@ class Backend(Protocol):
         can wait): nothing is decided from it.
         """
 
+    def release_idle(self) -> None:
+        """Close the connections nobody is using (nothing to do for a backend without).
+
+        Called by an elector about to wait long (a standby); the next call reconnects.
+        """
+
+    def topology_warnings(self, *, lock_on: bool) -> list[str]:
+        """What the database's set-up means for an elector, one line each (read at its start).
+
+        ``lock_on``: the elector's trust is bound by a liveness lock. Empty when there is
+        nothing to say (or nothing can be read).
+        """
+
     @property
     def beat(self) -> BeatStore:
         """The beat entries' shared run state in this backend."""

@@ -9,8 +9,8 @@ closes at once, so the lock is released after a crash at once and after a pause,
 stalled link or a partition about ``delta`` after the last ping. Followers block on the
 lock (no statements while they wait) and a granted follower may take the next term
 ``delta`` after its grant, because by then the old leader's trust, bounded by its last
-good ping + delta, has ended. ``elector.py`` holds the rules; this module only holds
-locks.
+good ping + delta, has ended. ``decisions.py`` holds the rules and ``lock_thread.py``
+holds and pings a session; this module only makes and holds the locks.
 
 Three kinds, one protocol (``LivenessSession``):
 
@@ -21,8 +21,8 @@ Three kinds, one protocol (``LivenessSession``):
   dies; nothing ends a paused holder's lock, so there a pause is survived by the lease
   alone, as without liveness (followers keep looking at the lease while they wait).
 
-A session is made by ``backend.liveness_session(namespace, delta)`` (which kind: the
-backend's ``dialects.Dialect.liveness_session``); None means the backend cannot hold
+A session is made by ``backend.liveness_session(namespace, delta, max_wait)`` (which
+kind: the backend's ``Dialect.liveness_session``); None means the backend cannot hold
 one (an old server, a pooler): the elector then runs the lease protocol alone.
 """
 

@@ -211,7 +211,7 @@ class MemoryBackend:
         token: str,
         candidate_id: str,
         ttl: float,
-        liveness: float | None,
+        tag: float | None,
         floor: int,
         can: Callable[[_Row, int], bool],
     ) -> ElectResult:
@@ -224,7 +224,7 @@ class MemoryBackend:
                 row.token, row.leader_id = token, candidate_id
                 row.acquired_at = row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)
-                row.liveness_us = _live_us(liveness)
+                row.liveness_us = _live_us(tag)
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
@@ -383,6 +383,13 @@ class MemoryBackend:
         """Test helper: end the session holding ``namespace``'s lock (pg_terminate_backend)."""
         return self._locks.kill(namespace)
 
+    def release_idle(self) -> None:
+        """Nothing to release: no connections."""
+
+    def topology_warnings(self, *, lock_on: bool) -> list[str]:
+        """Nothing to say: one process, no replication."""
+        return []
+
     def close(self) -> None:
         with self._lock:
             self._wakeups.clear()
@@ -456,8 +463,9 @@ class MemoryBeatStore:
             return out
 
 
-def _live_us(liveness: float | None) -> int | None:
-    return None if liveness is None else round(liveness * 1_000_000)
+def _live_us(delta: float | None) -> int | None:
+    """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
+    return None if delta is None else round(delta * 1_000_000)
 
 
 class _Locks:

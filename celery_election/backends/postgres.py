@@ -40,7 +40,8 @@ from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt
 from .connection import one_line
-from .dialects import PostgreSQL, StepStyle
+from .dialect_base import StepStyle
+from .dialect_postgresql import PostgreSQL
 from .locks import PROBE_EVERY, pg_connector, sessions_pinned
 from .schema import DEFAULT_TABLE_PREFIX, db_now_us
 from .sql import SQLBackend
@@ -410,16 +411,17 @@ class PostgresBackend(SQLBackend):
             probe_timeout=probe_timeout,
         )
 
-    def topology_warnings(self, *, liveness: bool) -> list[str]:
+    def topology_warnings(self, *, lock_on: bool) -> list[str]:
         """What the server's replication means for an elector (read once, at its start).
 
         An asynchronous standby can be promoted without the last commits: a renewal the
         old primary acknowledged is lost, and with the lease alone its leader believes on
         it while another wins on the new primary (until that lease's trust ends). The
         liveness lock bounds it (the old leader's trust ended with its pings to the dead
-        primary). Unreadable statistics (a role without pg_monitor) say nothing.
+        primary): with ``lock_on``, nothing to say. Unreadable statistics (a role without
+        pg_monitor) say nothing.
         """
-        if liveness:
+        if lock_on:
             return []
         query = sa.text("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async'")
         try:

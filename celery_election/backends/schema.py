@@ -21,7 +21,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from ..errors import ConfigurationError
-from .dialects import DIALECTS, Dialect, unsupported
+from .dialect_base import Dialect
+from .dialects import DIALECTS, unsupported
 
 __all__ = [
     "DEFAULT_TABLE_PREFIX",
@@ -321,7 +322,7 @@ def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
 
 
 def _schedule_term(metadata: sa.MetaData, prefix: str) -> sa.Table:
-    """Leadership history: one row per term a beat led (beat/ops.py writes it).
+    """Leadership history: one row per term a beat led (beat/history.py writes it).
 
     Kept in the database so the schedule page shows who led when after its own restart.
     ``seen_at`` is the leader's last sign of life (moved about once a second), the end of

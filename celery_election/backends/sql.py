@@ -46,7 +46,8 @@ from ..lease import CandidateInfo, ElectResult, Lease
 from . import sql_install
 from .base import Wakeup, WakeupHandle
 from .connection import LostRound, fork_lock, private_engine
-from .dialects import StepStyle, dialect_for
+from .dialect_base import StepStyle
+from .dialects import dialect_for
 from .locks import LivenessSession, lock_key
 from .schema import (
     DEFAULT_TABLE_PREFIX,
@@ -554,6 +555,10 @@ class SQLBackend(SQLCalls):
         if not self._closed and pool.checkedout() == 0 and pool.checkedin() > 0:  # type: ignore[attr-defined]
             self.engine.dispose(close=True)
 
+    def topology_warnings(self, *, lock_on: bool) -> list[str]:
+        """Nothing to say for plain SQL (PostgresBackend reads its replication)."""
+        return []
+
     def close(self) -> None:
         """Dispose of the private engine (idempotent)."""
         if not self._closed:
@@ -570,8 +575,9 @@ def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
-def _live_us(liveness: float | None) -> int | None:
-    return None if liveness is None else _us(liveness)
+def _live_us(delta: float | None) -> int | None:
+    """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
+    return None if delta is None else _us(delta)
 
 
 def _check_token(token: object) -> None:

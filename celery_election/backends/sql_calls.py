@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import BackendUnavailableError, SchemaMissingError
 from .connection import WATCHDOG, Deadline, LostRound, one_line
-from .dialects import Dialect
+from .dialect_base import Dialect
 from .sql_install import check_versions, read_versions
 
 __all__ = ["Caller", "SQLCalls"]

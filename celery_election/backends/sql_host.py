@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from .dialects import Dialect
+from .dialect_base import Dialect
 
 __all__ = ["SQLHost"]
 

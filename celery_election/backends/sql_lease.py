@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..lease import Lease
-from .dialects import StepStyle
+from .dialect_base import StepStyle
 from .schema import db_now_us, greatest
 
 __all__ = ["EVENTS", "lease_columns", "lease_from_row", "lease_statements", "lease_updates"]

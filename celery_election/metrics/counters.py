@@ -41,6 +41,7 @@ __all__ = [
     "SharedCounters",
     "Store",
     "count",
+    "in_use",
     "key",
     "set_gauge",
     "store",
@@ -270,6 +271,11 @@ def store() -> Store | None:
     if _store is None and ENV_VAR in os.environ:
         with contextlib.suppress(OSError):
             _store = SharedCounters(os.environ[ENV_VAR], create=False)
+    return _store
+
+
+def in_use() -> Store | None:
+    """The store in use in this process, without attaching one (None: metrics off)."""
     return _store
 
 

@@ -38,7 +38,7 @@ def tick_late(values: dict[str, int], namespace: str, now: float) -> float | Non
 
 def mark_tick(namespace: str, next_in: float) -> None:
     """A beat's tick loop went round; it expects to go round again in ``next_in`` s."""
-    s = counters._store
+    s = counters.in_use()
     if s is None:
         return
     now = boottime()

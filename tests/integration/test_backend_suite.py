@@ -333,3 +333,14 @@ def test_an_update_that_changes_nothing_counts_no_row_on_mysql(backend: Any) -> 
     same = sa.update(t).where(t.c.namespace == NS).values(term=t.c.term, token=t.c.token)
     with backend.engine.connect() as conn:
         assert conn.execute(same).rowcount == 0
+
+
+def test_every_backend_answers_the_electors_housekeeping_calls(backend: Any) -> None:
+    """``release_idle`` and ``topology_warnings`` are Backend calls (no getattr probing):
+    every backend has them, and they never fail an elector's start or wait."""
+    backend.elect(NS, token(), "a", 30.0)
+    backend.release_idle()
+    assert backend.current(NS) is not None  # reconnects after a release
+    warnings = backend.topology_warnings(lock_on=True)
+    assert warnings == []  # with the lock on there is nothing to warn of
+    assert isinstance(backend.topology_warnings(lock_on=False), list)

@@ -607,3 +607,40 @@ def test_the_watchers_know_a_trust_window_before_anyone_hears_of_it(
     e.resign()
     assert next_event(sub).kind == "revoked"
     assert heard == [("elected", [term]), ("revoked", [term, None])]
+
+
+def test_elector_options_are_the_electors_keyword_arguments() -> None:
+    """AsyncElector takes ``**options: Unpack[ElectorOptions]``: the TypedDict must name
+    exactly the Elector's keyword-only arguments and the timings (ElectionConfig's fields)."""
+    import dataclasses
+    import inspect
+
+    from celery_election.aio import AsyncElector
+    from celery_election.config import ElectionConfig
+    from celery_election.elector import ElectorOptions
+
+    params = inspect.signature(Elector.__init__).parameters.values()
+    keywords = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    timings = {f.name for f in dataclasses.fields(ElectionConfig)}
+    assert set(ElectorOptions.__optional_keys__) == keywords | timings
+    assert not ElectorOptions.__required_keys__
+    positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    async_params = inspect.signature(AsyncElector.__init__).parameters.values()
+    assert [p.name for p in async_params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == (
+        positional
+    )
+
+
+def test_candidate_ids_read_role_node_pid_and_a_random_tag() -> None:
+    import os
+    import socket
+
+    from celery_election.identity import new_candidate_id
+
+    host, pid = socket.gethostname(), os.getpid()
+    first, second = new_candidate_id(), new_candidate_id()
+    assert first.rsplit(":", 1)[0] == f"{host}:{pid}" and first != second
+    assert new_candidate_id("w1@box").startswith(f"w1@box:{pid}:")
+    assert new_candidate_id(role="beat").startswith(f"beat@{host}:{pid}:")
+    assert len(new_candidate_id().rsplit(":", 1)[1]) == 8
+    assert Elector(MemoryBackend()).candidate_id.startswith(f"{host}:{pid}:")

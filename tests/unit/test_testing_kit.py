@@ -224,7 +224,7 @@ def test_the_controller_restores_the_previous_record(monkeypatch: pytest.MonkeyP
         assert os.environ[ENV_VAR] == outer_path
         assert current_term() == 5
         assert not os.path.exists(inner_path)
-    assert shared_state._current is None
+    assert shared_state.in_use() is None
     assert ENV_VAR not in os.environ
     assert not os.path.exists(outer_path)
 
@@ -382,7 +382,7 @@ def test_the_plugin_is_registered_by_its_entry_point(tmp_path: Path) -> None:
             from celery_election import shared_state
 
             def test_untouched():
-                assert shared_state._current is None
+                assert shared_state.in_use() is None
                 assert "CELERY_ELECTION_SHM" not in os.environ
 
             def test_fixture(election):
