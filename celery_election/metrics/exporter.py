@@ -18,7 +18,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..clock import boottime
 from ..elector import electors
@@ -129,6 +129,35 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
         "leader task runs by outcome (run, or on a follower: skipped, requeued, raised)",
         labels=["task", "outcome"],
     )
+    beat = _beat_families()
+    age = GaugeMetricFamily(
+        PREFIX + "beat_tick_age_seconds",
+        "seconds since the beat's tick loop last ran",
+        labels=["namespace"],
+    )
+    late = GaugeMetricFamily(
+        PREFIX + "beat_tick_late_seconds",
+        "seconds the beat's tick loop is late for the tick it announced (alert on this)",
+        labels=["namespace"],
+    )
+    counted = _count_store(values, set(beat))
+    for ns, last in counted.ticked:
+        age.add_metric([ns], max(0.0, now - last / 1e6))
+    _add_counts(tasks, beat, counted)
+    for ns in sorted(counted.beats):
+        seconds = tick_late(values, ns, now)
+        if seconds is not None:
+            late.add_metric([ns], seconds)
+    yield tasks
+    yield from beat.values()
+    yield age
+    yield late
+
+
+def _beat_families() -> dict[str, Any]:
+    """The beat's counters, by the name its store counts them under."""
+    from prometheus_client.core import CounterMetricFamily
+
     beat: dict[str, Any] = {
         what: CounterMetricFamily(PREFIX + f"beat_runs_{what}", doc, labels=["namespace", "entry"])
         for what, doc in (
@@ -148,48 +177,52 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
         "seconds between each run's due time and its send, summed (rate / runs_sent: mean)",
         labels=["namespace", "entry"],
     )
-    age = GaugeMetricFamily(
-        PREFIX + "beat_tick_age_seconds",
-        "seconds since the beat's tick loop last ran",
-        labels=["namespace"],
-    )
-    late = GaugeMetricFamily(
-        PREFIX + "beat_tick_late_seconds",
-        "seconds the beat's tick loop is late for the tick it announced (alert on this)",
-        labels=["namespace"],
-    )
-    beats: set[str] = set()
-    # Each beat entry and each leader task that counted anything is exported with every
-    # counter of its family, 0 where nothing happened yet: "refused" or "publish_failed"
-    # then read 0 rather than absent (Prometheus' advice: initialise the label sets you
-    # know), at no cost in the store (its shared table has room for 512 keys).
-    entries: dict[tuple[str, str], dict[str, int]] = {}
-    outcomes: dict[str, dict[str, int]] = {}
+    return beat
+
+
+class _Counted(NamedTuple):
+    """The store's values by what they count (``_count_store``)."""
+
+    #: a leader task's count of each outcome, by task
+    outcomes: dict[str, dict[str, int]]
+    #: a beat entry's count of each beat counter, by (namespace, entry)
+    entries: dict[tuple[str, str], dict[str, int]]
+    #: the namespaces whose beat announced a tick
+    beats: set[str]
+    #: (namespace, when its tick loop last ran, epoch microseconds), by namespace
+    ticked: list[tuple[str, int]]
+
+
+def _count_store(values: dict[str, int], counters_: set[str]) -> _Counted:
+    """Sort the store's ``values`` by what they count (``counters_``: the beat's names)."""
+    counted = _Counted({}, {}, set(), [])
     for k, v in sorted(values.items()):
         parts = k.split(_SEP)
         if parts[0] == TASK and len(parts) == 3:
-            outcomes.setdefault(parts[1], {})[parts[2]] = v
-        elif parts[0] == BEAT and len(parts) == 4 and parts[3] in beat:
-            entries.setdefault((parts[1], parts[2]), {})[parts[3]] = v
+            counted.outcomes.setdefault(parts[1], {})[parts[2]] = v
+        elif parts[0] == BEAT and len(parts) == 4 and parts[3] in counters_:
+            counted.entries.setdefault((parts[1], parts[2]), {})[parts[3]] = v
         elif parts[0] == TICK and len(parts) == 3:
-            beats.add(parts[1])
+            counted.beats.add(parts[1])
             if parts[2] == "last" and v:
-                age.add_metric([parts[1]], max(0.0, now - v / 1e6))
-    for task, counted in outcomes.items():
-        for outcome in sorted(set(counted) | set(TASK_OUTCOMES)):
-            tasks.add_metric([task, outcome], float(counted.get(outcome, 0)))
-    for (ns, entry), counted in entries.items():
+                counted.ticked.append((parts[1], v))
+    return counted
+
+
+def _add_counts(tasks: Any, beat: dict[str, Any], counted: _Counted) -> None:
+    """Each leader task and beat entry that counted anything, with every counter of its family.
+
+    0 where nothing happened yet: "refused" or "publish_failed" then read 0 rather than
+    absent (Prometheus' advice: initialise the label sets you know), at no cost in the
+    store (its shared table has room for 512 keys).
+    """
+    for task, outcomes in counted.outcomes.items():
+        for outcome in sorted(set(outcomes) | set(TASK_OUTCOMES)):
+            tasks.add_metric([task, outcome], float(outcomes.get(outcome, 0)))
+    for (ns, entry), entry_counts in counted.entries.items():
         for what, family in beat.items():
-            v = counted.get(what, 0)
+            v = entry_counts.get(what, 0)
             family.add_metric([ns, entry], v / 1000 if what == "late_ms" else float(v))
-    for ns in sorted(beats):
-        seconds = tick_late(values, ns, now)
-        if seconds is not None:
-            late.add_metric([ns], seconds)
-    yield tasks
-    yield from beat.values()
-    yield age
-    yield late
 
 
 def render() -> tuple[bytes, str]:

@@ -4,7 +4,8 @@ One room of its own, on the Celery side; the election core never imports it
 (``tests/unit/test_layers.py``). Where things are:
 
 - ``api.py``: ``Schedule``, what operators and code call (re-exported here).
-- ``store.py``: its tables in the election database (``schedule_store(backend)``).
+- ``store.py``: its tables in the election database (``schedule_store(backend)``);
+  ``records.py``: the rows it hands out; ``marks.py``: the timeline's marks and queries.
 - ``spec.py``: the schedule language ("every 10s", crontabs with a time zone, one-offs)
   and the policies; ``cron.py``: cron's own daylight-saving rules.
 - ``cli.py`` and ``cli_web.py``: ``celery election schedule ...`` and ``election web``.

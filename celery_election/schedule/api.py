@@ -54,8 +54,9 @@ from ..backends import SQLBackend, backend_from_url
 from ..backends.base import RunState
 from ..errors import ConfigurationError, ElectionError
 from ..settings import ElectionSettings
+from .records import EntryRow, RunRecord
 from .spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
-from .store import EntryRow, RunRecord, SQLScheduleStore, schedule_store
+from .store import SQLScheduleStore, schedule_store
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery

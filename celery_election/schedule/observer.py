@@ -24,8 +24,9 @@ from ..backends.schema import entry_key
 from ..lease import Lease
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
+from .marks import LATE_US, MARKS, run_mark
+from .records import RunRecord
 from .spec import describe, from_spec
-from .store import LATE_US, MARKS, RunRecord, run_mark
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
@@ -45,6 +46,18 @@ _DIGITS = "0123456789"
 
 def _ms(us: int | None) -> int | None:
     return None if us is None else us // 1000
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The window of ``Observer.timeline``: epoch microseconds, its columns in milliseconds."""
+
+    now_us: int
+    oldest_us: int  # the history's retention
+    from_us: int  # a column's edge
+    to_us: int
+    column_ms: int
+    first_ms: int  # from_us in milliseconds
 
 
 # -- what the page shows -----------------------------------------------------------------------
@@ -331,55 +344,19 @@ class Observer:
         A day of a thousand entries' runs (114,000) is ~1 MB of integers and digits, not
         12 MB of objects; a run's task id, outcome and duration come from ``api/mark``.
         """
-        store = self.schedule.store
-        now_us = store.db_now()
-        oldest = now_us - int(self.retention * 86_400_000_000)
-        to_us = now_us if to_ms is None else min(int(to_ms) * 1000, now_us)
-        from_us = to_us - 3_600_000_000 if from_ms is None else int(from_ms) * 1000
-        from_us = max(min(from_us, to_us - 1_000_000), oldest)
-        columns = max(1, min(int(width or TIMELINE_WIDTH), TIMELINE_MAX_WIDTH))
-        column_ms = max(1, -(-(to_us - from_us) // (columns * 1000)))
-        first = (from_us // 1000) // column_ms * column_ms  # a column's edge
-        from_us = first * 1000
+        window = self._window(from_ms, to_ms, width)
         if not self._names:
             self.entries_body()
         names = self._names
-        keys: list[str] = []
-        rows: list[list[Any]] = []
-        total = 0
-        for key, cols, marks, runs, late_us in store.marks(
-            self.namespace, from_us, to_us + 1, column_ms * 1000
-        ):
-            steps = list(map(operator.sub, cols, (0, *cols[:-1])))
-            many = [x for i, n in enumerate(runs) if n > 1 for x in (i, n)]
-            late = [x for i, us in enumerate(late_us) if us is not None for x in (i, us // 1000)]
-            rows.append([len(keys), steps, "".join(map(_DIGITS.__getitem__, marks)), many, late])
-            keys.append(key)
-            total += sum(runs)
-        with self._lock:
-            leases = {
-                n["namespace"]: {"term": n["term"], "held": n["leader"] is not None}
-                for n in self._status["namespaces"]
-            }
+        keys, rows, total = self._mark_rows(window)
         return {
-            "now_ms": _ms(now_us),
-            "from_ms": first,
-            "to_ms": _ms(to_us),
-            "oldest_ms": _ms(oldest),
-            "column_ms": column_ms,
+            "now_ms": _ms(window.now_us),
+            "from_ms": window.first_ms,
+            "to_ms": _ms(window.to_us),
+            "oldest_ms": _ms(window.oldest_us),
+            "column_ms": window.column_ms,
             "late_ms": LATE_US // 1000,
-            "terms": [
-                {
-                    "namespace": t.namespace,
-                    "term": t.term,
-                    "leader": t.leader_id,
-                    "started_ms": _ms(t.started_at),
-                    "seen_ms": _ms(t.seen_at),
-                    "ended_ms": _ms(t.ended_at),
-                    "current": leases.get(t.namespace) == {"term": t.term, "held": True},
-                }
-                for t in store.terms(from_us, to_us)
-            ],
+            "terms": self._terms(window.from_us, window.to_us),
             "kinds": MARKS,
             "entries": [names.get(key, f"(removed {key[:8]})") for key in keys],
             "keys": keys,
@@ -387,6 +364,54 @@ class Observer:
             "rows": rows,
             "runs": total,
         }
+
+    def _window(self, from_ms: int | None, to_ms: int | None, width: int | None) -> _Window:
+        """The timeline's window and its columns: see :meth:`timeline`."""
+        now_us = self.schedule.store.db_now()
+        oldest = now_us - int(self.retention * 86_400_000_000)
+        to_us = now_us if to_ms is None else min(int(to_ms) * 1000, now_us)
+        from_us = to_us - 3_600_000_000 if from_ms is None else int(from_ms) * 1000
+        from_us = max(min(from_us, to_us - 1_000_000), oldest)
+        columns = max(1, min(int(width or TIMELINE_WIDTH), TIMELINE_MAX_WIDTH))
+        column_ms = max(1, -(-(to_us - from_us) // (columns * 1000)))
+        first = (from_us // 1000) // column_ms * column_ms  # a column's edge
+        return _Window(now_us, oldest, first * 1000, to_us, column_ms, first)
+
+    def _mark_rows(self, window: _Window) -> tuple[list[str], list[list[Any]], int]:
+        """The entries' keys, their rows of marks (``ROW_FIELDS``) and how many runs."""
+        keys: list[str] = []
+        rows: list[list[Any]] = []
+        total = 0
+        for key, cols, marks, runs, late_us in self.schedule.store.marks(
+            self.namespace, window.from_us, window.to_us + 1, window.column_ms * 1000
+        ):
+            steps = list(map(operator.sub, cols, (0, *cols[:-1])))
+            many = [x for i, n in enumerate(runs) if n > 1 for x in (i, n)]
+            late = [x for i, us in enumerate(late_us) if us is not None for x in (i, us // 1000)]
+            rows.append([len(keys), steps, "".join(map(_DIGITS.__getitem__, marks)), many, late])
+            keys.append(key)
+            total += sum(runs)
+        return keys, rows, total
+
+    def _terms(self, from_us: int, to_us: int) -> list[dict[str, Any]]:
+        """The terms of leadership in [from_us, to_us], the current ones marked."""
+        with self._lock:
+            leases = {
+                n["namespace"]: {"term": n["term"], "held": n["leader"] is not None}
+                for n in self._status["namespaces"]
+            }
+        return [
+            {
+                "namespace": t.namespace,
+                "term": t.term,
+                "leader": t.leader_id,
+                "started_ms": _ms(t.started_at),
+                "seen_ms": _ms(t.seen_at),
+                "ended_ms": _ms(t.ended_at),
+                "current": leases.get(t.namespace) == {"term": t.term, "held": True},
+            }
+            for t in self.schedule.store.terms(from_us, to_us)
+        ]
 
     def mark(self, key: str, from_ms: int, to_ms: int) -> dict[str, Any]:
         """One mark of the timeline: entry ``key``'s runs sent in [from_ms, to_ms).

@@ -19,7 +19,8 @@ leader's history thread writes it, beat/ops.py; the schedule page draws it).
   sends only if that won: a stale leader cannot send it, two leaders cannot both.
 
 Everything here is plain data (the spec is JSON); what a spec means is the Celery side's
-(``celery_election/schedule.py``).
+(``celery_election/schedule.py``). The rows it hands out are ``records.py``'s; the
+timeline's marks and their queries are ``marks.py``'s (both re-exported here).
 """
 
 from __future__ import annotations
@@ -28,15 +29,34 @@ import functools
 import json
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..backends.schema import db_now_us, entry_key, key_type, ordered_concat
+from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
 from ..errors import ConfigurationError
+from .marks import (
+    FAILED_OUTCOMES,
+    LATE_US,
+    MARKS,
+    EntryMarks,
+    entry_marks,
+    marks_statement,
+    run_mark,
+    runs_in_statements,
+)
+from .records import (
+    AuditRecord,
+    EntryRow,
+    RunRecord,
+    TermRecord,
+    entry_from_row,
+    history_row,
+    opt_int,
+    record_from_row,
+)
 
 if TYPE_CHECKING:
     from ..backends.sql_host import SQLHost
@@ -52,106 +72,10 @@ __all__ = [
     "SQLScheduleStore",
     "TermRecord",
     "entry_marks",
+    "history_row",
     "run_mark",
     "schedule_store",
 ]
-
-#: What a run looks like on the schedule page's timeline, least to most worrying: a column
-#: of the timeline that holds several runs shows the last of these that any of them is.
-MARKS = ("on-time", "run-now", "late", "skipped", "missed", "failed")
-#: The outcomes that mark a run failed.
-FAILED_OUTCOMES = ("FAILURE", "REVOKED", "REJECTED", "IGNORED")
-#: A run sent more than this after it fell due is late (a tick is ~10 ms late): microseconds.
-LATE_US = 500_000
-#: A run's rank in the timeline's grouping is its mark times this, plus how late it was
-#: (microseconds) when its mark is late: the worst run of a column, and the most late of the
-#: late ones, are then one MAX. Any lateness (< sent_at, < 10**18 µs) stays below the next mark.
-_RANK = 10**18
-
-
-@dataclass(frozen=True)
-class EntryRow:
-    """One stored entry (times: database clock, epoch microseconds)."""
-
-    name: str
-    task: str | None  # None: an operator's overlay on a static beat_schedule entry
-    spec: dict[str, Any] = field(hash=False, compare=True)
-    enabled: bool = True
-    paused_at: int | None = None
-    skip_before: int | None = None
-    run_now_at: int | None = None
-    deleted: bool = False
-    version: int = 0
-    created_at: int = 0
-    updated_at: int = 0
-    updated_by: str = ""
-
-    @property
-    def paused(self) -> bool:
-        return self.paused_at is not None
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One row of an entry's run history."""
-
-    id: int
-    entry_key: str
-    kind: str  # run / run_now / missed (catch-up policy) / skipped (overlap policy)
-    run_key: int
-    term: int
-    due_at: int | None
-    sent_at: int
-    task_id: str | None
-    count: int
-    finished_at: int | None
-    outcome: str | None
-    duration_us: int | None
-
-
-@dataclass(frozen=True)
-class AuditRecord:
-    """Who changed which entry, how and when."""
-
-    id: int
-    name: str
-    action: str
-    actor: str
-    at: int
-    detail: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TermRecord:
-    """One term of leadership as recorded (times: database clock, epoch microseconds).
-
-    ``ended_at`` is set by a clean end; else the term lasted at least until ``seen_at``.
-    """
-
-    namespace: str
-    term: int
-    leader_id: str
-    started_at: int
-    seen_at: int
-    ended_at: int | None
-
-
-class EntryMarks(NamedTuple):
-    """One entry's runs in the columns of the timeline (:meth:`SQLScheduleStore.marks`).
-
-    One element per column that has runs, by column, in parallel tuples (not an object per
-    column: a day of a thousand entries is ~100,000 of them): ``columns`` (counted from the
-    window's start), ``marks`` (the worst of its runs, an index of :data:`MARKS`), ``runs``
-    (how many history rows) and ``late_us`` (where the mark is late: how late the most late
-    run was; else None).
-    """
-
-    entry_key: str
-    columns: tuple[int, ...]
-    marks: tuple[int, ...]
-    runs: tuple[int, ...]
-    late_us: tuple[int | None, ...]
-
 
 T = TypeVar("T")
 
@@ -206,7 +130,7 @@ class SQLScheduleStore:
             .where(t.c.namespace == namespace, t.c.version > since)
             .order_by(t.c.version)
         )
-        return self._read(lambda conn: [_entry(r) for r in conn.execute(stmt)], t)
+        return self._read(lambda conn: [entry_from_row(r) for r in conn.execute(stmt)], t)
 
     def entries(self, namespace: str) -> list[EntryRow]:
         """Every live (not deleted) row of ``namespace``, by name."""
@@ -217,7 +141,7 @@ class SQLScheduleStore:
         t = self.entry
         stmt = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == entry_key(name))
         row = self._read(lambda conn: conn.execute(stmt).first(), t)
-        return None if row is None else _entry(row)
+        return None if row is None else entry_from_row(row)
 
     def db_now(self) -> int:
         """The database's clock (epoch microseconds)."""
@@ -241,7 +165,7 @@ class SQLScheduleStore:
             now = int(conn.execute(sa.select(db_now_us())).scalar_one())
             locked = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == key)
             found = conn.execute(backend.db.for_update(locked)).first()
-            current = None if found is None else _entry(found)
+            current = None if found is None else entry_from_row(found)
             if current is not None and current.deleted:
                 current = None
             values, detail = work(current, now)
@@ -263,7 +187,7 @@ class SQLScheduleStore:
                 conn.execute(sa.update(t).where(where).values(**values))
             self._audit(conn, namespace, name, action, actor, now, detail)
             row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
-            return _entry(row)
+            return entry_from_row(row)
 
         return backend.call_in_transaction(run, table=t)
 
@@ -415,7 +339,7 @@ class SQLScheduleStore:
             .limit(1)
         )
         row = self._read(lambda conn: conn.execute(stmt).first(), r)
-        return None if row is None else _record(row)
+        return None if row is None else record_from_row(row)
 
     def last_sent_many(self, namespace: str, names: list[str]) -> dict[str, RunRecord]:
         """Each named entry's latest sent run, in one query (a page of many entries)."""
@@ -433,7 +357,7 @@ class SQLScheduleStore:
             .group_by(r.c.entry_key)
         )
         stmt = sa.select(r).where(r.c.id.in_(latest.scalar_subquery()))
-        rows = self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
+        rows = self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
         return {keys[x.entry_key]: x for x in rows}
 
     def history(
@@ -445,7 +369,7 @@ class SQLScheduleStore:
         if before is not None:
             stmt = stmt.where(r.c.id < before)
         stmt = stmt.order_by(r.c.id.desc()).limit(limit)
-        return self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
+        return self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
 
     def audit(self, namespace: str, *, limit: int = 50) -> list[AuditRecord]:
         """The latest operator changes of ``namespace``, newest first."""
@@ -523,7 +447,7 @@ class SQLScheduleStore:
                 r.leader_id,
                 int(r.started_at),
                 int(r.seen_at),
-                _opt(r.ended_at),
+                opt_int(r.ended_at),
             )
             for r in rows
         ]
@@ -539,39 +463,7 @@ class SQLScheduleStore:
             .order_by(r.c.sent_at, r.c.id)
             .limit(limit)
         )
-        return self._read(lambda conn: [_record(row) for row in conn.execute(stmt)], r)
-
-    def _mark_of(self) -> sa.ColumnElement[int]:
-        """A history row's mark, as an index of :data:`MARKS` (SQL, per row)."""
-        r = self.run
-        return sa.case(
-            (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed")),
-            (r.c.kind == "missed", MARKS.index("missed")),
-            (r.c.kind == "skipped", MARKS.index("skipped")),
-            (r.c.kind == "run_now", MARKS.index("run-now")),
-            (self._late(), MARKS.index("late")),
-            else_=MARKS.index("on-time"),
-        )
-
-    def _late(self) -> sa.ColumnElement[bool]:
-        r = self.run
-        return sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US)
-
-    def _rank_of(self) -> sa.ColumnElement[int]:
-        """A history row's mark times ``_RANK``, plus its lateness if late (SQL, per row).
-
-        :meth:`_mark_of` in the same order, folded with the lateness into one value so the
-        grouping keeps one aggregate (the database sorts and folds ~100,000 rows for a day).
-        """
-        r = self.run
-        return sa.case(
-            (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
-            (r.c.kind == "missed", MARKS.index("missed") * _RANK),
-            (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
-            (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
-            (self._late(), MARKS.index("late") * _RANK + (r.c.sent_at - r.c.due_at)),
-            else_=MARKS.index("on-time") * _RANK,
-        )
+        return self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
 
     def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[EntryMarks]:
         """The history of ``namespace`` sent in [from_us, to_us), as the timeline shows it.
@@ -592,38 +484,8 @@ class SQLScheduleStore:
     def marks_statement(
         self, namespace: str, from_us: int, to_us: int, column_us: int
     ) -> sa.Select[Any]:
-        """The query of :meth:`marks`: per entry, its columns, marks, runs and lateness.
-
-        Its plan is checked on each database (tests/integration/test_schedule_store.py).
-        """
-        r = self.run
-        column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
-        per_column = (
-            sa.select(
-                r.c.entry_key,
-                column,
-                sa.func.max(self._rank_of()).label("rank"),
-                sa.func.count().label("runs"),
-            )
-            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
-            .group_by(r.c.entry_key, column)
-            .order_by(r.c.entry_key, column)  # SQLite's concatenation keeps this order
-            .subquery("per_column")
-        )
-        g = per_column.c
-        mark = g.rank // _RANK
-        late = sa.case((mark == MARKS.index("late"), g.rank % _RANK), else_=sa.null())
-        return (
-            sa.select(
-                g.entry_key,
-                ordered_concat(g.col, g.col, ","),
-                ordered_concat(mark, g.col, ""),  # one digit a column
-                ordered_concat(g.runs, g.col, ","),
-                ordered_concat(sa.func.coalesce(sa.cast(late, sa.String), ""), g.col, ","),
-            )
-            .group_by(g.entry_key)
-            .order_by(g.entry_key)
-        )
+        """The query of :meth:`marks` (``marks.marks_statement``)."""
+        return marks_statement(self.run, namespace, from_us, to_us, column_us)
 
     def runs_in(
         self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
@@ -636,7 +498,7 @@ class SQLScheduleStore:
         runs, counts = self.runs_in_statements(namespace, key, from_us, to_us, limit=limit)
 
         def read(conn: Connection) -> tuple[list[RunRecord], dict[str, int]]:
-            found = [_record(row) for row in conn.execute(runs)]
+            found = [record_from_row(row) for row in conn.execute(runs)]
             return found, {MARKS[int(m)]: int(n) for m, n in conn.execute(counts)}
 
         return self._read(read, self.run)
@@ -644,18 +506,8 @@ class SQLScheduleStore:
     def runs_in_statements(
         self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
     ) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """The queries of :meth:`runs_in`: the runs, and how many of each mark."""
-        r = self.run
-        mark = self._mark_of()
-        where = (
-            r.c.namespace == namespace,
-            r.c.entry_key == key,
-            r.c.sent_at >= from_us,
-            r.c.sent_at < to_us,
-        )
-        runs = sa.select(r).where(*where).order_by(mark.desc(), r.c.sent_at, r.c.id).limit(limit)
-        per = sa.select(mark.label("mark"), r.c.id).where(*where).subquery("per_run")
-        return runs, sa.select(per.c.mark, sa.func.count()).group_by(per.c.mark)
+        """The queries of :meth:`runs_in` (``marks.runs_in_statements``)."""
+        return runs_in_statements(self.run, namespace, key, from_us, to_us, limit=limit)
 
     def prune_terms(self, namespace: str, older_than_us: int) -> int:
         """Forget the terms of election ``namespace`` that ended before ``older_than_us``."""
@@ -666,108 +518,5 @@ class SQLScheduleStore:
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
 
 
-def entry_marks(key: str, columns: str, marks: str, runs: str, late_us: str) -> EntryMarks:
-    """One row of :meth:`SQLScheduleStore.marks`'s query as an :class:`EntryMarks`.
-
-    Its strings hold one value a column (``marks``: one digit each, the others separated by
-    commas; ``late_us`` empty where the mark is not late), in column order except where the
-    database did not keep it (SQLite before 3.44 cannot be told): then sorted here.
-    """
-    cols = tuple(map(int, columns.split(",")))
-    digits = tuple(map(int, marks))
-    counts = tuple(map(int, runs.split(",")))
-    late = tuple(int(x) if x else None for x in late_us.split(","))
-    if not len(cols) == len(digits) == len(counts) == len(late):
-        raise ValueError(
-            f"the timeline's marks of entry {key} were cut short ({len(cols)} columns, "
-            f"{len(digits)} marks): the database's string aggregation limit (MySQL: "
-            f"group_concat_max_len) is too small"
-        )
-    if list(cols) != sorted(cols):  # the columns of a group are distinct
-        order = sorted(range(len(cols)), key=cols.__getitem__)
-        cols = tuple(cols[i] for i in order)
-        digits = tuple(digits[i] for i in order)
-        counts = tuple(counts[i] for i in order)
-        late = tuple(late[i] for i in order)
-    return EntryMarks(key, cols, digits, counts, late)
-
-
-def run_mark(r: RunRecord) -> str:
-    """A history row's mark (one of :data:`MARKS`): what the SQL of ``marks`` computes."""
-    if r.outcome in FAILED_OUTCOMES:
-        return "failed"
-    if r.kind in ("missed", "skipped"):
-        return r.kind
-    if r.kind == "run_now":
-        return "run-now"
-    if r.due_at is not None and r.sent_at - r.due_at > LATE_US:
-        return "late"
-    return "on-time"
-
-
-def history_row(
-    namespace: str,
-    name: str,
-    kind: str,
-    *,
-    run_key: int,
-    term: int,
-    due_at: int | None = None,
-    task_id: str | None = None,
-    count: int = 1,
-    sent_at: int | None = None,
-) -> dict[str, Any]:
-    """The columns of one history row."""
-    return {
-        "namespace": namespace,
-        "entry_key": entry_key(name),
-        "kind": kind,
-        "run_key": run_key,
-        "term": term,
-        "due_at": due_at,
-        "sent_at": sent_at,
-        "task_id": task_id,
-        "count": count,
-    }
-
-
 def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:
     return sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
-
-
-def _opt(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _entry(row: Any) -> EntryRow:
-    return EntryRow(
-        name=row.name,
-        task=row.task,
-        spec=json.loads(row.spec),
-        enabled=bool(row.enabled),
-        paused_at=_opt(row.paused_at),
-        skip_before=_opt(row.skip_before),
-        run_now_at=_opt(row.run_now_at),
-        deleted=bool(row.deleted),
-        version=int(row.version),
-        created_at=int(row.created_at),
-        updated_at=int(row.updated_at),
-        updated_by=row.updated_by,
-    )
-
-
-def _record(row: Any) -> RunRecord:
-    return RunRecord(
-        id=int(row.id),
-        entry_key=row.entry_key,
-        kind=row.kind,
-        run_key=int(row.run_key),
-        term=int(row.term),
-        due_at=_opt(row.due_at),
-        sent_at=int(row.sent_at),
-        task_id=row.task_id,
-        count=int(row.count),
-        finished_at=_opt(row.finished_at),
-        outcome=row.outcome,
-        duration_us=_opt(row.duration_us),
-    )

@@ -1,0 +1,190 @@
+"""The schedule page's timeline in SQL: what a run looks like, the queries that group runs.
+
+A run's mark (on time, run now, late, skipped, missed, failed) is computed by the database
+(``mark_of``, ``rank_of``) so that a day of history is grouped there, one row per entry
+(``marks_statement``), and by ``run_mark`` in Python for the few runs a page lists. The
+store runs these queries (``SQLScheduleStore.marks``, ``SQLScheduleStore.runs_in``);
+``entry_marks`` reads one row of the first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import sqlalchemy as sa
+
+from ..backends.schema import ordered_concat
+
+if TYPE_CHECKING:
+    from .records import RunRecord
+
+__all__ = [
+    "FAILED_OUTCOMES",
+    "LATE_US",
+    "MARKS",
+    "EntryMarks",
+    "entry_marks",
+    "late",
+    "mark_of",
+    "marks_statement",
+    "rank_of",
+    "run_mark",
+    "runs_in_statements",
+]
+
+#: What a run looks like on the schedule page's timeline, least to most worrying: a column
+#: of the timeline that holds several runs shows the last of these that any of them is.
+MARKS = ("on-time", "run-now", "late", "skipped", "missed", "failed")
+#: The outcomes that mark a run failed.
+FAILED_OUTCOMES = ("FAILURE", "REVOKED", "REJECTED", "IGNORED")
+#: A run sent more than this after it fell due is late (a tick is ~10 ms late): microseconds.
+LATE_US = 500_000
+#: A run's rank in the timeline's grouping is its mark times this, plus how late it was
+#: (microseconds) when its mark is late: the worst run of a column, and the most late of the
+#: late ones, are then one MAX. Any lateness (< sent_at, < 10**18 µs) stays below the next mark.
+_RANK = 10**18
+
+
+class EntryMarks(NamedTuple):
+    """One entry's runs in the columns of the timeline (``SQLScheduleStore.marks``).
+
+    One element per column that has runs, by column, in parallel tuples (not an object per
+    column: a day of a thousand entries is ~100,000 of them): ``columns`` (counted from the
+    window's start), ``marks`` (the worst of its runs, an index of :data:`MARKS`), ``runs``
+    (how many history rows) and ``late_us`` (where the mark is late: how late the most late
+    run was; else None).
+    """
+
+    entry_key: str
+    columns: tuple[int, ...]
+    marks: tuple[int, ...]
+    runs: tuple[int, ...]
+    late_us: tuple[int | None, ...]
+
+
+def late(r: sa.Table) -> sa.ColumnElement[bool]:
+    """A history row (of ``schedule_run`` table ``r``) was sent late (SQL, per row)."""
+    return sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US)
+
+
+def mark_of(r: sa.Table) -> sa.ColumnElement[int]:
+    """A history row's mark, as an index of :data:`MARKS` (SQL, per row)."""
+    return sa.case(
+        (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed")),
+        (r.c.kind == "missed", MARKS.index("missed")),
+        (r.c.kind == "skipped", MARKS.index("skipped")),
+        (r.c.kind == "run_now", MARKS.index("run-now")),
+        (late(r), MARKS.index("late")),
+        else_=MARKS.index("on-time"),
+    )
+
+
+def rank_of(r: sa.Table) -> sa.ColumnElement[int]:
+    """A history row's mark times ``_RANK``, plus its lateness if late (SQL, per row).
+
+    :func:`mark_of` in the same order, folded with the lateness into one value so the
+    grouping keeps one aggregate (the database sorts and folds ~100,000 rows for a day).
+    """
+    return sa.case(
+        (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
+        (r.c.kind == "missed", MARKS.index("missed") * _RANK),
+        (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
+        (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
+        (late(r), MARKS.index("late") * _RANK + (r.c.sent_at - r.c.due_at)),
+        else_=MARKS.index("on-time") * _RANK,
+    )
+
+
+def marks_statement(
+    r: sa.Table, namespace: str, from_us: int, to_us: int, column_us: int
+) -> sa.Select[Any]:
+    """The query of ``SQLScheduleStore.marks``: per entry, its columns, marks, runs, lateness.
+
+    ``r`` is the ``schedule_run`` table. Its plan is checked on each database
+    (tests/integration/test_schedule_store.py).
+    """
+    column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
+    per_column = (
+        sa.select(
+            r.c.entry_key,
+            column,
+            sa.func.max(rank_of(r)).label("rank"),
+            sa.func.count().label("runs"),
+        )
+        .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
+        .group_by(r.c.entry_key, column)
+        .order_by(r.c.entry_key, column)  # SQLite's concatenation keeps this order
+        .subquery("per_column")
+    )
+    g = per_column.c
+    mark = g.rank // _RANK
+    late_us = sa.case((mark == MARKS.index("late"), g.rank % _RANK), else_=sa.null())
+    return (
+        sa.select(
+            g.entry_key,
+            ordered_concat(g.col, g.col, ","),
+            ordered_concat(mark, g.col, ""),  # one digit a column
+            ordered_concat(g.runs, g.col, ","),
+            ordered_concat(sa.func.coalesce(sa.cast(late_us, sa.String), ""), g.col, ","),
+        )
+        .group_by(g.entry_key)
+        .order_by(g.entry_key)
+    )
+
+
+def runs_in_statements(
+    r: sa.Table, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
+) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    """The queries of ``SQLScheduleStore.runs_in``: the runs, and how many of each mark.
+
+    ``r`` is the ``schedule_run`` table.
+    """
+    mark = mark_of(r)
+    where = (
+        r.c.namespace == namespace,
+        r.c.entry_key == key,
+        r.c.sent_at >= from_us,
+        r.c.sent_at < to_us,
+    )
+    runs = sa.select(r).where(*where).order_by(mark.desc(), r.c.sent_at, r.c.id).limit(limit)
+    per = sa.select(mark.label("mark"), r.c.id).where(*where).subquery("per_run")
+    return runs, sa.select(per.c.mark, sa.func.count()).group_by(per.c.mark)
+
+
+def entry_marks(key: str, columns: str, marks: str, runs: str, late_us: str) -> EntryMarks:
+    """One row of :func:`marks_statement`'s answer as an :class:`EntryMarks`.
+
+    Its strings hold one value a column (``marks``: one digit each, the others separated by
+    commas; ``late_us`` empty where the mark is not late), in column order except where the
+    database did not keep it (SQLite before 3.44 cannot be told): then sorted here.
+    """
+    cols = tuple(map(int, columns.split(",")))
+    digits = tuple(map(int, marks))
+    counts = tuple(map(int, runs.split(",")))
+    late = tuple(int(x) if x else None for x in late_us.split(","))
+    if not len(cols) == len(digits) == len(counts) == len(late):
+        raise ValueError(
+            f"the timeline's marks of entry {key} were cut short ({len(cols)} columns, "
+            f"{len(digits)} marks): the database's string aggregation limit (MySQL: "
+            f"group_concat_max_len) is too small"
+        )
+    if list(cols) != sorted(cols):  # the columns of a group are distinct
+        order = sorted(range(len(cols)), key=cols.__getitem__)
+        cols = tuple(cols[i] for i in order)
+        digits = tuple(digits[i] for i in order)
+        counts = tuple(counts[i] for i in order)
+        late = tuple(late[i] for i in order)
+    return EntryMarks(key, cols, digits, counts, late)
+
+
+def run_mark(r: RunRecord) -> str:
+    """A history row's mark (one of :data:`MARKS`): what the SQL of ``marks`` computes."""
+    if r.outcome in FAILED_OUTCOMES:
+        return "failed"
+    if r.kind in ("missed", "skipped"):
+        return r.kind
+    if r.kind == "run_now":
+        return "run-now"
+    if r.due_at is not None and r.sent_at - r.due_at > LATE_US:
+        return "late"
+    return "on-time"
