@@ -56,7 +56,7 @@ OPS = "celery_election/beat/ops.py"
 DEC = "celery_election/decisions.py"
 LOOP = "celery_election/election_loop.py"
 LOCKS = "celery_election/backends/locks.py"
-DIALECTS = "celery_election/backends/dialects.py"
+MYSQL_DIALECT = "celery_election/backends/dialect_mysql.py"
 CONNECTION = "celery_election/backends/connection.py"
 TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
 BELIEF = "celery_election/belief.py"
@@ -67,6 +67,11 @@ ELECTION = [
     "tests/unit/test_liveness_rules.py",
 ]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
+GUARDS = "celery_election/beat/guards.py"
+RUNS = "celery_election/beat/runs.py"
+CATCHUP = "celery_election/beat/catchup.py"
+FENCE = "celery_election/beat/fence.py"
+SENDER = "celery_election/beat/sender.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 PUBLISH = "celery_election/beat/publish.py"
 BEAT_ELECTION = "celery_election/beat/election.py"
@@ -184,12 +189,12 @@ MUTATIONS = [
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
     # -- the drivers (psycopg2, mysqlclient) ------------------------------------------------------
-    M("driver-found-rows", DIALECTS, 'cparams["client_flag"] = without_found_rows(cparams.get("client_flag", 0))',
+    M("driver-found-rows", MYSQL_DIALECT, 'cparams["client_flag"] = without_found_rows(cparams.get("client_flag", 0))',
       'cparams["client_flag"] = cparams.get("client_flag", 0)',
       ["tests/integration/test_backend_suite.py::test_an_update_that_changes_nothing_counts_no_row_on_mysql"]),
-    M("driver-mysqlclient-call-socket", DIALECTS, "connection.remember_socket(dbapi_conn)  # mysqlclient: for the call deadline",
+    M("driver-mysqlclient-call-socket", MYSQL_DIALECT, "connection.remember_socket(dbapi_conn)  # mysqlclient: for the call deadline",
       "pass", ["tests/integration/test_backend_suite.py::test_a_call_past_its_deadline_is_cut_on_every_driver"]),
-    M("driver-mysqlclient-lock-socket", DIALECTS, "connection.remember_socket(conn)  # mysqlclient: for interrupt()",
+    M("driver-mysqlclient-lock-socket", MYSQL_DIALECT, "connection.remember_socket(conn)  # mysqlclient: for interrupt()",
       "pass", ["tests/integration/test_liveness.py::test_a_lock_wait_is_cut_from_another_thread_on_every_driver"]),
     M("driver-psycopg2-sqlstate", CONNECTION, 'code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)',
       'code = getattr(exc, "sqlstate", None)', ["tests/integration/test_liveness.py::test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver"]),
@@ -217,11 +222,11 @@ MUTATIONS = [
     M("memory-batch-cas", MEM, "                if not leading or _run_key(stored) != _run_key(r.expected):",
       "                if not leading:", BEAT),
     # -- the beat's clock: the runaway guard and cron's daylight-saving rules ---------------
-    M("guard-held", BEAT_SCHED, "        hold = runaway_hold(entry, self._answers)\n", "        hold = None\n", BEAT_UNIT),
-    M("guard-cron-fields", BEAT_SCHED, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),
-    M("guard-interval-period", BEAT_SCHED, "        period = schedule.run_every.total_seconds()",
+    M("guard-held", GUARDS, "        hold = runaway_hold(entry, self._answers)\n", "        hold = None\n", BEAT_UNIT),
+    M("guard-cron-fields", GUARDS, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),
+    M("guard-interval-period", GUARDS, "        period = schedule.run_every.total_seconds()",
       "        period = MIN_GAP", BEAT_UNIT),
-    M("guard-min-gap", BEAT_SCHED, "MIN_GAP = 1.0", "MIN_GAP = 0.0", BEAT_UNIT),
+    M("guard-min-gap", GUARDS, "MIN_GAP = 1.0", "MIN_GAP = 0.0", BEAT_UNIT),
     # -- a publisher process sends only while the claiming term is trusted ----------------
     M("publish-fence-term", PUBLISH, "if not reading.trusted(checked) or reading.term != job.term:",
       "if not reading.trusted(checked):", PUBLISHERS),
@@ -232,8 +237,15 @@ MUTATIONS = [
       "pass", PUBLISHERS),
     M("publish-lost-not-resent", PUBLISH, "kept += [job for job, _ in share]",
       "kept += list(jobs)", PUBLISHERS),
-    # -- the claim travels with the reserved entries to one send ---------------------------
-    M("beat-claim-taken-once", BEAT_SCHED, "    claim, ticket.claim = ticket.claim, None\n", "    claim = ticket.claim\n", BEAT_UNIT),
+    # -- the fence at a send, and a retried claim ----------------------------------------
+    M("beat-send-refused-claim", SENDER, "if run is not None and (claim is None or not claim.won):",
+      "if False:", [*BEAT_UNIT, *BEAT]),
+    M("beat-send-claim-term", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
+      "if claim is not None and not claim.won:", [*BEAT_UNIT, *BEAT]),
+    M("beat-retry-own", FENCE, "return RunClaim(True, state, True) if not claim.won and mine else claim",
+      "return claim", BEAT),
+    # -- a claimed run waits in the ledger for one send ------------------------------------
+    M("beat-claim-taken-once", RUNS, "        return self._runs.pop(name, None)\n", "        return self._runs.get(name)\n", BEAT_UNIT),
     M("cron-fixed-first-occurrence", CRON, "lowest = first_local if mode != \"fixed\" or seen is None else max(first_local, seen)",
       "lowest = first_local", CRON_UNIT),
     M("cron-any-both-occurrences", CRON, "lowest = first_local if mode != \"fixed\" or seen is None",
@@ -263,12 +275,12 @@ MUTATIONS = [
       "r.c.entry_key == entry_key(name),\n", SCHED),
     M("sched-last-sent-many-kind", SQL_SCHED, 'r.c.entry_key.in_(list(keys)),\n                r.c.kind.in_(("run", "run_now")),\n',
       "r.c.entry_key.in_(list(keys)),\n", [*SCHED, "tests/integration/test_web_app.py"]),
-    M("sched-overlap-busy", OPS, "    if busy:\n        return Decision(skip_to=now", "    if False:\n        return Decision(skip_to=now", SCHED),
-    M("sched-skip-before", OPS, "if skip_before is not None and times[0] < skip_before:",
+    M("sched-overlap-busy", CATCHUP, "    if busy:\n        return Decision(skip_to=now", "    if False:\n        return Decision(skip_to=now", SCHED),
+    M("sched-skip-before", CATCHUP, "if skip_before is not None and times[0] < skip_before:",
       "if False:", SCHED),
-    M("sched-grace", OPS, "late = [t for t in times if (now - t).total_seconds() > grace]",
+    M("sched-grace", CATCHUP, "late = [t for t in times if (now - t).total_seconds() > grace]",
       "late: list[datetime] = []", SCHED),
-    M("sched-all-bound", OPS, "        if len(times) > most:\n", "        if False:\n", SCHED),
+    M("sched-all-bound", CATCHUP, "        if len(times) > most:\n", "        if False:\n", SCHED),
     M("sched-paused-out-of-view", OPS, "if row is None or row.task is not None or (row.enabled and not row.paused):",
       "if True:", SCHED),
     M("sched-dynamic-origin", OPS, "return entry.name not in self._identity and super().follows_deploys(entry)",

@@ -8,7 +8,7 @@ The Celery side of the election for beat (docs/design.md, Layers)::
                   (leadership, promotion, claims, the database clock); Claim
     policy.py     RunPolicy: what a schedule kept beside Celery's adds (default: none)
     election.py   BeatElection: the elector a beat runs (or its worker's, under -B);
-                  Leadership (term, token)
+                  BeatTerm (term, token)
     rows.py       DjangoRowsMixin: model rows (django-celery-beat) written by the leader
     ops.py        the operable schedule served beside the static one: dynamic entries,
                   pauses, run-now requests, catch-up and overlap policies, run history

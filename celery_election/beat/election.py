@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
-import uuid
 from typing import Any, NamedTuple
 
 from .. import metrics, shared_state
@@ -22,17 +20,19 @@ from ..backends.base import Backend, BeatStore
 from ..clock import boottime
 from ..config import without_celery_prefix
 from ..elector import Elector
+from ..errors import ElectionError
 from ..history import Recorder
+from ..identity import new_candidate_id
 from ..process import ProcessElection
 from ..settings import ElectionSettings, hide_password
 from ..shared_state import SharedLeadership
 
-__all__ = ["BeatElection", "Leadership", "backend_description"]
+__all__ = ["BeatElection", "BeatTerm", "backend_description", "banner_line"]
 
 log = logging.getLogger("celery_election.beat")
 
 
-class Leadership(NamedTuple):
+class BeatTerm(NamedTuple):
     """The term this process leads in and its instance token (a claim's proof)."""
 
     term: int
@@ -63,7 +63,7 @@ class BeatElection:
         self.elector: Elector | None = None
         if embedded:
             return
-        candidate = f"beat@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        candidate = new_candidate_id(role="beat")
         elector = self.elector = self.parts.elect(self.namespace, candidate)
         if self.settings.metrics_port is not None:
             # a standalone beat serves its own /metrics and probes (embedded: the worker)
@@ -82,16 +82,16 @@ class BeatElection:
         """The history recorder (``election_history_file``), if any."""
         return self.parts.recorder
 
-    def leadership(self) -> Leadership | None:
+    def leadership(self) -> BeatTerm | None:
         """The term and token while this process may act as leader, else None. No I/O."""
         if self.record is not None:
             reading = self.record.read()
             if reading.trusted() and reading.term is not None and reading.token:
-                return Leadership(reading.term, reading.token)
+                return BeatTerm(reading.term, reading.token)
             return None
         assert self.elector is not None
         term = self.elector.term
-        return None if term is None else Leadership(term, self.elector.token)
+        return None if term is None else BeatTerm(term, self.elector.token)
 
     def wait_for_leadership(self, timeout: float) -> bool:
         """Block until this process leads (True) or ``timeout`` seconds pass (False)."""
@@ -131,6 +131,17 @@ def end_with_parent(parent: int, every: float = 0.2) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="election-parent-watch", daemon=True).start()
+
+
+def banner_line(app: Any) -> str:
+    """The election's line in beat's banner: where it is held, and for which namespace."""
+    try:
+        s = ElectionSettings.from_app(app)
+        ns = s.namespace if shared_state.current() is not None else s.beat_namespace
+        where = backend_description(s.url)
+        return f"    . election -> {where} namespace={ns!r}, ttl={s.config.ttl}s"
+    except ElectionError as exc:
+        return f"    . election -> misconfigured: {exc}"
 
 
 def backend_description(url: str) -> str:

@@ -7,19 +7,19 @@ election and its database it asks of a :class:`BeatFence`:
 * :meth:`~BeatFence.leadership`: who leads now, a read of memory (no I/O);
 * :meth:`~BeatFence.promote`: a newly won term loads the shared run state and measures
   the database clock (I/O);
-* :meth:`~BeatFence.claim`, :meth:`~BeatFence.claim_many`, :meth:`~BeatFence.store_states`:
-  the compare-and-set of a run under the term, in one statement that locks the lease row
-  (docs/design.md, rule 6), retried while this process still trusts its term; the fence
-  keeps what the store then holds;
-* :meth:`~BeatFence.settle`: a reserved run's claim as its send will check it (a
-  :class:`Claim`); :meth:`~BeatFence.may_send`: that check.
+* :meth:`~BeatFence.claim` (and :meth:`~BeatFence.claim_runs` for reserved runs,
+  :meth:`~BeatFence.store_states` for records): the compare-and-set of runs under the
+  term, in one statement that locks the lease row (docs/design.md, rule 6), retried by
+  one loop while this process still trusts its term; the fence keeps what the store then
+  holds;
+* :meth:`~BeatFence.may_send`: the check at a send of a run's :class:`~.runs.Claim`.
 
 Times in the shared state are on the database's clock: :meth:`~BeatFence.to_db` and
 :meth:`~BeatFence.from_db` convert at the boundary with the offset measured at each
 promotion and every minute, so a beat host with a wrong clock neither stalls nor repeats
 the schedule.
 
-``Leadership`` (term, token) is what :class:`~.election.BeatElection` answers; it is
+``BeatTerm`` (term, token) is what :class:`~.election.BeatElection` answers; it is
 defined there (the election imports nothing of the fence) and named here with the rest.
 """
 
@@ -27,19 +27,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import metrics
 from ..backends.base import RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ElectionError
 from ..shared_state import SharedLeadership
-from .election import BeatElection, Leadership
+from .election import BeatElection, BeatTerm
+from .runs import NOT_LEADING, Claim
 
-__all__ = ["NOT_LEADING", "BeatFence", "Claim", "Leadership", "scheduler_app"]
+__all__ = ["NOT_LEADING", "BeatFence", "BeatTerm", "Claim", "claim_of", "scheduler_app"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -49,18 +49,7 @@ _OFFSET_EVERY = 60.0  # seconds between two readings of the database clock (lead
 RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A reserved run: sent only if ``won`` and its term still leads when sending."""
-
-    won: bool
-    term: int
-    run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
-    at: int  # its own last_run_at, as stored (database clock, epoch us)
-
-
-#: The claim of a run reserved while this process did not lead: never sent.
-NOT_LEADING = Claim(False, 0, 0, 0)
+_T = TypeVar("_T")
 
 
 def scheduler_app(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -82,6 +71,7 @@ class BeatFence:
         self._lost_term: int | None = None  # a term a claim found over in the database
         self._offset_us = 0  # database clock - this host's clock
         self._next_offset = 0.0
+        self.sleep: Callable[[float], None] = time.sleep  # between two tries of a claim
 
     # -- the election -----------------------------------------------------------------------
 
@@ -91,6 +81,15 @@ class BeatFence:
             self.election = BeatElection(self.app, self.publishers_record)
             log.info("beat election: %s", self.election.describe())
         return self.election
+
+    def share_trust(self, record: SharedLeadership) -> None:
+        """The election, once started, writes its trust to ``record`` too (publishers')."""
+        self.publishers_record = record
+
+    def unshare_trust(self) -> SharedLeadership | None:
+        """The record :meth:`share_trust` gave, no longer this fence's (None: none)."""
+        record, self.publishers_record = self.publishers_record, None
+        return record
 
     def close(self) -> None:
         """Stop the election (it resigns); idempotent."""
@@ -104,7 +103,7 @@ class BeatFence:
 
     # -- leadership -------------------------------------------------------------------------
 
-    def leadership(self) -> Leadership | None:
+    def leadership(self) -> BeatTerm | None:
         """Who leads now: this process's term and token, or None. No I/O.
 
         None also in a term a claim found over in the database (:meth:`settle`).
@@ -124,7 +123,7 @@ class BeatFence:
         """Not leading: a term won later (even this one again) loads the state again."""
         self._loaded_term = None
 
-    def promote(self, lead: Leadership) -> bool:
+    def promote(self, lead: BeatTerm) -> bool:
         """Newly leading: load the shared run state and measure the database clock.
 
         False if the state could not be loaded (the next tick tries again).
@@ -141,7 +140,7 @@ class BeatFence:
         self._loaded_term = lead.term
         return True
 
-    def may_send(self, claim: Claim | None) -> Leadership | None:
+    def may_send(self, claim: Claim | None) -> BeatTerm | None:
         """The leadership a send goes out under, or None: not sent.
 
         A reserved run (``claim``) only if its claim won and its term still leads; an
@@ -156,82 +155,55 @@ class BeatFence:
 
     # -- claims -----------------------------------------------------------------------------
 
-    def claim(self, lead: Leadership, request: RunRequest) -> RunClaim:
-        """Claim one run, retrying a failed call while trusted (up to a renew interval).
+    def claim(self, lead: BeatTerm, requests: Sequence[RunRequest]) -> list[RunClaim]:
+        """Claim ``requests`` in one statement, retried while trusted (up to a renew interval).
 
         A claim that raised may have committed: a retry that finds exactly the state it
         tried to write, under its own term, counts it as its own. Without the retry, a
         database blip at a run's due time lost that run although this process went on
-        leading (the chaos runs found it).
+        leading (the chaos runs found it). The fence keeps what the store then holds.
         """
         election = self.election
         assert election is not None
-        name, expected, at = request.entry_name, request.expected, request.last_run_us
-        count, identity = int(request.total_run_count or 0), request.identity or ""
-        deadline = boottime() + election.settings.config.renew_interval
-        delay = 0.05
-        retried = False
-        while True:
-            try:
-                claim = election.store.claim_run(
-                    election.namespace, lead.token, lead.term, name, expected, at,
-                    total_run_count=count, identity=identity,
-                )  # fmt: skip
-            except ElectionError as exc:
-                if boottime() + delay > deadline or election.leadership() != lead:
-                    log.error("beat election: could not claim %s (%s); not sent", name, exc)
-                    return self._kept(name, RunClaim(False, expected, True))
-                log.warning("beat election: claim of %s failed (%s); retrying", name, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                retried = True
-                continue
-            mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
-                lead.term,
-                at,
-            )
-            if retried and not claim.won and mine:
-                return self._kept(name, RunClaim(True, claim.state, True))
-            return self._kept(name, claim)
+        store, ns = election.store, election.namespace
+        what = requests[0].entry_name if len(requests) == 1 else f"{len(requests)} runs"
 
-    def claim_many(self, lead: Leadership, requests: list[RunRequest]) -> list[RunClaim]:
-        """:meth:`claim` for a batch: one ``claim_runs``, retried as a whole the same way."""
+        def call() -> list[RunClaim]:
+            if len(requests) > 1:
+                return store.claim_runs(ns, lead.token, lead.term, list(requests))
+            (r,) = requests
+            return [store.claim_run(ns, lead.token, lead.term, r.entry_name, r.expected,
+                                    r.last_run_us, total_run_count=int(r.total_run_count or 0),
+                                    identity=r.identity or "")]  # fmt: skip
+
+        claims, retried = self._retrying(lead, call, what)
+        if claims is None:
+            claims = [RunClaim(False, r.expected, True) for r in requests]
+        elif retried:
+            claims = [_own(lead, r, c) for r, c in zip(requests, claims, strict=True)]
+        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
+
+    def _retrying(
+        self, lead: BeatTerm, call: Callable[[], _T], what: str
+    ) -> tuple[_T | None, bool]:
+        """``call()`` retried with back-off while ``lead`` is trusted, up to a renew interval.
+
+        Returns its answer (None: given up, logged) and whether it was retried.
+        """
         election = self.election
         assert election is not None
-        if len(requests) == 1:
-            return [self.claim(lead, requests[0])]
         deadline = boottime() + election.settings.config.renew_interval
-        delay = 0.05
-        retried = False
+        delay, retried = 0.05, False
         while True:
             try:
-                claims = election.store.claim_runs(
-                    election.namespace, lead.token, lead.term, requests
-                )
+                return call(), retried
             except ElectionError as exc:
                 if boottime() + delay > deadline or election.leadership() != lead:
-                    log.error("beat election: could not claim %d runs (%s); not sent",
-                              len(requests), exc)  # fmt: skip
-                    claims = [RunClaim(False, r.expected, True) for r in requests]
-                    break
-                log.warning("beat election: claim of %d runs failed (%s); retrying",
-                            len(requests), exc)  # fmt: skip
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                retried = True
-                continue
-            if not retried:
-                break
-            out = []
-            for r, claim in zip(requests, claims, strict=True):
-                mine = claim.state is not None and (claim.state.term, claim.state.last_run_us) == (
-                    lead.term,
-                    r.last_run_us,
-                )
-                out.append(RunClaim(True, claim.state, True) if not claim.won and mine else claim)
-            claims = out
-            break
-        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
+                    log.error("beat election: could not claim %s (%s); not sent", what, exc)
+                    return None, retried
+                log.warning("beat election: claim of %s failed (%s); retrying", what, exc)
+            self.sleep(delay)
+            delay, retried = min(delay * 2, 0.5), True
 
     def _kept(self, name: str, claim: RunClaim) -> RunClaim:
         """Keep what the store holds after a claim (won or refused) as the shared state."""
@@ -239,7 +211,7 @@ class BeatFence:
             self.runs[name] = claim.state
         return claim
 
-    def store_states(self, lead: Leadership, requests: list[RunRequest]) -> None:
+    def store_states(self, lead: BeatTerm, requests: list[RunRequest]) -> None:
         """Claim ``requests`` in batches and keep what the store then holds for each.
 
         A new leader of 10,000 entries made 10,000 single claims (40 s) before its first
@@ -252,11 +224,11 @@ class BeatFence:
             (alone if r.entry_name in names else batch).append(r)
             names.add(r.entry_name)
         if batch:
-            self.claim_many(lead, batch)
+            self.claim(lead, batch)
         for r in alone:
-            self.claim(lead, r)
+            self.claim(lead, [r])
 
-    def retire_absent(self, lead: Leadership, live: Collection[str]) -> None:
+    def retire_absent(self, lead: BeatTerm, live: Collection[str]) -> None:
         """Retire stored entries whose names are not ``live`` (a deploy removed them).
 
         As PersistentScheduler drops them from its shelve: a name reused later starts
@@ -270,31 +242,27 @@ class BeatFence:
         if requests:
             self.store_states(lead, requests)
 
-    def settle(self, lead: Leadership, request: RunRequest, result: RunClaim) -> Claim:
-        """A reserved run's claim as its send will check it.
+    def claim_runs(self, lead: BeatTerm, requests: Sequence[RunRequest]) -> list[RunClaim]:
+        """:meth:`claim` for reserved runs: counted, and a term found over ends acting.
 
         A claim refused because the term is over in the database ends this process's
         acting in that term (:meth:`leadership` answers None for it from now on).
         """
-        name = request.entry_name
-        expected = request.expected
-        if result.won:
-            metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "claimed"))
-        else:
+        results = self.claim(lead, requests)
+        for request, result in zip(requests, results, strict=True):
+            name = request.entry_name
+            if result.won:
+                metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "claimed"))
+                continue
             if not result.leading:
-                log.warning(
-                    "beat election: namespace=%s term=%s is over in the database; %s not sent",
-                    self.namespace,
-                    lead.term,
-                    name,
-                )
+                log.warning("beat election: namespace=%s term=%s is over in the database; "
+                            "%s not sent", self.namespace, lead.term, name)  # fmt: skip
                 self._lost_term = lead.term
             state = result.state
-            if state is not None and state != expected:
+            if state is not None and state != request.expected:
                 log.info("beat election: %s already ran (term %s); not sent", name, state.term)
                 metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "refused"))
-        run = 0 if expected is None else expected.last_run_us
-        return Claim(result.won, lead.term, run, request.last_run_us)
+        return results
 
     # -- the clock --------------------------------------------------------------------------
 
@@ -342,3 +310,16 @@ class BeatFence:
         if isinstance(like, datetime):
             return when.astimezone(like.tzinfo)
         return when.astimezone(self.app.timezone)
+
+
+def claim_of(lead: BeatTerm, request: RunRequest, result: RunClaim) -> Claim:
+    """A reserved run's claim as its send checks it."""
+    run = 0 if request.expected is None else request.expected.last_run_us
+    return Claim(result.won, lead.term, run, request.last_run_us)
+
+
+def _own(lead: BeatTerm, request: RunRequest, claim: RunClaim) -> RunClaim:
+    """A retried claim refused by its own earlier try (which committed) is won."""
+    state = claim.state
+    mine = state is not None and (state.term, state.last_run_us) == (lead.term, request.last_run_us)
+    return RunClaim(True, state, True) if not claim.won and mine else claim

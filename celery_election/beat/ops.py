@@ -20,7 +20,7 @@ second, with no restart:
 * **History**: every send is recorded with its task id and the time it was due; workers
   report the outcome (``schedule.report_runs``, connected by ``init_app``); the leader
   prunes what is older than ``election_schedule_retention`` days.
-* **Leadership history**: the leader's history thread records each term it leads (the
+* **BeatTerm history**: the leader's history thread records each term it leads (the
   lease's start), moves the term's ``seen_at`` about once a second and ends it when this
   beat stops leading (a crash leaves ``seen_at``: its last sign of life). It is written
   here, on the Celery side and off the tick, not in the backends' election steps: the
@@ -32,32 +32,29 @@ With a memory election database (tests) there are no tables: the schedule is Cel
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from celery.beat import event_t
-from celery.schedules import schedstate
-
 from .. import metrics
-from ..backends.base import RunRequest
 from ..clock import boottime
 from ..errors import ElectionError
-from ..schedule.spec import SKIP_GRACE, check_policies, from_spec
+from ..schedule.spec import check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import Answers, shared_answer
-from .fence import BeatFence, Leadership, scheduler_app
-from .policy import DefaultRunPolicy, RunPolicy
+from .catchup import SEND, Decision, decide, due_times
+from .election import BeatTerm
+from .fence import BeatFence
+from .history import HistoryWriter
+from .policy import DefaultRunPolicy, RunNow, RunPolicy
 
 __all__ = [
+    "SEND",
     "Decision",
     "HistoryWriter",
-    "OperableScheduleMixin",
     "RunPolicy",
     "ScheduleOps",
     "decide",
@@ -68,261 +65,6 @@ log = logging.getLogger("celery_election.beat")
 
 LOOK_EVERY = 0.5  # seconds between two looks at the schedule's version (leader only)
 PRUNE_EVERY = 600.0
-_CAP = 10_000  # due times counted at most (a 1 s interval after a 3-hour outage)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do with a due run: send it, or drop ``count`` runs.
-
-    Sent, its run stores ``send_as`` as last_run_at (None: Celery's now); dropped, the run
-    state moves to ``skip_to``.
-    """
-
-    skip_to: datetime | None = None
-    kind: str = ""  # missed (catch-up, resume) / skipped (overlap)
-    count: int = 0
-    send_as: datetime | None = None
-
-
-SEND = Decision()
-
-
-def due_times(
-    schedule: Any, last_run_at: datetime, now: datetime, cap: int = _CAP
-) -> list[datetime]:
-    """The times ``schedule`` fell due after ``last_run_at`` up to ``now`` (at most ``cap``)."""
-    out: list[datetime] = []
-    last = last_run_at
-    while len(out) < cap:
-        due = now + schedule.remaining_estimate(last)
-        if due > now or (out and due <= out[-1]) or due <= last:
-            break
-        out.append(due)
-        last = due
-    return out
-
-
-def decide(
-    times: list[datetime],
-    now: datetime,
-    policies: dict[str, Any],
-    *,
-    skip_before: datetime | None = None,
-    busy: bool = False,
-) -> Decision:
-    """The policies' verdict on a due entry whose missed due times are ``times``.
-
-    * ``busy`` (overlap ``skip`` and the previous run has not finished): skip this run.
-    * ``skip_before`` (resumed with ``missed="skip"``): what fell due before it is missed.
-    * Runs due longer ago than the grace window are missed (``catch_up="skip"``: 1 s by
-      default); ``latest`` then sends one run for the rest, ``all`` one run per due time
-      (the latest ``catch_up_max``), each stored as the due time it stands for.
-    """
-    if busy:
-        return Decision(skip_to=now, kind="skipped", count=1)
-    if not times:
-        return SEND
-    if skip_before is not None and times[0] < skip_before:
-        before = [t for t in times if t < skip_before]
-        return Decision(skip_to=min(skip_before, now), kind="missed", count=len(before))
-    grace = policies.get("grace")
-    if grace is None and policies["catch_up"] == "skip":
-        grace = SKIP_GRACE
-    if grace is not None:
-        late = [t for t in times if (now - t).total_seconds() > grace]
-        if late:
-            to = now if len(late) == len(times) else late[-1]
-            return Decision(skip_to=to, kind="missed", count=len(late))
-    if policies["catch_up"] == "all":
-        most = int(policies["catch_up_max"])
-        if len(times) > most:
-            return Decision(skip_to=times[-most - 1], kind="missed", count=len(times) - most)
-        return Decision(send_as=times[0])
-    return SEND
-
-
-class OperableScheduleMixin:
-    """Serve the operable schedule (see the module) in a LeaderSchedulerMixin scheduler.
-
-    What Celery calls is overridden here (the schedule it sees, ``schedules_equal``,
-    ``reserve``, ``tick``, ``is_due``, ``close``); what the operable schedule knows is a
-    :class:`ScheduleOps`, plugged into the fence's caller as its :class:`RunPolicy`.
-    """
-
-    app: Any
-    _heap: Any
-    _seen: Any
-    _fence: BeatFence
-
-    def __init__(self, *args: Any, fence: BeatFence | None = None, **kwargs: Any) -> None:
-        """Celery's arguments; ``fence``: the shared run state's (default: one of its own)."""
-        if fence is None:
-            fence = BeatFence(scheduler_app(args, kwargs))
-        self._ops = ScheduleOps(fence, self._base, self.Entry)  # type: ignore[attr-defined]
-        self._compared = -1  # the view's key when last found equal to its copy
-        super().__init__(*args, fence=fence, policy=self._ops, **kwargs)  # type: ignore[call-arg]
-
-    # -- the schedule Celery sees -----------------------------------------------------------
-
-    def get_schedule(self) -> dict[str, Any]:
-        view = self._ops.view
-        return view if view is not None else super().get_schedule()  # type: ignore[misc]
-
-    def set_schedule(self, schedule: dict[str, Any]) -> None:
-        super().set_schedule(schedule)  # type: ignore[misc]
-        if self._ops.view is not None:
-            self._ops.rebuild()
-
-    schedule = property(get_schedule, set_schedule)
-
-    def _base(self) -> dict[str, Any]:
-        """The wrapped scheduler's own schedule (PersistentScheduler's shelve)."""
-        return super().get_schedule()  # type: ignore[misc, no-any-return]
-
-    def schedules_equal(self, old: Any, new: Any) -> bool:
-        """Celery's comparison, skipped while the view has not changed since it was equal.
-
-        Celery compares every entry at every tick; with the view, only a rebuild changes
-        what it could find (reserve keeps entries equal), so 10,000 entries cost nothing.
-        """
-        ops = self._ops
-        if new is not None and new is ops.view and self._compared == ops.view_key:
-            return True
-        equal = bool(super().schedules_equal(old, new))  # type: ignore[misc]
-        if equal and new is not None and new is ops.view:
-            self._compared = ops.view_key
-        return equal
-
-    def reserve(self, entry: Any) -> Any:
-        new_entry = super().reserve(entry)  # type: ignore[misc]
-        ops = self._ops
-        if ops.view is not None:
-            name = entry.name
-            if name in ops.dynamic and ops.view.get(name) is new_entry:
-                ops.dynamic[name] = new_entry
-            elif name in self._base():
-                self._base()[name] = new_entry  # the shelve keeps static entries only
-        return new_entry
-
-    # -- looking at the stored schedule -----------------------------------------------------
-
-    def tick(self, *args: Any, **kwargs: Any) -> float:
-        lead = self._take_lead()  # type: ignore[attr-defined]
-        ops = self._ops
-        store = ops.store()
-        if lead is not None and store is not None:
-            if boottime() >= ops.next_look:
-                ops.look(lead)
-            self._serve_run_now(lead, store)
-            ops.prune(store)
-        if store is not None:
-            ops.mark_term(store, lead)
-        next_in = float(super().tick(*args, **kwargs))  # type: ignore[misc]
-        return min(next_in, LOOK_EVERY) if store is not None else next_in
-
-    def _serve_run_now(self, lead: Leadership, store: SQLScheduleStore) -> None:
-        """Send each pending "run now" this leader wins in the database, once."""
-        ops = self._ops
-        for name in list(ops.asked):
-            ops.asked.discard(name)
-            row = ops.rows.get(name)
-            if row is None or row.run_now_at is None:
-                continue
-            ops.rows[name] = replace(row, run_now_at=None)
-            entry = self._base().get(name) if row.task is None else ops.dynamic_entry(row)
-            if entry is None:
-                log.warning("beat election: run now of %s: no such entry in this beat", name)
-                continue
-            election = self._fence.election
-            assert election is not None
-            try:
-                won = store.claim_run_now(ops.namespace, (election.namespace, lead.token,
-                                          lead.term), name, row.run_now_at)  # fmt: skip
-            except ElectionError as exc:
-                log.warning("beat election: run now of %s not claimed (%s)", name, exc)
-                ops.rows[name] = row  # try again at the next tick
-                ops.asked.add(name)
-                continue
-            if not won:
-                continue
-            log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
-            ops.run_now_key = row.run_now_at
-            try:
-                self.apply_entry(entry, producer=self.producer)  # type: ignore[attr-defined]
-            finally:
-                ops.run_now_key = None
-
-    # -- policies ---------------------------------------------------------------------------
-
-    def is_due(self, entry: Any) -> Any:
-        state = super().is_due(entry)  # type: ignore[misc]
-        ops = self._ops
-        row = ops.rows.get(entry.name)
-        if not state.is_due or row is None:
-            return state
-        cached = ops.policies.get(entry.name)
-        if cached is None:
-            cached = ops.policies[entry.name] = check_policies(row.spec)
-        policies = cached
-        lead = self._take_lead()  # type: ignore[attr-defined]
-        if lead is None:
-            return state
-        now = self.app.now()
-        last = entry.last_run_at or now
-        times = due_times(entry.schedule, last, now)
-        skip_before = None
-        if row.skip_before is not None:
-            skip_before = self._fence.from_db(row.skip_before, now)
-        busy = policies["overlap"] == "skip" and ops.busy(entry.name, policies)
-        decision = decide(times, now, policies, skip_before=skip_before, busy=busy)
-        if decision.skip_to is not None:
-            self._skip(entry, lead, decision)
-            return schedstate(False, 0)
-        if decision.send_as is not None:
-            # the run stands for its due time, and the next missed one is due at once
-            ops.send_as[entry.name] = decision.send_as
-            state = schedstate(True, 0)
-        if times:
-            late = (now - times[-1]).total_seconds()
-            metrics.count(ops.metric(entry.name, "late_ms"), max(0, round(late * 1000)))
-        return state
-
-    def _skip(self, entry: Any, lead: Leadership, decision: Decision) -> None:
-        """Move the run state past dropped runs, under this term; the history counts them."""
-        name = entry.name
-        fence, ops = self._fence, self._ops
-        expected = fence.runs.get(name)
-        assert decision.skip_to is not None
-        at = fence.to_db(decision.skip_to)
-        count = int(entry.total_run_count or 0)
-        identity = self.run_state_identity(entry)  # type: ignore[attr-defined]
-        claim = fence.claim(lead, RunRequest(str(name), expected, at, count, identity))
-        if claim.won:
-            self.adopt_run_state(entry, decision.skip_to, count)  # type: ignore[attr-defined]
-            self._seen[name] = (entry.last_run_at, entry.total_run_count)
-            what = "missed" if decision.kind == "missed" else "skipped_overlap"
-            metrics.count(ops.metric(name, what), decision.count)
-            policy = "overlap" if decision.kind == "skipped" else "catch-up"
-            log.info("beat election: %s: %d run(s) %s (%s policy)", name, decision.count,
-                     decision.kind, policy)  # fmt: skip
-            ops.history(name, decision.kind, lead.term, expected.last_run_us if expected else 0,
-                        None, decision.count)  # fmt: skip
-        elif claim.state is not None and claim.state != expected:
-            self._adopt(entry, claim.state)  # type: ignore[attr-defined]
-        heap = self._heap
-        if heap and heap[0][2] is entry:
-            due, next_in = entry.is_due()
-            when = self._when(entry, 0 if due else next_in)  # type: ignore[attr-defined]
-            heapq.heapreplace(heap, event_t(when, heap[0][1], entry))
-        else:
-            self._heap = None
-
-    def close(self) -> None:
-        try:
-            super().close()  # type: ignore[misc]
-        finally:
-            self._ops.close()
 
 
 class ScheduleOps(DefaultRunPolicy):
@@ -358,8 +100,8 @@ class ScheduleOps(DefaultRunPolicy):
         self.asked: set[str] = set()  # entries with a "run now" this leader has not served
         self.policies: dict[str, dict[str, Any]] = {}  # checked policies, by entry
         self._writer: HistoryWriter | None = None
-        self.run_now_key: int | None = None  # the "run now" being sent
         self._answers: Answers = {}  # due times shared by a burst's crontabs
+        self._compared = -1  # the view's key when last found equal to its copy
 
     def store(self) -> SQLScheduleStore | None:
         """The stored schedule (None: a memory election database, no tables)."""
@@ -375,7 +117,7 @@ class ScheduleOps(DefaultRunPolicy):
 
     # -- the RunPolicy ----------------------------------------------------------------------
 
-    def promote(self, lead: Leadership) -> bool:
+    def promote(self, lead: BeatTerm) -> bool:
         """Load the stored schedule before the shared run state is matched with it."""
         return self.store() is None or self.look(lead, full=True)
 
@@ -399,14 +141,119 @@ class ScheduleOps(DefaultRunPolicy):
             return {}
         return {"election_schedule": self.namespace, "election_entry": str(entry.name)}
 
-    def sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
-        kind = "run" if run is not None or self.run_now_key is None else "run_now"
-        key = run if run is not None else (self.run_now_key or 0)
+    def sent(
+        self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
+    ) -> None:
+        kind = "run" if run is not None or run_now is None else "run_now"
+        key = run if run is not None else (run_now or 0)
         if kind == "run_now":
             metrics.count(self.metric(entry.name, "run_now"))
         now = self.app.now()  # one reading for both: Celery's now is a tenth of a send
         due = self._due_us(entry, run, now) if kind == "run" else None
         self.history(entry.name, kind, term, key, getattr(result, "id", None), 1, due, now)
+
+    def before_tick(self, lead: BeatTerm | None) -> list[RunNow]:
+        """The pending "run now"s this leader won; first, the stored schedule's changes.
+
+        Also prunes the history, and tells the leadership history which term this beat
+        leads.
+        """
+        store = self.store()
+        if store is None:
+            return []
+        runs: list[RunNow] = []
+        if lead is not None:
+            if boottime() >= self.next_look:
+                self.look(lead)
+            runs = self._run_now(lead, store)
+            self.prune(store)
+        self.mark_term(store, lead)
+        return runs
+
+    def next_tick_within(self) -> float | None:
+        return LOOK_EVERY if self.store() is not None else None
+
+    def _run_now(self, lead: BeatTerm, store: SQLScheduleStore) -> list[RunNow]:
+        """The pending "run now"s this leader wins in the database (each sent once)."""
+        election = self.fence.election
+        assert election is not None
+        runs = []
+        for name in list(self.asked):
+            self.asked.discard(name)
+            row = self.rows.get(name)
+            if row is None or row.run_now_at is None:
+                continue
+            self.rows[name] = replace(row, run_now_at=None)
+            entry = self._base().get(name) if row.task is None else self.dynamic_entry(row)
+            if entry is None:
+                log.warning("beat election: run now of %s: no such entry in this beat", name)
+                continue
+            try:
+                won = store.claim_run_now(self.namespace, (election.namespace, lead.token,
+                                          lead.term), name, row.run_now_at)  # fmt: skip
+            except ElectionError as exc:
+                log.warning("beat election: run now of %s not claimed (%s)", name, exc)
+                self.rows[name] = row  # try again at the next tick
+                self.asked.add(name)
+                continue
+            if won:
+                log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
+                runs.append(RunNow(entry, row.run_now_at))
+        return runs
+
+    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
+        """The policies' decision on a due entry (catch-up, resume, overlap)."""
+        row = self.rows.get(entry.name)
+        if row is None:
+            return None
+        policies = self.policies.get(entry.name)
+        if policies is None:
+            policies = self.policies[entry.name] = check_policies(row.spec)
+        now = self.app.now()
+        times = due_times(entry.schedule, entry.last_run_at or now, now)
+        skip_before = None
+        if row.skip_before is not None:
+            skip_before = self.fence.from_db(row.skip_before, now)
+        busy = policies["overlap"] == "skip" and self.busy(entry.name, policies)
+        decision = decide(times, now, policies, skip_before=skip_before, busy=busy)
+        if decision.send_as is not None:
+            # the run stands for its due time, and the next missed one is due at once
+            self.send_as[entry.name] = decision.send_as
+        if decision.skip_to is None and times:
+            late = (now - times[-1]).total_seconds()
+            metrics.count(self.metric(entry.name, "late_ms"), max(0, round(late * 1000)))
+        return decision
+
+    def skipped(self, entry: Any, lead: BeatTerm, decision: Decision, run_key: int) -> None:
+        name = entry.name
+        what = "missed" if decision.kind == "missed" else "skipped_overlap"
+        metrics.count(self.metric(name, what), decision.count)
+        policy = "overlap" if decision.kind == "skipped" else "catch-up"
+        log.info("beat election: %s: %d run(s) %s (%s policy)", name, decision.count,
+                 decision.kind, policy)  # fmt: skip
+        self.history(name, decision.kind, lead.term, run_key, None, decision.count)
+
+    def reserved(self, entry: Any, next_entry: Any) -> None:
+        """The view and the shelve hold the reserved entry's successor."""
+        if self.view is None:
+            return
+        name = entry.name
+        if name in self.dynamic and self.view.get(name) is next_entry:
+            self.dynamic[name] = next_entry
+        elif name in self._base():
+            self._base()[name] = next_entry  # the shelve keeps static entries only
+
+    def schedule_unchanged(self, schedule: Any) -> bool:
+        """The view, unchanged since it was found equal to its copy.
+
+        Only a rebuild changes what Celery could find (reserve keeps entries equal), so
+        10,000 entries cost nothing.
+        """
+        return schedule is not None and schedule is self.view and self._compared == self.view_key
+
+    def schedule_compared(self, schedule: Any, equal: bool) -> None:
+        if equal and schedule is not None and schedule is self.view:
+            self._compared = self.view_key
 
     # -- the view ---------------------------------------------------------------------------
 
@@ -462,7 +309,7 @@ class ScheduleOps(DefaultRunPolicy):
         self._built[name] = row
         return entry
 
-    def look(self, lead: Leadership, *, full: bool = False) -> bool:
+    def look(self, lead: BeatTerm, *, full: bool = False) -> bool:
         """Read what changed since the last look; False if the database did not answer."""
         store = self.store()
         assert store is not None
@@ -531,7 +378,7 @@ class ScheduleOps(DefaultRunPolicy):
 
     # -- history ----------------------------------------------------------------------------
 
-    def mark_term(self, store: SQLScheduleStore, lead: Leadership | None) -> None:
+    def mark_term(self, store: SQLScheduleStore, lead: BeatTerm | None) -> None:
         """Tell the leadership history which term this beat leads now (None: none)."""
         if lead is None and self._writer is None:
             return
@@ -606,99 +453,6 @@ class ScheduleOps(DefaultRunPolicy):
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
-
-
-class HistoryWriter:
-    """History rows written by a thread of their own, a batch every ``every`` seconds.
-
-    A send then costs the tick loop its claim only: with the history written inline, each
-    send was two round trips and one leader kept up with about 170 sends a second on
-    PostgreSQL (benchmarks/beat_dynamic.py). A batch that fails is kept for the next one
-    (up to ``limit`` rows: history is best effort, the runs themselves went out).
-    """
-
-    #: Seconds between two marks of the led term's ``seen_at`` (its end after a crash).
-    SEEN_EVERY = 1.0
-
-    def __init__(self, store: SQLScheduleStore, every: float = 0.25, limit: int = 50_000):
-        self.store, self.every, self.limit = store, every, limit
-        self._rows: list[dict[str, Any]] = []
-        # leadership history: the term led now (namespace, term, label), whether its row is
-        # written, when it was last marked seen, and terms that ended but are not marked so
-        self._term: tuple[str, int, str] | None = None
-        self._term_written = False
-        self._seen_at = 0.0
-        self._ended: list[tuple[str, int]] = []
-        self._lock = threading.Lock()  # the queue
-        self._writing = threading.Lock()  # one batch at a time, in order
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="election-history", daemon=True)
-        self._thread.start()
-
-    def add(self, row: dict[str, Any]) -> None:
-        with self._lock:
-            if len(self._rows) < self.limit:
-                self._rows.append(row)
-
-    def lead(self, namespace: str, term: int | None, label: str) -> None:
-        """The term this beat leads now (None: none); the thread records changes."""
-        with self._lock:
-            current = self._term
-            if current is not None and (term is None or current[1] != term):
-                if self._term_written:
-                    self._ended.append(current[:2])
-                self._term = None
-            if term is not None and self._term is None:
-                self._term, self._term_written, self._seen_at = (namespace, term, label), False, 0.0
-
-    def _terms(self) -> None:
-        """Write the leadership history's changes (best effort, retried next time)."""
-        with self._lock:
-            ended, self._ended = self._ended, []
-            current, written = self._term, self._term_written
-        try:
-            for ns, term in ended:
-                self.store.term_seen(ns, term, ended=True)
-            if current is not None and not written:
-                self.store.term_started(*current)
-                with self._lock:
-                    if self._term == current:
-                        self._term_written, self._seen_at = True, boottime()
-            elif current is not None and boottime() - self._seen_at >= self.SEEN_EVERY:
-                self.store.term_seen(*current[:2])
-                self._seen_at = boottime()
-        except ElectionError as exc:
-            log.debug("beat election: leadership history not written yet (%s)", exc)
-            with self._lock:
-                self._ended[:0] = ended
-
-    def flush(self) -> None:
-        """Write what is queued now, in the caller's thread."""
-        with self._writing:
-            self._terms()
-            with self._lock:
-                rows, self._rows = self._rows, []
-            if not rows:
-                return
-            try:
-                self.store.record_many(rows)
-            except ElectionError as exc:
-                log.warning("beat election: %d history rows not written yet (%s)", len(rows), exc)
-                with self._lock:
-                    self._rows[:0] = rows[: self.limit - len(self._rows)]
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.flush()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        with self._lock:
-            if self._term is not None and self._term_written:
-                self._ended.append(self._term[:2])
-            self._term = None
-        self.flush()
 
 
 def _inside(row: EntryRow, now: datetime) -> bool:

@@ -1,30 +1,72 @@
 """What a scheduler's own schedule adds to the fence's rules: the ``RunPolicy``.
 
 ``LeaderSchedulerMixin`` asks its policy at the few points where a schedule kept beside
-Celery's (the operable schedule of ``beat/ops.py``) knows more than the entries do. The
-mixin alone uses :class:`DefaultRunPolicy` (it adds nothing); ``LeaderScheduler`` plugs in
+Celery's (the operable schedule of ``beat/ops.py``) knows more than the entries do:
+before a tick (runs asked for now), when an entry is due (catch-up and overlap), at a
+reserve, a send, a promotion and the end. Each hook takes values and returns values; the
+scheduler acts on them (the claims, Celery's heap). The mixin alone uses
+:class:`DefaultRunPolicy` (it adds nothing); ``LeaderScheduler`` plugs in
 ``ops.ScheduleOps``.
+
+Where a new beat policy goes: a hook here (with its no-op in :class:`DefaultRunPolicy`),
+its rule as a pure function (like ``catchup.decide``), its state in ``ScheduleOps``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from .election import Leadership
+from .catchup import Decision
+from .election import BeatTerm
 
-__all__ = ["DefaultRunPolicy", "RunPolicy", "has_row"]
+__all__ = ["DefaultRunPolicy", "RunNow", "RunPolicy", "has_row"]
+
+
+class RunNow(NamedTuple):
+    """A "run now" this leader won: send ``entry`` once, unreserved, as request ``key``."""
+
+    entry: Any
+    key: int
 
 
 class RunPolicy(Protocol):
     """The questions ``LeaderSchedulerMixin`` asks of the schedule it serves."""
 
-    def promote(self, lead: Leadership) -> bool:
+    def promote(self, lead: BeatTerm) -> bool:
         """Newly leading, before the shared run state is loaded; False: not yet.
 
         False defers the promotion to the next tick (the schedule's own state could not
         be read).
         """
+        ...
+
+    def before_tick(self, lead: BeatTerm | None) -> list[RunNow]:
+        """A tick begins (``lead``: None when not leading); the runs to send now."""
+        ...
+
+    def next_tick_within(self) -> float | None:
+        """The longest a tick may sleep (None: Celery's ``max_interval`` decides)."""
+        ...
+
+    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
+        """What to do with a due entry (None: send it, as Celery says)."""
+        ...
+
+    def skipped(self, entry: Any, lead: BeatTerm, decision: Decision, run_key: int) -> None:
+        """The runs ``decision`` dropped were claimed as skipped (after run ``run_key``)."""
+        ...
+
+    def reserved(self, entry: Any, next_entry: Any) -> None:
+        """Celery reserved ``entry``: ``next_entry`` replaces it in the schedule."""
+        ...
+
+    def schedule_unchanged(self, schedule: Any) -> bool:
+        """Whether ``schedule`` is known equal to its copy (Celery need not compare)."""
+        ...
+
+    def schedule_compared(self, schedule: Any, equal: bool) -> None:
+        """Celery compared ``schedule`` with its copy and answered ``equal``."""
         ...
 
     def live_names(self, schedule: Mapping[str, Any]) -> set[str]:
@@ -47,16 +89,47 @@ class RunPolicy(Protocol):
         """Headers added to a send beside the term and the run."""
         ...
 
-    def sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
-        """A run was published (``run``: its key; None for an unreserved send)."""
+    def sent(
+        self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
+    ) -> None:
+        """A run was published.
+
+        ``run``: its key; None for an unreserved send, which ``run_now`` names if it was
+        a "run now" request.
+        """
+        ...
+
+    def close(self) -> None:
+        """The scheduler stops."""
         ...
 
 
 class DefaultRunPolicy:
     """No schedule beside Celery's: the entries say everything."""
 
-    def promote(self, lead: Leadership) -> bool:
+    def promote(self, lead: BeatTerm) -> bool:
         return True
+
+    def before_tick(self, lead: BeatTerm | None) -> list[RunNow]:
+        return []
+
+    def next_tick_within(self) -> float | None:
+        return None
+
+    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
+        return None
+
+    def skipped(self, entry: Any, lead: BeatTerm, decision: Decision, run_key: int) -> None:
+        return None
+
+    def reserved(self, entry: Any, next_entry: Any) -> None:
+        return None
+
+    def schedule_unchanged(self, schedule: Any) -> bool:
+        return False
+
+    def schedule_compared(self, schedule: Any, equal: bool) -> None:
+        return None
 
     def live_names(self, schedule: Mapping[str, Any]) -> set[str]:
         return set(schedule)
@@ -74,7 +147,12 @@ class DefaultRunPolicy:
     def send_headers(self, entry: Any) -> dict[str, Any]:
         return {}
 
-    def sent(self, entry: Any, result: Any, term: int, run: int | None) -> None:
+    def sent(
+        self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
+    ) -> None:
+        return None
+
+    def close(self) -> None:
         return None
 
 

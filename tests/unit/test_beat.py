@@ -224,9 +224,9 @@ def test_the_schedule_is_compared_again_only_when_it_can_have_changed(
 ) -> None:
     """Stock compares every entry at every tick; here a schedule found equal is trusted
     until the scheduler changes it (add, update_from_dict, ...) or replaces it."""
-    from celery_election.beat import scheduler as scheduler_module
+    from celery_election.beat import guards
 
-    monkeypatch.setattr(scheduler_module, "_RECHECK_EVERY", 3600.0)
+    monkeypatch.setattr(guards, "RECHECK_EVERY", 3600.0)
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": schedule(3600)} for i in range(3)})
     s = leader(app, started)
     s.tick()
@@ -430,10 +430,12 @@ def test_a_large_schedule_is_compared_again_less_often(
 ) -> None:
     """The once-a-second safety net costs at most 1/20 of the tick thread: a comparison
     that took 0.2 s is not made again for 4 s (10,000 entries: 1/6 of a burst's CPU)."""
+    from celery_election.beat import guards
     from celery_election.beat import scheduler as scheduler_module
 
     clock = [1000.0]
     monkeypatch.setattr(scheduler_module, "boottime", lambda: clock[0])
+    monkeypatch.setattr(guards, "boottime", lambda: clock[0])
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": schedule(3600)} for i in range(3)})
     s = leader(app, started)
     s.tick()
@@ -461,11 +463,13 @@ def test_the_safety_comparison_waits_for_the_end_of_a_burst(
     shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tick that sent a full batch is followed by another at once: the comparison every
-    second waits until the burst is over (at most _RECHECK_BURST s), then runs again."""
+    second waits until the burst is over (at most guards.RECHECK_BURST s), then runs again."""
+    from celery_election.beat import guards
     from celery_election.beat import scheduler as scheduler_module
 
     clock = [1000.0]
     monkeypatch.setattr(scheduler_module, "boottime", lambda: clock[0])
+    monkeypatch.setattr(guards, "boottime", lambda: clock[0])
     monkeypatch.setattr(scheduler_module, "BURST", 2)
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
     s = leader(app, started)
@@ -539,13 +543,11 @@ class Headed(Recording):
 def test_a_reserved_run_carries_its_claim_to_one_send(
     shared: MemoryBackend, started: list[Any]
 ) -> None:
-    """The claim travels on the entries of its reservation: Celery's tick sends the entry
-    reserve was given, ``apply_async(advance=True)`` the one it returned. Whichever is
-    sent takes it, for both: the other, sent later unreserved (a "run now"), goes out
-    as an unreserved send, not as the claimed run again. It never reaches a shelve."""
+    """A reserved run waits in the ledger for its send: Celery's tick sends the entry
+    reserve was given, ``apply_async(advance=True)`` the one it returned. The first send
+    of that entry's name takes it: another, sent later unreserved (a "run now"), goes
+    out as an unreserved send, not as the claimed run again. Nothing reaches a shelve."""
     import pickle
-
-    from celery_election.beat.scheduler import CLAIM_ATTR
 
     s = Headed(app=make_app({"job": {"task": "t.job", "schedule": IsDueOnly()}}))
     started.append(s)
@@ -553,10 +555,10 @@ def test_a_reserved_run_carries_its_claim_to_one_send(
     assert s.wait_for_leadership(5)
     entry = s.schedule["job"]
     new = s.reserve(entry)
-    assert getattr(entry, CLAIM_ATTR) is getattr(new, CLAIM_ATTR)
-    assert CLAIM_ATTR not in vars(pickle.loads(pickle.dumps(new)))
+    assert [run.name for run in s._ledger.pending()] == ["job"]
+    assert vars(pickle.loads(pickle.dumps(new))).keys() == vars(new).keys()
     s.apply_async(entry, advance=False)  # as Celery's tick sends it
-    assert CLAIM_ATTR not in vars(entry)
+    assert s._ledger.pending() == []
     assert "election_run" in s.headers[-1]
     s.apply_async(new, advance=False)  # the twin, unreserved: no run of its own
     assert len(s.sent) == 2 and "election_run" not in s.headers[-1]

@@ -25,7 +25,7 @@ from kombu import Exchange, Queue
 
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
-from celery_election.beat import scheduler as scheduler_module
+from celery_election.beat import sender as sender_module
 from celery_election.beat.publish import FAILED, FENCED, SENT, BurstRouter, Job, Publisher, Reply
 from celery_election.clock import boottime
 from celery_election.shared_state import SharedLeadership
@@ -210,7 +210,7 @@ def test_a_burst_sends_what_stock_sends(
         assert s.wait_for_leadership(5)
         monkeypatch.setattr(Queue, "bind", counting)
         assert s.tick() == 0  # every entry is due: one burst
-        assert s._router is None  # the burst's router lives as long as its sends
+        assert s._sender.router is None  # the burst's router lives as long as its sends
     finally:
         s.close()
     assert_sent_as_stock(app, sent_stock, fired_stock, signals)
@@ -278,7 +278,7 @@ def test_a_burst_through_publishers_sends_what_stock_sends(
     beat's own elector writes, and the broker gets stock's messages."""
     sent_stock, fired_stock = stock_sends(app, signals)
     app.conf.election_beat_publishers = 1
-    monkeypatch.setattr(scheduler_module, "Publishers", Inline)
+    monkeypatch.setattr(sender_module, "Publishers", Inline)
     s = Leading(app=app)
     try:
         assert s.wait_for_leadership(5)
@@ -349,12 +349,12 @@ def test_a_send_its_publisher_fenced_is_not_counted_as_sent(
             super().__init__(app, other, count)
 
     app.conf.election_beat_publishers = 1
-    monkeypatch.setattr(scheduler_module, "Publishers", Elsewhere)
+    monkeypatch.setattr(sender_module, "Publishers", Elsewhere)
     s = Leading(app=app)
     try:
         assert s.wait_for_leadership(5)
         assert s.tick() == 0
-        assert s._handed == {}  # every reply was acted on
+        assert s._sender.handed == {}  # every reply was acted on
     finally:
         s.close()
     assert drain(app) == {}

@@ -1,0 +1,103 @@
+"""The values of the beat's send path: due -> reserve -> claim -> send -> settle.
+
+A run is a :class:`Run` value that moves through stages; each step of
+``LeaderSchedulerMixin`` takes runs and returns runs (``docs/design.md``, the beat):
+
+* **reserved**: Celery's ``reserve`` gave the entry's next state; the run knows the
+  state it follows (``request.expected``) and the one it stores (``request``);
+* **claimed** or **refused**: the fence's compare-and-set under the term answered
+  (:class:`~.fence.Claim`);
+* then **sent**, **failed** (the broker refused it) or **fenced** (the term stopped
+  leading before the send).
+
+"Claimed, not yet sent" is a stage a run is in, held by the :class:`Ledger` until its
+send takes it: the next issue keeps that stage in the election database too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..backends.base import RunRequest
+from .election import BeatTerm
+
+__all__ = [
+    "CLAIMED",
+    "FAILED",
+    "FENCED",
+    "REFUSED",
+    "RESERVED",
+    "SENT",
+    "Claim",
+    "Ledger",
+    "Run",
+]
+
+RESERVED, CLAIMED, REFUSED = "reserved", "claimed", "refused"
+SENT, FENCED, FAILED = "sent", "fenced", "failed"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A reserved run's claim: sent only if ``won`` and its term still leads when sending."""
+
+    won: bool
+    term: int
+    run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
+    at: int  # its own last_run_at, as stored (database clock, epoch us)
+
+
+#: The claim of a run reserved while this process did not lead: never sent.
+NOT_LEADING = Claim(False, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of an entry on its way from Celery's ``reserve`` to the broker."""
+
+    entry: Any  # the entry reserve was given (Celery's tick sends this one)
+    next_entry: Any  # the entry reserve returned (the schedule keeps this one)
+    was: tuple[Any, Any]  # the entry's (last_run_at, total_run_count) before reserve
+    lead: BeatTerm | None  # None: reserved while this process did not lead
+    request: RunRequest | None  # what the claim writes (None: not leading)
+    stage: str = RESERVED
+    claim: Claim | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.entry.name)
+
+    def claimed(self, claim: Claim) -> Run:
+        """The run with the fence's answer."""
+        return replace(self, claim=claim, stage=CLAIMED if claim.won else REFUSED)
+
+    def ended(self, stage: str) -> Run:
+        """The run after its send: SENT, FENCED or FAILED."""
+        return replace(self, stage=stage)
+
+
+class Ledger:
+    """The runs this leader claimed and has not sent yet, by entry name.
+
+    Celery's tick reserves an entry, then sends it through ``apply_entry``, whose
+    signature has no room for the claim: the claim waits here for its send, which takes
+    it (once). A run refused here is never sent by that send; an entry sent with no run
+    waiting (a "run now", an ``apply_async(advance=False)`` of an unreserved entry) goes
+    out as an unreserved send.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, Run] = {}
+
+    def hold(self, runs: Iterable[Run]) -> None:
+        for run in runs:
+            self._runs[run.name] = run
+
+    def take(self, name: str) -> Run | None:
+        return self._runs.pop(name, None)
+
+    def pending(self) -> list[Run]:
+        """The runs claimed and not sent yet (their order of claiming)."""
+        return list(self._runs.values())

@@ -1,0 +1,237 @@
+"""The send and settle steps of the beat's send path: the fence at each send, and after.
+
+``LeaderSchedulerMixin`` gives its :class:`Sender` runs it claimed (or entries sent
+unreserved: a "run now", an ``apply_async`` of an unreserved entry). For each, the sender
+checks the fence at the send (:meth:`Sender.prepare`: a :class:`Send` value, or None: not
+sent), publishes with Celery's own send (in this process, or handed to the
+``election_beat_publishers``: ``beat/publish.py``) and settles what went out: counted,
+told to the run policy (the history), recorded in ``election_history_file``.
+
+The options of a send carry the election's headers: the term, and the run (the task can
+see which run it is, ``self.request.election_run``, e.g. to deduplicate or fence its own
+writes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+from celery.beat import logger as _celery_log
+
+from .. import metrics, shared_state
+from ..clock import boottime
+from ..errors import ElectionError
+from ..settings import ElectionSettings
+from ..shared_state import SharedLeadership
+from .election import BeatTerm
+from .fence import BeatFence
+from .policy import RunNow, RunPolicy
+from .publish import FAILED, FENCED, SENT, BurstRouter, Job, Publishers, Reply
+from .runs import Claim, Run
+
+__all__ = ["Send", "Sender"]
+
+log = logging.getLogger("celery_election.beat")
+
+#: A send the fence held: logged alike whether the beat or its publisher checked.
+_NOT_LEADING_NOW = "beat election: %s: this process does not lead now; not sent"
+
+
+class Send(NamedTuple):
+    """A send the fence let through: under which lead, for which claim, with what."""
+
+    lead: BeatTerm
+    claim: Claim | None
+    checked: float  # boot-time clock, read before the fence check
+    options: dict[str, Any]
+    run_now: int | None = None  # a "run now" request's key (the operable schedule's)
+
+
+class _Published(NamedTuple):
+    """A publisher's send, as the history reads Celery's result: its task id."""
+
+    id: str | None
+
+
+class Sender:
+    """The fence at each send, the publish, and what a send leaves behind.
+
+    ``lead_now``: the scheduler's leadership to act under (it promotes a newly won term
+    first); ``publish(entry, producer, **kwargs)``: Celery's own send of an entry.
+    """
+
+    def __init__(
+        self,
+        fence: BeatFence,
+        policy: RunPolicy,
+        lead_now: Callable[[], BeatTerm | None],
+        publish: Callable[..., Any],
+    ) -> None:
+        self.fence, self.policy = fence, policy
+        self._lead_now, self._publish = lead_now, publish
+        self.router: BurstRouter | None = None  # the burst's router (see burst())
+        self.publishers: Publishers | None = None  # election_beat_publishers
+        self.handed: dict[int, tuple[Any, Send]] = {}  # a handed job's entry and send, by key
+        self._jobs = itertools.count()
+
+    # -- one send ---------------------------------------------------------------------------
+
+    def prepare(self, entry: Any, run: Run | None, run_now: int | None = None) -> Send | None:
+        """The fence at a send: its leadership and options, or None: not sent (logged).
+
+        ``run``: the claimed run the send is for (None: an unreserved send, sent while
+        this process leads in a term whose state it loaded).
+        """
+        claim = None if run is None else run.claim
+        checked = boottime()  # read before the check: the history's rule for an act
+        leading = self._lead_now()  # a term won since the last tick is promoted first
+        if run is not None and (claim is None or not claim.won):
+            log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
+            return None
+        fence = self.fence
+        lead = None if leading is None or fence.election is None else fence.may_send(claim)
+        if lead is None:
+            log.warning(_NOT_LEADING_NOW, entry.name)
+            return None
+        headers = dict(entry.options.get("headers") or {})
+        headers.update(self.policy.send_headers(entry))
+        headers["election_term"] = lead.term
+        if claim is not None:
+            headers["election_run"] = claim.run
+        options = {**entry.options, "headers": headers}
+        if self.router is not None and "router" not in entry.options:
+            options["router"] = self.router  # send_task(router=...): see BurstRouter
+        return Send(lead, claim, checked, options, run_now)
+
+    def send_now(self, run_now: RunNow, producer: Any) -> None:
+        """Send a "run now" the policy won (unreserved, once), as Celery's apply_entry."""
+        entry = run_now.entry
+        _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        send = self.prepare(entry, None, run_now.key)
+        if send is None:
+            return
+        try:
+            self.publish(entry, send, producer)
+        except Exception as exc:
+            _celery_log.error("Message Error: %s", exc, exc_info=True)
+
+    def publish(self, entry: Any, send: Send, producer: Any, **kwargs: Any) -> Any:
+        """Celery's publish of ``entry`` with the fenced options, in this process."""
+        original = entry.options
+        entry.options = send.options
+        try:
+            result = self._publish(entry, producer, **kwargs)
+        except BaseException:
+            self.count(entry, "publish_failed")
+            raise
+        else:
+            self.sent(entry, send, result, send.checked)
+        finally:
+            # Celery compares the schedule with a snapshot that holds this very entry: a
+            # changed options dict there made every tick rebuild the whole heap.
+            entry.options = original
+        return result
+
+    def count(self, entry: Any, what: str) -> None:
+        metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, str(entry.name), what))
+
+    def sent(self, entry: Any, send: Send, result: Any, checked: float) -> None:
+        """A run went out (here or from a publisher): count it, keep its history and record."""
+        self.count(entry, "sent")
+        claim, term = send.claim, send.lead.term
+        self.policy.sent(entry, result, term, None if claim is None else claim.run, send.run_now)
+        election = self.fence.election
+        if election is not None and election.recorder is not None and claim is not None:
+            election.recorder.record("send", mono=checked, ns=election.namespace, term=term,
+                                     entry=entry.name, run=claim.run, at=claim.at)  # fmt: skip
+
+    # -- a burst ----------------------------------------------------------------------------
+
+    @contextmanager
+    def burst(self, router: Any, producer: Any) -> Iterator[None]:
+        """A burst's sends go through one router whose queues are bound once."""
+        self.router = BurstRouter(router, producer)
+        try:
+            yield
+        finally:
+            self.router = None
+
+    # -- publisher processes (election_beat_publishers) -------------------------------------
+
+    def start_publishers(self, app: Any) -> None:
+        """Fork the ``election_beat_publishers``, before any connection or thread opens."""
+        try:
+            count = ElectionSettings.from_app(app).beat_publishers
+        except ElectionError:
+            return  # the election reports the settings' problems, all at once
+        if not count or self.publishers is not None:
+            return
+        record = shared_state.current()  # embedded: the worker's record
+        if record is None:  # standalone: one that this beat's elector writes
+            record = SharedLeadership.create(published=False)
+            self.fence.share_trust(record)
+        self.publishers = Publishers(app, record, count)
+
+    def hand_off(self, runs: list[Run], producer: Any) -> int:
+        """Hand the runs' sends to the publishers; act on the replies to the batch before.
+
+        Returns how many sends were handed (Celery counts them towards its next sync).
+        """
+        publishers = self.publishers
+        assert publishers is not None
+        jobs = []
+        for run in runs:
+            entry = run.entry
+            _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+            send = self.prepare(entry, run)
+            if send is None:
+                continue
+            key = next(self._jobs)
+            self.handed[key] = (entry, send)
+            options = {k: v for k, v in send.options.items() if v is not self.router}
+            args = (str(entry.name), entry.task, entry.args, entry.kwargs, options)
+            jobs.append(Job(key, *args, send.lead.term))
+        replies, kept = publishers.hand(jobs)
+        self._settle(replies)
+        for job in kept:  # no publisher took it: sent here, as apply_entry sends
+            entry, send = self.handed.pop(job.key)
+            try:
+                self.publish(entry, send, producer)
+            except Exception as exc:
+                _celery_log.error("Message Error: %s", exc, exc_info=True)
+        return len(jobs)
+
+    def _settle(self, replies: list[Reply]) -> None:
+        """Act on what the publishers did with the jobs handed to them."""
+        for reply in replies:
+            entry, send = self.handed.pop(reply.key)
+            if reply.outcome == SENT:
+                self.sent(entry, send, _Published(reply.task_id), reply.checked)
+            elif reply.outcome == FENCED:
+                log.warning(_NOT_LEADING_NOW, entry.name)
+            else:  # FAILED, or LOST with its publisher (logged then)
+                self.count(entry, "publish_failed")
+                if reply.outcome == FAILED:
+                    _celery_log.error("Message Error: %s", reply.error)
+
+    def collect(self) -> None:
+        """Wait for the replies the publishers owe (the burst is over, or the beat stops)."""
+        if self.publishers is not None and self.handed:
+            self._settle(self.publishers.collect())
+
+    def close(self) -> None:
+        """Stop the publishers (what they sent goes into the final sync's history)."""
+        publishers, self.publishers = self.publishers, None
+        if publishers is not None:
+            self._settle(publishers.close())
+
+    def close_record(self) -> None:
+        """The publishers' record goes after the election (its elector writes it to the end)."""
+        record = self.fence.unshare_trust()
+        if record is not None:
+            record.write(None, None)
+            record.close()
