@@ -71,7 +71,6 @@ GUARDS = "celery_election/beat/guards.py"
 RUNS = "celery_election/beat/runs.py"
 CATCHUP = "celery_election/beat/catchup.py"
 FENCE = "celery_election/beat/fence.py"
-SENDER = "celery_election/beat/sender.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 PUBLISH = "celery_election/beat/publish.py"
 BEAT_ELECTION = "celery_election/beat/election.py"
@@ -238,8 +237,8 @@ MUTATIONS = [
     M("publish-lost-not-resent", PUBLISH, "kept += [job for job, _ in share]",
       "kept += list(jobs)", PUBLISHERS),
     # -- the fence at a send, and a retried claim ----------------------------------------
-    M("beat-send-refused-claim", SENDER, "if run is not None and (claim is None or not claim.won):",
-      "if False:", [*BEAT_UNIT, *BEAT]),
+    M("beat-send-refused-claim", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
+      "if claim is not None and claim.term != lead.term:", [*BEAT_UNIT, *BEAT]),
     M("beat-send-claim-term", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
       "if claim is not None and not claim.won:", [*BEAT_UNIT, *BEAT]),
     M("beat-retry-own", FENCE, "return RunClaim(True, state, True) if not claim.won and mine else claim",

@@ -2,18 +2,23 @@
 
 The Celery side of the election for beat (docs/design.md, Layers)::
 
-    scheduler.py  LeaderSchedulerMixin and LeaderScheduler: leadership gates the tick,
-                  the shared run state is adopted at promotion, each send is fenced
+    scheduler.py  LeaderSchedulerMixin, the one class over Celery's scheduler (and
+                  LeaderScheduler): the send path due -> reserve -> claim -> send ->
+                  settle, calling the collaborators below with values
+    runs.py       the values of the send path: Run (its stages), Claim, the Ledger
     fence.py      BeatFence: what the scheduler asks of the election database
-                  (leadership, promotion, claims, the database clock); Claim
+                  (leadership, promotion, claims, the database clock)
+    matching.py   Matching: entries matched with the shared run state, and given it
+    guards.py     the runaway guard, and when the schedule need not be compared
+    sender.py     Sender: the fence at each send, the publish, what a send leaves
+    publish.py    the burst's router and the publisher processes
     policy.py     RunPolicy: what a schedule kept beside Celery's adds (default: none)
+    ops.py        ScheduleOps, LeaderScheduler's RunPolicy: the operable schedule
+                  served beside the static one (dynamic entries, pauses, run-now
+                  requests, policies); catchup.py its rules, history.py its writer
     election.py   BeatElection: the elector a beat runs (or its worker's, under -B);
                   BeatTerm (term, token)
-    rows.py       DjangoRowsMixin: model rows (django-celery-beat) written by the leader
-    ops.py        the operable schedule served beside the static one: dynamic entries,
-                  pauses, run-now requests, catch-up and overlap policies, run history
-                  (ScheduleOps, LeaderScheduler's RunPolicy)
-    spec.py       an entry's schedule as stored data (to_spec/from_spec) and its policies
+    rows.py       django-celery-beat's model rows, written by the leader only
 
 ``LeaderSchedulerMixin`` gives the same to another scheduler class, e.g. django-celery-beat's::
 

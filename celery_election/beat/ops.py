@@ -10,7 +10,7 @@ second, with no restart:
   enabled, not paused and inside their start/expiry window. Celery's own heap, ``is_due``
   and ``reserve`` then run on it unchanged; only the static entries are written back to
   the shelve, so a deleted dynamic entry cannot come back from a local file.
-* **Policies** decide a due run before it is reserved (``decide``, a pure function):
+* **Policies** decide a due run before it is reserved (``catchup.decide``, a pure function):
   catch-up after downtime, failover or a pause, and overlap. A run they drop is still
   *claimed* (the entry's run state moves past it under the leader's term, with its run
   count unchanged), so the next leader does not send it either; the history and the
@@ -20,7 +20,7 @@ second, with no restart:
 * **History**: every send is recorded with its task id and the time it was due; workers
   report the outcome (``schedule.report_runs``, connected by ``init_app``); the leader
   prunes what is older than ``election_schedule_retention`` days.
-* **BeatTerm history**: the leader's history thread records each term it leads (the
+* **Leadership history**: the leader's history thread records each term it leads (the
   lease's start), moves the term's ``seen_at`` about once a second and ends it when this
   beat stops leading (a crash leaves ``seen_at``: its last sign of life). It is written
   here, on the Celery side and off the tick, not in the backends' election steps: the
@@ -73,9 +73,12 @@ class ScheduleOps(DefaultRunPolicy):
     It reads the stored schedule's changes (:meth:`look`), builds the schedule Celery sees
     (:attr:`view`: the shelve's entries less the paused ones, plus the dynamic entries),
     keeps each entry's checked policies and pending "run now", and queues the history.
-    As the scheduler's policy it loads the stored schedule at promotion, names the
-    entries that exist (beside the shelve's), gives dynamic entries their identity and
-    origin, stores a caught-up run as its due time, and heads and records each send.
+    As ``LeaderScheduler``'s run policy it is asked at each of the mixin's steps and
+    answers with values: before a tick, the "run now"s it won (:meth:`before_tick`); on
+    a due entry, the catch-up and overlap verdict (:meth:`verdict`, from
+    ``catchup.decide``); at a reserve, the view keeps the successor (:meth:`reserved`);
+    at a promotion it loads the stored schedule and names the entries that exist; at a
+    send it heads and records it. ``LeaderScheduler`` shows Celery the :attr:`view`.
     """
 
     def __init__(

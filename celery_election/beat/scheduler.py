@@ -5,7 +5,7 @@ Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``r
 ``schedules_equal`` and ``beat_cron_starting_deadline`` all run as they do in stock beat
 (or in django-celery-beat's ``DatabaseScheduler``). The election adds four things:
 
-* **BeatTerm gates the tick.** A follower sends nothing and looks again in 0.2 s (an
+* **Leadership gates the tick.** A follower sends nothing and looks again in 0.2 s (an
   in-memory flag, no I/O).
 * **The shared state is loaded at promotion.** Each entry's run state (when it last ran,
   how often) lives in the election database. A new leader adopts it before its first

@@ -31,7 +31,7 @@ from .election import BeatTerm
 from .fence import BeatFence
 from .policy import RunNow, RunPolicy
 from .publish import FAILED, FENCED, SENT, BurstRouter, Job, Publishers, Reply
-from .runs import Claim, Run
+from .runs import NOT_LEADING, Claim, Run
 
 __all__ = ["Send", "Sender"]
 
@@ -86,16 +86,16 @@ class Sender:
         ``run``: the claimed run the send is for (None: an unreserved send, sent while
         this process leads in a term whose state it loaded).
         """
-        claim = None if run is None else run.claim
+        claim = None if run is None else (run.claim or NOT_LEADING)
         checked = boottime()  # read before the check: the history's rule for an act
         leading = self._lead_now()  # a term won since the last tick is promoted first
-        if run is not None and (claim is None or not claim.won):
-            log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
-            return None
         fence = self.fence
         lead = None if leading is None or fence.election is None else fence.may_send(claim)
         if lead is None:
-            log.warning(_NOT_LEADING_NOW, entry.name)
+            if claim is not None and not claim.won:
+                log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
+            else:
+                log.warning(_NOT_LEADING_NOW, entry.name)
             return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))

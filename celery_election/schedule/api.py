@@ -511,7 +511,7 @@ def run_started(task: Any, task_id: str | None) -> None:
 
 
 #: Seconds to wait before each new try when a run's history row is not there yet: the
-#: leader writes its rows in batches (beat/ops.py, HistoryWriter), a fast task can end first.
+#: leader writes its rows in batches (beat/history.py, HistoryWriter), a fast task can end first.
 RETRIES = (0.5, 1.0, 2.0, 4.0)
 
 

@@ -4,7 +4,7 @@ Four tables (backends/schema.py): ``schedule_entry`` holds one row per entry cha
 runtime (a dynamic entry, or an operator's overlay on a static ``beat_schedule`` entry);
 ``schedule_rev`` one change counter per namespace; ``schedule_run`` the run history;
 ``schedule_audit`` who changed what, when; ``schedule_term`` who led the beats when (the
-leader's history thread writes it, beat/ops.py; the schedule page draws it).
+leader's history thread writes it, beat/history.py; the schedule page draws it).
 
 * **Changes reach the leader by version.** Every change takes the namespace's counter row
   lock, increments it and stamps the entry with the new version, in one transaction. The

@@ -8,6 +8,7 @@ one due entry per call, so the count of ticks bounds the work, not a clock.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -23,6 +24,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
+from celery_election.clock import boottime
 
 NS = "default-beat"
 
@@ -570,3 +572,32 @@ def test_a_reserved_run_carries_its_claim_to_one_send(
     assert len(s.sent) == 4 and "election_run" in s.headers[-1]
     runs = [h["election_run"] for h in s.headers if "election_run" in h]
     assert len(runs) == len(set(runs)) == 3
+
+
+def test_a_run_claimed_in_one_term_is_not_sent_in_the_next(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """A claim goes out only under the term that won it: a run claimed through Celery's
+    reserve, then sent after this process resigned and won a newer term, is not sent (the
+    newer term loaded the stored state, in which that run is another term's)."""
+    s = Headed(app=make_app({"job": {"task": "t.job", "schedule": IsDueOnly()}},
+                            election_resign_backoff=0.05))  # fmt: skip
+    started.append(s)
+    s.sent, s.headers = [], []
+    assert s.wait_for_leadership(5)
+    first = s._fence.leadership()
+    assert first is not None
+    entry = s.schedule["job"]
+    s.reserve(entry)  # claimed under the first term; its send waits in the ledger
+    assert [run.claim.term for run in s._ledger.pending() if run.claim] == [first.term]
+    election = s._fence.election
+    assert election is not None and election.elector is not None
+    election.elector.resign()
+    deadline = boottime() + 10
+    while (lead := s._fence.leadership()) is None or lead.term == first.term:
+        assert boottime() < deadline, "no newer term"
+        time.sleep(0.01)
+    assert s.apply_async(entry, advance=False) is None  # Celery's tick would send it now
+    assert s.sent == []
+    s.apply_async(s.schedule["job"])  # a run reserved and claimed in the newer term goes
+    assert s.sent == ["t.job"] and s.headers[-1]["election_term"] == lead.term
