@@ -266,6 +266,8 @@ MUTATIONS = [
       'sa.bindparam("p_key", type_=key_type(40)).is_not(None),', SCHED),
     M("sched-request-once", "celery_election/schedule/api.py",
       'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
+    M("sched-store-lost-round", SQL_SCHED, "        except LostRound as exc:", "        except ZeroDivisionError as exc:",
+      ["tests/integration/test_schedule_store.py"]),
     M("sched-changes-since", SQL_SCHED, ".where(t.c.namespace == namespace, t.c.version > since)",
       ".where(t.c.namespace == namespace)", SCHED),
     M("sched-finish-once", SQL_SCHED, ".where(r.c.task_id == task_id, r.c.finished_at.is_(None))",

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..backends.connection import LostRound
 from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
-from ..errors import ConfigurationError
+from ..errors import BackendUnavailableError, ConfigurationError
 from .marks import (
     FAILED_OUTCOMES,
     LATE_US,
@@ -118,7 +119,18 @@ class SQLScheduleStore:
         return self.backend.call(work, table=table, write=False, timeout=None, connection=None)
 
     def _do(self, work: Callable[[Connection], T], table: sa.Table) -> T:
-        return self.backend.call(work, table=table, write=True, timeout=None, connection=None)
+        """A write; lost to another writer (SQLite busy, a deadlock), an ``ElectionError``.
+
+        Its callers on the beat retry what fails with one (the history, the pruning, a
+        "run now"): a lost round that escaped as itself stopped the beat (a chaos run).
+        """
+        try:
+            return self.backend.call(work, table=table, write=True, timeout=None, connection=None)
+        except LostRound as exc:
+            raise BackendUnavailableError(
+                f"{table.name}: the election database was busy with another writer; "
+                "not written this time"
+            ) from exc
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -326,3 +326,27 @@ def explain(b: SQLBackend, stmt: Any) -> str:
             return "\n".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {sql}"))
         result = conn.exec_driver_sql(f"EXPLAIN {sql}")
         return "\n".join(" ".join(f"{k}={v}" for k, v in r._mapping.items()) for r in result)
+
+
+def test_a_write_lost_to_another_writer_is_an_election_error(tmp_path: Any) -> None:
+    """SQLite busy (another process holds the write lock) is a lost round: the store says
+    so as an ElectionError, which the beat's callers retry; escaping as itself, it stopped
+    the beat (a chaos run's lock fault)."""
+    import sqlite3
+
+    from celery_election.errors import ElectionError
+
+    path = tmp_path / "election.db"
+    backend = backend_from_url(f"sqlite:///{path}", statement_timeout=0.2)
+    backend.install()
+    store = schedule_store(backend)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(ElectionError, match="busy with another writer"):
+            store.prune("ns", 0)
+        other.execute("ROLLBACK")
+        assert store.prune("ns", 0) == 0  # free again: written
+    finally:
+        other.close()
+        backend.close()
