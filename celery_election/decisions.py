@@ -54,7 +54,6 @@ __all__ = [
     "renew_now_after",
     "renew_retry_wait",
     "trust_end",
-    "vacancy",
 ]
 
 #: A ping's proof lasts delta x (1 - this): clocks may run fast by up to 1/12 (chrony).
@@ -140,21 +139,6 @@ def trust_end(lead: Lead, proof: Proof) -> float:
     else:
         bound = -math.inf
     return min(lead.lease_until, bound)
-
-
-def vacancy(
-    since: float | None, lease: Lease | None, now: float, *, looked: bool = False
-) -> float | None:
-    """Since when the row has been vacant, after a step read ``lease`` at ``now``.
-
-    ``since``: the vacancy seen before (None: none); a look that found no row at all
-    (``looked``, ``lease`` None) starts one, a step that read nothing changes nothing.
-    """
-    if lease is None:
-        return now if looked and since is None else since
-    if lease.held:
-        return None
-    return now if since is None else since
 
 
 @dataclass(frozen=True)

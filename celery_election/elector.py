@@ -37,10 +37,9 @@ Elector:
   alone, from whichever thread (the election thread, ``resign()``, ``stop()``, the
   dispatcher when trust runs out, the lock thread's pings), and announced once.
 - ``ElectionLoop`` (election_loop.py), the election thread: the one writer of the lease
-  last read and the term held; its follower and leader phases keep their own timers and
-  hand each other a small value. The others only post to it (the lock thread's news, the
-  backend's wakeups, resign and stop requests). What it does with what it knows is
-  decided by the pure functions of decisions.py.
+  last read, the term held and the timers; the others only post to it (the lock thread's
+  news, the backend's wakeups, resign and stop requests). What it does with what it knows
+  is decided by the pure functions of decisions.py.
 - ``LockThread`` (lock_thread.py), the lock thread: holds the liveness lock, publishes its
   ``Proof``.
 - ``Announcer`` (announce.py), the dispatcher: events (``elected``, ``revoked`` with a

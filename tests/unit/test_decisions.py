@@ -31,7 +31,6 @@ from celery_election.decisions import (
     renew_now_after,
     renew_retry_wait,
     trust_end,
-    vacancy,
 )
 from celery_election.lease import ElectResult, Lease
 from celery_election.transitions import Lead
@@ -332,21 +331,3 @@ def test_when_the_connections_go_back_to_the_pool(
     why: str, following: bool, wait: float, expected: bool
 ) -> None:
     assert release_while_waiting(following=following, wait=wait, ttl=10.0) is expected, why
-
-
-@pytest.mark.parametrize(
-    ("why", "since", "row", "looked", "expected"),
-    [
-        ("a held row: no vacancy", 50.0, lease(), False, None),
-        ("a vacant row starts one", None, lease(token=None), False, NOW),
-        ("a vacant row keeps the one seen", 50.0, lease(token=None), False, 50.0),
-        ("a look that found no row starts one", None, None, True, NOW),
-        ("a look that found no row keeps the one seen", 50.0, None, True, 50.0),
-        ("a step that read nothing changes nothing", None, None, False, None),
-        ("... nor an ongoing one", 50.0, None, False, 50.0),
-    ],
-)
-def test_vacancy(
-    why: str, since: float | None, row: Lease | None, looked: bool, expected: float | None
-) -> None:
-    assert vacancy(since, row, NOW, looked=looked) == expected, why
