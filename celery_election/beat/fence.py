@@ -106,7 +106,7 @@ class BeatFence:
     def leadership(self) -> BeatTerm | None:
         """Who leads now: this process's term and token, or None. No I/O.
 
-        None also in a term a claim found over in the database (:meth:`settle`).
+        None also in a term a claim found over in the database (:meth:`claim_runs`).
         """
         election = self.election
         lead = election.leadership() if election is not None else None
