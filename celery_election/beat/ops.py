@@ -204,10 +204,10 @@ class ScheduleOps(DefaultRunPolicy):
                 runs.append(RunNow(entry, row.run_now_at))
         return runs
 
-    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
-        """The policies' decision on a due entry (catch-up, resume, overlap)."""
+    def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
+        """The policies' decision on a due entry (catch-up, resume, overlap), if leading."""
         row = self.rows.get(entry.name)
-        if row is None:
+        if row is None or lead_now() is None:
             return None
         policies = self.policies.get(entry.name)
         if policies is None:

@@ -14,7 +14,7 @@ its rule as a pure function (like ``catchup.decide``), its state in ``ScheduleOp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from .catchup import Decision
@@ -49,8 +49,12 @@ class RunPolicy(Protocol):
         """The longest a tick may sleep (None: Celery's ``max_interval`` decides)."""
         ...
 
-    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
-        """What to do with a due entry (None: send it, as Celery says)."""
+    def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
+        """What to do with a due entry (None: send it, as Celery says).
+
+        ``lead_now``: the leadership to decide under, asked only for an entry the policy
+        has a say in (None: not leading, no verdict); a burst's other entries cost nothing.
+        """
         ...
 
     def skipped(self, entry: Any, lead: BeatTerm, decision: Decision, run_key: int) -> None:
@@ -116,7 +120,7 @@ class DefaultRunPolicy:
     def next_tick_within(self) -> float | None:
         return None
 
-    def verdict(self, entry: Any, lead: BeatTerm) -> Decision | None:
+    def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
         return None
 
     def skipped(self, entry: Any, lead: BeatTerm, decision: Decision, run_key: int) -> None:

@@ -405,11 +405,13 @@ class LeaderSchedulerMixin(_Scheduler):
         state = self._guard.check(entry, super().is_due(entry))
         if not state[0]:
             return state
-        lead = self._take_lead()
-        decision = None if lead is None else self._policy.verdict(entry, lead)
-        if decision is None or lead is None:
+        decision = self._policy.verdict(entry, self._take_lead)
+        if decision is None:
             return state
         if decision.skip_to is not None:
+            lead = self._take_lead()  # as the verdict asked it: still leading?
+            if lead is None:
+                return state
             self._skip(entry, lead, decision)
             return schedstate(False, 0)
         if decision.send_as is not None:
