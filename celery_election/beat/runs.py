@@ -7,8 +7,9 @@ A run is a :class:`Run` value that moves through stages; each step of
   state it follows (``request.expected``) and the one it stores (``request``);
 * **claimed** or **refused**: the fence's compare-and-set under the term answered
   (:class:`~.fence.Claim`);
-* then **sent**, **failed** (the broker refused it) or **fenced** (the term stopped
-  leading before the send).
+* then the send's outcome, told by the :class:`~.sender.Sender` (counted, recorded): sent,
+  failed (the broker refused it) or fenced (the term stopped leading before the send), as
+  ``publish.Reply`` names them for a publisher's sends.
 
 "Claimed, not yet sent" is a stage a run is in, held by the :class:`Ledger` until its
 send takes it: the next issue keeps that stage in the election database too.
@@ -23,20 +24,9 @@ from typing import Any
 from ..backends.base import RunRequest
 from .election import BeatTerm
 
-__all__ = [
-    "CLAIMED",
-    "FAILED",
-    "FENCED",
-    "REFUSED",
-    "RESERVED",
-    "SENT",
-    "Claim",
-    "Ledger",
-    "Run",
-]
+__all__ = ["CLAIMED", "REFUSED", "RESERVED", "Claim", "Ledger", "Run"]
 
 RESERVED, CLAIMED, REFUSED = "reserved", "claimed", "refused"
-SENT, FENCED, FAILED = "sent", "fenced", "failed"
 
 
 @dataclass(frozen=True)
@@ -72,10 +62,6 @@ class Run:
     def claimed(self, claim: Claim) -> Run:
         """The run with the fence's answer."""
         return replace(self, claim=claim, stage=CLAIMED if claim.won else REFUSED)
-
-    def ended(self, stage: str) -> Run:
-        """The run after its send: SENT, FENCED or FAILED."""
-        return replace(self, stage=stage)
 
 
 class Ledger:
