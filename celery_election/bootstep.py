@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from celery import bootsteps
@@ -36,6 +36,9 @@ from .settings import ElectionSettings, hide_password
 from .shared_state import SharedLeadership
 from .signals import leader_elected, leader_revoked
 from .tasks import leader_queues
+
+if TYPE_CHECKING:
+    from .schedule.overdue import OverdueWatch
 
 __all__ = ["ElectionStep", "in_process_worker"]
 
@@ -78,6 +81,7 @@ class ElectionStep(bootsteps.StartStopStep):
         self.shared: SharedLeadership | None = None
         self.counters: metrics.SharedCounters | None = None
         self.beats: list[metrics.BeatProbe] = []
+        self.overdue: OverdueWatch | None = None
         super().__init__(worker, **kwargs)
         if not self.enabled:
             if self.settings.metrics_port is not None:
@@ -206,6 +210,11 @@ class ElectionStep(bootsteps.StartStopStep):
         shared = self.shared
         assert shared is not None
         elector.watch_trust(lambda term, until: shared.write(term, until, elector.token))
+        if s.metrics_port is not None:
+            # each entry's overdue seconds: judged by every worker, the followers too
+            from .schedule.overdue import OverdueWatch
+
+            self.overdue = OverdueWatch(worker.app).start()
         self.parts.start()
 
     def stop(self, worker: Any) -> None:
@@ -216,6 +225,9 @@ class ElectionStep(bootsteps.StartStopStep):
         included (children that still map it keep a valid mapping that says "not leader").
         """
         self.parts.close()
+        if self.overdue is not None:
+            self.overdue.close()
+            self.overdue = None
         if self.counters is not None:
             metrics.use_counters(None)
             self.counters.close()

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
-from .config import ElectionConfig, validate_namespace, without_celery_prefix
+from .config import ElectionConfig, _seconds, validate_namespace, without_celery_prefix
 from .errors import ConfigurationError
 
 __all__ = [
@@ -140,6 +140,12 @@ SETTINGS: tuple[Setting, ...] = (
         "keep the schedule's run history this long (`election schedule history`)",
     ),
     Setting(
+        "election_beat_overdue_grace",
+        "`300` (s)",
+        "a beat entry is overdue once its run is unsent or unfinished this long after it fell due "
+        "(or one period of the entry, if shorter): `celery_election_beat_entry_overdue_seconds`",
+    ),
+    Setting(
         "election_metrics_port",
         "-",
         "serve /metrics, /healthz and /readyz on this port (worker main process, "
@@ -221,6 +227,8 @@ class ElectionSettings:
     schedule_retention: float = 30.0
     #: Publisher processes a leading beat sends a burst through (beat.publish), or 0.
     beat_publishers: int = 0
+    #: At most this long after an entry fell due its run is sent and finished (schedule.overdue).
+    beat_overdue_grace: float = 300.0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None
     #: Session state (liveness lock, LISTEN) goes here when ``url`` leads to a pooler.
@@ -306,6 +314,7 @@ class ElectionSettings:
         metrics_port = read.metrics_port()
         retention = read.retention()
         publishers = read.count("election_beat_publishers", 0, most=16)
+        overdue_grace = read.seconds("election_beat_overdue_grace", 300.0)
         if read.problems:  # every problem at once
             raise ConfigurationError(read.problems)
         return cls(
@@ -324,6 +333,7 @@ class ElectionSettings:
             metrics_port=metrics_port,
             schedule_retention=retention,
             beat_publishers=publishers,
+            beat_overdue_grace=overdue_grace,
             split=split,
             direct_url=direct_url,
         )
@@ -417,6 +427,11 @@ class _Reader:
             self.problems.append(f"{name} must be a whole number from 0 to {most}: got {value!r}")
             return default
         return value
+
+    def seconds(self, key: str, default: float) -> float:
+        value = self.values.get(key)
+        got = None if value is None else _seconds(key[len(_PREFIX) :], value, self.problems)
+        return default if got is None else got
 
     def retention(self) -> float:
         days = self.values.get("election_schedule_retention")

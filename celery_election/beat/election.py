@@ -24,6 +24,7 @@ from ..errors import ElectionError
 from ..history import Recorder
 from ..identity import new_candidate_id
 from ..process import ProcessElection
+from ..schedule.overdue import OverdueWatch
 from ..settings import ElectionSettings, hide_password
 from ..shared_state import SharedLeadership
 
@@ -61,6 +62,7 @@ class BeatElection:
         self.backend: Backend = self.parts.connect(listen=False if embedded else None)
         self.store: BeatStore = self.backend.beat
         self.elector: Elector | None = None
+        self.overdue: OverdueWatch | None = None
         if embedded:
             return
         candidate = new_candidate_id(role="beat")
@@ -72,6 +74,7 @@ class BeatElection:
             beats = [metrics.BeatProbe(self.namespace, grace=self.settings.config.ttl)]
             metrics.allow_start(self.namespace, 60.0)
             self.parts.serve(lambda: metrics.health([elector], beats))
+            self.overdue = OverdueWatch(app).start()  # each entry's, judged by followers too
         if publishers_record is not None:
             record = publishers_record
             elector.watch_trust(lambda term, until: record.write(term, until, elector.token))
@@ -109,6 +112,9 @@ class BeatElection:
         return f"{self.backend.description} namespace={self.namespace!r} ({mode})"
 
     def close(self) -> None:
+        if self.overdue is not None:
+            self.overdue.close()
+            self.overdue = None
         self.parts.close()
         self.elector = None
 

@@ -11,7 +11,8 @@ One module per job; every name is importable from here:
   tick announcements (``mark_tick``, ``allow_start``).
 - ``exporter``: the Prometheus collector and the HTTP server (``collector``, ``render``,
   ``MetricsServer``, ``bind``, ``serve``), the only user of ``prometheus_client``, which
-  it imports lazily: counting works without the ``metrics`` extra.
+  it imports lazily: counting works without the ``metrics`` extra. Each beat entry's
+  overdue seconds come from a source the Celery side adds (``add_overdue_source``).
 
 Part of the core: it never imports Celery.
 """
@@ -39,6 +40,7 @@ from .exporter import (
     INSTALL_HINT,
     PREFIX,
     MetricsServer,
+    add_overdue_source,
     bind,
     collector,
     render,
@@ -62,6 +64,7 @@ __all__ = [
     "MetricsServer",
     "SharedCounters",
     "Store",
+    "add_overdue_source",
     "allow_start",
     "bind",
     "collector",

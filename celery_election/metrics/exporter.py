@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..clock import boottime
@@ -35,6 +35,7 @@ __all__ = [
     "INSTALL_HINT",
     "PREFIX",
     "MetricsServer",
+    "add_overdue_source",
     "bind",
     "collector",
     "render",
@@ -50,6 +51,23 @@ PREFIX = "celery_election_"
 Probe = Callable[[], tuple[bool, bool, list[str]]]
 #: A leader task's outcomes (tasks.py counts them): each is exported, 0 until it happens.
 TASK_OUTCOMES = ("run", "skipped", "requeued", "raised")
+
+
+#: Each beat entry's overdue seconds by (namespace, entry), computed by the Celery side
+#: (``schedule/overdue.py`` reads the shared schedule) and called at each scrape.
+OverdueSource = Callable[[], Mapping[tuple[str, str], float]]
+_overdue_sources: list[OverdueSource] = []
+
+
+def add_overdue_source(source: OverdueSource) -> Callable[[], None]:
+    """Export ``source`` as ``beat_entry_overdue_seconds`` from now on; returns its removal."""
+    _overdue_sources.append(source)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            _overdue_sources.remove(source)
+
+    return remove
 
 
 def require_client() -> None:
@@ -69,6 +87,8 @@ class _ElectionCollector:
         now = boottime()
         yield from _elector_families(electors(), now)
         yield from _store_families(counters.values(), now)
+        if _overdue_sources:
+            yield _overdue_family(list(_overdue_sources))
 
 
 def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
@@ -152,6 +172,29 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
     yield from beat.values()
     yield age
     yield late
+
+
+def _overdue_family(sources: list[OverdueSource]) -> Any:
+    """The largest value any source gives for an entry (a worker and a beat may both watch)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(
+        PREFIX + "beat_entry_overdue_seconds",
+        "seconds a beat entry's run is past due + grace, unsent or unfinished (0: on time)",
+        labels=["namespace", "entry"],
+    )
+    seen: dict[tuple[str, str], float] = {}
+    for source in sources:
+        try:
+            values = source()
+        except Exception:  # a scrape must answer; the other families still do
+            log.exception("metrics: an overdue source failed")
+            continue
+        for k, v in values.items():
+            seen[k] = max(v, seen.get(k, 0.0))
+    for (ns, entry), seconds in sorted(seen.items()):
+        family.add_metric([ns, entry], seconds)
+    return family
 
 
 def _beat_families() -> dict[str, Any]:

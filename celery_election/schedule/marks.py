@@ -27,6 +27,7 @@ __all__ = [
     "late",
     "mark_of",
     "marks_statement",
+    "open_runs_statement",
     "rank_of",
     "run_mark",
     "runs_in_statements",
@@ -130,6 +131,31 @@ def marks_statement(
         .group_by(g.entry_key)
         .order_by(g.entry_key)
     )
+
+
+def open_runs_statement(r: sa.Table, namespace: str) -> sa.Select[Any]:
+    """Per entry, the oldest run sent and not finished since its latest run that finished.
+
+    What ``schedule/overdue.py`` holds to the grace; entries none of whose runs reported
+    a finish (workers without ``init_app``) have none. Runs before that finish are left
+    out: one lost run (its worker killed mid-run) does not keep an entry overdue once
+    later runs finish. ``r``: the ``schedule_run`` table.
+    """
+    sent = r.c.kind.in_(("run", "run_now"))
+    finished = (
+        sa.select(r.c.entry_key, sa.func.max(r.c.id).label("last_id"))
+        .where(r.c.namespace == namespace, sent, r.c.finished_at.is_not(None))
+        .group_by(r.c.entry_key)
+        .subquery("finished")
+    )
+    after = sa.and_(r.c.entry_key == finished.c.entry_key, r.c.id > finished.c.last_id)
+    oldest = (
+        sa.select(sa.func.min(r.c.id))
+        .join(finished, after)
+        .where(r.c.namespace == namespace, sent, r.c.finished_at.is_(None))
+        .group_by(r.c.entry_key)
+    )
+    return sa.select(r).where(r.c.id.in_(oldest.scalar_subquery()))
 
 
 def runs_in_statements(

@@ -25,6 +25,7 @@ from ..lease import Lease
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
 from .marks import LATE_US, MARKS, run_mark
+from .overdue import overdue_by_entry
 from .records import RunRecord
 from .spec import describe, from_spec
 
@@ -105,6 +106,8 @@ class Observer:
         self.database = hide_password(settings.url)
         #: How far back the timeline reaches: the run history's retention (days).
         self.retention = float(settings.schedule_retention)
+        #: An entry is overdue this long after it fell due, at most (schedule/overdue.py).
+        self.overdue_grace = settings.beat_overdue_grace
         self._names: dict[str, str] = {}  # entry_key -> entry name, from the last listing
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {"namespaces": [], "error": None, "now_ms": None}
@@ -213,9 +216,12 @@ class Observer:
         self._names = {entry_key(e.name): e.name for e in listed}
         last = self.schedule.store.last_sent_many(self.namespace, [e.name for e in listed])
         now = datetime.now(timezone.utc)
-        return [self.entry_json(e, last.get(e.name), now) for e in listed]
+        late = overdue_by_entry(self.schedule, self.overdue_grace, listed)
+        return [self.entry_json(e, last.get(e.name), now, late.get(e.name, 0.0)) for e in listed]
 
-    def entry_json(self, e: Entry, last: RunRecord | None, now: datetime) -> dict[str, Any]:
+    def entry_json(
+        self, e: Entry, last: RunRecord | None, now: datetime, overdue: float = 0.0
+    ) -> dict[str, Any]:
         args: Any = e.args
         kwargs: Any = e.kwargs
         hidden = False
@@ -242,6 +248,8 @@ class Observer:
             "schedule_input": _schedule_input(e.spec),
             "tz": self._zone(e.spec),
             "next_due_ms": self._next_due(e, due_from, now),
+            # seconds past due + grace, unsent or unfinished: what /metrics says (0: on time)
+            "overdue": round(overdue, 3),
             "state": "disabled" if not e.enabled else "paused" if e.paused else "enabled",
             "enabled": e.enabled,
             "paused": e.paused,
@@ -309,8 +317,9 @@ class Observer:
             a for a in self.schedule.store.audit(self.namespace, limit=500) if a.name == name
         ]
         now = datetime.now(timezone.utc)
+        late = overdue_by_entry(self.schedule, self.overdue_grace, [e]).get(e.name, 0.0)
         return {
-            "entry": self.entry_json(e, history[0] if history else None, now),
+            "entry": self.entry_json(e, history[0] if history else None, now, late),
             "history": [_run_json(r) for r in history],
             "changes": [
                 {

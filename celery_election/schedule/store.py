@@ -45,6 +45,7 @@ from .marks import (
     EntryMarks,
     entry_marks,
     marks_statement,
+    open_runs_statement,
     run_mark,
     runs_in_statements,
 )
@@ -371,6 +372,12 @@ class SQLScheduleStore:
         stmt = sa.select(r).where(r.c.id.in_(latest.scalar_subquery()))
         rows = self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
         return {keys[x.entry_key]: x for x in rows}
+
+    def open_runs(self, namespace: str) -> dict[str, RunRecord]:
+        """By entry key: the run each entry owes a finish for (``marks.open_runs_statement``)."""
+        stmt = open_runs_statement(self.run, namespace)
+        rows = self._read(lambda conn: [record_from_row(x) for x in conn.execute(stmt)], self.run)
+        return {x.entry_key: x for x in rows}
 
     def history(
         self, namespace: str, name: str, *, limit: int = 20, before: int | None = None

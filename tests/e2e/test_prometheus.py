@@ -32,7 +32,7 @@ def test_promtool_loads_the_alert_rules() -> None:
     promtool = tool("/usr/bin/promtool", HINT)
     proc = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 6 rules found" in proc.stdout
+    assert "SUCCESS: 7 rules found" in proc.stdout
 
 
 def test_each_alert_fires_on_its_series_and_not_on_healthy_ones() -> None:
@@ -46,7 +46,7 @@ def test_each_alert_fires_on_its_series_and_not_on_healthy_ones() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tested = {line.split("alertname:")[1].strip() for line in tests.read_text().splitlines()
               if "alertname:" in line}  # fmt: skip
-    assert len(tested) == 6  # every rule in alerts.yml
+    assert len(tested) == 7  # every rule in alerts.yml
 
 
 def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
@@ -55,6 +55,7 @@ def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
     promtool = tool("/usr/bin/promtool", HINT)
     old = metrics.use_counters(metrics.LocalCounters())
     elector = Elector(MemoryBackend(), "lint", "me", ttl=2)
+    remove = metrics.add_overdue_source(lambda: {("lint-beat", "nightly"): 12.5})
     try:
         metrics.count(metrics.key(metrics.TASK, "proj.report", "skipped"))
         for what in ("claimed", "sent", "refused", "publish_failed", "held", "missed",
@@ -65,23 +66,24 @@ def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
         assert elector.wait_for_leadership(10)
         body, _ = metrics.render()
     finally:
+        remove()
         elector.stop()
         metrics.use_counters(old)
     families = {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE")}
-    assert len(families) == 18, sorted(families)  # every metric in the README's table
+    assert len(families) == 19, sorted(families)  # every metric in the README's table
     proc = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
 
 
 class Prometheus:
-    def __init__(self, tmp: Path, targets: list[int]) -> None:
+    def __init__(self, tmp: Path, targets: list[int], rules: Path = RULES) -> None:
         binary = tool("/usr/bin/prometheus", HINT)
         self.port = free_port()
         config = tmp / "prometheus.yml"
         addresses = json.dumps([f"127.0.0.1:{p}" for p in targets])
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"rule_files: [{json.dumps(str(RULES))}]\n"
+            f"rule_files: [{json.dumps(str(rules))}]\n"
             "scrape_configs:\n"
             "  - job_name: workers\n"
             "    scrape_timeout: 900ms\n"
@@ -205,7 +207,7 @@ def test_the_dashboard_has_every_view_the_issue_names() -> None:
         "celery_election_call_duration_seconds_bucket", "celery_election_beat_runs_sent_total",
         "celery_election_beat_runs_refused_total", "celery_election_beat_runs_missed_total",
         "celery_election_beat_late_seconds_total", "celery_election_beat_tick_late_seconds",
-        "celery_election_leader_tasks_total",
+        "celery_election_leader_tasks_total", "celery_election_beat_entry_overdue_seconds",
     ):  # fmt: skip
         assert metric in text, metric
 

@@ -214,6 +214,22 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     assert got["tick"]["next_due_ms"] == pytest.approx(last["sent_ms"] + 1000, abs=5)
 
 
+def test_an_overdue_entry_is_marked_with_how_long_as_metrics_say(
+    web: WebApp, backend: SQLBackend
+) -> None:
+    """Due and not sent within its grace (one period: 1 s for ``tick``): the page says by how
+    much, in the list and in the entry's own view; an entry on time reads 0."""
+    me = uuid.uuid4().hex
+    lease = backend.elect("web-beat", me, "beat", 30.0).lease
+    stale = schedule_store(backend).db_now() - 100_000_000  # ran 100 s ago
+    assert backend.beat.claim_run("web-beat", me, lease.term, "tick", None, stale).won
+    got = entries(web)
+    assert got["tick"]["overdue"] == pytest.approx(98, abs=1.5)  # due 99 s ago, 1 s grace
+    assert got["often"]["overdue"] == got["login"]["overdue"] == 0
+    detail = call(web, "/api/entry?name=tick").json()["entry"]
+    assert detail["overdue"] == pytest.approx(98, abs=1.5)
+
+
 def test_one_entry_with_its_history_and_changes(web: WebApp, backend: SQLBackend) -> None:
     for key in range(3):
         schedule_store(backend).record(

@@ -157,6 +157,8 @@
   function dueText(e) {
     if (!e.enabled) return ["\u2014", ""];
     if (e.paused) return ["paused", when(e.next_due_ms)];
+    // past due + grace, not sent or not finished: what /metrics reports (the alert's series)
+    if (e.overdue > 0) return [`overdue ${age(e.overdue)}`, "not sent or not finished within its grace"];
     if (e.next_due_ms == null) return ["never", ""];
     const left = (e.next_due_ms - Date.now()) / 1000;  // computed with the server's host clock
     return [left <= 0.5 ? "due now" : `in ${age(left)}`, when(e.next_due_ms)];
@@ -170,6 +172,8 @@
     set(td("tz"), e.tz ?? "\u2014");
     const [due, dueTitle] = dueText(e);
     set(td("due"), due, dueTitle);
+    setClass(td("due"), e.overdue > 0 ? "due overdue" : "due");
+    tr.classList.toggle("overdue", e.overdue > 0);
     set(td("last"), e.last_run_ms ? ago(e.last_run_ms) : "never", when(e.last_run_ms));
     const out = e.last ? (e.last.outcome || e.last.kind) : "";
     const dur = e.last && e.last.duration != null ? ` ${e.last.duration.toFixed(2)}s` : "";
@@ -637,6 +641,7 @@
     const fields = [
       ["task", e.task], ["kind", e.kind], ["schedule", e.schedule], ["time zone", e.tz ?? "\u2014"],
       ["next due", e.enabled && !e.paused ? when(e.next_due_ms) || "never" : e.state],
+      ["overdue", e.overdue > 0 ? `${age(e.overdue)} past its grace` : "no"],
       ["state", e.state + (e.run_now_pending ? " (run now pending)" : "")],
       [e.args_hidden ? "args (argsrepr)" : "args", JSON.stringify(e.args)],
       [e.args_hidden ? "kwargs (kwargsrepr)" : "kwargs", JSON.stringify(e.kwargs)],

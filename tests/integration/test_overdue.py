@@ -1,0 +1,153 @@
+"""Each beat entry's overdue seconds, read from the shared database (schedule/overdue.py).
+
+The open runs' query on every SQL database (the run an entry owes a finish for), and the
+watch that /metrics reads: an entry whose run state is old is overdue by its age past one
+period, an entry with a run unfinished past its grace too, a paused one never.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_election import metrics
+from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.backends.schema import entry_key
+from celery_election.schedule import Schedule
+from celery_election.schedule.overdue import OverdueWatch
+from celery_election.schedule.store import SQLScheduleStore, schedule_store
+
+from ..conftest import token, unique_prefix
+
+NS = "od-beat"
+S = 1_000_000
+
+
+@pytest.fixture
+def store(sql_url: str) -> Iterator[SQLScheduleStore]:
+    b = backend_from_url(sql_url, table_prefix=unique_prefix())
+    assert isinstance(b, SQLBackend)
+    b.install()
+    s = schedule_store(b)
+    assert s is not None
+    yield s
+    b.uninstall()
+    b.close()
+
+
+def sent(
+    store: SQLScheduleStore, name: str, task_id: str, *, kind: str = "run", ns: str = NS
+) -> None:
+    store.record(ns, name, kind, run_key=1, term=1, task_id=task_id, due_at=store.db_now())
+
+
+def test_open_runs_are_the_oldest_unfinished_after_the_latest_finish(
+    store: SQLScheduleStore,
+) -> None:
+    # a: finished, then two unfinished: the first of them is owed
+    for t in ("a1", "a2", "a3"):
+        sent(store, "a", t)
+    store.finish("a1", "SUCCESS", 1000)
+    # b: no run ever reported a finish (workers without init_app): owes nothing
+    sent(store, "b", "b1")
+    # c: a lost run, then a finished one: owes nothing
+    sent(store, "c", "c1")
+    sent(store, "c", "c2")
+    store.finish("c2", "SUCCESS", 1000)
+    # d: finished, then runs the policies dropped: not runs
+    sent(store, "d", "d1")
+    store.finish("d1", "FAILURE", 1000)
+    sent(store, "d", "", kind="missed")
+    sent(store, "d", "", kind="skipped")
+    # a run now counts; another namespace does not
+    sent(store, "e", "e1")
+    store.finish("e1", "SUCCESS", 1000)
+    sent(store, "e", "e2", kind="run_now")
+    sent(store, "a", "other", ns="elsewhere")
+    opened = store.open_runs(NS)
+    assert {k: r.task_id for k, r in opened.items()} == {
+        entry_key("a"): "a2",
+        entry_key("e"): "e2",
+    }
+    assert store.open_runs("nobody") == {}
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[Celery]:
+    app = Celery("overdue", broker="memory://", set_as_current=False)
+    app.conf.update(
+        election_url=f"sqlite:///{tmp_path}/election.db",
+        election_table_prefix=f"o{uuid.uuid4().hex[:8]}_",
+        election_namespace="od",
+        election_beat_overdue_grace=30,
+        beat_schedule={
+            name: {"task": "t.tick", "schedule": 10.0}
+            for name in ("on-time", "stale", "unfinished", "paused", "never")
+        },
+    )
+    with Schedule(app, actor="setup") as s:
+        s.backend.install()
+        s.pause("paused")
+    yield app
+
+
+def ran(backend: Any, name: str, seconds_ago: float) -> None:
+    """Claim a run of ``name`` in the beats' shared state, ``seconds_ago`` on the DB clock."""
+    me = token()
+    lease = backend.elect(NS, me, "beat", 30.0).lease
+    store = schedule_store(backend)
+    assert store is not None
+    now = store.db_now()
+    at = now - int(seconds_ago * S)
+    assert backend.beat.claim_run(NS, me, lease.term, name, None, at).won
+    backend.resign(NS, me, lease.term)
+
+
+def test_the_watch_reads_each_entry_and_metrics_export_it(app: Celery) -> None:
+    pytest.importorskip("prometheus_client")
+    with Schedule(app, actor="setup") as s:
+        b, store = s.backend, s.store
+        for name in ("on-time", "unfinished"):
+            ran(b, name, 1)
+        ran(b, "stale", 100)  # due 90 s ago: overdue by 90 - min(10, 30)
+        ran(b, "paused", 500)
+        store.record(NS, "unfinished", "run", run_key=1, term=1, task_id="u1",
+                     due_at=store.db_now() - 60 * S)  # fmt: skip
+        store.finish("u1", "SUCCESS", 1)
+        store.record(NS, "unfinished", "run", run_key=2, term=1, task_id="u2",
+                     due_at=store.db_now() - 50 * S)  # fmt: skip
+    old = metrics.use_counters(metrics.LocalCounters())
+    watch = OverdueWatch(app).start()
+    try:
+        got = watch.read()
+        assert set(got) == {(NS, n) for n in ("on-time", "stale", "unfinished", "paused", "never")}
+        assert got[NS, "stale"] == pytest.approx(80, abs=2)
+        assert got[NS, "unfinished"] == pytest.approx(40, abs=2)
+        assert got[NS, "on-time"] == got[NS, "paused"] == got[NS, "never"] == 0
+        assert watch.read() is got  # read again within a second: the same answer
+        body = metrics.render()[0].decode()
+        assert (
+            'celery_election_beat_entry_overdue_seconds{entry="stale",namespace="od-beat"}' in body
+        )
+    finally:
+        watch.close()
+        metrics.use_counters(old)
+    assert "overdue" not in metrics.render()[0].decode()
+
+
+def test_a_database_that_does_not_answer_gives_no_series_and_one_warning(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.election_url = "sqlite:////nonexistent-dir/x.db"
+    watch = OverdueWatch(app, every=0.0)
+    try:
+        assert watch.read() == {}
+        assert watch.read() == {}
+    finally:
+        watch.close()
+    assert [r.levelname for r in caplog.records if "overdue" in r.getMessage()] == ["WARNING"]
