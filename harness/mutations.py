@@ -78,6 +78,11 @@ PUBLISHERS = ["tests/unit/test_burst_publish.py", "tests/integration/test_beat_p
 CRON = "celery_election/schedule/cron.py"
 CRON_UNIT = ["tests/unit/test_cron_dst.py"]
 SQL_INSTALL = "celery_election/backends/sql_install.py"
+SQL_KEYS = "celery_election/backends/sql_keys.py"
+MEM_KEYS = "celery_election/backends/memory_keys.py"
+HOLDER = "celery_election/key_holder.py"
+KEY_SUITE = ["tests/integration/test_key_suite.py"]
+SINGLETON = ["tests/unit/test_singleton.py"]
 VERSIONS = ["tests/integration/test_versions.py"]
 
 MUTATIONS = [
@@ -290,11 +295,57 @@ MUTATIONS = [
       "if False:", SCHED),
     M("sched-window-end", OPS, "return end is None or now < datetime.fromisoformat(end)", "return True", SCHED),
     M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
+    # -- key holds (singleton tasks): each WHERE condition of a step, SQL and memory ---------
+    M("keys-hold-vacant", SQL_KEYS, "sa.or_(t.c.token.is_(None), t.c.expires_at <= now),", "sa.true(),", KEY_SUITE),
+    M("keys-take-term", SQL_KEYS, "            t.c.term == term,\n            t.c.token == sa.bindparam(\"p_seen_token\"",
+      "            sa.true(),\n            t.c.token == sa.bindparam(\"p_seen_token\"", KEY_SUITE),
+    M("keys-take-token", SQL_KEYS, 't.c.token == sa.bindparam("p_seen_token", type_=sa.String()),', "sa.true(),", KEY_SUITE),
+    M("keys-take-tagged", SQL_KEYS, "t.c.liveness_us.is_not(None),", "sa.true(),", KEY_SUITE),
+    M("keys-take-waited", SQL_KEYS, 't.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),', "sa.true(),", KEY_SUITE),
+    M("keys-renew-token", SQL_KEYS, ".where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)",
+      ".where(t.c.namespace == ns, t.c.expires_at > now)", KEY_SUITE),
+    M("keys-renew-unexpired", SQL_KEYS, ".where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)",
+      ".where(t.c.namespace == ns, t.c.token == token)", KEY_SUITE),
+    M("keys-release-token", SQL_KEYS, ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token == token, t.c.term == term)",
+      ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term)", KEY_SUITE),
+    M("keys-release-term", SQL_KEYS, ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token == token, t.c.term == term)",
+      ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token == token)", KEY_SUITE),
+    M("keys-forced-term", SQL_KEYS, ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term, t.c.token.is_not(None))",
+      ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token.is_not(None))", KEY_SUITE),
+    M("keys-forced-held", SQL_KEYS, ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term, t.c.token.is_not(None))",
+      ".where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term)", KEY_SUITE),
+    M("keys-mem-hold-vacant", MEM_KEYS, "return row.token is None or row.expires_at <= now", "return True", KEY_SUITE),
+    M("keys-mem-take-term", MEM_KEYS, "row.term == seen.term\n", "True\n", KEY_SUITE),
+    M("keys-mem-take-token", MEM_KEYS, "and row.token == seen.token\n", "and True\n", KEY_SUITE),
+    M("keys-mem-take-tagged", MEM_KEYS, "and row.liveness_us is not None\n                and row.liveness_us <=",
+      "and True\n                and (row.liveness_us or 0) <=", KEY_SUITE),
+    M("keys-mem-take-waited", MEM_KEYS, "and row.liveness_us <= round(waited * 1_000_000)", "and True", KEY_SUITE),
+    M("keys-mem-renew-token", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",
+      "if ns == namespace and row.expires_at > now:", KEY_SUITE),
+    M("keys-mem-renew-unexpired", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",
+      "if ns == namespace and row.token == token:", KEY_SUITE),
+    M("keys-mem-release-token", MEM_KEYS, "lambda r: r.token == token and r.term == term", "lambda r: r.term == term", KEY_SUITE),
+    M("keys-mem-release-term", MEM_KEYS, "lambda r: r.token == token and r.term == term", "lambda r: r.token == token", KEY_SUITE),
+    M("keys-mem-forced-term", MEM_KEYS, "lambda r: r.term == term and r.token is not None", "lambda r: r.token is not None", KEY_SUITE),
+    M("keys-mem-forced-held", MEM_KEYS, "lambda r: r.term == term and r.token is not None", "lambda r: r.term == term", KEY_SUITE),
+    # -- key holds: the holder's trust bound and its take-over ---------------------------------
+    M("keys-trust-proof", "celery_election/keys.py", "return min(lease_until, proof_until) if tagged else lease_until",
+      "return lease_until", SINGLETON),
+    M("keys-late-success", HOLDER, "        if not self.trusted(held):  # won, but too late", "        if False:  # won, but too late",
+      SINGLETON),
+    M("keys-probe-ended", HOLDER, "if seen.token == inc.token or not inc.session.ended(keys.holder_key(seen.token)):",
+      "if seen.token == inc.token:", SINGLETON),
+    M("keys-wait-delta", HOLDER, "while (waited := self._clock.monotonic() - answered) < need:", "while False:", SINGLETON),
+    M("keys-renew-trust", HOLDER, "if held.incarnation is inc and (held.key, held.term) in terms:",
+      "if held.incarnation is inc:", SINGLETON),
+    M("keys-ping-lost", HOLDER, "            inc.session.ping()\n            if not inc.session.has_lock:",
+      "            inc.session.ping()\n            if False:", KEY_SUITE),
 ]  # fmt: skip
 
 #: Mutations known to leave every test green because they change nothing observable.
 EQUIVALENT = {
     "lease-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
+    "keys-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
     "sched-request-once": "a second click while one is pending then rewrites the request's "
     "time; the leader's claim compares the time it saw and looks again, so still one run",
 }

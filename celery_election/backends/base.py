@@ -12,15 +12,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ..keys import KeyHold, KeyResult
 from ..lease import CandidateInfo, ElectResult, Lease
 
 if TYPE_CHECKING:
     from .locks import LivenessSession
+    from .sessions import KeySession
 
 __all__ = [
     "BACKEND_MEMBERS",
     "Backend",
     "BeatStore",
+    "KeyStore",
     "RunClaim",
     "RunRequest",
     "RunState",
@@ -163,6 +166,87 @@ class BeatStore(Protocol):
         term, unexpired, refuses the whole batch). Few statements for many entries, so a
         burst of due runs costs a round trip per batch, not per entry.
         """
+
+
+class KeyStore(Protocol):
+    """Key holds: leadership of one key at a time, tied to the holder's liveness.
+
+    Each step is one conditional statement by primary key, the new term computed in SQL
+    (docs/design.md, rule 1), exactly as the lease's: ``hold`` takes a vacant or expired
+    key, ``take_over`` an exact (token, term) whose holder's session ended, ``renew`` and
+    ``release`` act only for the holder's token.
+    """
+
+    def hold(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take ``key`` if vacant or expired, with a strictly greater term.
+
+        ``liveness`` tags the hold with the holder's session delta (others may then take
+        it over once that session ended); the row after the step is reported either way.
+        """
+
+    def take_over(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        seen: KeyHold,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take exactly the hold ``seen`` (term and token), tagged with a delta <= ``waited``.
+
+        Only a caller whose own session found ``seen``'s holder session ended
+        (``KeySession.ended``) calls this, ``waited`` seconds after that answer.
+        """
+
+    def renew(
+        self,
+        namespace: str,
+        token: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> list[KeyHold]:
+        """Extend every unexpired hold of ``token`` in one statement; the holds after it."""
+
+    def release(
+        self, namespace: str, key: str, token: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the hold of exactly (token, term); True if it was. The term stays."""
+
+    def force_release(
+        self, namespace: str, key: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """An operator's release of exactly the term they saw (never a newer hold)."""
+
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+        """The key's row as stored now, or None if it was never held."""
+
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+        """The unexpired holds of ``namespace``, by key."""
+
+    def holder_session(self, token: str, delta: float) -> KeySession | None:
+        """The holder ``token``'s liveness lock on a connection of its own; None: unsupported."""
+
+    def holder_key(self, token: str) -> bytes:
+        """The lock that names holder ``token`` (for ``KeySession.ended``)."""
 
 
 @runtime_checkable
@@ -310,13 +394,23 @@ class Backend(Protocol):
     def beat(self) -> BeatStore:
         """The beat entries' shared run state in this backend."""
 
+    @property
+    def keys(self) -> KeyStore:
+        """Key holds in this backend (singleton tasks)."""
+
     def close(self) -> None:
         """Release connections and threads (idempotent)."""
 
 
-#: What a Backend provides: the Protocol's methods, properties and attributes.
+#: What an Elector's backend must provide: the Protocol's methods, properties and
+#: attributes, less ``keys`` (singleton tasks use it; an elector does not, and a user's
+#: own backend written before it existed still elects).
 BACKEND_MEMBERS = tuple(
-    sorted(name for name in {*vars(Backend), *Backend.__annotations__} if not name.startswith("_"))
+    sorted(
+        name
+        for name in {*vars(Backend), *Backend.__annotations__}
+        if not name.startswith("_") and name != "keys"
+    )
 )
 
 

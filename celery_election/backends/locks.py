@@ -323,6 +323,13 @@ class PostgresSession(_DBSession):
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT pg_advisory_unlock(%s)", (self._slot_keys[slot],))
 
+    def ended(self, key: bytes) -> bool:
+        """Whether lock ``key``'s holder session ended: a try that is undone at once."""
+        other = int.from_bytes(key[:8], "big", signed=True)
+        sql = "SELECT CASE WHEN pg_try_advisory_lock(%s) THEN pg_advisory_unlock(%s) ELSE false END"
+        with self._mutex:
+            return bool(self._execute(sql, (other, other)))
+
     def _setup(self, conn: Any, probe_age: float) -> None:
         self._lock_timeout = None
         conn.autocommit = True  # idle in a transaction is a different timeout
@@ -392,6 +399,13 @@ class MySQLSession(_DBSession):
 
     def _unlock_slot(self, slot: int) -> None:
         self._execute("SELECT RELEASE_LOCK(%s)", (self._slot_names[slot],))
+
+    def ended(self, key: bytes) -> bool:
+        """Whether lock ``key``'s holder session ended: a try that is undone at once."""
+        name = "celery_election:" + key.hex()[:40]
+        sql = "SELECT CASE WHEN GET_LOCK(%s, 0) = 1 THEN RELEASE_LOCK(%s) ELSE 0 END"
+        with self._mutex:
+            return bool(self._execute(sql, (name, name)))
 
     def _setup(self, conn: Any, probe_age: float) -> None:
         conn.autocommit(True)
@@ -504,6 +518,21 @@ class FileSession:
             if self._wake.wait(min(self._POLL, left)) or self._fd is None:
                 self._wake.clear()
                 raise InterruptedError("liveness wait interrupted")
+
+    def ended(self, key: bytes) -> bool:
+        """Whether lock ``key``'s holder process ended (its file is free, or gone)."""
+        base = self.path.name.rsplit(".", 2)[0]  # "<db>.<key>.lock" -> "<db>"
+        try:
+            fd = os.open(self.path.with_name(f"{base}.{key.hex()[:16]}.lock"), os.O_RDWR)
+        except FileNotFoundError:
+            return True  # a holder creates its file before it writes a row
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # also drops the lock, if taken
+        return True
 
     def ping(self) -> None:
         if self._fd is None or not self._held:

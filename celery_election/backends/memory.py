@@ -19,15 +19,8 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
-from .base import (
-    RunClaim,
-    RunRequest,
-    RunState,
-    Wakeup,
-    WakeupHandle,
-    check_batch,
-    next_run_count,
-)
+from .base import RunClaim, RunRequest, RunState, Wakeup, WakeupHandle, check_batch, next_run_count
+from .memory_keys import MemoryKeyStore
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -346,6 +339,12 @@ class MemoryBackend:
         """The beat entries' shared run state, with the SQL store's semantics."""
         return MemoryBeatStore(self)
 
+    @functools.cached_property
+    def keys(self) -> MemoryKeyStore:
+        """Key holds, with the SQL store's semantics (memory_keys.py)."""
+        session = functools.partial(MemorySession, self._locks, clock=self.clock)
+        return MemoryKeyStore(self.clock, self._enter, session, self._locks.free)
+
     # -- wakeups ----------------------------------------------------------------------------
 
     def subscribe_wakeups(
@@ -487,6 +486,10 @@ class _Locks:
             self.cond.notify_all()
             return None
         return session
+
+    def free(self, namespace: str) -> bool:
+        with self.cond:
+            return self.holder(namespace) is None
 
     def kill(self, namespace: str) -> bool:
         with self.cond:

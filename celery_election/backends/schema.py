@@ -341,6 +341,31 @@ def _schedule_term(metadata: sa.MetaData, prefix: str) -> sa.Table:
     )
 
 
+def _key(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """Key holds (singleton tasks): one row per key ever held, a lease of its own.
+
+    Its term grows at every change of hands; its holder is a token whose liveness lock
+    frees all the holder's keys at once (backends/sql_keys.py). Rows stay when released:
+    the term never goes back.
+    """
+    return sa.Table(
+        f"{prefix}key",
+        metadata,
+        sa.Column("namespace", key_type(190), primary_key=True),
+        sa.Column("key_hash", key_type(40), primary_key=True),  # sha1 of the key
+        sa.Column("key", sa.String(500), nullable=False),
+        sa.Column("term", sa.BigInteger, nullable=False, default=0),
+        sa.Column("token", key_type(TOKEN_LENGTH), nullable=True),
+        sa.Column("holder_id", sa.String(255), nullable=True),
+        sa.Column("acquired_at", sa.BigInteger, nullable=True),
+        sa.Column("renewed_at", sa.BigInteger, nullable=True),
+        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
+        sa.Column("liveness_us", sa.BigInteger, nullable=True),
+        sa.Index(f"{prefix}key_holder", "namespace", "token"),
+        **_MYSQL_OPTIONS,
+    )
+
+
 def _meta(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """What the tables are: ``schema`` (their layout) and ``protocol`` (what peers speak)."""
     return sa.Table(
@@ -362,6 +387,7 @@ _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
     _schedule_run,
     _schedule_audit,
     _schedule_term,
+    _key,
 ]
 
 

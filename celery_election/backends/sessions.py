@@ -10,7 +10,7 @@ from typing import Protocol
 
 from ..errors import BackendUnavailableError
 
-__all__ = ["LivenessSession", "LivenessUnsupported", "PooledSessions"]
+__all__ = ["KeySession", "LivenessSession", "LivenessUnsupported", "PooledSessions"]
 
 
 class LivenessSession(Protocol):
@@ -55,6 +55,21 @@ class LivenessSession(Protocol):
 
     def close(self) -> None:
         """Release and disconnect (idempotent)."""
+
+
+class KeySession(LivenessSession, Protocol):
+    """A key holder's liveness lock (named by its token), and probes of other holders'.
+
+    One per holder process: every key it holds hangs off this one lock, so a holder's
+    death frees all its keys at once, on one connection.
+    """
+
+    def ended(self, key: bytes) -> bool:
+        """Whether the session that held lock ``key`` has ended (its lock is free now).
+
+        A holder locks its key before writing any row with its token and never again
+        after losing it, so once free it stays free: the answer is final.
+        """
 
 
 class LivenessUnsupported(BackendUnavailableError):

@@ -25,7 +25,8 @@ databases), ``schema.py`` (tables, the database clock), ``connection.py`` (priva
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
 ``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
 ``sql_install.py`` (create, upgrade and drop the tables), ``sql_beat.py`` (beat run state,
-``backend.beat``); the operable schedule's store is ``celery_election.schedule``'s.
+``backend.beat``), ``sql_keys.py`` (key holds, ``backend.keys``); the operable
+schedule's store is ``celery_election.schedule``'s.
 ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
@@ -58,6 +59,7 @@ from .schema import (
 )
 from .sql_beat import SQLBeatStore
 from .sql_calls import Caller, SQLCalls
+from .sql_keys import SQLKeyStore
 from .sql_lease import lease_columns, lease_from_row, lease_statements
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
@@ -141,6 +143,7 @@ class SQLBackend(SQLCalls):
         self.lease = self.metadata.tables[f"{table_prefix}lease"]
         self.candidate = self.metadata.tables[f"{table_prefix}candidate"]
         self.beat_run = self.metadata.tables[f"{table_prefix}beat_run"]
+        self.key_hold = self.metadata.tables[f"{table_prefix}key"]
         self.style = self.db.step_style(self.engine)
         self._closed = False
         # SQLite runs inside this process: a fork while one of our calls holds its
@@ -538,6 +541,11 @@ class SQLBackend(SQLCalls):
     def beat(self) -> SQLBeatStore:
         """The beat entries' shared run state (the fence of every beat send)."""
         return SQLBeatStore(self)
+
+    @functools.cached_property
+    def keys(self) -> SQLKeyStore:
+        """Key holds (singleton tasks; sql_keys.py)."""
+        return SQLKeyStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from .dialect_base import Dialect
+from .sessions import LivenessSession
 
 __all__ = ["SQLHost"]
 
@@ -35,6 +36,10 @@ class SQLHost(Protocol):
     meta: sa.Table
     lease: sa.Table
     beat_run: sa.Table
+    key_hold: sa.Table
+
+    def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
+        """A liveness lock named by ``namespace`` on a connection of its own."""
 
     def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
         """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""

@@ -1,0 +1,245 @@
+"""Key holds in the memory backend: the SQL store's conditions, as Python (the model).
+
+Each step checks exactly what the SQL step's WHERE clause checks (sql_keys.py), under one
+lock, with the backend's clock as the database clock. A holder's liveness lock is one of
+the memory backend's liveness locks, named by its token, so ``kill_liveness`` of that
+name ends a holder's session from outside, as ``pg_terminate_backend`` would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..clock import Clock
+from ..keys import KeyHold, KeyResult, check_key, holder_lock_name
+
+if TYPE_CHECKING:
+    from .sessions import LivenessSession
+
+#: ``(name, delta)`` -> a memory liveness session of that name (MemoryBackend's locks)
+SessionMaker = Callable[[str, float], "LivenessSession"]
+
+__all__ = ["MemoryKeySession", "MemoryKeyStore"]
+
+
+@dataclass
+class _KeyRow:
+    key: str
+    term: int = 0
+    token: str | None = None
+    holder_id: str | None = None
+    acquired_at: int | None = None
+    renewed_at: int | None = None
+    expires_at: int = 0
+    liveness_us: int | None = None
+
+
+def _us(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1_000_000)
+
+
+class MemoryKeyStore:
+    """The :class:`~celery_election.backends.base.KeyStore` of a MemoryBackend."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        enter: Callable[[str], None],
+        session: SessionMaker,
+        free: Callable[[str], bool],
+    ) -> None:
+        self.clock, self._enter, self._session, self._free = clock, enter, session, free
+        self._lock = threading.Lock()
+        self._rows: dict[tuple[str, str], _KeyRow] = {}
+
+    def _hold(self, namespace: str, row: _KeyRow, now: int) -> KeyHold:
+        return KeyHold(
+            namespace=namespace,
+            key=row.key,
+            term=row.term,
+            holder_id=row.holder_id,
+            expires_at_us=row.expires_at,
+            db_now_us=now,
+            acquired_at_us=row.acquired_at,
+            renewed_at_us=row.renewed_at,
+            token=row.token,
+            liveness_us=row.liveness_us,
+        )
+
+    def _take(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        liveness: float | None,
+        floor: int,
+        can: Callable[[_KeyRow, int], bool],
+    ) -> KeyResult:
+        check_key(namespace, key, token)
+        with self._lock:
+            now = self.clock.wall_us()
+            row = self._rows.setdefault((namespace, key), _KeyRow(key))
+            won = can(row, now)
+            if won:
+                row.term = max(row.term + 1, now, floor)
+                row.token, row.holder_id = token, holder_id[:255]
+                row.acquired_at = row.renewed_at = now
+                row.expires_at = now + round(ttl * 1_000_000)
+                row.liveness_us = _us(liveness)
+            return KeyResult(won, self._hold(namespace, row, now))
+
+    def hold(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take ``key`` if vacant or expired."""
+        self._enter("keys.hold")
+
+        def can(row: _KeyRow, now: int) -> bool:
+            return row.token is None or row.expires_at <= now
+
+        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, can)
+
+    def take_over(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        seen: KeyHold,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take exactly the hold ``seen``, tagged with a delta no longer than ``waited``."""
+        self._enter("keys.take_over")
+
+        def can(row: _KeyRow, now: int) -> bool:
+            return (
+                row.term == seen.term
+                and row.token == seen.token
+                and row.liveness_us is not None
+                and row.liveness_us <= round(waited * 1_000_000)
+            )
+
+        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, can)
+
+    def renew(
+        self,
+        namespace: str,
+        token: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> list[KeyHold]:
+        """Extend every unexpired hold of ``token``."""
+        self._enter("keys.renew")
+        out = []
+        with self._lock:
+            now = self.clock.wall_us()
+            for (ns, _key), row in sorted(self._rows.items()):
+                if ns == namespace and row.token == token and row.expires_at > now:
+                    row.renewed_at = now
+                    row.expires_at = now + round(ttl * 1_000_000)
+                    row.liveness_us = _us(liveness)
+                    out.append(self._hold(ns, row, now))
+        return out
+
+    def _vacate(self, namespace: str, key: str, fits: Callable[[_KeyRow], bool]) -> bool:
+        with self._lock:
+            row = self._rows.get((namespace, key))
+            if row is None or not fits(row):
+                return False
+            row.token = row.holder_id = row.liveness_us = None
+            row.expires_at = self.clock.wall_us()
+            return True
+
+    def release(
+        self, namespace: str, key: str, token: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the hold of exactly (token, term)."""
+        self._enter("keys.release")
+        return self._vacate(namespace, key, lambda r: r.token == token and r.term == term)
+
+    def force_release(
+        self, namespace: str, key: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the hold of exactly ``term``, while held (an operator's)."""
+        self._enter("keys.force_release")
+        return self._vacate(namespace, key, lambda r: r.term == term and r.token is not None)
+
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+        """The key's row as stored now (None: never held)."""
+        self._enter("keys.get")
+        with self._lock:
+            row = self._rows.get((namespace, key))
+            return None if row is None else self._hold(namespace, row, self.clock.wall_us())
+
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+        """The unexpired holds of ``namespace``, by key."""
+        self._enter("keys.held")
+        with self._lock:
+            now = self.clock.wall_us()
+            rows = [self._hold(ns, r, now) for (ns, _k), r in sorted(self._rows.items())]
+        return [h for h in rows if h.namespace == namespace and h.held]
+
+    def holder_key(self, token: str) -> bytes:
+        """The lock that names holder ``token``."""
+        return holder_lock_name(token).encode()
+
+    def holder_session(self, token: str, delta: float) -> MemoryKeySession:
+        """Holder ``token``'s lock: a memory liveness lock named by it."""
+        name = holder_lock_name(token)
+        return MemoryKeySession(self._session(name, delta), self._free)
+
+
+class MemoryKeySession:
+    """A memory liveness session that can also tell whether another holder's ended."""
+
+    silent_holders_lose = True
+
+    def __init__(self, inner: LivenessSession, free: Callable[[str], bool]) -> None:
+        self.inner, self._free = inner, free
+
+    @property
+    def has_lock(self) -> bool:
+        return self.inner.has_lock
+
+    def claim_slot(self, count: int) -> bool:
+        return self.inner.claim_slot(count)
+
+    def acquire(self, timeout: float) -> bool:
+        return self.inner.acquire(timeout)
+
+    def ping(self) -> None:
+        self.inner.ping()
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def interrupt(self) -> None:
+        self.inner.interrupt()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def ended(self, key: bytes) -> bool:
+        """Whether the holder session named ``key`` ended (nobody holds its lock)."""
+        return self._free(key.decode())

@@ -1,0 +1,346 @@
+"""Key holds on SQL: each step one conditional statement on the key's row (rule 1).
+
+The same shape as the lease's steps (sql_lease.py): every condition in the WHERE clause,
+the new term computed in SQL (greatest(term + 1, database clock, floor): rule 4), won if
+the row changed. A key's row is created vacant by an idempotent insert the first time
+it is held, and stays when released (the term never goes back). The holder's liveness is
+one session lock named by its token (``holder_key``), not one lock per key: all of a
+holder's keys free together when its session ends, and one connection serves them all.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..keys import KeyHold, KeyResult, check_key, holder_lock_name, key_hash
+from .connection import LostRound
+from .locks import lock_key
+from .schema import db_now_us, greatest
+
+if TYPE_CHECKING:
+    from .sessions import KeySession
+    from .sql_host import SQLHost
+
+__all__ = ["SQLKeyStore", "key_updates"]
+
+
+def key_updates(t: sa.Table) -> dict[str, sa.Update]:
+    """Each step's conditional UPDATE of a key row, with bound parameters."""
+    now = db_now_us()
+    ns = sa.bindparam("p_ns", type_=sa.String())
+    kh = sa.bindparam("p_kh", type_=sa.String())
+    token = sa.bindparam("p_token", type_=sa.String())
+    term = sa.bindparam("p_term", type_=sa.BigInteger)
+    ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
+    live = sa.bindparam("p_live", type_=sa.BigInteger)
+    taken = {
+        "term": greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger)),
+        "token": token,
+        "holder_id": sa.bindparam("p_holder", type_=sa.String()),
+        "acquired_at": now,
+        "renewed_at": now,
+        "expires_at": now + ttl,
+        "liveness_us": live,
+    }
+    vacate = {"token": None, "holder_id": None, "expires_at": now, "liveness_us": None}
+    return {
+        # vacant or expired -> a new, strictly greater term for this token
+        "held": sa.update(t)
+        .where(
+            t.c.namespace == ns,
+            t.c.key_hash == kh,
+            sa.or_(t.c.token.is_(None), t.c.expires_at <= now),
+        )
+        .values(taken),
+        # exactly the hold a prober saw, whose holder's session ended, tagged with a
+        # delta the prober has waited out since: taken even before it expires
+        "taken": sa.update(t)
+        .where(
+            t.c.namespace == ns,
+            t.c.key_hash == kh,
+            t.c.term == term,
+            t.c.token == sa.bindparam("p_seen_token", type_=sa.String()),
+            t.c.liveness_us.is_not(None),
+            t.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),
+        )
+        .values(taken),
+        # every unexpired hold of this token (a token is one holder session)
+        "renewed": sa.update(t)
+        .where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)
+        .values(renewed_at=now, expires_at=now + ttl, liveness_us=live),
+        # only the exact (token, term)
+        "released": sa.update(t)
+        .where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token == token, t.c.term == term)
+        .values(vacate),
+        # an operator's: only the term they saw, only while held
+        "forced": sa.update(t)
+        .where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term, t.c.token.is_not(None))
+        .values(vacate),
+    }
+
+
+def _columns(t: sa.Table) -> list[sa.ColumnElement[Any]]:
+    return [
+        t.c.namespace,
+        t.c.key,
+        t.c.term,
+        t.c.holder_id,
+        t.c.expires_at,
+        db_now_us().label("db_now"),
+        t.c.acquired_at,
+        t.c.renewed_at,
+        t.c.token,
+        t.c.liveness_us,
+    ]
+
+
+def _hold(row: Any) -> KeyHold | None:
+    if row is None:
+        return None
+    return KeyHold(
+        namespace=row.namespace,
+        key=row.key,
+        term=int(row.term),
+        holder_id=row.holder_id,
+        expires_at_us=int(row.expires_at),
+        db_now_us=int(row.db_now),
+        acquired_at_us=None if row.acquired_at is None else int(row.acquired_at),
+        renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
+        token=row.token,
+        liveness_us=None if row.liveness_us is None else int(row.liveness_us),
+    )
+
+
+def _us(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1_000_000)
+
+
+class SQLKeyStore:
+    """The :class:`~celery_election.backends.base.KeyStore` of a SQL backend."""
+
+    def __init__(self, backend: SQLHost) -> None:
+        self.backend = backend
+        self.table = backend.key_hold
+        self.returning = bool(backend.engine.dialect.update_returning)
+
+    @functools.cached_property
+    def _statements(self) -> dict[str, sa.Executable]:
+        columns = _columns(self.table)
+        steps = key_updates(self.table).items()
+        if self.returning:
+            return {name: stmt.returning(*columns) for name, stmt in steps}
+        return dict(steps)
+
+    def _step(
+        self, step: str, params: dict[str, Any], key: str, timeout: float | None
+    ) -> KeyResult:
+        """One conditional UPDATE; won with the row after it, or lost (row unread)."""
+        stmt = self._statements[step]
+        if self.returning:
+            row = self.backend.call(
+                lambda conn: conn.execute(stmt, params).first(),
+                table=self.table,
+                write=True,
+                timeout=timeout,
+                connection=None,
+            )
+            return KeyResult(row is not None, _hold(row))
+        changed = self.backend.call(
+            lambda conn: int(conn.execute(stmt, params).rowcount),
+            table=self.table,
+            write=True,
+            timeout=timeout,
+            connection=None,
+        )
+        if changed != 1:
+            return KeyResult(False, None)
+        # MySQL has no UPDATE ... RETURNING: the row as stored after the step
+        return KeyResult(True, self.get(params["p_ns"], key, timeout=timeout))
+
+    def _lost(self, namespace: str, key: str, timeout: float | None) -> KeyResult:
+        return KeyResult(False, self.get(namespace, key, timeout=timeout))
+
+    def hold(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take ``key`` if vacant or expired (see ``KeyStore.hold``)."""
+        check_key(namespace, key, token)
+        params = {
+            "p_ns": namespace,
+            "p_kh": key_hash(key),
+            "p_token": token,
+            "p_holder": holder_id[:255],
+            "p_ttl": _us(ttl),
+            "p_live": _us(liveness),
+            "p_floor": floor,
+        }
+        lost = KeyResult(False, None)
+        for _attempt in range(3):
+            try:
+                result = self._step("held", params, key, timeout)
+            except LostRound:
+                return self._lost(namespace, key, timeout)
+            if result.won:
+                return result
+            lost = self._lost(namespace, key, timeout)
+            if lost.hold is None:  # never held: create the vacant row, then race
+                self._create(namespace, key, timeout)
+            elif lost.hold.held:
+                return lost
+        return lost
+
+    def _create(self, namespace: str, key: str, timeout: float | None) -> None:
+        values = {
+            "namespace": namespace,
+            "key_hash": key_hash(key),
+            "key": key,
+            "term": 0,
+            "expires_at": 0,
+        }
+        stmt = self.backend.db.insert_if_absent(self.table, values, "term")
+        self.backend.call_write(
+            lambda conn: int(conn.execute(stmt).rowcount),
+            table=self.table,
+            lost=0,
+            timeout=timeout,
+        )
+
+    def take_over(
+        self,
+        namespace: str,
+        key: str,
+        token: str,
+        holder_id: str,
+        ttl: float,
+        seen: KeyHold,
+        waited: float,
+        *,
+        liveness: float | None = None,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> KeyResult:
+        """Take exactly the hold ``seen`` (see ``KeyStore.take_over``)."""
+        check_key(namespace, key, token)
+        params = {
+            "p_ns": namespace,
+            "p_kh": key_hash(key),
+            "p_token": token,
+            "p_holder": holder_id[:255],
+            "p_ttl": _us(ttl),
+            "p_live": _us(liveness),
+            "p_floor": floor,
+            "p_term": seen.term,
+            "p_seen_token": seen.token,
+            "p_waited": _us(waited),
+        }
+        try:
+            result = self._step("taken", params, key, timeout)
+        except LostRound:
+            result = KeyResult(False, None)
+        return result if result.won else self._lost(namespace, key, timeout)
+
+    def renew(
+        self,
+        namespace: str,
+        token: str,
+        ttl: float,
+        *,
+        liveness: float | None = None,
+        timeout: float | None = None,
+    ) -> list[KeyHold]:
+        """Extend every unexpired hold of ``token``; the holds it extended."""
+        params = {"p_ns": namespace, "p_token": token, "p_ttl": _us(ttl), "p_live": _us(liveness)}
+        stmt = self._statements["renewed"]
+        t = self.table
+        mine = sa.select(*_columns(t)).where(
+            t.c.namespace == namespace, t.c.token == token, t.c.expires_at > db_now_us()
+        )
+
+        def work(conn: Connection) -> list[KeyHold]:
+            result = conn.execute(stmt, params)
+            # Without RETURNING: the token's unexpired rows after the UPDATE are the ones
+            # it extended (only this holder writes its token, one step at a time).
+            rows = result.all() if self.returning else conn.execute(mine).all()
+            return [h for h in map(_hold, rows) if h is not None]
+
+        try:
+            return self.backend.call(work, table=t, write=True, timeout=timeout, connection=None)
+        except LostRound:
+            return []
+
+    def release(
+        self, namespace: str, key: str, token: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the hold of exactly (token, term)."""
+        params = {"p_ns": namespace, "p_kh": key_hash(key)}
+        return self._vacate("released", {**params, "p_token": token, "p_term": term}, timeout)
+
+    def force_release(
+        self, namespace: str, key: str, term: int, *, timeout: float | None = None
+    ) -> bool:
+        """Vacate the hold of exactly ``term`` (an operator's, fenced)."""
+        params = {"p_ns": namespace, "p_kh": key_hash(key), "p_term": term}
+        return self._vacate("forced", params, timeout)
+
+    def _vacate(self, step: str, params: dict[str, Any], timeout: float | None) -> bool:
+        stmt = key_updates(self.table)[step]  # no RETURNING: the count says
+        return bool(
+            self.backend.call_write(
+                lambda conn: int(conn.execute(stmt, params).rowcount),
+                table=self.table,
+                lost=0,
+                timeout=timeout,
+            )
+        )
+
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+        """The key's row as stored now (None: never held)."""
+        t = self.table
+        stmt = sa.select(*_columns(t)).where(
+            t.c.namespace == namespace, t.c.key_hash == key_hash(key)
+        )
+        return self.backend.call(
+            lambda conn: _hold(conn.execute(stmt).first()),
+            table=t,
+            write=False,
+            timeout=timeout,
+            connection=None,
+        )
+
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+        """The unexpired holds of ``namespace``, by key."""
+        t = self.table
+        stmt = (
+            sa.select(*_columns(t))
+            .where(t.c.namespace == namespace, t.c.token.is_not(None), t.c.expires_at > db_now_us())
+            .order_by(t.c.key)
+        )
+        return self.backend.call(
+            lambda conn: [h for h in map(_hold, conn.execute(stmt)) if h is not None],
+            table=t,
+            write=False,
+            timeout=timeout,
+            connection=None,
+        )
+
+    def holder_key(self, token: str) -> bytes:
+        """The lock that names holder ``token``."""
+        return lock_key(self.backend.table_prefix, holder_lock_name(token))
+
+    def holder_session(self, token: str, delta: float) -> KeySession | None:
+        """Holder ``token``'s lock on a connection of its own (locks.py; ``ended`` probes)."""
+        session = self.backend.liveness_session(holder_lock_name(token), delta, 1.0)
+        return cast("KeySession", session)

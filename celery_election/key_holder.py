@@ -1,0 +1,287 @@
+"""One process's key holds: one token, one liveness session, one thread for all its keys.
+
+Leadership per key, held the way the elector holds the lease (docs/design.md, "Liveness"):
+
+* The holder draws a token and locks it on one connection of its own (the backend's
+  ``KeySession``), before it writes any row with that token; a thread pings the lock every
+  ``delta / 4`` and renews every hold of the token in one statement every
+  ``renew_interval``. A session that is lost is never used again: the next hold draws a
+  new token (a token's lock, once free, stays free, so a probe's answer is final).
+* Trust of a hold: ``min(start of the last write that set its expiry + ttl - margin,
+  last good ping + delta x 11/12)`` when tagged (``keys.hold_trust_end``); a success that
+  returns after that counts as a failure (the hold is given back).
+* A key held by another token, tagged with delta d: the holder asks its own session
+  whether that token's lock is free (``KeySession.ended``). Free means that session ended
+  before the answer, so that holder's trust ends at most d later: after waiting d from
+  the answer, ``take_over`` takes exactly that (token, term). A crashed holder's keys
+  free in about d, a paused or cut-off one's d after the server ended its silent session.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from .backends.base import Backend
+from .backends.sessions import KeySession
+from .clock import Clock, RealClock
+from .config import validate_namespace
+from .decisions import Proof, extend, granted
+from .errors import BackendUnavailableError, ConfigurationError
+from .keys import KeyHold, hold_trust_end
+from .lease import trusted_until
+
+__all__ = ["Held", "KeyHolder"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    """One incarnation of the holder: its token, its lock, what the lock proves."""
+
+    token: str
+    session: KeySession | None
+    proof: Proof = field(default_factory=Proof)
+    lost: bool = False
+
+
+@dataclass
+class Held:
+    """A key this process holds: its term (the fencing token) and its trust bound."""
+
+    key: str
+    term: int
+    lease_until: float
+    tagged: bool
+    incarnation: _Session = field(repr=False)
+
+
+class KeyHolder:
+    """Holds keys for this process in ``namespace`` of ``backend`` (see the module).
+
+    ``liveness``: the session's delta in seconds (None: untagged holds, the lease alone).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        namespace: str = "default",
+        *,
+        ttl: float = 30.0,
+        safety_margin: float | None = None,
+        liveness: float | None = 1.0,
+        holder_id: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        margin = max(ttl / 5, min(1.0, ttl / 4)) if safety_margin is None else safety_margin
+        if not (ttl > 0 and 0 <= margin < ttl) or (liveness is not None and liveness <= 0):
+            raise ConfigurationError(
+                f"key holds need ttl > safety_margin >= 0 and liveness > 0: got ttl={ttl}, "
+                f"safety_margin={margin}, liveness={liveness}"
+            )
+        self.backend, self.namespace = backend, validate_namespace(namespace)
+        self.ttl, self.margin, self.delta = ttl, margin, liveness
+        self.renew_interval = (ttl - margin) / 3
+        self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._clock: Clock = clock or RealClock()
+        self._sleeper = self._clock.sleeper()
+        self._lock = threading.Lock()  # guards _held and _current (never held over I/O)
+        self._current: _Session | None = None
+        self._held: dict[str, Held] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- trust --------------------------------------------------------------------------------
+
+    def trust_end(self, held: Held) -> float:
+        """Until when ``held`` may be believed (boot-time clock)."""
+        return hold_trust_end(held.lease_until, held.tagged, held.incarnation.proof.good_until)
+
+    def trusted(self, held: Held) -> bool:
+        """Whether this process may still believe it holds ``held`` now."""
+        return self._clock.monotonic() < self.trust_end(held)
+
+    # -- holds --------------------------------------------------------------------------------
+
+    def acquire(self, key: str, *, wait: bool = True) -> Held | None:
+        """Hold ``key`` now, or None if another holder has it.
+
+        ``wait``: when the holder's session has ended, wait its delta and take the key
+        over (about a second) instead of answering None.
+        """
+        with self._lock:
+            inc = self._incarnation()
+        started = self._clock.monotonic()
+        tagged = inc.proof.proven(started)
+        result = self.backend.keys.hold(
+            self.namespace, key, inc.token, self.holder_id, self.ttl,
+            liveness=self.delta if tagged else None,
+        )  # fmt: skip
+        if result.won and result.hold is not None:
+            return self._adopt(inc, key, result.hold, started, tagged)
+        if wait and result.hold is not None:
+            taken = self._take_over(inc, key, result.hold, tagged)
+            if taken is not None:
+                return self._adopt(inc, key, taken[0], taken[1], tagged)
+        return None
+
+    def _take_over(
+        self, inc: _Session, key: str, seen: KeyHold, tagged: bool
+    ) -> tuple[KeyHold, float] | None:
+        """Take ``seen`` once its holder's session is known ended and its delta waited.
+
+        The hold won and when the winning step started; None if not taken.
+        """
+        keys = self.backend.keys
+        if not seen.held or seen.liveness_us is None or inc.session is None or seen.token is None:
+            return None
+        if seen.token == inc.token or not inc.session.ended(keys.holder_key(seen.token)):
+            return None
+        answered = self._clock.monotonic()  # that session ended before this instant
+        need = seen.liveness_us / 1_000_000
+        sleeper = self._clock.sleeper()
+        while (waited := self._clock.monotonic() - answered) < need:
+            sleeper.wait(need - waited)
+        started = self._clock.monotonic()
+        result = keys.take_over(
+            self.namespace, key, inc.token, self.holder_id, self.ttl, seen,
+            started - answered, liveness=self.delta if tagged else None,
+        )  # fmt: skip
+        return (result.hold, started) if result.won and result.hold is not None else None
+
+    def _adopt(
+        self, inc: _Session, key: str, hold: KeyHold, started: float, tagged: bool
+    ) -> Held | None:
+        held = Held(key, hold.term, trusted_until(started, self.ttl, self.margin), tagged, inc)
+        if not self.trusted(held):  # won, but too late to believe it: give it back
+            self.backend.keys.release(self.namespace, key, inc.token, hold.term)
+            return None
+        with self._lock:
+            self._held[key] = held
+        self._ensure_thread()
+        return held
+
+    def release(self, held: Held) -> bool:
+        """Give ``held`` back (only that term of it); True if it was still ours."""
+        with self._lock:
+            if self._held.get(held.key) is held:
+                del self._held[held.key]
+        token = held.incarnation.token
+        try:
+            return self.backend.keys.release(self.namespace, held.key, token, held.term)
+        except BackendUnavailableError:
+            log.warning("could not release key %r; it frees when its hold ends", held.key)
+            return False
+
+    def holds(self) -> list[Held]:
+        """The keys this process holds and still trusts."""
+        with self._lock:
+            return [h for h in self._held.values() if self.trusted(h)]
+
+    # -- the session ---------------------------------------------------------------------------
+
+    def _incarnation(self) -> _Session:
+        """The live incarnation, or a new one (new token, its lock taken first)."""
+        inc = self._current
+        if inc is not None and not inc.lost:
+            return inc
+        token = uuid.uuid4().hex
+        session = None
+        if self.delta is not None:
+            try:
+                session = self.backend.keys.holder_session(token, self.delta)
+            except Exception as exc:
+                log.warning("key holds are not bound by a session (%s): the lease alone", exc)
+        inc = _Session(token, session)
+        if session is not None:
+            self._grant(inc, session)
+        self._current = inc
+        self._ensure_thread()  # pings from the grant on: a hold's proof starts fresh
+        return inc
+
+    def _grant(self, inc: _Session, session: KeySession) -> None:
+        assert self.delta is not None
+        try:
+            if session.acquire(1.0):  # our own random token: nobody else asks for it
+                started = self._clock.monotonic()
+                session.ping()
+                inc.proof = granted(inc.proof, started, started, self.delta)
+                return
+        except BackendUnavailableError as exc:
+            log.warning("key holder session failed (%s): untagged holds", exc)
+        inc.session = None
+        session.close()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="celery-election-keys", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        interval = self.renew_interval if self.delta is None else min(self.delta / 4, 1.0)
+        last_renew = self._clock.monotonic()
+        while not self._stop.is_set():
+            self._sleeper.wait(interval)
+            if self._stop.is_set():
+                return
+            try:
+                self._ping()
+                if self._clock.monotonic() - last_renew >= self.renew_interval:
+                    last_renew = self._clock.monotonic()
+                    self._renew()
+            except Exception:  # never kill the thread; the lease still bounds trust
+                log.exception("key holder thread error; retrying")
+
+    def _ping(self) -> None:
+        inc = self._current
+        if inc is None or inc.session is None or inc.lost or self.delta is None:
+            return
+        started = self._clock.monotonic()
+        try:
+            # A session whose connection went reconnects on its next call, without the
+            # lock: only a ping of the session that still has it proves anything.
+            inc.session.ping()
+            if not inc.session.has_lock:
+                raise BackendUnavailableError("the holder lock's session ended")
+        except BackendUnavailableError as exc:
+            log.warning("key holder session lost (%s): its holds are no longer trusted", exc)
+            inc.lost = True  # never used again: the next hold draws a new token
+            inc.session.close()
+            return
+        inc.proof = extend(inc.proof, started, self._clock.monotonic(), self.delta)
+
+    def _renew(self) -> None:
+        """One statement per incarnation renews all its holds; each renewed one is trusted on."""
+        with self._lock:
+            incs = {id(h.incarnation): h.incarnation for h in self._held.values()}
+        for inc in incs.values():
+            started = self._clock.monotonic()
+            tag = self.delta if inc.proof.proven(started) else None
+            renewed = self.backend.keys.renew(self.namespace, inc.token, self.ttl, liveness=tag)
+            terms = {(h.key, h.term) for h in renewed}
+            with self._lock:
+                for held in self._held.values():
+                    if held.incarnation is inc and (held.key, held.term) in terms:
+                        held.lease_until = trusted_until(started, self.ttl, self.margin)
+
+    def close(self) -> None:
+        """Release every hold and the session (idempotent)."""
+        self._stop.set()
+        self._sleeper.wake()
+        with self._lock:
+            holds = list(self._held.values())
+            inc, self._current = self._current, None
+        for held in holds:
+            self.release(held)
+        if inc is not None and inc.session is not None:
+            inc.session.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)

@@ -1,0 +1,106 @@
+"""Key holds as the database stores them, and the trust rule of a hold.
+
+A key hold is leadership of one key: one row per (namespace, key) with a term that grows
+at every change of hands (the fencing token), the holder's per-session token, and the
+same liveness tag as the lease. Times are epoch microseconds on the database's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .config import validate_namespace
+from .errors import ConfigurationError
+from .lease import _dt
+
+__all__ = [
+    "KEY_LENGTH",
+    "KeyHold",
+    "KeyResult",
+    "check_key",
+    "hold_trust_end",
+    "holder_lock_name",
+    "key_hash",
+]
+
+#: The longest key a row keeps readable (the primary key is its hash).
+KEY_LENGTH = 500
+#: A holder's token: uuid4().hex, as an elector's (schema.TOKEN_LENGTH).
+TOKEN_LENGTH = 32
+
+
+def key_hash(key: str) -> str:
+    """The key's primary key: a hash, so any key fits a MySQL index (rule 9)."""
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()
+
+
+def holder_lock_name(token: str) -> str:
+    """The liveness "namespace" that names holder ``token``'s lock (no real one has NUL)."""
+    return f"key-holder\0{token}"
+
+
+def check_key(namespace: str, key: object, token: object) -> str:
+    """``key`` if it fits a row (else one clear error); also checks namespace and token."""
+    validate_namespace(namespace)
+    if not isinstance(token, str) or len(token) != TOKEN_LENGTH:
+        raise ConfigurationError(f"token must be a {TOKEN_LENGTH}-character string")
+    if not isinstance(key, str) or not key or len(key) > KEY_LENGTH:
+        raise ConfigurationError(f"a key must be 1-{KEY_LENGTH} characters: got {key!r}")
+    return key
+
+
+@dataclass(frozen=True)
+class KeyHold:
+    """One key's row, read at ``db_now_us`` on the database clock."""
+
+    namespace: str
+    key: str
+    term: int
+    holder_id: str | None
+    expires_at_us: int
+    db_now_us: int
+    acquired_at_us: int | None = None
+    renewed_at_us: int | None = None
+    #: The holder's per-session secret; renew and release require it.
+    token: str | None = field(default=None, repr=False)
+    #: The holder's liveness delta (us) when its trust is bound by its session; else None.
+    liveness_us: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Someone holds the key and the hold has not expired on the database clock."""
+        return self.token is not None and self.expires_at_us > self.db_now_us
+
+    def held_by(self, token: str) -> bool:
+        """Whether ``token`` holds the unexpired key."""
+        return self.held and self.token == token
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the hold expires, on the database clock (0 when not held)."""
+        return max(0.0, (self.expires_at_us - self.db_now_us) / 1_000_000) if self.held else 0.0
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        return _dt(self.acquired_at_us)
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    """One hold step's outcome: did it win, and the row after it (None: not readable)."""
+
+    won: bool
+    hold: KeyHold | None
+
+
+def hold_trust_end(lease_until: float, tagged: bool, proof_until: float) -> float:
+    """Until when a holder may believe it holds a key (the lease's trust rule).
+
+    ``lease_until``: start of the last write that set the hold's expiry + ttl - margin.
+    A tagged hold (its row carries the holder's delta, so others may take it over once
+    its session ended) is also bound by the session's proof: last good ping + delta x
+    11/12 (decisions.granted / extend). Untagged, the lease alone bounds it.
+    """
+    return min(lease_until, proof_until) if tagged else lease_until

@@ -1,0 +1,193 @@
+"""Tasks that run one at a time per key: ``@singleton_task`` and the ``SingletonTask`` base.
+
+Before the body runs, the task holds its key in the election database (``KeyHolder``,
+one per process: one session lock and one connection for all the process's keys). The
+key is the task's name and the arguments named by ``unique_on`` (default: all of them,
+bound to the signature, so ``f(1, b=2)`` and ``f(1, 2)`` are one key). While another
+worker holds the key, the task, by ``on_busy``:
+
+* ``requeue`` (the default): is published again after ``requeue_delay`` seconds (same
+  request, this copy acked: never lost, never spinning hot);
+* ``skip``: ends as ignored;
+* ``raise``: fails with KeyBusyError.
+
+A holder that died frees its keys within about its liveness delta (its session closed);
+the running task's ``self.singleton_term`` grows each time the key changes hands: store it
+with the task's writes and refuse writes with an older one (a paused holder whose key was
+taken over finds its term superseded). The key is released when the task returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+
+from .backends import backend_from_url
+from .errors import ConfigurationError, ElectionError
+from .key_holder import Held, KeyHolder
+from .settings import ElectionSettings
+
+__all__ = [
+    "ON_BUSY",
+    "KeyBusyError",
+    "SingletonTask",
+    "key_holder",
+    "set_key_holder",
+    "singleton_key",
+    "singleton_task",
+]
+
+log = logging.getLogger(__name__)
+
+ON_BUSY = ("requeue", "skip", "raise")
+
+#: The hold of the singleton task running in this thread / greenlet.
+_HELD: ContextVar[Held | None] = ContextVar("celery_election_singleton", default=None)
+_HOLDERS: dict[int, KeyHolder] = {}
+_HOLDERS_LOCK = threading.Lock()
+
+
+class KeyBusyError(ElectionError):
+    """Another worker runs this singleton task's key now (``on_busy="raise"``)."""
+
+
+def _check_mode(mode: object) -> str:
+    if mode not in ON_BUSY:
+        raise ConfigurationError(f"on_busy must be one of {', '.join(ON_BUSY)}: got {mode!r}")
+    return str(mode)
+
+
+def set_key_holder(app: Any, holder: KeyHolder | None) -> None:
+    """Use ``holder`` for ``app``'s singleton tasks in this process (tests, own set-ups)."""
+    with _HOLDERS_LOCK:
+        old = _HOLDERS.pop(id(app), None)
+        if holder is not None:
+            _HOLDERS[id(app)] = holder
+    if old is not None and old is not holder:
+        old.close()
+
+
+def key_holder(app: Any) -> KeyHolder:
+    """The key holder of ``app`` in this process (made from its ``election_*`` settings once)."""
+    with _HOLDERS_LOCK:
+        holder = _HOLDERS.get(id(app))
+        if holder is None:
+            settings = ElectionSettings.from_app(app)
+            backend = backend_from_url(settings.url, **settings.backend_options(listen=False))
+            holder = _HOLDERS[id(app)] = KeyHolder(backend, settings.namespace)
+        return holder
+
+
+def singleton_key(
+    name: str, fun: Callable[..., Any], unique_on: Sequence[str] | None, args: Any, kwargs: Any
+) -> str:
+    """The key of one call: the task name and the chosen arguments, bound to the signature."""
+    try:
+        bound = inspect.signature(fun).bind(*(args or ()), **(kwargs or {}))
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+    except (TypeError, ValueError):  # a signature we cannot bind: all of it, as given
+        values = {"args": list(args or ()), "kwargs": dict(kwargs or {})}
+    if unique_on is not None:
+        values = {k: values.get(k) for k in unique_on}
+    text = json.dumps(values, sort_keys=True, default=repr, separators=(",", ":"))
+    if len(name) + len(text) + 1 <= 200:
+        return f"{name}:{text}"
+    return f"{name}:sha1:{hashlib.sha1(text.encode()).hexdigest()}"
+
+
+class SingletonTask(Task):
+    """Base class of tasks that run one at a time per key (see the module docstring)."""
+
+    #: The argument names that form the key (None: all of them).
+    unique_on: Sequence[str] | None = None
+    #: What a second instance does while the key is held: "requeue", "skip" or "raise".
+    on_busy = "requeue"
+    #: Seconds before a requeued task is delivered again.
+    requeue_delay = 1.0
+    throws = (KeyBusyError,)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_mode(cls.__dict__.get("on_busy", cls.on_busy))
+
+    @property
+    def singleton_term(self) -> int | None:
+        """The running task's term on its key: its fencing token (None: not running)."""
+        held = _HELD.get()
+        return None if held is None else held.term
+
+    def singleton_trusted(self) -> bool:
+        """Whether this process may still believe it holds the running task's key."""
+        held = _HELD.get()
+        return held is not None and key_holder(self.app).trusted(held)
+
+    def key_for(self, args: Any, kwargs: Any) -> str:
+        """The key a call with ``args`` and ``kwargs`` holds."""
+        return singleton_key(self.name, self.run, self.unique_on, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Hold the key around the body; busy: ``on_busy`` decides."""
+        holder = key_holder(self.app)
+        key = self.key_for(args, kwargs)
+        held = holder.acquire(key)
+        if held is None:
+            return self._busy(key)
+        saved = _HELD.set(held)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _HELD.reset(saved)
+            holder.release(held)
+
+    def _busy(self, key: str) -> Any:
+        mode = _check_mode(self.on_busy)
+        task_id = self.request.id
+        if mode == "skip":
+            log.warning("%s[%s] skipped: key %s is held elsewhere", self.name, task_id, key)
+            raise Ignore()
+        if mode == "raise":
+            raise KeyBusyError(f"{self.name}[{task_id}]: key {key} is held by another worker")
+        log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
+        if self.request.is_eager:
+            # an eager retry re-runs at once in this process: Celery's retry limit ends it
+            raise self.retry(countdown=self.requeue_delay)
+        self.signature_from_request(countdown=self.requeue_delay).apply_async()
+        raise Ignore()
+
+
+def singleton_task(
+    *args: Any,
+    unique_on: Sequence[str] | None = None,
+    on_busy: str = "requeue",
+    **options: Any,
+) -> Any:
+    """Declare a task that runs one at a time per key: ``@singleton_task`` or ``(...)``.
+
+    Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
+    ``unique_on``, ``on_busy`` and ``requeue_delay``.
+    """
+    _check_mode(on_busy)
+    if isinstance(unique_on, str):
+        unique_on = (unique_on,)
+    options.setdefault("base", SingletonTask)
+    app = options.pop("app", None)
+
+    def decorate(fun: Callable[..., Any]) -> Any:
+        factory = app.task if app is not None else shared_task
+        return factory(unique_on=unique_on, on_busy=on_busy, **options)(fun)
+
+    if len(args) == 1 and callable(args[0]) and not options.get("name"):
+        return decorate(args[0])
+    if args:
+        raise TypeError("singleton_task takes keyword options only")
+    return decorate
