@@ -30,11 +30,9 @@ MAX_FUNCTION_LINES = 60
 #: wrapped once.
 MAX_BEAT_TYPE_IGNORES = 10
 #: Instance fields of ``ElectionLoop``: past this the loop holds state that belongs to a
-#: collaborator, and each step's reads and writes are harder to follow. Issue 41 asks for
-#: 20: a rewrite with the timers in the phases (19) had a split brain in its first
-#: 30-minute SQLite chaos run (benchmarks/results/chaos-534d9eb-sqlite.md) and was taken
-#: back; until one passes the chaos matrix, this holds today's count from growing.
-MAX_ELECTION_LOOP_FIELDS = 29
+#: collaborator or to one phase, and each step's reads and writes are harder to follow.
+#: The phases keep their timers in the values they are handed (election_steps.py).
+MAX_ELECTION_LOOP_FIELDS = 20
 #: Our classes in ``LeaderScheduler.__mro__``: each layer over Celery's scheduler is a
 #: place a hook may be overridden; more than a few and nobody knows which one runs.
 MAX_SCHEDULER_LAYERS = 3

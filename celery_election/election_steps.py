@@ -1,0 +1,116 @@
+"""What the election thread's phases hand each other, and how it calls its backend.
+
+``ElectionLoop`` (election_loop.py) follows, leads and resigns. Each phase owns its
+timers as a value it is given (``Following``, ``Leading``) instead of fields that
+several methods write; the row as last read (``Reading``) outlives the phases and a
+restart; ``BackendCalls`` puts the attempt deadline, the timing and the failure count
+around every call. All of it is the election thread's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .announce import Announcer
+from .config import ElectionConfig
+from .lease import Lease
+from .stats import ElectorStats
+from .transitions import Backoff
+
+__all__ = ["BackendCalls", "Following", "Leading", "Reading"]
+
+log = logging.getLogger("celery_election.elector")
+
+
+@dataclass
+class Following:
+    """A follower's timers (clock readings), made as it starts following."""
+
+    #: its next look (0: now)
+    look_at: float = 0.0
+    #: the latest a wakeup may push the next look back to
+    look_by: float = 0.0
+    #: after a resign: it stays out of the election until then
+    backoff_until: float = 0.0
+    #: set with a term won: when the leader first renews it (0: at once)
+    renew_at: float = 0.0
+
+
+@dataclass
+class Leading:
+    """A leader's timers: its next renewal, and how following starts if the term is lost."""
+
+    renew_at: float
+    #: planned by the renewal that found the term lost (else: look at once)
+    after: Following = field(default_factory=Following)
+
+
+class Reading:
+    """The row as last read, and the greatest term seen: a floor for the next term.
+
+    ``before``: the previous run's reading, whose last lease and greatest term carry
+    over (a term is never reused after a restart).
+    """
+
+    __slots__ = ("greatest_term", "last_lease", "vacant_since")
+
+    def __init__(self, before: Reading | None = None) -> None:
+        self.last_lease: Lease | None = None if before is None else before.last_lease
+        self.greatest_term: int = 0 if before is None else before.greatest_term
+        #: since when every read has found the row vacant (None: not vacant)
+        self.vacant_since: float | None = None
+
+    def read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:
+        """Remember the row a step returned (a look's None: the namespace has no row)."""
+        if lease is None:
+            if looked and self.vacant_since is None:
+                self.vacant_since = now
+            return
+        self.last_lease = lease
+        self.greatest_term = max(self.greatest_term, lease.term)
+        if lease.held:
+            self.vacant_since = None
+        elif self.vacant_since is None:
+            self.vacant_since = now
+
+
+class BackendCalls:
+    """The election thread's backend calls: each bounded, timed, and its failure reported."""
+
+    def __init__(
+        self,
+        config: ElectionConfig,
+        namespace: str,
+        stats: ElectorStats,
+        announcer: Announcer,
+        backoff: Backoff,
+    ) -> None:
+        self._timeout, self._namespace = config.call_timeout, namespace
+        self._stats, self.announcer, self._backoff = stats, announcer, backoff
+        self.failures = 0  # in a row: the back-off grows with them
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One backend call with the attempt deadline; errors are reported, then raised."""
+        op = getattr(fn, "__name__", "call")
+        began = time.perf_counter()
+        try:
+            result = fn(*args, timeout=self._timeout, **kwargs)
+        except Exception as exc:
+            self._stats.call(op, time.perf_counter() - began, False)
+            self.failures += 1
+            self.announcer.post(exc)
+            raise
+        self._stats.call(op, time.perf_counter() - began, True)
+        if self.failures:
+            log.info("election database reachable again (namespace %r)", self._namespace)
+            self.announcer.recovered()
+        self.failures = 0
+        return result
+
+    def retry_delay(self) -> float:
+        """The back-off before the next try after a failed call."""
+        return self._backoff(max(1, self.failures))
