@@ -24,6 +24,7 @@ __all__ = [
     "Backend",
     "BeatStore",
     "KeyStore",
+    "PendingRun",
     "RunClaim",
     "RunRequest",
     "RunState",
@@ -108,13 +109,37 @@ class RunRequest:
     last_run_us: int
     total_run_count: int | None = None
     identity: str | None = None
+    #: the run is to be sent: the store keeps it pending until ``mark_sent`` (a state
+    #: stored with no send, e.g. a run skipped by a catch-up policy, is not pending)
+    pending: bool = False
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A run a leader claimed and the broker has not accepted yet (the run ledger).
+
+    ``run`` is the run's key, the stored last run it follows (0: the entry's first run);
+    ``state`` is the entry's state with that run stored; ``claimed_us`` when it was
+    claimed (database clock, epoch us).
+    """
+
+    entry_name: str
+    run: int
+    state: RunState
+    claimed_us: int
 
 
 def check_batch(requests: Sequence[RunRequest]) -> None:
-    """Refuse a batch that names an entry twice: its outcome would depend on the order."""
+    """Refuse a batch whose outcome would depend on the order, or on its statement.
+
+    An entry named twice, or runs to send beside states to store (one statement writes
+    the pending mark of the whole batch).
+    """
     names = [r.entry_name for r in requests]
     if len(set(names)) != len(names):
         raise ValueError("claim_runs: an entry appears twice in one batch")
+    if len({r.pending for r in requests}) > 1:
+        raise ValueError("claim_runs: a batch is all runs to send or all states to store")
 
 
 class BeatStore(Protocol):
@@ -140,14 +165,16 @@ class BeatStore(Protocol):
         *,
         total_run_count: int | None = None,
         identity: str | None = None,
+        pending: bool = False,
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` (None: the entry never ran) at ``last_run_us``.
 
         Wins only if the stored (last run, run count) still equals ``expected``'s (no
-        state stored for None) and the lease still has this token and term, unexpired; a
-        lost claim reports the stored state as it is. The new state has ``last_run_us``,
-        ``total_run_count`` (default: ``expected``'s + 1, or 1) and ``identity``.
+        state stored for None), no run of the entry is pending, and the lease still has
+        this token and term, unexpired; a lost claim reports the stored state as it is.
+        The new state has ``last_run_us``, ``total_run_count`` (default: ``expected``'s +
+        1, or 1) and ``identity``; with ``pending``, the run is pending until marked sent.
         """
 
     def claim_runs(
@@ -165,6 +192,26 @@ class BeatStore(Protocol):
         its own state, under the same fence (a lease that no longer has this token and
         term, unexpired, refuses the whole batch). Few statements for many entries, so a
         burst of due runs costs a round trip per batch, not per entry.
+        """
+
+    def pending_runs(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, PendingRun]:
+        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
+
+    def mark_sent(
+        self,
+        namespace: str,
+        term: int,
+        entry_names: Sequence[str],
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Mark the runs that ``term`` claimed of these entries as sent; how many were.
+
+        A claimed run stays pending until this, and the entry's next run cannot be claimed
+        before: at most one run per entry is pending, so the entry and the term that
+        claimed it name it. Only a broker that accepted the run's message may mark it.
         """
 
 

@@ -11,7 +11,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -19,7 +19,8 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
-from .base import RunClaim, RunRequest, RunState, Wakeup, WakeupHandle, check_batch, next_run_count
+from .base import PendingRun, RunState, Wakeup, WakeupHandle
+from .memory_beat import MemoryBeatStore
 from .memory_keys import MemoryKeyStore
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
@@ -65,8 +66,9 @@ class MemoryBackend:
         self._lock = threading.Lock()
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
-        #: beat: (namespace, entry) -> the entry's run state
+        #: beat: (namespace, entry) -> the entry's run state, and its pending run if any
         self._runs: dict[tuple[str, str], RunState] = {}
+        self._pending: dict[tuple[str, str], PendingRun] = {}
         self._installed = True
         self._fault: BaseException | None = None
         self._gate = threading.Event()
@@ -133,6 +135,7 @@ class MemoryBackend:
             self._leases.clear()
             self._candidates.clear()
             self._runs.clear()
+            self._pending.clear()
 
     # -- the lease --------------------------------------------------------------------------
 
@@ -394,74 +397,6 @@ class MemoryBackend:
             self._wakeups.clear()
 
 
-class MemoryBeatStore:
-    """Beat run state in the memory backend: the same compare-and-set as on SQL."""
-
-    def __init__(self, backend: MemoryBackend) -> None:
-        self.backend = backend
-
-    def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
-        """Every entry's run state in ``namespace``, by entry name."""
-        b = self.backend
-        b._enter("load_runs")
-        with b._lock:
-            return {entry: state for (ns, entry), state in b._runs.items() if ns == namespace}
-
-    def claim_run(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        expected: RunState | None,
-        last_run_us: int,
-        *,
-        total_run_count: int | None = None,
-        identity: str | None = None,
-        timeout: float | None = None,
-    ) -> RunClaim:
-        """Record the run after ``expected`` if it is still stored and (token, term) leads."""
-        b = self.backend
-        b._enter("claim_run")
-        with b._lock:
-            leading = _leads(b, namespace, token, term)
-            stored = b._runs.get((namespace, entry_name))
-            if not leading or _run_key(stored) != _run_key(expected):
-                return RunClaim(False, stored, leading)
-            count = next_run_count(expected, total_run_count)
-            state = RunState(last_run_us, count, term, identity)
-            b._runs[(namespace, entry_name)] = state
-            return RunClaim(True, state, True)
-
-    def claim_runs(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        requests: Sequence[RunRequest],
-        *,
-        timeout: float | None = None,
-    ) -> list[RunClaim]:
-        """Many claims under one look at the lease, as the SQL store's batch statement."""
-        check_batch(requests)
-        b = self.backend
-        b._enter("claim_runs")
-        with b._lock:
-            leading = _leads(b, namespace, token, term)
-            out = []
-            for r in requests:
-                key = (namespace, r.entry_name)
-                stored = b._runs.get(key)
-                if not leading or _run_key(stored) != _run_key(r.expected):
-                    out.append(RunClaim(False, stored, leading))
-                    continue
-                count = next_run_count(r.expected, r.total_run_count)
-                state = RunState(r.last_run_us, count, term, r.identity)
-                b._runs[key] = state
-                out.append(RunClaim(True, state, True))
-            return out
-
-
 def _live_us(delta: float | None) -> int | None:
     """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
     return None if delta is None else round(delta * 1_000_000)
@@ -582,18 +517,3 @@ class MemorySession:
     def close(self) -> None:
         self.interrupt()
         self.release()
-
-
-def _leads(b: MemoryBackend, namespace: str, token: str, term: int) -> bool:
-    """The beat claims' fence: the lease has this token and term and has not expired."""
-    row = b._leases.get(namespace)
-    return (
-        row is not None
-        and (row.token, row.term) == (token, term)
-        and (row.expires_at > b.clock.wall_us())
-    )
-
-
-def _run_key(state: RunState | None) -> tuple[int, int] | None:
-    """What a claim compares (the SQL store's WHERE): when it last ran, and how often."""
-    return None if state is None else (state.last_run_us, state.total_run_count)

@@ -207,8 +207,8 @@ def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
 def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """Beat: one row per (namespace, entry), the entry's shared run state.
 
-    A leader advances it with a compare-and-set under its term before it sends
-    (backends/sql_beat.py).
+    A leader advances it with a compare-and-set under its term before it sends, and
+    marks the run sent once the broker accepted it (backends/sql_beat.py).
     """
     return sa.Table(
         f"{prefix}beat_run",
@@ -223,6 +223,10 @@ def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # Whose state it is (e.g. a PeriodicTask id): a re-created entry starts fresh.
         # Nullable: added to older tables by install(); NULL is any entry of that name.
         sa.Column("identity", sa.String(200), nullable=True),
+        # The run ledger: the key of the run claimed and not yet sent (the last run it
+        # follows; 0: the entry's first), NULL when none is pending. The entry's next run
+        # is not claimed while it is set. Nullable: added to older tables by install().
+        sa.Column("pending_run", sa.BigInteger, nullable=True),
         **_MYSQL_OPTIONS,
     )
 

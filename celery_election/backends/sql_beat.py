@@ -40,7 +40,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from .base import RunClaim, RunRequest, RunState, check_batch, next_run_count
+from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
 from .schema import db_now_us, entry_key, key_type
 
 if TYPE_CHECKING:
@@ -89,11 +89,13 @@ class SQLBeatStore:
         *,
         total_run_count: int | None = None,
         identity: str | None = None,
+        pending: bool = False,
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` for the leader (token, term); see the module."""
         insert, update, read = self._statements
         total_run_count = next_run_count(expected, total_run_count)
+        run = 0 if expected is None else expected.last_run_us
         params: dict[str, Any] = {
             "p_ns": namespace,
             "p_key": entry_key(entry_name),
@@ -103,6 +105,7 @@ class SQLBeatStore:
             "p_at": last_run_us,
             "p_count": total_run_count,
             "p_identity": identity,
+            "p_pending": run if pending else None,  # the run's key while it is pending
         }
         if expected is not None:
             params["p_was_at"] = expected.last_run_us
@@ -145,6 +148,64 @@ class SQLBeatStore:
             out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
         return out
 
+    def pending_runs(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, PendingRun]:
+        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
+        t = self.table
+        stmt = sa.select(
+            t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity,
+            t.c.pending_run, t.c.updated_at,
+        ).where(t.c.namespace == namespace, t.c.pending_run.is_not(None))  # fmt: skip
+
+        def work(conn: Connection) -> dict[str, PendingRun]:
+            return {
+                r.entry_name: PendingRun(r.entry_name, int(r.pending_run), _state(r),
+                                         int(r.updated_at))
+                for r in conn.execute(stmt)
+            }  # fmt: skip
+
+        return self.backend.call(work, table=t, write=False, timeout=timeout, connection=None)
+
+    def mark_sent(
+        self,
+        namespace: str,
+        term: int,
+        entry_names: Sequence[str],
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Mark the runs ``term`` claimed of these entries sent; how many were.
+
+        ``BATCH`` entries per statement (see ``BeatStore.mark_sent``).
+        """
+        marked = 0
+        for start in range(0, len(entry_names), BATCH):
+            keys = [entry_key(name) for name in entry_names[start : start + BATCH]]
+            params = {"p_ns": namespace, "p_term": term, "p_keys": keys}
+
+            def work(conn: Connection, params: dict[str, Any] = params) -> int:
+                return int(conn.execute(self._mark, params).rowcount)
+
+            marked += self.backend.call_write(work, table=self.table, lost=0, timeout=timeout)
+        return marked
+
+    @functools.cached_property
+    def _mark(self) -> sa.Executable:
+        """The runs a term claimed of some entries, sent: no longer pending."""
+        t = self.table
+        keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
+        return (
+            sa.update(t)
+            .where(
+                t.c.namespace == sa.bindparam("p_ns", type_=key_type(190)),
+                t.c.entry_key.in_(keys),
+                t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
+                t.c.pending_run.is_not(None),
+            )
+            .values(pending_run=None)
+        )
+
     def _claim_chunk(
         self, namespace: str, token: str, term: int, chunk: list[RunRequest], conn: Connection
     ) -> list[RunClaim]:
@@ -156,6 +217,7 @@ class SQLBeatStore:
             for k, r in zip(keys, chunk, strict=True)
         }  # fmt: skip
         fence = {"p_ns": namespace, "p_token": token, "p_term": term}
+        pending = {"p_pend": 1 if chunk[0].pending else 0}
         updates = [(k, r) for k, r in zip(keys, chunk, strict=True) if r.expected is not None]
         inserts = [(k, r) for k, r in zip(keys, chunk, strict=True) if r.expected is None]
         dialect = self.backend.engine.dialect
@@ -167,7 +229,7 @@ class SQLBeatStore:
             locked = {r.entry_key: r for r in rows}
         if updates:
             size = 0 if self.arrays else _padded(len(updates))
-            params = {**fence, **_rows(updates, states, with_was=True, size=size)}
+            params = {**fence, **pending, **_rows(updates, states, with_was=True, size=size)}
             result = conn.execute(self._update_many(size), params)
             if dialect.update_returning:
                 won |= {str(r[0]) for r in result}
@@ -175,12 +237,13 @@ class SQLBeatStore:
                 match = [
                     k for k, r in updates
                     if k in locked and _key_of(locked[k]) == _key_of_state(r.expected)
+                    and locked[k].pending_run is None
                 ]  # fmt: skip
                 if match and result.rowcount == len(match):
                     won |= set(match)
         if inserts:
             size = 0 if self.arrays else _padded(len(inserts))
-            params = {**fence, **_rows(inserts, states, with_was=False, size=size)}
+            params = {**fence, **pending, **_rows(inserts, states, with_was=False, size=size)}
             result = conn.execute(self._insert_many(size), params)
             if dialect.insert_returning:
                 won |= {str(r[0]) for r in result}
@@ -257,6 +320,7 @@ class SQLBeatStore:
                 t.c.entry_key == v.c.entry_key,
                 t.c.last_run_at == v.c.was_at,
                 t.c.total_run_count == v.c.was_count,
+                t.c.pending_run.is_(None),
                 self._lease_term() == term,
             )
             .values(
@@ -265,6 +329,7 @@ class SQLBeatStore:
                 term=term,
                 updated_at=db_now_us(),
                 identity=v.c.identity,
+                pending_run=sa.case((_PEND == 1, v.c.was_at), else_=sa.null()),
             )
         )
         if self.backend.engine.dialect.update_returning:
@@ -286,6 +351,9 @@ class SQLBeatStore:
             term.label("term"),
             db_now_us().label("updated_at"),
             v.c.identity,
+            sa.case((_PEND == 1, sa.literal(0, sa.BigInteger)), else_=sa.null()).label(
+                "pending_run"
+            ),
         ).where(self._lease_term() == term, v.c.entry_key != PAD)
         columns = [c.name for c in source.selected_columns]
         insert = self.backend.db.insert_ignore(t, from_select=(columns, source))
@@ -298,9 +366,10 @@ class SQLBeatStore:
         """The stored state of some entries (row-locked where RETURNING is missing)."""
         t = self.table
         keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
-        stmt = sa.select(
-            t.c.entry_key, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity
-        ).where(t.c.namespace == sa.bindparam("p_ns", type_=key_type(190)), t.c.entry_key.in_(keys))
+        columns = (t.c.entry_key, t.c.last_run_at, t.c.total_run_count, t.c.term)
+        stmt = sa.select(*columns, t.c.identity, t.c.pending_run).where(
+            t.c.namespace == sa.bindparam("p_ns", type_=key_type(190)), t.c.entry_key.in_(keys)
+        )
         if not self.backend.engine.dialect.update_returning:
             return stmt.with_for_update()
         return stmt
@@ -316,6 +385,7 @@ class SQLBeatStore:
         at = sa.bindparam("p_at", type_=sa.BigInteger)
         count = sa.bindparam("p_count", type_=sa.BigInteger)
         identity = sa.bindparam("p_identity", type_=sa.String(200))
+        pending = sa.bindparam("p_pending", type_=sa.BigInteger)
         holds = _holds(lease, ns, term)
         source = sa.select(
             ns.label("namespace"),
@@ -326,6 +396,7 @@ class SQLBeatStore:
             lease.c.term,
             now.label("updated_at"),
             identity.label("identity"),
+            pending.label("pending_run"),
         )
         source = source.where(*holds).with_for_update(read=True)
         columns = [c.name for c in source.selected_columns]
@@ -340,6 +411,7 @@ class SQLBeatStore:
                 t.c.entry_key == key,
                 t.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),
                 t.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),
+                t.c.pending_run.is_(None),
                 lease_term.scalar_subquery() == term,
             )
             .values(
@@ -348,6 +420,7 @@ class SQLBeatStore:
                 term=term,
                 updated_at=now,
                 identity=identity,
+                pending_run=pending,
             )
         )
         read = sa.select(t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity).where(
@@ -360,6 +433,10 @@ def _state(row: Any) -> RunState:
     identity = None if row.identity is None else str(row.identity)
     return RunState(int(row.last_run_at), int(row.total_run_count), int(row.term), identity)
 
+
+#: Whether a batch's runs are to be sent (1: each is pending until marked sent) or are
+#: states to store (0).
+_PEND = sa.bindparam("p_pend", type_=sa.Integer)
 
 #: The key of a padding row: no entry's (keys are SHA-1 hex), so it matches no row.
 PAD = ""

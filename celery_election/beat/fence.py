@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .. import metrics
-from ..backends.base import RunClaim, RunRequest, RunState
+from ..backends.base import PendingRun, RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ElectionError
 from ..shared_state import SharedLeadership
@@ -174,7 +174,7 @@ class BeatFence:
             (r,) = requests
             return [store.claim_run(ns, lead.token, lead.term, r.entry_name, r.expected,
                                     r.last_run_us, total_run_count=int(r.total_run_count or 0),
-                                    identity=r.identity or "")]  # fmt: skip
+                                    identity=r.identity or "", pending=r.pending)]  # fmt: skip
 
         claims, retried = self._retrying(lead, call, what)
         if claims is None:
@@ -263,6 +263,20 @@ class BeatFence:
                 log.info("beat election: %s already ran (term %s); not sent", name, state.term)
                 metrics.count(metrics.key(metrics.BEAT, self.namespace, name, "refused"))
         return results
+
+    # -- the run ledger ---------------------------------------------------------------------
+
+    def pending_runs(self) -> dict[str, PendingRun]:
+        """The runs claimed and not marked sent in this namespace (by any term)."""
+        election = self.election
+        assert election is not None
+        return election.store.pending_runs(election.namespace)
+
+    def mark_sent(self, term: int, names: list[str]) -> int:
+        """Mark the runs ``term`` claimed of ``names`` as sent (the broker took them)."""
+        election = self.election
+        assert election is not None
+        return election.store.mark_sent(election.namespace, term, names)
 
     # -- the clock --------------------------------------------------------------------------
 

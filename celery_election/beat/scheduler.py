@@ -5,23 +5,21 @@ Celery's heap, ``is_due``, the per-entry guards, ``max_interval``, ``sync``, ``r
 ``schedules_equal`` and ``beat_cron_starting_deadline`` all run as they do in stock beat
 (or in django-celery-beat's ``DatabaseScheduler``). The election adds four things:
 
-* **Leadership gates the tick.** A follower sends nothing and looks again in 0.2 s (an
-  in-memory flag, no I/O).
+* **Leadership gates the tick.** A follower sends nothing and looks again in 0.2 s.
 * **The shared state is loaded at promotion.** Each entry's run state (when it last ran,
   how often) lives in the election database. A new leader adopts it before its first
   tick (``matching.py``), so it resumes where the old leader stopped; a run missed during
   the failover is caught up once, exactly as stock Celery does after a restart.
 * **A runaway is held** (``guards.py``): a schedule that answers "due" again too soon is
   not sent again.
-* **The send is fenced.** Each run goes due -> reserve -> claim -> send -> settle as a
-  :class:`~.runs.Run` value: Celery reserves the entry, the leader claims "the run after
-  the state I saw" with a compare-and-set under its term, in one statement that locks the
+* **The send is fenced, and owed until the broker took it.** Each run goes due ->
+  reserve -> claim -> send -> settle as a :class:`~.runs.Run` value: the leader claims
+  "the run after the state I saw" with a compare-and-set under its term that locks the
   lease row (``fence.py``; docs/design.md, rule 6), and its :class:`~.sender.Sender`
   sends only if that claim won and it still trusts its lease; a refused claim adopts the
-  stored state (another leader ran it). Every leader that saw the same state claims the
-  same run, whatever the schedule type, so a run is sent at most once, even in a split
-  brain. At most once, not exactly once: a leader that dies between its claim and its
-  send loses that run.
+  stored state (another leader ran it). A claimed run stays pending in the database until
+  the broker took it (``ledger.py``): a failed send is retried, a dead leader's pending
+  runs are sent by the next at promotion, each send of a run under one task id.
 
 :class:`LeaderSchedulerMixin` is the one class of ours over Celery's scheduler: it
 overrides Celery's methods and calls collaborators with values, which return values: the
@@ -29,8 +27,7 @@ fence (leadership, claims, the database clock), the matching of entries with the
 state, the guards, the sender (and the publisher processes), and the run policy (what a
 schedule kept beside Celery's adds: ``LeaderScheduler`` plugs in the operable schedule,
 ``ops.ScheduleOps``). Only this class touches Celery's privates (``_heap``, ``_when``,
-``_tasks_since_sync``, ``_last_sync``, django-celery-beat's ``_dirty``), each place
-commented.
+``_tasks_since_sync``, ``_last_sync``, django-celery-beat's ``_dirty``), each commented.
 
 Embedded (``celery worker -B --election``), the beat shares its worker's leadership
 (``election.py``). ``LeaderSchedulerMixin`` gives the same to another scheduler class::
@@ -38,11 +35,10 @@ Embedded (``celery worker -B --election``), the beat shares its worker's leaders
     class LeaderDatabaseScheduler(LeaderSchedulerMixin, DatabaseScheduler):
         pass
 
-The shared state never overrides what an operator did, as stock would not: it belongs to
-the entry's identity (:meth:`LeaderSchedulerMixin.run_state_identity`), a row edited after
-the stored run wins, only the leader writes rows and never backwards (``sync``,
-``rows.py``), and ``LeaderScheduler`` follows ``beat_schedule`` changes between deploys
-as a restarted ``PersistentScheduler`` does (``follow_deploys``).
+The shared state never overrides what an operator did: it belongs to the entry's
+identity (:meth:`LeaderSchedulerMixin.run_state_identity`), a row edited after the stored
+run wins, only the leader writes rows, never backwards (``rows.py``), and
+``LeaderScheduler`` follows ``beat_schedule`` between deploys (``follow_deploys``).
 """
 
 from __future__ import annotations
@@ -90,7 +86,7 @@ else:
 
 
 class LeaderSchedulerMixin(_Scheduler):
-    """Make a Celery beat scheduler send only on the leader, each run at most once."""
+    """Make a Celery beat scheduler send only on the leader, each run once."""
 
     #: Static entries follow deploys as PersistentScheduler's shelve does: at promotion,
     #: an entry new to the shared state counts from then (as in a beat started then),
@@ -127,7 +123,6 @@ class LeaderSchedulerMixin(_Scheduler):
             dirty=self._dirty_rows,
             follow_deploys=self.follow_deploys,
         )
-        self._guard = RunawayGuard(self._count)
         self._same = SameSchedule()
         self._ledger = Ledger()  # runs claimed through reserve(), waiting for their send
         publish = super().apply_async  # Celery's own send (the sender fences it)
@@ -137,6 +132,7 @@ class LeaderSchedulerMixin(_Scheduler):
             self._take_lead,
             lambda entry, producer, **kw: publish(entry, producer, advance=False, **kw),
         )
+        self._guard = RunawayGuard(self._sender.count)
         super().__init__(*args, **kwargs)
 
     def make_policy(self, fence: BeatFence) -> RunPolicy:
@@ -210,6 +206,9 @@ class LeaderSchedulerMixin(_Scheduler):
         self._matching.forget()
         if self._matching.reconcile(self.schedule, lead):
             self._heap = None  # Celery's heap: rebuilt by its tick from the adopted state
+        if not self._sender.recover(lead, self.schedule, self.producer):
+            fence.demote()  # the pending runs unread: promoted again at the next tick
+            return False
         if self.follow_deploys:
             # a deploy removed the stored entries this beat's schedule lacks
             fence.retire_absent(lead, self._policy.live_names(self.schedule))
@@ -232,6 +231,7 @@ class LeaderSchedulerMixin(_Scheduler):
         for run_now in self._policy.before_tick(lead):
             self._sender.send_now(run_now, self.producer)
         next_in = min(self.max_interval, _FOLLOWER_TICK) if lead is None else self._tick_burst()
+        self._sender.settle(lead, lambda: self.producer)  # owed sends, and the marks
         if next_in > 0:
             self._same.burst(False)  # no burst goes on
             self._sender.collect()
@@ -347,7 +347,8 @@ class LeaderSchedulerMixin(_Scheduler):
         at = fence.to_db(next_entry.last_run_at or next_entry.default_now())
         count = int(next_entry.total_run_count or 0)
         identity = self.run_state_identity(next_entry)
-        request = RunRequest(str(entry.name), fence.runs.get(entry.name), at, count, identity)
+        request = RunRequest(str(entry.name), fence.runs.get(entry.name), at, count, identity,
+                             pending=True)  # fmt: skip
         return Run(entry, next_entry, was, lead, request)
 
     def _claim(self, runs: list[Run]) -> list[Run]:
@@ -391,9 +392,6 @@ class LeaderSchedulerMixin(_Scheduler):
             return None
         return self._sender.publish(entry, send, producer, **kwargs)
 
-    def _count(self, entry: Any, what: str) -> None:
-        self._sender.count(entry, what)
-
     # -- Celery's questions: is it due, has the schedule changed ----------------------------
 
     def is_due(self, entry: Any) -> Any:
@@ -402,7 +400,7 @@ class LeaderSchedulerMixin(_Scheduler):
         Held: a runaway (``guards.RunawayGuard``); dropped: the run policy's verdict
         (catch-up, overlap), claimed as skipped, not sent.
         """
-        state = self._guard.check(entry, super().is_due(entry))
+        state = self._sender.ledger.hold(entry, self._guard.check(entry, super().is_due(entry)))
         if not state[0]:
             return state
         decision = self._policy.verdict(entry, self._take_lead)

@@ -29,6 +29,7 @@ from ..settings import ElectionSettings
 from ..shared_state import SharedLeadership
 from .election import BeatTerm
 from .fence import BeatFence
+from .ledger import RunLedger
 from .policy import RunNow, RunPolicy
 from .publish import FAILED, FENCED, SENT, BurstRouter, Job, Publishers, Reply
 from .runs import NOT_LEADING, Claim, Run
@@ -77,6 +78,7 @@ class Sender:
         self.publishers: Publishers | None = None  # election_beat_publishers
         self.handed: dict[int, tuple[Any, Send]] = {}  # a handed job's entry and send, by key
         self._jobs = itertools.count()
+        self.ledger = RunLedger(fence)
 
     # -- one send ---------------------------------------------------------------------------
 
@@ -86,7 +88,9 @@ class Sender:
         ``run``: the claimed run the send is for (None: an unreserved send, sent while
         this process leads in a term whose state it loaded).
         """
-        claim = None if run is None else (run.claim or NOT_LEADING)
+        return self._prepare(entry, None if run is None else (run.claim or NOT_LEADING), run_now)
+
+    def _prepare(self, entry: Any, claim: Claim | None, run_now: int | None = None) -> Send | None:
         checked = boottime()  # read before the check: the history's rule for an act
         leading = self._lead_now()  # a term won since the last tick is promoted first
         fence = self.fence
@@ -100,9 +104,10 @@ class Sender:
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))
         headers["election_term"] = lead.term
+        options = {**entry.options, "headers": headers}
         if claim is not None:
             headers["election_run"] = claim.run
-        options = {**entry.options, "headers": headers}
+            options["task_id"] = self.ledger.task_id(entry, claim)  # each send of the run
         if self.router is not None and "router" not in entry.options:
             options["router"] = self.router  # send_task(router=...): see BurstRouter
         return Send(lead, claim, checked, options, run_now)
@@ -127,6 +132,8 @@ class Sender:
             result = self._publish(entry, producer, **kwargs)
         except BaseException:
             self.count(entry, "publish_failed")
+            if send.claim is not None:
+                self.ledger.failed(entry, send.claim)
             raise
         else:
             self.sent(entry, send, result, send.checked)
@@ -143,11 +150,49 @@ class Sender:
         """A run went out (here or from a publisher): count it, keep its history and record."""
         self.count(entry, "sent")
         claim, term = send.claim, send.lead.term
+        if claim is not None:
+            self.ledger.sent(str(entry.name), term)
         self.policy.sent(entry, result, term, None if claim is None else claim.run, send.run_now)
         election = self.fence.election
         if election is not None and election.recorder is not None and claim is not None:
             election.recorder.record("send", mono=checked, ns=election.namespace, term=term,
                                      entry=entry.name, run=claim.run, at=claim.at)  # fmt: skip
+
+    # -- the run ledger: owed sends, recovered runs, the marks -------------------------------
+
+    def recover(self, lead: BeatTerm, schedule: dict[str, Any], producer: Any) -> bool:
+        """Send the runs earlier terms claimed and did not send; False: the store is unread.
+
+        At promotion, before any claim of ``lead``.
+        """
+        try:
+            runs = self.ledger.recover(lead, schedule)
+        except ElectionError as exc:
+            log.warning("beat election: could not read the pending runs (%s)", exc)
+            return False
+        for entry, claim in runs:
+            self._resend(entry, claim, producer)
+        return True
+
+    def settle(self, lead: BeatTerm | None, producer: Callable[[], Any]) -> None:
+        """After a tick: send the owed runs due again, and mark what the broker took.
+
+        ``producer``: Celery's (only asked for when something is owed: a follower does
+        not connect to the broker).
+        """
+        for owed in self.ledger.owed_now(lead):
+            self._resend(owed.entry, owed.claim, producer())
+        self.ledger.flush()
+
+    def _resend(self, entry: Any, claim: Claim, producer: Any) -> None:
+        _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        send = self._prepare(entry, claim)
+        if send is None:
+            return
+        try:
+            self.publish(entry, send, producer)
+        except Exception as exc:  # owed again (publish)
+            _celery_log.error("Message Error: %s", exc, exc_info=True)
 
     # -- a burst ----------------------------------------------------------------------------
 
@@ -213,8 +258,10 @@ class Sender:
                 self.sent(entry, send, _Published(reply.task_id), reply.checked)
             elif reply.outcome == FENCED:
                 log.warning(_NOT_LEADING_NOW, entry.name)
-            else:  # FAILED, or LOST with its publisher (logged then)
+            else:  # FAILED, or LOST with its publisher (logged then): owed
                 self.count(entry, "publish_failed")
+                if send.claim is not None:
+                    self.ledger.failed(entry, send.claim)
                 if reply.outcome == FAILED:
                     _celery_log.error("Message Error: %s", reply.error)
 

@@ -59,6 +59,15 @@ if os.environ.get("E2E_BEAT"):
         name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name]}
         for name in ("every-second-a", "every-second-b")
     }
+    if os.environ.get("E2E_BURST"):  # N entries, all due at each E2E_BURST_EVERY boundary
+        from tests.support.beat import Boundary
+
+        _boundary = Boundary(float(os.environ.get("E2E_BURST_EVERY", "10")))
+        app.conf.beat_schedule = {
+            f"burst-{i:05d}": {"task": "tests.e2e.proj.tick", "schedule": _boundary,
+                               "args": [f"burst-{i:05d}"]}
+            for i in range(int(os.environ["E2E_BURST"]))
+        }  # fmt: skip
 init_app(app)
 
 _engine: sa.Engine | None = None

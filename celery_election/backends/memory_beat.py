@@ -1,0 +1,138 @@
+"""The in-process backend's beat store: entries' run state and the run ledger.
+
+The same semantics as the SQL store (backends/sql_beat.py), on the memory backend's
+dicts and under its lock: a claim is a compare-and-set under the lease's (token, term),
+refused while the entry has a pending run; ``mark_sent`` ends a pending run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..clock import Clock
+from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
+
+__all__ = ["MemoryBeatStore"]
+
+
+class _Host(Protocol):
+    """What the store reads of its MemoryBackend (memory.py imports this module)."""
+
+    clock: Clock
+    _lock: threading.Lock
+    _leases: dict[str, Any]
+    _runs: dict[tuple[str, str], RunState]
+    _pending: dict[tuple[str, str], PendingRun]
+
+    def _enter(self, name: str) -> None: ...
+
+
+class MemoryBeatStore:
+    """Beat run state in the memory backend: the same compare-and-set as on SQL."""
+
+    def __init__(self, backend: _Host) -> None:
+        self.backend = backend
+
+    def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
+        """Every entry's run state in ``namespace``, by entry name."""
+        b = self.backend
+        b._enter("load_runs")
+        with b._lock:
+            return {entry: state for (ns, entry), state in b._runs.items() if ns == namespace}
+
+    def claim_run(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        entry_name: str,
+        expected: RunState | None,
+        last_run_us: int,
+        *,
+        total_run_count: int | None = None,
+        identity: str | None = None,
+        pending: bool = False,
+        timeout: float | None = None,
+    ) -> RunClaim:
+        """Record the run after ``expected`` if it is still stored and (token, term) leads."""
+        self.backend._enter("claim_run")
+        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity, pending)
+        with self.backend._lock:
+            return self._claim(namespace, token, term, request)
+
+    def _claim(self, namespace: str, token: str, term: int, r: RunRequest) -> RunClaim:
+        b = self.backend
+        leading = _leads(b, namespace, token, term)
+        key = (namespace, r.entry_name)
+        stored = b._runs.get(key)
+        if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:
+            return RunClaim(False, stored, leading)
+        count = next_run_count(r.expected, r.total_run_count)
+        state = RunState(r.last_run_us, count, term, r.identity)
+        b._runs[key] = state
+        if r.pending:
+            run = 0 if r.expected is None else r.expected.last_run_us
+            b._pending[key] = PendingRun(r.entry_name, run, state, b.clock.wall_us())
+        return RunClaim(True, state, True)
+
+    def claim_runs(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        requests: Sequence[RunRequest],
+        *,
+        timeout: float | None = None,
+    ) -> list[RunClaim]:
+        """Many claims under one look at the lease, as the SQL store's batch statement."""
+        check_batch(requests)
+        b = self.backend
+        b._enter("claim_runs")
+        with b._lock:
+            return [self._claim(namespace, token, term, r) for r in requests]
+
+    def pending_runs(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, PendingRun]:
+        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
+        b = self.backend
+        b._enter("pending_runs")
+        with b._lock:
+            return {e: run for (ns, e), run in b._pending.items() if ns == namespace}
+
+    def mark_sent(
+        self,
+        namespace: str,
+        term: int,
+        entry_names: Sequence[str],
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Mark the runs that ``term`` claimed of these entries as sent; how many were."""
+        b = self.backend
+        b._enter("mark_sent")
+        marked = 0
+        with b._lock:
+            for name in entry_names:
+                run = b._pending.get((namespace, name))
+                if run is not None and run.state.term == term:
+                    del b._pending[(namespace, name)]
+                    marked += 1
+        return marked
+
+
+def _leads(b: _Host, namespace: str, token: str, term: int) -> bool:
+    """The beat claims' fence: the lease has this token and term and has not expired."""
+    row = b._leases.get(namespace)
+    return (
+        row is not None
+        and (row.token, row.term) == (token, term)
+        and (row.expires_at > b.clock.wall_us())
+    )
+
+
+def _run_key(state: RunState | None) -> tuple[int, int] | None:
+    """What a claim compares (the SQL store's WHERE): when it last ran, and how often."""
+    return None if state is None else (state.last_run_us, state.total_run_count)
