@@ -19,15 +19,8 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
-from .base import (
-    RunClaim,
-    RunRequest,
-    RunState,
-    Wakeup,
-    WakeupHandle,
-    check_batch,
-    next_run_count,
-)
+from .base import RunClaim, RunRequest, RunState, Wakeup, WakeupHandle, check_batch, next_run_count
+from .memory_starts import MemoryStartStore
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -345,6 +338,11 @@ class MemoryBackend:
     def beat(self) -> MemoryBeatStore:
         """The beat entries' shared run state, with the SQL store's semantics."""
         return MemoryBeatStore(self)
+
+    @functools.cached_property
+    def starts(self) -> MemoryStartStore:
+        """Task runs' start records (memory_starts.py)."""
+        return MemoryStartStore(self.clock, self._enter)
 
     # -- wakeups ----------------------------------------------------------------------------
 

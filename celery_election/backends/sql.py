@@ -25,7 +25,8 @@ databases), ``schema.py`` (tables, the database clock), ``connection.py`` (priva
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
 ``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
 ``sql_install.py`` (create, upgrade and drop the tables), ``sql_beat.py`` (beat run state,
-``backend.beat``); the operable schedule's store is ``celery_election.schedule``'s.
+``backend.beat``), ``sql_starts.py`` (task start records, ``backend.starts``); the
+operable schedule's store is ``celery_election.schedule``'s.
 ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
@@ -59,6 +60,7 @@ from .schema import (
 from .sql_beat import SQLBeatStore
 from .sql_calls import Caller, SQLCalls
 from .sql_lease import lease_columns, lease_from_row, lease_statements
+from .sql_starts import SQLStartStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
 
@@ -538,6 +540,11 @@ class SQLBackend(SQLCalls):
     def beat(self) -> SQLBeatStore:
         """The beat entries' shared run state (the fence of every beat send)."""
         return SQLBeatStore(self)
+
+    @functools.cached_property
+    def starts(self) -> SQLStartStore:
+        """Task runs' start records (run once on the workers: sql_starts.py)."""
+        return SQLStartStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]
