@@ -67,6 +67,7 @@ __all__ = [
     "Lease",
     "MemoryBackend",
     "NotLeaderError",
+    "OnceTask",
     "RevokeReason",
     "SQLBackend",
     "SchemaMissingError",
@@ -76,9 +77,16 @@ __all__ = [
     "backend_from_url",
     "init_app",
     "leader_task",
+    "once_task",
 ]
 
-_CELERY_SIDE = {"init_app": ".app", "leader_task": ".tasks", "LeaderTask": ".tasks"}
+_CELERY_SIDE = {
+    "init_app": ".app",
+    "leader_task": ".tasks",
+    "LeaderTask": ".tasks",
+    "OnceTask": ".once",
+    "once_task": ".once",
+}
 # ``from celery_election import *`` therefore imports Celery: these names need it.
 # SQLBackend loads SQLAlchemy on first use (the pytest plugin imports this package in
 # every test run of a project that has it installed).
@@ -88,6 +96,7 @@ if TYPE_CHECKING:
     from .aio import AsyncElector
     from .app import init_app
     from .backends.sql import SQLBackend
+    from .once import OnceTask, once_task
     from .tasks import LeaderTask, leader_task
 
 
