@@ -1,7 +1,7 @@
 """Run once on real workers (``celery worker --election``, RabbitMQ + PostgreSQL).
 
 A beat run delivered twice under the same task id (what a re-publish or a redelivery
-looks like to a worker) executes once: the second is skipped and counted, in each pool.
+looks like to a worker) executes once: the second is skipped and counted, in each pool (prefork, threads, solo, gevent).
 With ``acks_late`` (the e2e project's setting), a worker SIGKILLed mid-run has its run
 redelivered, and it executes exactly once more. Executions are counted in the database
 (``tests.e2e.proj.tick`` inserts a row per execution).
@@ -41,7 +41,7 @@ def send(c: Cluster, task_id: str, *args: object) -> None:
     c.app.send_task(TICK, ["once", *args], task_id=task_id, headers=RUN, queue=c.env["E2E_QUEUE"])
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent"])
 def test_a_redelivered_finished_run_is_skipped_and_counted(cluster: Cluster, pool: str) -> None:
     c = cluster
     c.start("w1", pool=pool, c=2 if pool != "solo" else 1)
