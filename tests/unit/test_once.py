@@ -177,3 +177,40 @@ def test_a_once_leader_task_records_only_on_the_leader(
     finally:
         shared_state.use(None)
         record.close()
+
+
+def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
+    backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a real (in-process) worker: neither run nor dropped, and still checked after."""
+    import time
+
+    from celery_election import once, testing
+
+    app = init_app(
+        new_app(election_namespace=NS, broker_transport_options={"polling_interval": 0.01})
+    )
+    ran: list[str] = []
+
+    @app.task(shared=False)
+    def beat_job(tag: str) -> None:
+        ran.append(tag)
+
+    monkeypatch.setattr(once, "DEFER", 0.05)
+    guard_registered(app)
+    tid = uuid.uuid4().hex
+    backend.fail(BackendUnavailableError("down"))
+    with testing.worker(app, perform_ping_check=False):
+        beat_job.apply_async(("first",), task_id=tid, headers={HEADER: 9})
+        deadline = time.monotonic() + 10
+        while counted(beat_job, "deferred") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counted(beat_job, "deferred") >= 2 and ran == []
+        backend.fail(None)
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran == ["first"]
+        beat_job.apply_async(("again",), task_id=tid, headers={HEADER: 9})
+        while counted(beat_job, "duplicate") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ran == ["first"] and counted(beat_job, "duplicate") == 1
