@@ -85,6 +85,8 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
     except (BackendUnavailableError, SchemaMissingError) as exc:
         _defer(task, task_id, exc)
     if verdict.run:
+        if not _listening:
+            _listen()
         setattr(request, _MARK, verdict)
         return
     metrics.count(metrics.key(metrics.TASK, task.name, "duplicate"))
@@ -125,7 +127,14 @@ def _finished(sender: Any = None, task: Any = None, state: str | None = None, **
         guard_for(task.app).finish(verdict, str(state))
 
 
-task_postrun.connect(_finished, weak=False)
+_listening = False
+
+
+def _listen() -> None:
+    """Hear runs end from the first recorded start on (no cost to a process without one)."""
+    global _listening
+    task_postrun.connect(_finished, weak=False, dispatch_uid="celery_election.once")
+    _listening = True
 
 
 def _wrap(cls: type) -> None:

@@ -1,10 +1,10 @@
 """Run once on real workers (``celery worker --election``, RabbitMQ + PostgreSQL).
 
 A beat run delivered twice under the same task id (what a re-publish or a redelivery
-looks like to a worker) executes once: the second is skipped and counted, in each pool (prefork, threads, solo, gevent).
-With ``acks_late`` (the e2e project's setting), a worker SIGKILLed mid-run has its run
-redelivered, and it executes exactly once more. Executions are counted in the database
-(``tests.e2e.proj.tick`` inserts a row per execution).
+looks like to a worker) executes once: the second is skipped and counted, in each pool
+(prefork, threads, solo, gevent). With ``acks_late`` (the e2e project's setting), a
+worker SIGKILLed mid-run has its run redelivered, and it executes exactly once more.
+Executions are counted in the database (``tests.e2e.proj.tick`` inserts a row each).
 """
 
 from __future__ import annotations
