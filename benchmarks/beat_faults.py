@@ -45,11 +45,13 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.cluster import Cluster, wait_until  # noqa: E402
-from harness.proxy import Proxy  # noqa: E402
+from harness.cluster import Cluster, wait_until
+from harness.proxy import Proxy
 
 FAULTS = ("none", "kill", "stop", "broker", "db")
-PG = os.environ.get("CELERY_ELECTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG = os.environ.get(
+    "CELERY_ELECTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 AMQP = os.environ.get("CELERY_ELECTION_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 

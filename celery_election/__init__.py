@@ -73,6 +73,7 @@ __all__ = [
     "Lease",
     "MemoryBackend",
     "NotLeaderError",
+    "OnceTask",
     "RevokeReason",
     "SQLBackend",
     "SchemaMissingError",
@@ -83,6 +84,7 @@ __all__ = [
     "backend_from_url",
     "init_app",
     "leader_task",
+    "once_task",
     "singleton_task",
 ]
 
@@ -92,6 +94,8 @@ _CELERY_SIDE = {
     "LeaderTask": ".tasks",
     "singleton_task": ".singleton",
     "SingletonTask": ".singleton",
+    "OnceTask": ".once",
+    "once_task": ".once",
 }
 # ``from celery_election import *`` therefore imports Celery: these names need it.
 # SQLBackend loads SQLAlchemy on first use (the pytest plugin imports this package in
@@ -102,6 +106,7 @@ if TYPE_CHECKING:
     from .aio import AsyncElector
     from .app import init_app
     from .backends.sql import SQLBackend
+    from .once import OnceTask, once_task
     from .singleton import SingletonTask, singleton_task
     from .tasks import LeaderTask, leader_task
 

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from celery import bootsteps
 
-from . import metrics, shared_state
+from . import metrics, once, runonce, shared_state
+from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
@@ -79,6 +80,7 @@ class ElectionStep(bootsteps.StartStopStep):
         self.enabled = self.settings.enabled
         self.parts = ProcessElection(self.settings, "worker", log)
         self.shared: SharedLeadership | None = None
+        self.guard: runonce.RunGuard | None = None
         self.counters: metrics.SharedCounters | None = None
         self.beats: list[metrics.BeatProbe] = []
         self.overdue: OverdueWatch | None = None
@@ -104,8 +106,19 @@ class ElectionStep(bootsteps.StartStopStep):
         # Before any fork: children inherit the mapping, and see "not leader" until told.
         self.shared = SharedLeadership.create()
         shared_state.use(self.shared)
+        self._guard_beat_runs(worker)
         if self.settings.metrics_port is not None:
             self._share_counters(bool(kwargs.get("beat")))
+
+    def _guard_beat_runs(self, worker: Any) -> None:
+        """Run each beat run once here (once.py): the check goes in before the pool forks."""
+        s = self.settings
+        url, options = s.url, s.backend_options(listen=False)
+        self.guard = runonce.RunGuard(
+            lambda: backend_from_url(url, **options), s.namespace, install=s.auto_install
+        )
+        runonce.use(self.guard)
+        once.guard_registered(worker.app)
 
     def _extend_banner(self, worker: Any) -> None:
         """Add the election's database (password hidden) and namespace to the banner."""
@@ -228,6 +241,10 @@ class ElectionStep(bootsteps.StartStopStep):
         if self.overdue is not None:
             self.overdue.close()
             self.overdue = None
+        if self.guard is not None:
+            self.guard.close()
+            runonce.use(None)
+            self.guard = None
         if self.counters is not None:
             metrics.use_counters(None)
             self.counters.close()

@@ -36,6 +36,7 @@ from celery.exceptions import Ignore
 from . import metrics, shared_state
 from .errors import ConfigurationError, NotLeaderError
 from .metrics import counters
+from .once import guard as guard_once
 from .settings import ElectionSettings
 
 __all__ = [
@@ -89,6 +90,8 @@ class LeaderTask(Task):
 
     #: Route to this queue instead of the namespace's leader queue (``leader_task(queue=)``).
     election_queue: str | None = None
+    #: Run once per task id (``leader_task(once=True)``): a second delivery is skipped.
+    election_once = False
 
     @property
     def leader_queue(self) -> str:
@@ -136,6 +139,8 @@ class LeaderTask(Task):
             store = counters.in_use()
             if store is not None:  # metrics on: one dict lookup and one shared-memory add
                 store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
+            if self.election_once:  # after the leadership check: a requeue is no start
+                guard_once(self, task_id, always=True)
             return
         _TERM.set(None)
         mode = _check_mode(self.on_follower)
@@ -173,14 +178,18 @@ def _count_key(name: str, outcome: str) -> str:
     return k
 
 
-def leader_task(*args: Any, on_follower: str = "requeue", **options: Any) -> Any:
+def leader_task(
+    *args: Any, on_follower: str = "requeue", once: bool = False, **options: Any
+) -> Any:
     """Declare a task that only the leader runs: ``@leader_task`` or ``@leader_task(...)``.
 
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
-    ``on_follower`` and ``requeue_delay``.
+    ``on_follower``, ``requeue_delay`` and ``once`` (run once per task id: once.py).
     """
     _check_mode(on_follower)
     options.setdefault("base", LeaderTask)
+    if once:
+        options["election_once"] = True
     if "queue" in options:  # Celery 5.7 deprecates the task attribute: ours routes
         options["election_queue"] = options.pop("queue")
     app = options.pop("app", None)

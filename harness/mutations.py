@@ -83,6 +83,12 @@ MEM_KEYS = "celery_election/backends/memory_keys.py"
 HOLDER = "celery_election/key_holder.py"
 KEY_SUITE = ["tests/integration/test_key_suite.py"]
 SINGLETON = ["tests/unit/test_singleton.py"]
+SQL_STARTS = "celery_election/backends/sql_starts.py"
+MEM_STARTS = "celery_election/backends/memory_starts.py"
+RUNONCE = "celery_election/runonce.py"
+ONCE = "celery_election/once.py"
+STARTS = ["tests/integration/test_task_starts.py", "tests/unit/test_once.py"]
+ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
 VERSIONS = ["tests/integration/test_versions.py"]
 
 MUTATIONS = [
@@ -340,6 +346,18 @@ MUTATIONS = [
       "if held.incarnation is inc:", SINGLETON),
     M("keys-ping-lost", HOLDER, "            inc.session.ping()\n            if not inc.session.has_lock:",
       "            inc.session.ping()\n            if False:", KEY_SUITE),
+    # -- run once on the workers: a run's start record turns a second delivery into a skip ------
+    M("once-no-start-record", RUNONCE, "        if self._record(start):\n", "        if True:\n", STARTS),
+    M("once-worker-check", ONCE, "            _wrap(type(task))\n", "            pass\n",
+      ["tests/unit/test_once.py", ONCE_E2E]),
+    M("once-worker-check-e2e", ONCE, "            _wrap(type(task))\n", "            pass\n", [ONCE_E2E]),
+    M("starts-insert-if-absent", SQL_STARTS, "stmt = self.backend.db.insert_ignore(self.table, values)",
+      'stmt = self.backend.db.upsert(self.table, values, lambda new: {"pid": new.pid})', STARTS),
+    M("starts-memory-if-absent", MEM_STARTS, "            if key in self._rows:\n", "            if False:\n", STARTS),
+    M("starts-rerun-attempt", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
+      "                t.c.finished_at.is_(None),\n            )\n            .values(attempt=", STARTS),
+    M("starts-rerun-unfinished", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
+      "                t.c.attempt == attempt,\n            )\n            .values(attempt=", STARTS),
 ]  # fmt: skip
 
 #: Mutations known to leave every test green because they change nothing observable.

@@ -28,6 +28,8 @@ __all__ = [
     "RunClaim",
     "RunRequest",
     "RunState",
+    "StartStore",
+    "TaskStart",
     "Wakeup",
     "WakeupHandle",
     "backend_problem",
@@ -296,6 +298,89 @@ class KeyStore(Protocol):
         """The lock that names holder ``token`` (for ``KeySession.ended``)."""
 
 
+@dataclass(frozen=True)
+class TaskStart:
+    """A run's start record, as stored: the inbox that makes a second delivery a skip.
+
+    ``run_key`` is the run's key (the task id and its retry number: ``runonce.run_key``);
+    times are epoch microseconds on the database's clock. ``finished_at_us`` stays None
+    until the run ends (success, failure or a retry), and for ever if its worker died
+    mid-run. ``attempt`` counts the runs of it (more than 1 only under ``acks_late``).
+    """
+
+    run_key: str
+    task_id: str
+    task_name: str
+    hostname: str
+    pid: int
+    attempt: int
+    started_at_us: int
+    finished_at_us: int | None = None
+    outcome: str | None = None
+
+
+class StartStore(Protocol):
+    """Start records of task runs (docs/workers.md, "Run once"): one per run key.
+
+    ``record_start`` is one insert-if-absent statement, so of two deliveries of a run that
+    race, exactly one records it, on any database; the other is a duplicate.
+    """
+
+    def record_start(
+        self,
+        namespace: str,
+        start: TaskStart,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Record ``start`` (its times are the database's now) unless its key exists.
+
+        True if this call recorded it: the caller runs the task; False: a duplicate.
+        """
+
+    def rerun_start(
+        self,
+        namespace: str,
+        run_key: str,
+        attempt: int,
+        hostname: str,
+        pid: int,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Take an unfinished run over for one more attempt (``acks_late``).
+
+        A compare-and-set on ``attempt`` (the attempt the caller read): of two redeliveries
+        of a dead run, one runs it again. False if it finished, or someone else took it.
+        """
+
+    def record_finish(
+        self,
+        namespace: str,
+        run_key: str,
+        outcome: str,
+        *,
+        attempt: int = 1,
+        timeout: float | None = None,
+    ) -> bool:
+        """Mark ``attempt`` of the run finished with ``outcome``; False if it was not that."""
+
+    def load_start(
+        self, namespace: str, run_key: str, *, timeout: float | None = None
+    ) -> TaskStart | None:
+        """The start record of ``run_key``, or None."""
+
+    def load_starts(
+        self,
+        namespace: str,
+        *,
+        task_id: str | None = None,
+        limit: int = 100,
+        timeout: float | None = None,
+    ) -> list[TaskStart]:
+        """The newest start records (of one task id if given), newest first: for operators."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     """The storage an Elector runs the protocol against."""
@@ -444,6 +529,10 @@ class Backend(Protocol):
     @property
     def keys(self) -> KeyStore:
         """Key holds in this backend (singleton tasks)."""
+
+    @property
+    def starts(self) -> StartStore:
+        """Task runs' start records in this backend (run once on the workers)."""
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""

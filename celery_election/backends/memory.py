@@ -22,6 +22,7 @@ from ..lease import CandidateInfo, ElectResult, Lease
 from .base import PendingRun, RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
 from .memory_keys import MemoryKeyStore
+from .memory_starts import MemoryStartStore
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -347,6 +348,11 @@ class MemoryBackend:
         """Key holds, with the SQL store's semantics (memory_keys.py)."""
         session = functools.partial(MemorySession, self._locks, clock=self.clock)
         return MemoryKeyStore(self.clock, self._enter, session, self._locks.free)
+
+    @functools.cached_property
+    def starts(self) -> MemoryStartStore:
+        """Task runs' start records (memory_starts.py)."""
+        return MemoryStartStore(self.clock, self._enter)
 
     # -- wakeups ----------------------------------------------------------------------------
 

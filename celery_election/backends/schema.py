@@ -370,6 +370,31 @@ def _key(metadata: sa.MetaData, prefix: str) -> sa.Table:
     )
 
 
+def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
+    """Workers: one row per task run started, the inbox of run once (sql_starts.py).
+
+    Inserted if absent before the run, so a second delivery of the run finds it and is
+    skipped; ``finished_at`` stays NULL if the worker died mid-run.
+    """
+    return sa.Table(
+        f"{prefix}task_start",
+        metadata,
+        sa.Column("namespace", key_type(190), primary_key=True),
+        sa.Column("run_key", key_type(40), primary_key=True),  # sha1 of "<task id>/<retries>"
+        sa.Column("task_id", sa.String(255), nullable=False),
+        sa.Column("task_name", sa.String(255), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),  # > 1 only under acks_late
+        sa.Column("started_at", sa.BigInteger, nullable=False),  # database clock, epoch us
+        sa.Column("finished_at", sa.BigInteger, nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Index(f"{prefix}task_start_at", "namespace", "started_at"),
+        sa.Index(f"{prefix}task_start_task", "task_id"),
+        **_MYSQL_OPTIONS,
+    )
+
+
 def _meta(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """What the tables are: ``schema`` (their layout) and ``protocol`` (what peers speak)."""
     return sa.Table(
@@ -392,6 +417,7 @@ _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
     _schedule_audit,
     _schedule_term,
     _key,
+    _task_start,
 ]
 
 

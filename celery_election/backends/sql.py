@@ -25,8 +25,9 @@ databases), ``schema.py`` (tables, the database clock), ``connection.py`` (priva
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
 ``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
 ``sql_install.py`` (create, upgrade and drop the tables), ``sql_beat.py`` (beat run state,
-``backend.beat``), ``sql_keys.py`` (key holds, ``backend.keys``); the operable
-schedule's store is ``celery_election.schedule``'s.
+``backend.beat``), ``sql_keys.py`` (key holds, ``backend.keys``), ``sql_starts.py``
+(task start records, ``backend.starts``); the operable schedule's store is
+``celery_election.schedule``'s.
 ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
@@ -61,6 +62,7 @@ from .sql_beat import SQLBeatStore
 from .sql_calls import Caller, SQLCalls
 from .sql_keys import SQLKeyStore
 from .sql_lease import lease_columns, lease_from_row, lease_statements
+from .sql_starts import SQLStartStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
 
@@ -546,6 +548,11 @@ class SQLBackend(SQLCalls):
     def keys(self) -> SQLKeyStore:
         """Key holds (singleton tasks; sql_keys.py)."""
         return SQLKeyStore(self)
+
+    @functools.cached_property
+    def starts(self) -> SQLStartStore:
+        """Task runs' start records (run once on the workers: sql_starts.py)."""
+        return SQLStartStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

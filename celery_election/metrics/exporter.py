@@ -146,7 +146,8 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
 
     tasks = CounterMetricFamily(
         PREFIX + "leader_tasks",
-        "leader task runs by outcome (run, or on a follower: skipped, requeued, raised)",
+        "leader task runs by outcome (run, or on a follower: skipped, requeued, raised); "
+        "run once (any task): duplicate (a second delivery skipped), deferred",
         labels=["task", "outcome"],
     )
     beat = _beat_families()

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: package listed here (beat) is on the Celery side with all its modules (``beat.ops``).
 CELERY_SIDE = {
     "app", "bootstep", "shared_state", "beat", "schedule", "tasks", "control", "signals",
-    "cli", "web", "singleton",
+    "cli", "web", "singleton", "once",
 }  # fmt: skip
 #: Core modules allowed one Celery-side module, and why: the test kit writes the shared
 #: leadership record that leader tasks read, and shared_state itself imports no Celery

@@ -272,6 +272,7 @@ def test_good_table_prefix_names_the_tables(
         f"{prefix}beat_run",
         *(f"{prefix}schedule_{t}" for t in ("entry", "rev", "run", "audit", "term")),
         f"{prefix}key",
+        f"{prefix}task_start",
     }
 
 

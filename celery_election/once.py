@@ -1,0 +1,193 @@
+"""Run once on the workers, the Celery side: the check before a run, and its end.
+
+What a start record means, and what ``acks_late`` changes: ``runonce.py`` (the core).
+Here, how a task gets the check:
+
+* every task the beat sends, in a worker started with ``--election``: its message carries
+  the run (the ``election_run`` header), and the worker step wraps each registered task
+  class's ``before_start`` once, before the pool starts (``guard_registered``). Celery's
+  tracer calls ``before_start`` right before the body in every pool (prefork, threads,
+  solo, gevent); a delivery without the header passes untouched;
+* any task, opt-in: ``@once_task`` / ``base=OnceTask``, and ``@leader_task(once=True)``,
+  keyed by task id, with or without ``--election``.
+
+A duplicate is acknowledged and skipped (``Ignore``), logged at WARNING and counted as
+the task's outcome "duplicate". When the database cannot say (down, or tables missing)
+the delivery is neither run nor dropped: it is published again after ``DEFER`` seconds
+(the same request: same id and retry number) and this copy is acknowledged. The run's
+end (success, failure, retry) is recorded from Celery's ``task_postrun`` signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore
+from celery.signals import task_postrun
+
+from . import metrics, runonce
+from .backends import backend_from_url
+from .errors import BackendUnavailableError, SchemaMissingError
+from .runonce import RunGuard, Verdict
+from .settings import ElectionSettings
+
+__all__ = ["HEADER", "OnceTask", "guard", "guard_for", "guard_registered", "once_task"]
+
+log = logging.getLogger("celery_election.once")
+
+#: The header the beat puts on a run it sends (beat/sender.py).
+HEADER = "election_run"
+#: Seconds before a delivery the database could not judge is delivered again.
+DEFER = 1.0
+#: A request attribute: the verdict of this delivery's start, so its end can be recorded.
+_MARK = "election_start"
+#: Outcomes that end a run (REJECTED requeues it: not an end).
+_ENDS = frozenset({"SUCCESS", "FAILURE", "RETRY", "IGNORED"})
+
+
+def guard_for(app: Any) -> RunGuard:
+    """The start records this process keeps for ``app``: the worker's, or the app's own."""
+    current = runonce.current()
+    if current is not None:
+        return current
+    guard: RunGuard | None = getattr(app, "_celery_election_run_guard", None)
+    if guard is None:
+        s = ElectionSettings.from_app(app)
+        url, options = s.url, s.backend_options(listen=False)
+        guard = RunGuard(
+            lambda: backend_from_url(url, **options), s.namespace, install=s.auto_install
+        )
+        app._celery_election_run_guard = guard
+    return guard
+
+
+def guard(task: Any, task_id: str, *, always: bool) -> None:
+    """Record this delivery's start, or skip it (``Ignore``); see the module.
+
+    ``always=False``: only a delivery that carries the beat's run header is checked.
+    """
+    request = task.request
+    if getattr(request, _MARK, None) is not None:
+        return  # checked once already (a once task in a worker that checks beat runs)
+    if not always and _run_of(request) is None:
+        return
+    acks_late = bool(task.acks_late)
+    hostname = request.hostname or socket.gethostname()
+    try:
+        verdict = guard_for(task.app).enter(
+            task_id, int(request.retries or 0), task.name, hostname, acks_late=acks_late
+        )
+    except (BackendUnavailableError, SchemaMissingError) as exc:
+        _defer(task, task_id, exc)
+    if verdict.run:
+        if not _listening:
+            _listen()
+        setattr(request, _MARK, verdict)
+        return
+    metrics.count(metrics.key(metrics.TASK, task.name, "duplicate"))
+    log.warning(
+        "%s[%s] skipped: this run was delivered before (%s, attempt %d)",
+        task.name,
+        task_id,
+        "it finished" if verdict.reason == "finished" else "it started",
+        verdict.attempt,
+    )
+    raise Ignore()
+
+
+def _run_of(request: Any) -> Any:
+    """The beat's run header: a worker's request has it as an attribute, ``apply()`` not."""
+    run = getattr(request, HEADER, None)
+    return run if run is not None else (getattr(request, "headers", None) or {}).get(HEADER)
+
+
+def _defer(task: Any, task_id: str, exc: BaseException) -> NoReturn:
+    """Neither run nor drop a delivery the database cannot judge: publish it again later."""
+    metrics.count(metrics.key(metrics.TASK, task.name, "deferred"))
+    if task.request.is_eager:
+        raise exc
+    log.warning(
+        "%s[%s] delayed %.0fs: its start could not be recorded (%s)", task.name, task_id, DEFER, exc
+    )
+    task.signature_from_request(countdown=DEFER).apply_async()
+    raise Ignore() from exc
+
+
+def _finished(sender: Any = None, task: Any = None, state: str | None = None, **kw: Any) -> None:
+    """The run's end: mark its start record finished (never raises)."""
+    request = getattr(task, "request", None)
+    verdict = getattr(request, _MARK, None) if request is not None else None
+    if isinstance(verdict, Verdict) and state in _ENDS:
+        setattr(request, _MARK, None)
+        guard_for(task.app).finish(verdict, str(state))
+
+
+_listening = False
+
+
+def _listen() -> None:
+    """Hear runs end from the first recorded start on (no cost to a process without one)."""
+    global _listening
+    task_postrun.connect(_finished, weak=False, dispatch_uid="celery_election.once")
+    _listening = True
+
+
+def _wrap(cls: type) -> None:
+    """Put the beat-run check after ``cls``'s own ``before_start`` (once per class)."""
+    if cls.__dict__.get("_election_once_wrapped"):
+        return
+    original: Callable[..., Any] = cls.before_start  # type: ignore[attr-defined]
+
+    @functools.wraps(original)
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        original(self, task_id, args, kwargs)  # a leader task's leadership check first
+        guard(self, task_id, always=False)
+
+    cls.before_start = before_start  # type: ignore[attr-defined]
+    cls._election_once_wrapped = True  # type: ignore[attr-defined]
+
+
+def guard_registered(app: Any) -> int:
+    """Check the beat's runs in every task of ``app`` (not Celery's own); how many.
+
+    Called by the worker step before the pool starts: forked children inherit the
+    wrapped classes. Each task has a class of its own, so nothing else changes.
+    """
+    wrapped = 0
+    for name, task in list(app.tasks.items()):
+        if not name.startswith("celery."):
+            _wrap(type(task))
+            wrapped += 1
+    return wrapped
+
+
+class OnceTask(Task):  # type: ignore[misc]
+    """Base class of tasks that run once per task id (see the module docstring)."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Record the start, or skip a delivery of a run that started before."""
+        guard(self, task_id, always=True)
+
+
+def once_task(*args: Any, **options: Any) -> Any:
+    """Declare a task that runs once per task id: ``@once_task`` or ``@once_task(...)``.
+
+    Takes the options of ``@shared_task`` (and ``app=`` to bind to one app).
+    """
+    options.setdefault("base", OnceTask)
+    app = options.pop("app", None)
+
+    def decorate(fun: Callable[..., Any]) -> Any:
+        factory = app.task if app is not None else shared_task
+        return factory(**options)(fun)
+
+    if len(args) == 1 and callable(args[0]) and not options.get("name"):
+        return decorate(args[0])
+    if args:
+        raise TypeError("once_task takes keyword options only")
+    return decorate

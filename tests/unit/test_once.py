@@ -1,0 +1,216 @@
+"""Run once on the workers, eagerly on the memory backend: once_task, leader_task(once=True),
+and the check the worker step puts on every task for the beat's runs (once.py)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, states
+
+from celery_election import MemoryBackend, init_app, leader_task, metrics, once_task, runonce
+from celery_election.backends.base import TaskStart
+from celery_election.clock import boottime
+from celery_election.errors import BackendUnavailableError
+from celery_election.metrics.counters import LocalCounters
+from celery_election.once import HEADER, OnceTask, guard_registered
+from celery_election.runonce import RunGuard, run_key
+from celery_election.shared_state import SharedLeadership
+
+from ..support.apps import new_app
+
+NS = "unit"
+
+
+@pytest.fixture
+def backend() -> Iterator[MemoryBackend]:
+    """The worker's guard on a memory backend, and counters to read; removed after."""
+    b = MemoryBackend()
+    runonce.use(RunGuard(lambda: b, NS))
+    counts = LocalCounters()
+    metrics.use_counters(counts)
+    try:
+        yield b
+    finally:
+        runonce.use(None)
+        metrics.use_counters(None)
+
+
+@pytest.fixture
+def app() -> Celery:
+    return init_app(new_app(election_namespace=NS))
+
+
+def counted(task: Any, outcome: str) -> int:
+    store = metrics.counters.in_use()
+    assert store is not None
+    return store.snapshot().get(metrics.key(metrics.TASK, task.name, outcome), 0)
+
+
+def test_a_once_task_runs_once_per_task_id(
+    app: Celery, backend: MemoryBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[int] = []
+
+    @once_task(app=app, shared=False)
+    def job(x: int) -> int:
+        ran.append(x)
+        return x
+
+    tid = uuid.uuid4().hex
+    assert job.apply((1,), task_id=tid).get() == 1
+    with caplog.at_level(logging.WARNING, "celery_election.once"):
+        second = job.apply((1,), task_id=tid)
+    assert second.state == states.IGNORED and ran == [1]
+    assert counted(job, "duplicate") == 1
+    skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 1 and job.name in skipped[0].getMessage()
+    assert tid in skipped[0].getMessage()
+    stored = backend.starts.load_start(NS, run_key(tid))
+    assert stored.outcome == "SUCCESS" and stored.finished_at_us is not None
+    assert job.apply((2,)).get() == 2 and ran == [1, 2]  # another id: another run
+
+
+def test_a_failed_run_is_finished_too_and_a_retry_is_a_run_of_its_own(
+    app: Celery, backend: MemoryBackend
+) -> None:
+    @app.task(base=OnceTask, shared=False)
+    def fails() -> None:
+        raise ValueError("boom")
+
+    tid = uuid.uuid4().hex
+    assert fails.apply(task_id=tid).state == states.FAILURE
+    assert backend.starts.load_start(NS, run_key(tid)).outcome == "FAILURE"
+    assert fails.apply(task_id=tid).state == states.IGNORED
+    assert fails.apply(task_id=tid, retries=1).state == states.FAILURE
+
+
+def test_acks_late_runs_again_only_a_run_that_never_finished(
+    app: Celery, backend: MemoryBackend
+) -> None:
+    ran: list[int] = []
+
+    @once_task(app=app, shared=False, acks_late=True)
+    def late() -> None:
+        ran.append(1)
+
+    tid = uuid.uuid4().hex
+    # a worker recorded the start, then died mid-run: the record stays unfinished
+    backend.starts.record_start(NS, TaskStart(run_key(tid), tid, late.name, "h", 1, 1, 0))
+    late.apply(task_id=tid)  # the redelivery runs it
+    assert ran == [1]
+    assert backend.starts.load_start(NS, run_key(tid)).attempt == 2
+    assert late.apply(task_id=tid).state == states.IGNORED  # it finished: never again
+    assert ran == [1]
+
+
+def test_by_default_a_run_whose_worker_died_is_not_run_again(
+    app: Celery, backend: MemoryBackend
+) -> None:
+    ran: list[int] = []
+
+    @once_task(app=app, shared=False)
+    def early() -> None:
+        ran.append(1)
+
+    tid = uuid.uuid4().hex
+    backend.starts.record_start(NS, TaskStart(run_key(tid), tid, early.name, "h", 1, 1, 0))
+    assert early.apply(task_id=tid).state == states.IGNORED and ran == []
+
+
+def test_a_database_that_cannot_say_runs_nothing(app: Celery, backend: MemoryBackend) -> None:
+    @once_task(app=app, shared=False)
+    def job() -> None:
+        raise AssertionError("must not run")
+
+    backend.fail(BackendUnavailableError("down"))
+    result = job.apply()
+    assert result.state == states.FAILURE and isinstance(result.result, BackendUnavailableError)
+    assert counted(job, "deferred") == 1
+
+
+def test_the_worker_check_guards_only_beat_runs(app: Celery, backend: MemoryBackend) -> None:
+    """A user's plain task, wrapped as the worker step wraps it: the run header decides."""
+    ran: list[str] = []
+
+    @app.task(shared=False)
+    def plain(tag: str) -> None:
+        ran.append(tag)
+
+    assert guard_registered(app) >= 1
+    assert guard_registered(app) >= 1  # idempotent: wrapped once
+    tid = uuid.uuid4().hex
+    plain.apply(("a",), task_id=tid)
+    plain.apply(("b",), task_id=tid)  # no run header: not the beat's, not checked
+    run = {HEADER: 7, "election_term": 3}
+    plain.apply(("c",), task_id=tid, headers=run)
+    assert plain.apply(("d",), task_id=tid, headers=run).state == states.IGNORED
+    assert ran == ["a", "b", "c"] and counted(plain, "duplicate") == 1
+
+
+def test_a_once_leader_task_records_only_on_the_leader(
+    app: Celery, backend: MemoryBackend, clean_env: None
+) -> None:
+    ran: list[int] = []
+
+    @leader_task(app=app, shared=False, once=True, on_follower="skip")
+    def lead() -> None:
+        ran.append(1)
+
+    record = SharedLeadership.create()
+    from celery_election import shared_state
+
+    shared_state.use(record)
+    try:
+        tid = uuid.uuid4().hex
+        record.write(None, None)
+        assert lead.apply(task_id=tid).state == states.IGNORED  # a follower: no start
+        assert backend.starts.load_start(NS, run_key(tid)) is None
+        record.write(5, boottime() + 10)
+        guard_registered(app)  # the worker's check on top: still one record, one run
+        lead.apply(task_id=tid, headers={HEADER: 1})
+        assert lead.apply(task_id=tid).state == states.IGNORED
+        assert ran == [1] and backend.starts.load_start(NS, run_key(tid)).attempt == 1
+    finally:
+        shared_state.use(None)
+        record.close()
+
+
+def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
+    backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a real (in-process) worker: neither run nor dropped, and still checked after."""
+    import time
+
+    from celery_election import once, testing
+
+    app = init_app(
+        new_app(election_namespace=NS, broker_transport_options={"polling_interval": 0.01})
+    )
+    ran: list[str] = []
+
+    @app.task(shared=False)
+    def beat_job(tag: str) -> None:
+        ran.append(tag)
+
+    monkeypatch.setattr(once, "DEFER", 0.05)
+    guard_registered(app)
+    tid = uuid.uuid4().hex
+    backend.fail(BackendUnavailableError("down"))
+    with testing.worker(app, perform_ping_check=False):
+        beat_job.apply_async(("first",), task_id=tid, headers={HEADER: 9})
+        deadline = time.monotonic() + 10
+        while counted(beat_job, "deferred") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counted(beat_job, "deferred") >= 2 and ran == []
+        backend.fail(None)
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran == ["first"]
+        beat_job.apply_async(("again",), task_id=tid, headers={HEADER: 9})
+        while counted(beat_job, "duplicate") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ran == ["first"] and counted(beat_job, "duplicate") == 1
