@@ -13,8 +13,9 @@ is Celery's own (``Scheduler.apply_async``: the task's ``apply_async`` when the 
 knows the task, the entry's options, ``before_task_publish``/``after_task_publish``),
 in the publisher's process, through its own broker connection.
 
-At most once: a publisher that dies or stops answering takes the runs it had not
-answered for with it (logged, never resent), and the beat sends by itself from then on.
+A publisher that dies or stops answering leaves the runs it had not answered for owed
+(they may or may not have gone out): the beat sends them again under their task ids
+(``ledger.py``), and sends by itself from then on.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kombu.entity import Queue
 from ..clock import boottime
 from ..shared_state import SharedLeadership
 
-__all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply"]
+__all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply", "confirmed_connection"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -117,6 +118,20 @@ class _Entry(NamedTuple):
     options: dict[str, Any]
 
 
+def confirmed_connection(app: Any) -> Any:
+    """The app's broker connection for the beat's sends, with publisher confirms on AMQP.
+
+    A run is marked sent once its publish returned: on RabbitMQ that must mean the broker
+    accepted the message (a confirm, or an error for a nack), not that it left this
+    process. Redis answers each command already.
+    """
+    conn = app.connection_for_write()
+    if conn.transport.driver_type != "amqp":
+        return conn
+    conn.release()
+    return app.connection_for_write(transport_options={"confirm_publish": True})
+
+
 class _Sender:
     """The ``self`` Celery's ``Scheduler.apply_async`` needs: the app, and no sync."""
 
@@ -136,7 +151,7 @@ class Publisher:
 
     def __init__(self, app: Any, record: SharedLeadership) -> None:
         self.record = record
-        self.connection = app.connection_for_write()
+        self.connection = confirmed_connection(app)
         self.producer = app.amqp.Producer(self.connection, auto_declare=False)
         self.router = BurstRouter(app.amqp.router, self.producer)
         self._sender = _Sender(app)

@@ -65,6 +65,7 @@ from .guards import RunawayGuard, SameSchedule
 from .matching import Matching, state_of
 from .ops import ScheduleOps
 from .policy import DefaultRunPolicy, RunPolicy
+from .publish import confirmed_connection
 from .runs import NOT_LEADING, Ledger, Run
 from .sender import Sender
 
@@ -140,6 +141,7 @@ class LeaderSchedulerMixin(_Scheduler):
         return DefaultRunPolicy()
 
     def setup_schedule(self) -> None:
+        self.connection = confirmed_connection(self.app)  # Celery's (cached), confirmed
         self._sender.start_publishers(self.app)
         super().setup_schedule()
         try:

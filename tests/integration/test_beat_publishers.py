@@ -25,6 +25,7 @@ import pytest
 from amqp.exceptions import NotFound
 from celery import Celery
 from celery.signals import before_task_publish
+from kombu import Queue
 
 from celery_election.clock import boottime
 
@@ -154,3 +155,20 @@ def test_sends_a_publisher_held_when_it_died_are_sent_again_by_the_beat(
     assert Counter(name for name, _ in messages) == Counter(list(app.conf.beat_schedule))
     assert {pid for _, pid in messages} == {beat}
     assert f"{N} sends it held may or may not have gone out" in caplog.text
+
+
+@pytest.mark.parametrize("publishers", [0, 1], ids=["beat", "publisher"])
+def test_a_run_the_broker_refused_stays_pending_and_owed(app: Celery, publishers: int) -> None:
+    """With publisher confirms, a message RabbitMQ refuses (a nack) is an error, not a
+    send: the run stays pending in the database and owed by the beat. Without them the
+    publish returned as the message left, and the run was marked sent and lost."""
+    app.conf.election_beat_publishers = publishers
+    refusing = {"x-max-length": 0, "x-overflow": "reject-publish"}  # nacks every message
+    app.conf.task_queues = [Queue(app.conf.task_default_queue, queue_arguments=refusing)]
+    s = Leading(app=app)
+    try:
+        burst(s)
+        assert s._sender.ledger.owing == N
+        assert set(s._fence.pending_runs()) == set(app.conf.beat_schedule)
+    finally:
+        s.close()
