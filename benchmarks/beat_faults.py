@@ -12,8 +12,8 @@ beats reach RabbitMQ and PostgreSQL through TCP proxies of their own (harness/pr
 so the broker or the database can be cut for the beats alone; the workers and this
 script reach both directly.
 
-The first boundary has no fault (each of its runs must arrive once: the set-up is
-sound). At the next boundary the fault:
+After a boundary to warm up, one has no fault (each of its runs must arrive once: the
+set-up is sound). At the next boundary the fault:
 
 * ``kill``: the leading beat SIGKILLed once ``--after`` runs (100) of the burst arrived;
 * ``stop``: the leading beat SIGSTOPped at the same point, past its lease, then SIGCONT;
@@ -166,12 +166,13 @@ class Run:
 
     def one(self, kind: str) -> dict[str, Any]:
         every = self.args.every
-        first = next_boundary(every, 3)  # the first burst: every entry's first run
+        warm = next_boundary(every, 1)  # the beats' first burst is at this one or before
+        first = warm + every  # a quiet boundary: its runs follow the claims of warm's burst
         boundary = first + every  # the fault's
         what = self.fault(kind, boundary)
         sleep_until(boundary + every - 1)
         self.drain()
-        before = self.count((0, first), first)
+        before = self.count((warm, first), first)
         after = self.count((first, boundary), boundary)
         log(f"first boundary: {before}; {kind}: {what}: {after}")
         return {"fault": kind, "what": what, "quiet": before, **after}
@@ -203,12 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", type=Path)
+    p.add_argument("--keep", type=Path, help="keep each run's logs in a folder under this one")
     args = p.parse_args(argv)
     kinds = [f for f in FAULTS if f != "none"] if args.fault == "all" else [args.fault]
     rows = []
     for kind in kinds:  # a fresh cluster per fault: a stopped beat leaves nothing behind
-        with tempfile.TemporaryDirectory() as tmp:
-            run = Run(Path(tmp), args)
+        with tempfile.TemporaryDirectory() as scratch:
+            tmp = Path(tempfile.mkdtemp(dir=args.keep)) if args.keep else Path(scratch)
+            run = Run(tmp, args)
             try:
                 run.start()
                 rows.append(run.one(kind))

@@ -51,6 +51,12 @@ SQL_LEASE = "celery_election/backends/sql_lease.py"
 SQL_CALLS = "celery_election/backends/sql_calls.py"
 MEM = "celery_election/backends/memory.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
+MEM_BEAT = "celery_election/backends/memory_beat.py"
+SCHEDULER = "celery_election/beat/scheduler.py"
+SENDER = "celery_election/beat/sender.py"
+LEDGER_PY = "celery_election/beat/ledger.py"
+LEDGER = ["tests/integration/test_run_ledger.py"]
+LEDGER_BEAT = ["tests/unit/test_ledger_beat.py", "tests/unit/test_beat.py"]
 SQL_SCHED = "celery_election/schedule/store.py"
 OPS = "celery_election/beat/ops.py"
 DEC = "celery_election/decisions.py"
@@ -227,10 +233,29 @@ MUTATIONS = [
     M("beat-batch-pad", SQL_BEAT, ".where(self._lease_term() == term, v.c.entry_key != PAD)",
       ".where(self._lease_term() == term)", BEAT),
     M("beat-batch-rowcount", SQL_BEAT, "if match and result.rowcount == len(match):", "if match:", BEAT),
-    M("memory-batch-fence", MEM, "                if not leading or _run_key(stored) != _run_key(r.expected):",
-      "                if _run_key(stored) != _run_key(r.expected):", BEAT),
-    M("memory-batch-cas", MEM, "                if not leading or _run_key(stored) != _run_key(r.expected):",
-      "                if not leading:", BEAT),
+    M("memory-batch-fence", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:",
+      "if _run_key(stored) != _run_key(r.expected) or key in b._pending:", BEAT),
+    M("memory-batch-cas", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:",
+      "if not leading or key in b._pending:", BEAT),
+    # -- the run ledger (issue 42): pending until sent, owed, recovered, one task id --------------
+    M("ledger-claim-pending-batch", SQL_BEAT, "t.c.total_run_count == v.c.was_count,\n                t.c.pending_run.is_(None),",
+      "t.c.total_run_count == v.c.was_count,\n                sa.true(),", LEDGER),
+    M("ledger-claim-pending-single", SQL_BEAT,
+      't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),\n                t.c.pending_run.is_(None),',
+      't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),\n                sa.true(),', LEDGER),
+    M("ledger-mysql-pending", SQL_BEAT, "                    and locked[k].pending_run is None\n", "", LEDGER),
+    M("ledger-mem-pending", MEM_BEAT, "!= _run_key(r.expected) or key in b._pending:", "!= _run_key(r.expected):", LEDGER),
+    M("ledger-mark-term", SQL_BEAT, 't.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n                t.c.pending_run.is_not(None),',
+      't.c.pending_run.is_not(None),', LEDGER),
+    M("ledger-mem-mark-term", MEM_BEAT, "if run is not None and run.state.term == term:", "if run is not None:", LEDGER),
+    M("ledger-claims-pending", SCHEDULER, "pending=True)  # fmt: skip", "pending=False)  # fmt: skip", LEDGER_BEAT),
+    M("ledger-no-recovery", SCHEDULER, "if not self._sender.recover(lead, self.schedule, self.producer):", "if False:", LEDGER_BEAT),
+    M("ledger-no-retry", SENDER, "            if send.claim is not None:\n                self.ledger.failed(entry, send.claim)\n            raise",
+      "            raise", LEDGER_BEAT),
+    M("ledger-new-task-id", LEDGER_PY, 'return str(uuid.uuid5(_RUNS, f"{namespace}\\0{entry}\\0{at}"))', "return str(uuid.uuid4())",
+      LEDGER_BEAT),
+    M("ledger-confirm", PUBLISH, 'return app.connection_for_write(transport_options={"confirm_publish": True})',
+      "return app.connection_for_write()", ["tests/integration/test_beat_publishers.py::test_a_run_the_broker_refused_stays_pending_and_owed"]),
     # -- the beat's clock: the runaway guard and cron's daylight-saving rules ---------------
     M("guard-held", GUARDS, "        hold = runaway_hold(entry, self._answers)\n", "        hold = None\n", BEAT_UNIT),
     M("guard-cron-fields", GUARDS, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),

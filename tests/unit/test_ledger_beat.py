@@ -1,0 +1,138 @@
+"""The run ledger in the beat (in process, the memory backend): owed, recovered, one id.
+
+A run a leader claimed is pending in the store until its send returned; a send that
+raised is owed and sent again, under the same task id, once its back-off passed; a run
+an earlier term left pending is sent by the next leader before its own claims; the tick
+marks what went out. The store's side, on every backend: tests/integration/test_run_ledger.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_election.backends import MemoryBackend
+from celery_election.beat.ledger import run_task_id
+from celery_election.clock import boottime
+
+from .test_beat import NS, IsDueOnly, Recording, make_app, seed, shared, started
+
+__all__ = ["shared", "started"]  # the fixtures, imported for this module's tests
+
+
+class Flaky(Recording):
+    """Records each send's task id and headers; the first ``fail`` sends raise."""
+
+    fail: int
+    ids: list[str | None]
+    headers: list[dict[str, Any]]
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.ids.append(kwargs.get("task_id"))
+        self.headers.append(dict(kwargs.get("headers") or {}))
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionResetError("Connection reset by peer")
+        super().send_task(name, *args, **kwargs)
+
+
+def flaky(started: list[Any], fail: int, **schedule: Any) -> Flaky:
+    s = Flaky(app=make_app(schedule or {"job": {"task": "t.job", "schedule": IsDueOnly()}}))
+    started.append(s)
+    s.sent, s.ids, s.headers, s.fail = [], [], [], fail
+    assert s.wait_for_leadership(5)
+    return s
+
+
+def tick_until(s: Flaky, done: Any, seconds: float = 10.0) -> None:
+    """Tick as ``celery beat`` does until ``done()`` (the owed send waits its back-off)."""
+    deadline = boottime() + seconds
+    while not done():
+        assert boottime() < deadline, "not done in time"
+        s.tick()
+
+
+def test_a_failed_send_is_owed_and_sent_again_under_the_same_task_id(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    s = flaky(started, fail=2)
+    s.tick()  # the run is claimed; its send raises: owed, still pending in the store
+    assert s.sent == [] and s._sender.ledger.owing == 1
+    assert set(shared.beat.pending_runs(NS)) == {"job"}
+    s.tick()
+    assert len(s.ids) == 1, "sent again before its back-off"
+    tick_until(s, lambda: s.sent)
+    assert s.sent == ["t.job"] and len(s.ids) == 3  # two failures, one send
+    assert len(set(s.ids)) == 1 and s.ids[0] is not None
+    assert len({h["election_run"] for h in s.headers}) == 1  # one run, one key
+    assert shared.beat.pending_runs(NS) == {}  # the tick marked it sent
+    assert s._sender.ledger.owing == 0
+    assert shared.beat.load_runs(NS)["job"].total_run_count == 1
+
+
+def test_the_task_id_names_the_run(shared: MemoryBackend, started: list[Any]) -> None:
+    s = flaky(started, fail=0)
+    s.tick()
+    assert s.sent == ["t.job"]
+    state = shared.beat.load_runs(NS)["job"]
+    assert s.ids == [run_task_id(NS, "job", state.last_run_us)]
+    assert run_task_id(NS, "job", state.last_run_us) != run_task_id(
+        NS, "job", state.last_run_us + 1
+    )
+    assert run_task_id(NS, "job", 1) != run_task_id("other", "job", 1)
+    uuid.UUID(s.ids[0] or "")
+
+
+def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """The dead leader claimed two runs (pending) and sent neither: the next leader sends
+    both at its promotion, under their task ids, before it claims anything; an entry
+    whose run expired is marked, not sent."""
+    from datetime import datetime, timezone
+
+    past = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    seed(shared, "job", past)  # a run before: sent
+    token = uuid.uuid4().hex
+    dead = shared.elect(NS, token, "dead", 30.0).lease
+    assert dead is not None
+    job = shared.beat.load_runs(NS)["job"]
+    assert shared.beat.claim_run(NS, token, dead.term, "job", job, 5_000_000, pending=True).won
+    assert shared.beat.claim_run(NS, token, dead.term, "new", None, 6_000_000, pending=True).won
+    assert shared.beat.claim_run(NS, token, dead.term, "old", None, 7_000_000, pending=True).won
+    assert shared.resign(NS, token, dead.term)
+    s = flaky(
+        started, fail=0,
+        job={"task": "t.job", "schedule": IsDueOnly()},
+        new={"task": "t.new", "schedule": IsDueOnly()},
+        old={"task": "t.old", "schedule": IsDueOnly(), "options": {"expires": past}},
+    )  # fmt: skip
+    s.tick()
+    recovered = dict(zip(s.sent, s.ids, strict=True))
+    assert recovered == {
+        "t.job": run_task_id(NS, "job", 5_000_000),
+        "t.new": run_task_id(NS, "new", 6_000_000),
+    }  # "old" expired (its expires has passed): marked, not sent
+    keys = {h["election_run"] for h in s.headers}
+    assert keys == {job.last_run_us, 0}  # each the key it was claimed with
+    assert shared.beat.pending_runs(NS) == {}
+    s.tick()
+    assert len(s.sent) == 2  # nothing claimed twice
+
+
+@pytest.mark.parametrize("fail", [1])
+def test_a_leader_that_stops_leading_drops_what_it_owes(
+    shared: MemoryBackend, started: list[Any], fail: int
+) -> None:
+    """Owed sends are this term's: after it ends they are the next leader's (pending)."""
+    s = flaky(started, fail=fail)
+    s.tick()
+    assert s._sender.ledger.owing == 1
+    election = s._fence.election
+    assert election is not None and election.elector is not None
+    election.elector.resign()
+    s._sender.settle(None, lambda: None)
+    assert s._sender.ledger.owing == 0
+    assert set(shared.beat.pending_runs(NS)) == {"job"}
