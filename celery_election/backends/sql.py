@@ -24,11 +24,9 @@ The SQL backend, one job per file: ``dialects.py`` (what differs between the
 databases), ``schema.py`` (tables, the database clock), ``connection.py`` (private engine,
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
 ``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
-``sql_install.py`` (create, upgrade and drop the tables), ``sql_beat.py`` (beat run state,
-``backend.beat``), ``sql_keys.py`` (key holds, ``backend.keys``), ``sql_starts.py``
-(task start records, ``backend.starts``); the operable schedule's store is
-``celery_election.schedule``'s.
-``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
+``sql_install.py`` (the tables), ``sql_beat.py`` (``backend.beat``: beat run state),
+``sql_keys.py`` (``backend.keys``: key holds), ``sql_starts.py`` (``backend.starts``: task
+start records); ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
 from __future__ import annotations
