@@ -149,7 +149,19 @@ def _status(t: Target) -> dict[str, Any]:
         if lease is None or not held or lease.liveness_us is None
         else lease.liveness_us / 1_000_000,
         "candidates": [_candidate_json(c, now) for c in candidates],
+        # beat runs claimed and not yet sent: the next leader sends them (the run ledger)
+        "pending_runs": _pending(t, now),
     }
+
+
+def _pending(t: Target, now_us: int) -> list[dict[str, Any]]:
+    """The namespace's beat runs claimed and not yet sent, the oldest first."""
+    runs = t.backend.beat.pending_runs(t.namespace).values()
+    out = [
+        {"entry": p.entry_name, "term": p.state.term, "age": max(0, now_us - p.claimed_us) / 1e6}
+        for p in runs
+    ]
+    return sorted(out, key=lambda p: -p["age"])
 
 
 # -- the group ------------------------------------------------------------------------------
@@ -208,6 +220,10 @@ def _print_status(info: dict[str, Any]) -> None:
         )
     else:
         click.echo(f"leader      none (last term {info['term']})")
+    pending = info["pending_runs"]
+    if pending:
+        click.echo(f"pending     {len(pending)} beat runs claimed and not yet sent "
+                   f"(oldest {pending[0]['age']:.1f} s: {pending[0]['entry']})")  # fmt: skip
     click.echo(f"candidates  {len(info['candidates'])}")
     for c in info["candidates"]:
         mark = "*" if c["candidate_id"] == info["leader"] else " "

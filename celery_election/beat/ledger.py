@@ -80,7 +80,10 @@ class RunLedger:
     # -- after a send -----------------------------------------------------------------------
 
     def sent(self, name: str, term: int) -> None:
-        """The broker took the run of ``name`` sent under ``term``: mark it at the flush."""
+        """The broker took the run of ``name`` sent under ``term``: mark it at the flush.
+
+        A recovered run is marked under the term that claimed it in the store.
+        """
         self._owed.pop(name, None)
         self._unmarked.setdefault(self._claimed_by.pop(name, term), []).append(name)
 
@@ -93,7 +96,6 @@ class RunLedger:
         self._owed[name] = Owed(entry, claim, attempts, boottime() + delay)
         log.warning("beat election: %s not sent (attempt %d); again in %.1fs",
                     name, attempts, delay)  # fmt: skip
-        metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "owed"))
 
     def hold(self, entry: Any, state: Any) -> Any:
         """Celery's ``is_due`` answer, or "not yet" while the entry's last run is owed."""
@@ -144,7 +146,8 @@ class RunLedger:
                 why = "is no longer in the schedule" if entry is None else "expired"
                 log.warning("beat election: %s: the run claimed in term %s %s; not sent",
                             name, run.state.term, why)  # fmt: skip
-                metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "expired"))
+                # counted as a run dropped (celery_election_beat_runs_missed_total)
+                metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "missed"))
                 done.setdefault(run.state.term, []).append(name)
                 continue
             self._claimed_by[name] = run.state.term

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,9 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
         info = json.loads(out.output)
         assert set(info) == {
             "namespace", "database", "leader", "term", "expires_in", "acquired_at", "candidates",
-            "liveness",
+            "liveness", "pending_runs",
         }  # fmt: skip
+        assert info["pending_runs"] == []
         assert info["liveness"] == e.config.liveness  # the delta its trust is bound by
         assert info["leader"] == "the-leader" and info["term"] == term
         assert 0 < info["expires_in"] <= 3
@@ -207,3 +209,33 @@ def test_celery_subcommand_reads_the_apps_settings(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["leader"] == "via-app"
     b.close()
+
+
+def test_status_shows_the_beat_runs_claimed_and_not_yet_sent(target: tuple[str, str]) -> None:
+    """The run ledger, as an operator reads it: runs pending until the broker took them."""
+    url, prefix = target
+    assert cli(url, prefix, "install").exit_code == 0
+    backend = backend_from_url(url, table_prefix=prefix)
+    try:
+        token = uuid.uuid4().hex
+        lease = backend.elect("jobs-beat", token, "beat", 30.0).lease
+        assert lease is not None
+        assert backend.beat.claim_run("jobs-beat", token, lease.term, "report", None, 5,
+                                      pending=True).won  # fmt: skip
+        shown = cli(url, prefix, "status", "-N", "jobs-beat")
+        assert shown.exit_code == 0, shown.output
+        assert "pending     1 beat runs claimed and not yet sent" in shown.output
+        assert "report" in shown.output
+        info = json.loads(cli(url, prefix, "status", "-N", "jobs-beat", "--json").output)
+        assert [(p["entry"], p["term"]) for p in info["pending_runs"]] == [("report", lease.term)]
+        assert backend.beat.mark_sent("jobs-beat", lease.term, ["report"]) == 1
+        shown = cli(url, prefix, "status", "-N", "jobs-beat")
+        assert "pending" not in shown.output
+        assert (
+            json.loads(cli(url, prefix, "status", "-N", "jobs-beat", "--json").output)[
+                "pending_runs"
+            ]
+            == []
+        )
+    finally:
+        backend.close()
