@@ -197,6 +197,8 @@ def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
         ran.append(tag)
 
     monkeypatch.setattr(once, "DEFER", 0.05)
+    # the worker sets the root logger's level (Celery's log setup): the next tests' back
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
     guard_registered(app)
     tid = uuid.uuid4().hex
     backend.fail(BackendUnavailableError("down"))
