@@ -1,6 +1,7 @@
-"""Each beat run once under faults, with real processes (second tier: about two minutes).
+"""Each beat run once under faults, with real processes (second tier: about three minutes).
 
-1,000 entries due at every 10-second boundary; three standalone ``celery beat -S
+1,000 entries due at every 20-second boundary (a burst and its runs fit between two, on
+two busy cores); three standalone ``celery beat -S
 celery_election.beat:LeaderScheduler`` on PostgreSQL and RabbitMQ, each behind TCP
 proxies of its own; two ``celery worker --election`` recording every execution in the
 database (``harness/beat_faults.py``). One fault per boundary, in one cluster: the
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.tier2]
 
 def test_each_run_is_executed_once_whatever_fails(tmp_path: Path) -> None:
     server_url("postgresql"), server_url("amqp")  # required: skipped or failed loudly
-    run = Run(tmp_path, Settings(entries=1000, every=10.0))
+    run = Run(tmp_path, Settings(entries=1000, every=20.0))
     try:
         run.start()
         rows = run.several(["kill", "stop", "broker", "db"])
