@@ -22,7 +22,7 @@ from harness.beat_faults import Run, Settings
 
 from ..conftest import server_url
 
-pytestmark = [pytest.mark.tier2]
+pytestmark = [pytest.mark.tier2, pytest.mark.timeout(600)]
 
 
 def test_each_run_is_executed_once_whatever_fails(tmp_path: Path) -> None:
