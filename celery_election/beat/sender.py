@@ -271,10 +271,16 @@ class Sender:
             self._settle(self.publishers.collect())
 
     def close(self) -> None:
-        """Stop the publishers (what they sent goes into the final sync's history)."""
+        """Stop the publishers, and mark what went out.
+
+        What they sent goes into the final sync's history, and a beat stopped cleanly
+        leaves no run for the next leader to send again.
+        """
         publishers, self.publishers = self.publishers, None
         if publishers is not None:
             self._settle(publishers.close())
+        if self.fence.election is not None:
+            self.ledger.flush()
 
     def close_record(self) -> None:
         """The publishers' record goes after the election (its elector writes it to the end)."""

@@ -5,6 +5,8 @@ its lease once (then SIGCONT: it must not send as a stale leader). Every executi
 (entry, run key: the stored time of the run it follows); the check is 0 duplicates per
 (entry, run), and no run missing (two consecutive keys more than a period apart) except
 inside a failover window (where missed runs collapse into one catch-up, as in Celery).
+The workers run with ``--election``: a run a killed beat sent and had not marked is sent
+again by the next leader under its task id, and the worker's start record runs it once.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def run_faults(c: Cluster, leader: Callable[[str | None], str]) -> list[float]:
 
 def test_three_standalone_beats(cluster: Cluster) -> None:
     c = cluster
-    c.start("w", election=False)
+    c.start("w")  # --election: a run sent again (its task id) runs once
     for b in ("b1", "b2", "b3"):
         c.start_beat(b)
     faults = run_faults(c, lambda other: c.wait_beat_leader(30, other_than=other))
@@ -133,7 +135,7 @@ def test_three_standalone_beats_with_publishers(cluster: Cluster) -> None:
     (``election_beat_publishers = 1``): each run once, and a SIGKILLed beat's publisher
     ends with it (no orphan keeps a broker connection open)."""
     c = cluster
-    c.start("w", election=False)
+    c.start("w")  # --election: a run sent again (its task id) runs once
     for b in ("b1", "b2", "b3"):
         c.start_beat(b, env={"E2E_PUBLISHERS": "1"})
     publishers: dict[str, set[int]] = {}

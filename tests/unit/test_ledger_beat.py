@@ -136,3 +136,17 @@ def test_a_leader_that_stops_leading_drops_what_it_owes(
     s._sender.settle(None, lambda: None)
     assert s._sender.ledger.owing == 0
     assert set(shared.beat.pending_runs(NS)) == {"job"}
+
+
+def test_a_beat_stopped_cleanly_marks_what_it_sent(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """Sent but not yet marked when the beat stops: marked by its close, so the next
+    leader has nothing to send again."""
+    s = flaky(started, fail=0)
+    entry = s.schedule["job"]
+    s.reserve(entry)  # as Celery's tick: reserve, then send (the tick's end would mark)
+    s.apply_async(entry, advance=False)
+    assert s.sent == ["t.job"] and set(shared.beat.pending_runs(NS)) == {"job"}
+    s.close()
+    assert shared.beat.pending_runs(NS) == {}
