@@ -274,7 +274,7 @@ MUTATIONS = [
       "kept += list(jobs)", PUBLISHERS),
     # -- the fence at a send, and a retried claim ----------------------------------------
     M("beat-send-refused-claim", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
-      "if claim is not None and claim.term != lead.term:", [*BEAT_UNIT, *BEAT]),
+      "if claim is not None and claim.term != lead.term:", ["tests/unit/test_ledger_beat.py", *BEAT_UNIT, *BEAT]),
     M("beat-send-claim-term", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
       "if claim is not None and not claim.won:", [*BEAT_UNIT, *BEAT]),
     M("beat-retry-own", FENCE, "return RunClaim(True, state, True) if not claim.won and mine else claim",

@@ -150,3 +150,18 @@ def test_a_beat_stopped_cleanly_marks_what_it_sent(
     assert s.sent == ["t.job"] and set(shared.beat.pending_runs(NS)) == {"job"}
     s.close()
     assert shared.beat.pending_runs(NS) == {}
+
+
+def test_a_run_refused_while_the_last_one_is_pending_is_not_sent(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """A claim refused in a term that still leads (here: the entry's last run is still
+    pending) is not sent: the fence at the send asks whether the claim won, not only
+    whether its term leads."""
+    s = flaky(started, fail=0)
+    entry = s.schedule["job"]
+    s.reserve(entry)  # run 1: claimed, pending; its send waits in Celery's ledger...
+    assert s._ledger.take("job") is not None  # ... and never comes
+    s.reserve(entry)  # run 2: refused while run 1 is pending
+    assert s.apply_async(entry, advance=False) is None  # Celery's tick sends it now
+    assert s.sent == [] and set(shared.beat.pending_runs(NS)) == {"job"}
