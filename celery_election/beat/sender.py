@@ -114,15 +114,7 @@ class Sender:
 
     def send_now(self, run_now: RunNow, producer: Any) -> None:
         """Send a "run now" the policy won (unreserved, once), as Celery's apply_entry."""
-        entry = run_now.entry
-        _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
-        send = self.prepare(entry, None, run_now.key)
-        if send is None:
-            return
-        try:
-            self.publish(entry, send, producer)
-        except Exception as exc:
-            _celery_log.error("Message Error: %s", exc, exc_info=True)
+        self._send_one(run_now.entry, None, producer, run_now.key)
 
     def publish(self, entry: Any, send: Send, producer: Any, **kwargs: Any) -> Any:
         """Celery's publish of ``entry`` with the fenced options, in this process."""
@@ -171,7 +163,7 @@ class Sender:
             log.warning("beat election: could not read the pending runs (%s)", exc)
             return False
         for entry, claim in runs:
-            self._resend(entry, claim, producer)
+            self._send_one(entry, claim, producer)
         return True
 
     def settle(self, lead: BeatTerm | None, producer: Callable[[], Any]) -> None:
@@ -181,17 +173,23 @@ class Sender:
         not connect to the broker).
         """
         for owed in self.ledger.owed_now(lead):
-            self._resend(owed.entry, owed.claim, producer())
+            self._send_one(owed.entry, owed.claim, producer())
         self.ledger.flush()
 
-    def _resend(self, entry: Any, claim: Claim, producer: Any) -> None:
+    def _send_one(
+        self, entry: Any, claim: Claim | None, producer: Any, run_now: int | None = None
+    ) -> None:
+        """One send outside Celery's tick, logged as its apply_entry logs one.
+
+        A failed publish is logged, not raised (a claimed run is owed again by publish).
+        """
         _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
-        send = self._prepare(entry, claim)
+        send = self._prepare(entry, claim, run_now)
         if send is None:
             return
         try:
             self.publish(entry, send, producer)
-        except Exception as exc:  # owed again (publish)
+        except Exception as exc:
             _celery_log.error("Message Error: %s", exc, exc_info=True)
 
     # -- a burst ----------------------------------------------------------------------------
