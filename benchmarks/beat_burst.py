@@ -107,6 +107,18 @@ APP = textwrap.dedent(
 
 
     threading.Thread(target=_counts, daemon=True).start()
+
+    if E.get("BURST_URL"):  # the leader: when the broker confirmed each send (the run ledger)
+        from celery_election.beat.sender import Sender
+
+        CONFIRMED = os.open(E["BURST_OUT"] + ".confirmed", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        _sent = Sender.sent
+
+        def _confirmed(self, *args, **kwargs):
+            _sent(self, *args, **kwargs)
+            os.write(CONFIRMED, f"{time.time():.6f} 0\\n".encode())
+
+        Sender.sent = _confirmed
     '''
 )
 
@@ -147,6 +159,11 @@ def stamps(path: Path) -> list[tuple[float, int]]:
             at, count = line.split()
             out.append((float(at), int(count)))
     return out
+
+
+def confirmed_since(out: Path, boundary: float) -> list[float]:
+    """When the leader learnt each send was confirmed (its ``Sender.sent``), in order."""
+    return sorted(at for at, _ in stamps(Path(f"{out}.confirmed")) if at >= boundary)
 
 
 def beat_rows(url: str, prefix: str) -> int:
@@ -216,6 +233,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
         # publishers stamp their sends with the count they forked with: read the beat's
         stmt1 = statements(count)
         burst = sorted(s for s in stamps(out) if s[0] >= boundary)
+        if leader:  # the confirms of the last sends come after their publish
+            while time.time() < end and len(confirmed_since(out, boundary)) < len(burst):
+                time.sleep(0.2)
+        confirmed = confirmed_since(out, boundary)
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -224,8 +245,9 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
             proc.kill()
         logfile.close()
         cleanup(args, queue, prefix if leader else None)
-    complete = len(burst) >= n
+    complete = len(burst) >= n and (not leader or len(confirmed) >= n)
     last = burst[-1][0] - boundary if burst else None
+    done = max(last, confirmed[-1] - boundary) if last is not None and confirmed else last
     stmts = None
     if burst and leader:
         stmts = (stmt1 if publishers_of(kind) else burst[-1][1]) - stmt0
@@ -236,7 +258,9 @@ def run_one(kind: str, n: int, args: argparse.Namespace, tmp: Path) -> dict[str,
         "complete": complete,
         "first_send_s": None if not burst else burst[0][0] - boundary,
         "last_send_s": last,
-        "sends_per_s": None if not burst or not last else len(burst) / last,
+        # the leader counts a run sent once the broker confirmed it: its burst ends there
+        "sends_per_s": None if not burst or not done else len(burst) / done,
+        "last_confirm_s": confirmed[-1] - boundary if confirmed else None,
         "cpu_s": cpu1 - cpu0,
         "statements_per_send": None if stmts is None or not burst else stmts / len(burst),
         "ready_s": ready,
@@ -263,22 +287,24 @@ def cleanup(args: argparse.Namespace, queue: str, prefix: str | None) -> None:
 
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| N | scheduler | sent | last send after the boundary | sends/s | beat CPU s "
-        "| stmt/send |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| N | scheduler | sent | last send after the boundary | last confirmed | sends/s "
+        "| beat CPU s | stmt/send |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         last = "-" if r["last_send_s"] is None else f"{r['last_send_s']:.2f} s"
         if not r["complete"]:
             last += f" (not all within {r['window_s']:.0f} s)"
         rate = "-" if r["sends_per_s"] is None else f"{r['sends_per_s']:,.0f}"
+        confirmed = r.get("last_confirm_s")
+        conf = "-" if confirmed is None else f"{confirmed:.2f} s"
         stmt = "-" if r["statements_per_send"] is None else f"{r['statements_per_send']:.3f}"
         name = (
             "stock PersistentScheduler" if r["kind"] == "stock" else "LeaderScheduler (PostgreSQL)"
         )
         if publishers_of(r["kind"]):
             name += f", {publishers_of(r['kind'])} publisher(s)"
-        lines.append(f"| {r['entries']:,} | {name} | {r['sent']:,} | {last} | {rate} | "
+        lines.append(f"| {r['entries']:,} | {name} | {r['sent']:,} | {last} | {conf} | {rate} | "
                      f"{r['cpu_s']:.2f} | {stmt} |")  # fmt: skip
     return "\n".join(lines)
 

@@ -13,7 +13,8 @@ RabbitMQ as the broker (a queue of the run's own, deleted afterwards), N entries
 It times the promotion (the first leading tick: loading and recording the shared state),
 syncs after ticks that waited as beat's ``Service`` loop does, then waits for the next
 minute boundary at least 3 s away and profiles the ticks from 0.3 s before it until all
-N sends went out (counted by ``after_task_publish``). It prints the wall time, the CPU
+N sends went out (the scheduler's count of sends confirmed or, from its publishers, replied;
+the floor's: ``after_task_publish``). It prints the wall time, the CPU
 time (``time.process_time``), the top functions by own time and by cumulative time, and
 writes the profile to ``--out`` (pstats format). ``--no-profile``: the times alone;
 ``--spy FILE``: py-spy's samples of the burst (collapsed stacks), e.g. with --no-profile.
@@ -49,20 +50,31 @@ from celery.schedules import crontab
 from celery.signals import after_task_publish
 
 from celery_election.beat import LeaderScheduler
+from celery_election.beat.sender import Sender
 
 AMQP_DEFAULT = "amqp://guest:guest@127.0.0.1:5672//"
 SENT = [0]
 _LOCK = threading.Lock()
 
 
-@after_task_publish.connect
 def _count(**kwargs: Any) -> None:
     with _LOCK:
         SENT[0] += 1
 
 
+_sent = Sender.sent
+
+
+def _count_sent(self: Sender, *args: Any, **kwargs: Any) -> None:
+    """A send the scheduler counts as gone out (confirmed; a publisher's, replied)."""
+    _count()
+    _sent(self, *args, **kwargs)
+
+
 def make_app(args: argparse.Namespace, queue: str, prefix: str, ns: str) -> Celery:
-    app = Celery("burstprof", broker=args.broker, set_as_current=False)
+    # the current app, as in `celery -A proj beat` (entries loaded from the shelve read
+    # their clock from the current app)
+    app = Celery("burstprof", broker=args.broker)
     app.conf.update(
         beat_schedule={
             f"e{i:05d}": {"task": "burst.noop", "schedule": crontab(minute="*")}
@@ -73,6 +85,7 @@ def make_app(args: argparse.Namespace, queue: str, prefix: str, ns: str) -> Cele
         election_url=args.pg,
         election_table_prefix=prefix,
         election_namespace=ns,
+        election_beat_publishers=args.publishers,
     )
     return app
 
@@ -88,6 +101,7 @@ def report(prof: cProfile.Profile, top: int, out: str) -> str:
 
 def floor(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
     """Celery's publish alone: N apply_entry calls through one producer."""
+    after_task_publish.connect(_count, weak=False)
     s = Scheduler(app=app, lazy=True)
     s.setup_schedule()
     entries = list(s.schedule.values())
@@ -107,6 +121,7 @@ def floor(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
 
 
 def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
+    Sender.sent = _count_sent  # type: ignore[method-assign]
     s = LeaderScheduler(app=app, schedule_filename=str(tmp / "schedule"))
     try:
         assert s.wait_for_leadership(30), "not leading in 30 s"
@@ -143,7 +158,7 @@ def burst(args: argparse.Namespace, app: Celery, tmp: Path) -> None:
         while SENT[0] - start_sent < args.entries and time.time() < deadline:
             next_in = s.tick()
             ticks += 1
-            if next_in:
+            if next_in > 0:  # as beat's Service loop: a tick may answer a hair below 0
                 time.sleep(min(next_in, 0.05))
                 if s.should_sync():
                     s._do_sync()
@@ -189,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default="burst.prof")
     parser.add_argument("--floor", action="store_true", help="Celery's publish alone.")
+    parser.add_argument(
+        "--publishers",
+        type=int,
+        default=0,
+        help="election_beat_publishers (their sends are counted by the replies).",
+    )
     parser.add_argument("--promotion", action="store_true", help="Profile the promotion too.")
     parser.add_argument("--no-profile", action="store_true", help="Time the burst only.")
     parser.add_argument("--spy", help="Also sample the burst with py-spy into this file (raw).")

@@ -27,14 +27,16 @@ def render(rows: list[dict[str, Any]], entries: int) -> str:
         f"{entries} entries due at one boundary, 3 beats (LeaderScheduler, PostgreSQL, "
         "RabbitMQ), 2 workers recording each execution.",
         "",
-        "| fault | what | first boundary (lost/twice) | runs | lost | run twice | last started |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| fault | what | first boundary (lost/twice) | runs | lost | run twice | interrupted "
+        "| ran again after the kill | last started |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         q = r["quiet"]
         out.append(
             f"| {r['fault']} | {r['what']} | {q['lost']}/{q['twice']} | {r['runs']} | "
-            f"{r['lost']} | {r['twice']} | {r['late_s']:.1f} s |"
+            f"{r['lost']} | {r['twice']} | {r.get('interrupted', 0)} | "
+            f"{r.get('again_after_kill', 0)} | {r['late_s']:.1f} s |"
         )
     return "\n".join(out)
 

@@ -61,6 +61,9 @@ def write(result: dict[str, Any], out: Path) -> str:
         f"violations: {summary['violation_count']}; overlap {summary['overlap_s']:.6f}s "
         f"(clock error allowed {summary['clock_error_s'] * 1000:.3f} ms, "
         f"overlaps within it: {summary['tolerated_overlaps']}); "
+        f"runs executed {summary.get('executed', 0)} (sent again: {summary.get('resent', 0)}; "
+        f"run again after their worker was killed before their end was recorded: "
+        f"{summary.get('rerun_after_death', 0)}); "
         f"duplicate ticks {summary['duplicate_ticks']}; lost ticks {summary['lost_ticks']} "
         f"(missed in failover windows: {summary['excused_ticks']}); "
         f"leaderships {summary['leaderships']}, acts {summary['acts']}, "
@@ -99,9 +102,15 @@ def matrix(results: list[dict[str, Any]]) -> str:
     total = ["**all**"]
     for r in results:
         rep = r["report"]
+        ran = (
+            f"{rep['executed']} runs executed once ({rep['resent']} sent twice, "
+            f"{rep.get('rerun_after_death', 0)} run again after a kill); "
+            if rep.get("executed")
+            else ""
+        )
         total.append(
             f"{sum(rep['faults'].values())}x: {rep['overlap_s']:.3f} / "
-            f"{rep['duplicate_ticks']} / {rep['lost_ticks']}; "
+            f"{rep['duplicate_ticks']} / {rep['lost_ticks']}; {ran}"
             f"{rep['violation_count']} violations, {r['minutes']:g} min"
         )
     rows.append("| " + " | ".join(total) + " |")
@@ -143,7 +152,9 @@ def main() -> int:
         return 0
     if args.rejudge:
         result = json.loads(Path(args.rejudge).read_text())
-        report = judge(Path(args.workdir) / "history.jsonl", settle=2 * result["ttl"] + 1)
+        history = Path(args.workdir) / "history.jsonl"
+        workers = result["processes"]["workers"] > 0
+        report = judge(history, settle=2 * result["ttl"] + 1, executions=workers)
         result["report"] = report.summary()
         print(write(result, Path(args.rejudge)))
         return 0 if report.ok else 1

@@ -127,6 +127,7 @@ CHECK_TARGET_NS = 1000.0
 #: issue 15: the check with metrics on (it also counts the run in the shared table)
 CHECK_METRICS_TARGET_NS = 1500.0
 WITH_METRICS = "LeaderTask.before_start() + metrics"
+UNTRACED = "before_start(), no OpenTelemetry"  # as without the otel extra (issue 44)
 ROUNDS = 15  # interleaved rounds of the micro timings
 
 # The shared-memory file the worker's tasks report to (see BENCH_APP).
@@ -303,6 +304,7 @@ def micro() -> dict[str, dict[str, float]]:
     from celery import Celery
 
     from celery_election import leader_task, metrics, shared_state
+    from celery_election import tasks as tasks_module
     from celery_election.clock import boottime
     from celery_election.shared_state import ENV_VAR, SharedLeadership
     from celery_election.tasks import current_term
@@ -328,6 +330,16 @@ def micro() -> dict[str, dict[str, float]]:
         finally:
             metrics.use_counters(old)
 
+    @contextlib.contextmanager
+    def untraced() -> Iterator[None]:
+        # as with OpenTelemetry not installed (the otel extra, issue 44): no span looked for
+        old = tasks_module._TRACED
+        tasks_module._TRACED = False
+        try:
+            yield
+        finally:
+            tasks_module._TRACED = old
+
     try:
         record.write(12345, boottime() + 3600)
         assert current_term() == 12345
@@ -344,9 +356,10 @@ def micro() -> dict[str, dict[str, float]]:
                     "current_term()": current_term,
                     "LeaderTask.before_start()": lambda: before_start("micro", (), {}),
                     WITH_METRICS: lambda: before_start("micro", (), {}),
+                    UNTRACED: lambda: before_start("micro", (), {}),
                     "empty call (timeit overhead)": lambda: None,
                 },
-                around={WITH_METRICS: metrics_on},
+                around={WITH_METRICS: metrics_on, UNTRACED: untraced},
             )
         finally:
             task.pop_request()

@@ -58,9 +58,7 @@ from .errors import (
     SchemaMissingError,
 )
 from .lease import Lease
-
-__version__ = "0.2.0"
-
+from .release import RELEASE as __version__
 
 __all__ = [
     "AsyncElector",

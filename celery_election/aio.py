@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
 from .elector import Elector, ElectorOptions, State, Subscription, Transition
+from .lease import Lease
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
@@ -119,6 +120,11 @@ class AsyncElector:
         """Step down and stay out for ``resign_backoff``; True if this candidate led."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.elector.resign)
+
+    async def transfer(self, to: str, timeout: float | None = None) -> Lease:
+        """Hand leadership to the live, eligible candidate ``to`` (``Elector.transfer``)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.elector.transfer, to, timeout)
 
     async def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Wait until this candidate leads (True), or ``timeout`` seconds (False)."""

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import tracing
 from .clock import Clock
 from .stats import ElectorStats
 from .transitions import RevokeReason, Subscription, Transition
@@ -167,6 +168,8 @@ class Announcer:
         except Exception:
             log.exception("an election callback raised; the election goes on")
         if isinstance(item, Transition):
+            # a span, when an OpenTelemetry SDK is set up, timed by the change itself
+            tracing.transition(item, ago=self._clock.monotonic() - item.at)
             for sub in subs:
                 sub.put(item)
 

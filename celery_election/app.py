@@ -25,8 +25,9 @@ __all__ = [
 def init_app(app: Celery) -> Celery:
     """Add leader election to a Celery app (idempotent); returns the app.
 
-    Registers the worker options ``--election/--no-election``, ``--election-namespace``
-    and ``--election-metrics-port`` (also a ``celery beat`` option), the worker bootstep,
+    Registers the worker options ``--election/--no-election``, ``--election-namespace``,
+    ``--election-eligible/--no-election-eligible`` and ``--election-metrics-port`` (the
+    last two also ``celery beat`` options), the worker bootstep,
     the remote control commands (``celery inspect election``, ``celery control
     election_resign``), and the router that sends leader tasks to the leader queue
     however they are sent.
@@ -36,6 +37,16 @@ def init_app(app: Celery) -> Celery:
     from . import control  # noqa: F401  (registers the remote control commands)
     from .bootstep import ElectionStep
 
+    _add_options(app)
+    app.steps["worker"].add(ElectionStep)
+    _route_leader_tasks(app)
+    _report_runs(app)
+    app._celery_election_initialized = True
+    return app
+
+
+def _add_options(app: Celery) -> None:
+    """The ``celery worker`` and ``celery beat`` options of the election."""
     app.user_options["worker"].add(
         click.Option(
             ["--election/--no-election"],
@@ -50,6 +61,14 @@ def init_app(app: Celery) -> Celery:
             default=None,
             help="Election namespace: workers of one namespace elect one leader "
             "(default: the election_namespace setting, or 'default').",
+        )
+    )
+    app.user_options["worker"].add(
+        click.Option(
+            ["--election-eligible/--no-election-eligible"],
+            default=None,
+            help="Whether this worker may lead (default: the election_eligible setting, "
+            "True). An ineligible worker takes part and is listed, but never leads.",
         )
     )
     app.user_options["worker"].add(
@@ -74,11 +93,16 @@ def init_app(app: Celery) -> Celery:
             "(default: the election_metrics_port setting; needs celery-election[metrics]).",
         )
     )
-    app.steps["worker"].add(ElectionStep)
-    _route_leader_tasks(app)
-    _report_runs(app)
-    app._celery_election_initialized = True
-    return app
+    app.user_options["beat"].add(
+        click.Option(
+            ["--election-eligible/--no-election-eligible"],
+            default=None,
+            expose_value=False,
+            callback=_set_beat_eligible,
+            help="LeaderScheduler: whether this beat may lead (default: the "
+            "election_eligible setting, True).",
+        )
+    )
 
 
 def _report_runs(app: Celery) -> None:
@@ -108,6 +132,11 @@ def bare_app(**conf: Any) -> Celery:
 def _set_beat_metrics_port(ctx: click.Context, _param: click.Parameter, port: int | None) -> None:
     if port is not None:
         ElectionSettings.set_metrics_port(ctx.find_root().obj.app, port)
+
+
+def _set_beat_eligible(ctx: click.Context, _param: click.Parameter, on: bool | None) -> None:
+    if on is not None:
+        ElectionSettings.set_eligible(ctx.find_root().obj.app, on)
 
 
 def _route_leader_tasks(app: Celery) -> None:

@@ -89,14 +89,17 @@ class Belief:
         with self._lock:
             self._closed = False
 
-    def begin(self, lead: Lead) -> bool:
-        """Believe ``lead`` (a term just won); False if closed or the term was resigned."""
+    def begin(self, lead: Lead, vacancy: float | None = None) -> bool:
+        """Believe ``lead`` (a term just won); False if closed or the term was resigned.
+
+        ``vacancy``: how long the namespace had no leader before (told with the win).
+        """
         with self._lock:
             if self._closed or lead.term <= self._vetoed:
                 return False
             self._lead = lead
             self._tell(lead)
-            self._post("elected", lead.term)
+            self._post("elected", lead.term, vacancy=vacancy)
             self.changed.notify_all()
             return True
 
@@ -172,6 +175,14 @@ class Belief:
             except Exception:
                 log.exception("a trust watcher raised; the election goes on")
 
-    def _post(self, kind: str, term: int, reason: RevokeReason | None = None) -> None:
+    def _post(
+        self,
+        kind: str,
+        term: int,
+        reason: RevokeReason | None = None,
+        vacancy: float | None = None,
+    ) -> None:
         at = self._clock.monotonic()
-        self._announce(Transition(kind, self.namespace, term, self.candidate_id, reason, at))
+        self._announce(
+            Transition(kind, self.namespace, term, self.candidate_id, reason, at, vacancy)
+        )

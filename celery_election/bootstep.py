@@ -27,7 +27,6 @@ import click
 from celery import bootsteps
 
 from . import metrics, once, runonce, shared_state
-from .backends import backend_from_url
 from .backends.base import Backend
 from .elector import Elector, RevokeReason
 from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
@@ -60,6 +59,7 @@ class ElectionStep(bootsteps.StartStopStep):
         election: bool | None = None,
         election_namespace: str | None = None,
         election_metrics_port: int | None = None,
+        election_eligible: bool | None = None,
         **kwargs: Any,
     ) -> None:
         try:
@@ -68,6 +68,7 @@ class ElectionStep(bootsteps.StartStopStep):
                 enabled=election,
                 namespace=election_namespace,
                 metrics_port=election_metrics_port,
+                eligible=election_eligible,
             )
             if self.settings.enabled:
                 self.settings.refuse_split()
@@ -112,11 +113,7 @@ class ElectionStep(bootsteps.StartStopStep):
 
     def _guard_beat_runs(self, worker: Any) -> None:
         """Run each beat run once here (once.py): the check goes in before the pool forks."""
-        s = self.settings
-        url, options = s.url, s.backend_options(listen=False)
-        self.guard = runonce.RunGuard(
-            lambda: backend_from_url(url, **options), s.namespace, install=s.auto_install
-        )
+        self.guard = runonce.RunGuard.from_settings(self.settings)
         runonce.use(self.guard)
         once.guard_registered(worker.app)
 
@@ -316,6 +313,9 @@ class ElectionStep(bootsteps.StartStopStep):
             "term": e.term if e is not None and e.is_leader else (lease.term if lease else None),
             "leader_id": e.leader_id if e is not None else None,
             "candidate_id": e.candidate_id if e is not None else None,
+            # False: it never takes a term (--no-election-eligible)
+            "eligible": self.settings.eligible,
+            "release": e.release if e is not None else None,
             "trusted_for": round(e.trusted_for, 3) if e is not None else 0.0,
             "database": self.backend.description if self.backend is not None else None,
             "leader_queue": self.settings.leader_queue,

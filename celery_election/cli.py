@@ -1,10 +1,11 @@
 """``celery election ...`` (with ``-A proj``) and ``celery-election ...`` (with ``--url``).
 
     celery -A proj election status [--namespace NS | --all] [--json]
-    celery -A proj election candidates | resign | watch
+    celery -A proj election candidates | resign | watch | transfer NODE
     celery -A proj election install [--dry-run] | uninstall [--dry-run] [--yes]
     celery -A proj election health [--ready] [--port N]     (exit 0/1: an exec probe)
     celery -A proj election web [--bind 127.0.0.1] [--port 8080] [--token TOKEN]
+    celery -A proj election keys [--json] | release KEY [--term N]   (singleton tasks)
     celery-election --url postgresql+psycopg://... status
     celery-election demo [--url ...]
 
@@ -125,6 +126,8 @@ def _candidate_json(c: CandidateInfo, db_now_us: int) -> dict[str, Any]:
         "hostname": c.hostname,
         "pid": c.pid,
         "heartbeat_age": round((db_now_us - c.heartbeat_at_us) / 1e6, 3),
+        "eligible": c.eligible,
+        "release": c.release,
     }
 
 
@@ -149,6 +152,8 @@ def _status(t: Target) -> dict[str, Any]:
         if lease is None or not held or lease.liveness_us is None
         else lease.liveness_us / 1_000_000,
         "candidates": [_candidate_json(c, now) for c in candidates],
+        # live candidates that may take a term: with none, nobody leads
+        "eligible_candidates": sum(c.eligible for c in candidates),
         # beat runs claimed and not yet sent: the next leader sends them (the run ledger)
         "pending_runs": _pending(t, now),
     }
@@ -220,6 +225,11 @@ def _print_status(info: dict[str, Any]) -> None:
         )
     else:
         click.echo(f"leader      none (last term {info['term']})")
+        if info["candidates"] and not info["eligible_candidates"]:
+            click.echo(
+                "            no eligible candidate is live: every live candidate runs with "
+                "--no-election-eligible (election_eligible=False); start one that may lead"
+            )
     pending = info["pending_runs"]
     if pending:
         click.echo(f"pending     {len(pending)} beat runs claimed and not yet sent "
@@ -229,7 +239,8 @@ def _print_status(info: dict[str, Any]) -> None:
         mark = "*" if c["candidate_id"] == info["leader"] else " "
         click.echo(
             f"  {mark} {c['candidate_id']}  host={c['hostname']} pid={c['pid']} "
-            f"heartbeat {c['heartbeat_age']:.1f} s ago"
+            f"heartbeat {c['heartbeat_age']:.1f} s ago release={c['release'] or '?'}"
+            f"{'' if c['eligible'] else '  ineligible'}"
         )
 
 
@@ -245,7 +256,10 @@ def candidates(ctx: click.Context, namespace: str | None, as_json: bool) -> None
         click.echo(json.dumps(info["candidates"]))
         return
     for c in info["candidates"]:
-        click.echo(f"{c['candidate_id']}\t{c['hostname']}\t{c['pid']}\t{c['heartbeat_age']:.1f}s")
+        mark = "" if c["eligible"] else "\tineligible"
+        click.echo(
+            f"{c['candidate_id']}\t{c['hostname']}\t{c['pid']}\t{c['heartbeat_age']:.1f}s{mark}"
+        )
 
 
 @election.command()
@@ -265,6 +279,50 @@ def resign(ctx: click.Context, namespace: str | None) -> None:
         if not t.backend.resign(t.namespace, lease.token, lease.term):
             raise click.ClickException("the lease changed hands meanwhile; nothing resigned")
     click.echo(f"resigned term {lease.term} of {lease.leader_id}")
+
+
+@election.command()
+@click.argument("node")
+@_namespace
+@click.option("--wait", default=30.0, show_default=True, help="Seconds to wait for the move.")
+@click.pass_context
+def transfer(ctx: click.Context, node: str, namespace: str | None, wait: float) -> None:
+    """Move leadership to NODE (a candidate id, or a worker's node name such as w2@host).
+
+    NODE must be a live candidate that may lead. The request goes on the lease row, for
+    the leader's term only; the leader acts on it at its next renewal (within
+    renew_interval): its belief ends, then one conditional write hands the term to NODE.
+    """
+    from .transfer import TransferRefusedError, pick_target
+
+    with _using(ctx, namespace) as t:
+        ns = t.namespace
+        lease = t.backend.current(ns)
+        if lease is None or not lease.held or lease.token is None:
+            raise click.ClickException(f"namespace {ns!r} has no leader to transfer from")
+        try:
+            target = pick_target(t.backend.candidates(ns), node, ns, lease.token)
+        except TransferRefusedError as exc:
+            raise click.ClickException(str(exc)) from None
+        if not t.backend.ask_transfer(ns, lease, target):
+            raise click.ClickException(
+                f"the lease or {target.candidate_id!r} changed meanwhile; nothing asked "
+                f"(see: celery election status)"
+            )
+        started, now = time.monotonic(), t.backend.current(ns)
+        while now is None or not now.held_by(target.token):
+            if time.monotonic() - started > wait:
+                raise click.ClickException(
+                    f"asked {lease.leader_id!r} to hand term {lease.term} to "
+                    f"{target.candidate_id!r}, and it has not within {wait:g} s (an older "
+                    f"release, or a leader that cannot reach the database?)"
+                )
+            time.sleep(0.01)
+            now = t.backend.current(ns)
+    click.echo(
+        f"leadership of {ns!r} moved from {lease.leader_id} (term {lease.term}) to "
+        f"{target.candidate_id} (term {now.term}) in {time.monotonic() - started:.3f} s"
+    )
 
 
 @election.command()
@@ -405,6 +463,24 @@ def _add_web() -> None:
 
 
 _add_web()
+
+
+@contextmanager
+def _using_store(ctx: click.Context, namespace: str | None) -> Iterator[Target]:
+    """A target for the key commands: any namespace (keys need no election)."""
+    with _using(ctx, namespace, known=False) as t:
+        _check_exists(t)
+        yield t
+
+
+def _add_keys() -> None:
+    from .cli_keys import key_commands
+
+    for command in key_commands(_using_store, _namespace):
+        election.add_command(command)
+
+
+_add_keys()
 
 
 def main() -> None:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import enum
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .config import ElectionConfig
-from .lease import ElectResult, Lease
+from .lease import CandidateInfo, ElectResult, Lease
 from .transitions import Lead
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "Wait",
     "after_elect",
     "after_renew",
+    "defer_take",
     "extend",
     "follower_call",
     "follower_wait",
@@ -50,9 +53,12 @@ __all__ = [
     "heartbeat_now",
     "look_after_wakeup",
     "look_now_after",
+    "newer_release_lives",
+    "release_key",
     "release_while_waiting",
     "renew_now_after",
     "renew_retry_wait",
+    "transfer_asked",
     "trust_end",
 ]
 
@@ -157,6 +163,8 @@ class Seen:
     #: the server takes the lock from a holder that goes silent (not SQLite's file lock,
     #: which a stopped process keeps): a waiting follower is woken by the grant
     silent_holders_lose: bool = False
+    #: it may take a term (``election_eligible``); an ineligible candidate only reads
+    eligible: bool = True
 
 
 class Call(str, enum.Enum):
@@ -177,7 +185,13 @@ def _tagged_by_other(lease: Lease | None, token: str) -> bool:
 
 
 def follower_call(seen: Seen, grace: float) -> tuple[Call, float]:
-    """The statement a follower sends when it looks, and the seconds waited since its grant."""
+    """The statement a follower sends when it looks, and the seconds waited since its grant.
+
+    An ineligible candidate only ever looks: it takes part (listed, reading who leads)
+    but never takes a term, whatever the row says.
+    """
+    if not seen.eligible:
+        return Call.LOOK, 0.0
     proof = seen.proof
     if proof is None:
         return Call.ELECT, 0.0
@@ -220,8 +234,11 @@ def follower_wait(
     the lease. ``healthy``: wakeups (NOTIFY) arrive, so a resign wakes us early and the
     cap is the slow ``fallback_interval``; without them ``poll_interval`` bounds a
     handoff. ``spread`` in [0, 1) spreads candidates apart (the caller's random number).
+    An ineligible candidate waits as one without a lock: holding the lock, or a standby
+    slot, would keep it from those who may lead.
     """
-    lease, proof = seen.lease, seen.proof
+    lease = seen.lease
+    proof = seen.proof if seen.eligible else None
     fallback = config.fallback_interval
     held = lease is not None and lease.held
     if proof is not None and _tagged_by_other(lease, seen.token):
@@ -289,15 +306,35 @@ class Next(str, enum.Enum):
     RENEW = "renew"
     #: someone else's lease, or none: follow it (after a renew: leadership was lost)
     FOLLOW = "follow"
+    #: the row is ours in a term we never held (handed to us: a transfer): renew it, then
+    #: believe it from the renewal's start
+    ACCEPT = "accept"
 
 
-def after_elect(result: ElectResult, token: str, *, in_time: bool) -> Next:
-    """After a follower's elect or take-over (``in_time``: its trust would still hold)."""
+def after_elect(result: ElectResult, token: str, *, in_time: bool, had: int) -> Next:
+    """After a follower's elect, take-over or look (``in_time``: its trust would still hold).
+
+    ``had``: the greatest term this elector has held. A row held by its token in a later
+    term was handed to it (a transfer, written after the giver's belief ended): it may
+    believe that term once it has renewed it.
+    """
     if result.won and result.lease is not None:
         return Next.LEAD if in_time else Next.GIVE_UP
     if result.lease is not None and result.lease.held_by(token):
-        return Next.RENEW
+        return Next.ACCEPT if result.lease.term > had else Next.RENEW
     return Next.FOLLOW
+
+
+def transfer_asked(lease: Lease | None, token: str, term: int) -> str | None:
+    """The token an operator asked this leader's term (``token``, ``term``) to go to, or None.
+
+    Only a request on the row of exactly that term counts (a new term clears it), and
+    never one naming the leader itself.
+    """
+    if lease is None or not lease.held_by(token) or lease.term != term:
+        return None
+    target = lease.transfer_to
+    return target if target is not None and target != token else None
 
 
 def after_renew(result: ElectResult, term: int, token: str, *, in_time: bool) -> Next:
@@ -310,6 +347,42 @@ def after_renew(result: ElectResult, term: int, token: str, *, in_time: bool) ->
     if lease.term == term and lease.token == token:
         return Next.GIVE_UP  # still ours but not renewable: it expired
     return Next.FOLLOW
+
+
+# -- release preference: an older release defers to a newer one, for a while ---------------
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)*")
+
+
+def release_key(release: str | None) -> tuple[int, ...]:
+    """A release's order: its leading dotted numbers (``0.2.0rc1`` is ``0.2.0``).
+
+    None (a release that did not say, such as 0.1.0) and a release without numbers come
+    before every numbered one.
+    """
+    found = _NUMBERS.search(release or "")
+    if found is None:
+        return ()
+    parts = [int(p) for p in found.group().split(".")]
+    while parts and parts[-1] == 0:  # 0.2 and 0.2.0 are one release
+        parts.pop()
+    return tuple(parts)
+
+
+def newer_release_lives(release: str | None, live: Iterable[CandidateInfo], token: str) -> bool:
+    """Whether another live candidate that may lead runs a newer release than ``release``."""
+    mine = release_key(release)
+    return any(c.eligible and c.token != token and release_key(c.release) > mine for c in live)
+
+
+def defer_take(newer: bool, since: float | None, now: float, patience: float) -> bool:
+    """Whether a follower about to take a term (vacant, expired or taken over) holds back.
+
+    It does while a newer release lives (``newer``), for ``patience`` seconds from when it
+    first held back (``since``; None: now): a newer candidate that cannot elect (wedged,
+    or killed with its row not yet expired) delays an election that long at most.
+    """
+    return newer and (since is None or now - since < patience)
 
 
 # -- when to look, renew or let go: the election thread's timing rules ---------------------

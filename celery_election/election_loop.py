@@ -15,23 +15,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import logging
 import os
 import random
 import threading
 
 from . import decisions as rules
+from . import election_steps as steps
 from .announce import Announcer
 from .backends.base import Backend, Wakeup, WakeupHandle
 from .belief import Belief
 from .clock import Clock, Sleeper, boottime
 from .config import ElectionConfig
 from .decisions import Call, LockNews, Next, Proof
-from .election_steps import BackendCalls, Following, Leading, Reading
-from .lease import ElectResult, Lease, trusted_until
+from .election_steps import BackendCalls, Candidate, Following, Leading, Reading, Request
+from .lease import ElectResult, Lease, trusted_until, vacancy
 from .lock_thread import LockThread
 from .stats import ElectorStats
+from .transfer import Transfer
 from .transitions import Backoff, Lead, RevokeReason
 
 __all__ = ["Candidate", "ElectionLoop", "Request"]
@@ -41,29 +42,10 @@ log = logging.getLogger("celery_election.elector")
 _NO_PROOF = Proof()
 
 
-class Request(enum.Enum):
-    """What a caller asks of the election thread."""
-
-    RESIGN = "resign"
-    STOP = "stop"
-
-
 #: what other threads post to the election thread
-Posted = Request | LockNews | Wakeup
+Posted = Request | LockNews | Wakeup | Transfer
 #: what the phase in progress hears of it: hints about when to act next
 Hint = LockNews | Wakeup
-
-
-class Candidate:
-    """Who runs for the namespace: the names and the secret token of one elector run."""
-
-    __slots__ = ("candidate_id", "hostname", "namespace", "register", "token")
-
-    def __init__(
-        self, namespace: str, candidate_id: str, hostname: str, token: str, register: bool
-    ) -> None:
-        self.namespace, self.candidate_id, self.hostname = namespace, candidate_id, hostname
-        self.token, self.register = token, register
 
 
 class ElectionLoop:
@@ -102,6 +84,8 @@ class ElectionLoop:
         self._resign_due: float | None = None
         self._reading: Reading = Reading(None if before is None else before._reading)
         self._term: int | None = None  # the term the row holds for our token
+        self._transfer_due: Transfer | None = None  # a hand-over asked for, to make next
+        self._back = steps.HoldingBack()  # leaving a vacancy to a newer release
         # The heartbeat's timers, kept across the phases: both the follower and the
         # leader heartbeat, and the leader prunes dead candidates.
         self._next_heartbeat = clock.monotonic()
@@ -162,6 +146,8 @@ class ElectionLoop:
                 break
             if self._resign_due is not None:
                 self._resign(following)
+            elif self._transfer_due is not None:
+                self._transfer(self._transfer_due)
         self.stats.busy_since = None
         self._shutdown()
 
@@ -199,7 +185,7 @@ class ElectionLoop:
 
     def _holding(self) -> bool:
         """A term is held and no resign of it is due: the leader's phase goes on."""
-        return self._term is not None and self._resign_due is None
+        return self._term is not None and self._resign_due is None and self._transfer_due is None
 
     def _tend(self) -> list[Hint] | None:
         """Act on what other threads posted; the hints for the phase (None: stopping)."""
@@ -213,10 +199,10 @@ class ElectionLoop:
         """Wait ``wait`` seconds (less if a heartbeat is due or something is posted)."""
         if self.candidate.register:
             wait = min(wait, self._next_heartbeat - self._clock.monotonic())
-        if rules.release_while_waiting(
-            following=self._term is None, wait=wait, ttl=self.config.ttl
-        ):
-            self.backend.release_idle()  # a standby holds no lease connection while it waits
+        following = self._term is None
+        if rules.release_while_waiting(following=following, wait=wait, ttl=self.config.ttl):
+            with contextlib.suppress(Exception):  # an economy: a failure must not end the thread
+                self.backend.release_idle()  # a standby holds no lease connection while it waits
         self.stats.busy_since = None
         if wait > 0 and not self._inbox and not self._stopping:
             self._sleeper.wait(wait)
@@ -230,6 +216,11 @@ class ElectionLoop:
                 self._stopping = True
             elif item is Request.RESIGN:
                 self._request_resign(self._clock.monotonic() + self.config.resign_backoff)
+            elif isinstance(item, Transfer):
+                if self._term is None or self._transfer_due is not None:
+                    item.finish(None)  # nothing held to hand over, or one under way
+                else:
+                    self._transfer_due = item
             elif isinstance(item, LockNews | Wakeup):
                 if item is LockNews.UNSUPPORTED and self._wakeup is None:
                     self._subscribe()  # no lock to wake us: wakeups (LISTEN) instead
@@ -265,11 +256,15 @@ class ElectionLoop:
         live = self._live
         return _NO_PROOF if live is None else live.proof
 
-    def _seen(self, now: float, proof: Proof | None = None) -> rules.Seen:
+    def _seen(
+        self, now: float, proof: Proof | None = None, *, held_back: bool = False
+    ) -> rules.Seen:
         """What a decision sees; ``proof``: the lock's, as read once for the whole step."""
         live, reading, token = self._live, self._reading, self.candidate.token
+        eligible = self.candidate.eligible and not held_back
         if live is None or live.unsupported:
-            return rules.Seen(now, reading.last_lease, token, None, reading.vacant_since)
+            lease, since = reading.last_lease, reading.vacant_since
+            return rules.Seen(now, lease, token, None, since, eligible=eligible)
         proof = live.proof if proof is None else proof
         cold = live.cold and not proof.has_lock
         return rules.Seen(
@@ -280,6 +275,7 @@ class ElectionLoop:
             reading.vacant_since,
             cold,
             live.session.silent_holders_lose and live.waits_well,
+            eligible,
         )
 
     def _tag(self, proof: Proof) -> float | None:
@@ -306,6 +302,8 @@ class ElectionLoop:
         # how long a vacancy waits for the lock's holder to elect before anyone may
         grace = self.config.liveness or 0.0
         call, waited = rules.follower_call(self._seen(now, proof), grace)
+        if call is not Call.LOOK and self._hold_back(now):
+            call, waited = Call.LOOK, 0.0
         tag = self._tag(proof)
         c, reading = self.candidate, self._reading
         args = (self.namespace, c.token, c.candidate_id, self.config.ttl)
@@ -324,27 +322,73 @@ class ElectionLoop:
                 result = ElectResult(False, self._calls(self.backend.current, self.namespace))
         except Exception:
             return self._calls.retry_delay()
-        lease = result.lease
+        lease, before = result.lease, reading.last_lease
         reading.read(lease, now, looked=call is Call.LOOK)
+        if lease is not None and lease.held:  # a leader again: the vacancy is over
+            self._back = steps.HoldingBack()
         lead = None
         if lease is not None:
             lease_until = trusted_until(now, self.config.ttl, self.config.safety_margin)
             lead = Lead(lease.term, lease_until, proof.grant if tag is not None else None)
         in_time = lead is not None and self._clock.monotonic() < rules.trust_end(lead, proof)
-        step = rules.after_elect(result, c.token, in_time=in_time)
+        step = rules.after_elect(result, c.token, in_time=in_time, had=reading.had)
+        if step is Next.ACCEPT:  # handed to us: believed only once renewed
+            assert lease is not None
+            return self._accept(lease.term, proof, tag, f)
         if step is Next.LEAD or step is Next.GIVE_UP:
             assert lead is not None
-            self._term = lead.term
+            self._term = reading.had = lead.term
             self._want_lock(True)  # a leader holds the lock: its grant tags the term
-            return self._won(lead, now, f) if step is Next.LEAD else self._late(lead.term)
+            if step is Next.GIVE_UP:
+                return self._late(lead.term)
+            return self._won(lead, now, f, None if lease is None else vacancy(before, lease))
         if step is Next.RENEW:  # still ours from a term we had given up on
             assert lease is not None
             self._term, f.renew_at = lease.term, 0.0
             return 0.0
         return self._plan_follow(self._clock.monotonic(), f)
 
-    def _won(self, lead: Lead, started: float, f: Following) -> float:
-        if not self._belief.begin(lead):
+    def _accept(self, term: int, proof: Proof, tag: float | None, f: Following) -> float:
+        """A transferred term (the giver's belief ended first): renewed, then believed."""
+        c, started = self.candidate, self._clock.monotonic()
+        try:
+            result = self._calls(
+                self.backend.renew, self.namespace, c.token, term, self.config.ttl, liveness=tag
+            )
+        except Exception:
+            return self._calls.retry_delay()
+        self._reading.read(result.lease, started)
+        self._reading.had = max(self._reading.had, term)
+        lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
+        lead = Lead(term, lease_until, proof.grant if tag is not None else None)
+        in_time = self._clock.monotonic() < rules.trust_end(lead, proof)
+        step = rules.after_renew(result, term, c.token, in_time=in_time)
+        if step is Next.LEAD or step is Next.GIVE_UP:
+            self._term = term
+            self._want_lock(True)  # a leader holds the lock: its grant tags the term
+            return self._won(lead, started, f, None) if step is Next.LEAD else self._late(term)
+        return self._plan_follow(self._clock.monotonic(), f)
+
+    def _hold_back(self, now: float) -> bool:
+        """Whether to leave this vacancy to a newer release (decisions.defer_take).
+
+        Read before each elect or take-over (a wakeup may say the row is vacant); a failed
+        read is not counted (the step's own call reports the database) and never stops an
+        election. Holding back, it is as an ineligible one: no lock.
+        """
+        c = self.candidate
+        try:
+            live = self.backend.candidates(self.namespace, timeout=self.config.call_timeout)
+        except Exception:
+            return False
+        newer = rules.newer_release_lives(c.release, live, c.token)
+        back = self._back
+        back.active = rules.defer_take(newer, back.since, now, self.config.ttl)
+        back.since = (back.since or now) if newer else None
+        return back.active
+
+    def _won(self, lead: Lead, started: float, f: Following, vacancy: float | None) -> float:
+        if not self._belief.begin(lead, vacancy):
             return 0.0  # resigned or stopping meanwhile: the loop resigns this term
         f.renew_at = started + self._jittered(self.config.renew_interval, up=False)
         return f.renew_at - self._clock.monotonic()
@@ -360,10 +404,10 @@ class ElectionLoop:
         return 0.0
 
     def _plan_follow(self, now: float, f: Following) -> float:
-        healthy = self._wakeup is not None and self._wakeup.healthy
-        grace = self.config.liveness or 0.0
+        healthy, grace = self._wakeup is not None and self._wakeup.healthy, self.config.liveness
+        seen = self._seen(now, held_back=self._back.active)
         plan = rules.follower_wait(
-            self._seen(now), self.config, healthy=healthy, grace=grace, spread=random.random()
+            seen, self.config, healthy=healthy, grace=grace or 0.0, spread=random.random()
         )
         self._want_lock(plan.want_lock)
         f.look_at = now + plan.wait
@@ -399,6 +443,9 @@ class ElectionLoop:
             lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
             belief.extend(Lead(term, lease_until, proof.grant if tag is not None else None))
             lead.renew_at = started + self._jittered(self.config.renew_interval, up=False)
+            asked = rules.transfer_asked(result.lease, token, term)
+            if asked is not None:
+                self._transfer_asked(asked)
             return lead.renew_at - self._clock.monotonic()
         if step is Next.RETRY:  # lost to contention, nothing known: retry while trusted
             return self._retry(self.config.poll_interval, lead)
@@ -452,6 +499,42 @@ class ElectionLoop:
         self._resign_due = None
         self.resigned.set()
 
+    def _transfer_asked(self, target_token: str) -> None:
+        """An operator asked for a hand-over on the row: to the candidate with that token."""
+        try:
+            live = self._calls(self.backend.candidates, self.namespace)
+        except Exception:
+            return  # asked again at the next renewal
+        target = next((x for x in live if x.token == target_token), None)
+        if target is not None and self._transfer_due is None:
+            self._transfer_due = Transfer(target)
+
+    def _transfer(self, ask: Transfer) -> None:
+        """Hand the term held to ``ask.target``: belief ends first, then one write names it.
+
+        Refused (the target stopped, or the term was lost meanwhile): the term is resigned,
+        and the election decides, as after a resign.
+        """
+        self._transfer_due, term, c = None, self._term, self.candidate
+        self._belief.end(RevokeReason.TRANSFERRED, veto=term or 0)
+        result = None
+        if term is not None:
+            floor = max(self._reading.greatest_term + 1, self._clock.wall_us())
+            try:
+                result = self._calls(
+                    self.backend.transfer, self.namespace, c.token, term, ask.target,
+                    self.config.ttl, floor=floor,
+                )  # fmt: skip
+                self._reading.read(result.lease, self._clock.monotonic())
+            except Exception:
+                result = None
+        if result is not None and result.won:
+            self._term = None
+            self._want_lock(False)  # after the write: the target may be granted the lock
+        else:
+            self._request_resign(0.0)
+        ask.finish(result)
+
     def _heartbeat_if_due(self, now: float, f: Following | None) -> None:
         """Heartbeat when due; ``f``: a follower's timers (None: leading)."""
         if not self.candidate.register:
@@ -467,10 +550,12 @@ class ElectionLoop:
         if beat:
             if look and f is not None:
                 f.look_at = now  # the look goes with it, on one connection
-            self._heartbeat()
-            self._next_heartbeat = now + self._jittered(self.config.heartbeat_interval)
+            ok, config = self._heartbeat(), self.config  # failed: again within a poll
+            every = config.heartbeat_interval if ok else config.poll_interval
+            self._next_heartbeat = now + self._jittered(every)
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self) -> bool:
+        """Register (refresh the row); the leader prunes dead candidates. False: it failed."""
         c = self.candidate
         try:
             self._calls(
@@ -481,6 +566,8 @@ class ElectionLoop:
                 c.hostname,
                 os.getpid(),
                 self.config.candidate_ttl,
+                eligible=c.eligible,
+                release=c.release,
             )
             now = self._clock.monotonic()
             if self._belief.trusted() is not None and now >= self._next_prune:
@@ -488,9 +575,12 @@ class ElectionLoop:
                 self._next_prune = now + self.config.candidate_ttl
                 self._calls(self.backend.prune, self.namespace)
         except Exception:
-            pass  # reported; the election goes on without it
+            return False  # reported; the election goes on without it
+        return True
 
     def _shutdown(self) -> None:
+        if self._transfer_due is not None:
+            self._transfer_due.finish(None)
         self._resign()
         if self._live is not None:
             try:

@@ -9,6 +9,7 @@ around every call. All of it is the election thread's alone.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -21,9 +22,41 @@ from .lease import Lease
 from .stats import ElectorStats
 from .transitions import Backoff
 
-__all__ = ["BackendCalls", "Following", "Leading", "Reading"]
+__all__ = ["BackendCalls", "Candidate", "Following", "HoldingBack", "Leading", "Reading", "Request"]
 
 log = logging.getLogger("celery_election.elector")
+
+
+class Request(enum.Enum):
+    """What a caller asks of the election thread."""
+
+    RESIGN = "resign"
+    STOP = "stop"
+
+
+class Candidate:
+    """Who runs for the namespace: the names and the secret token of one elector run."""
+
+    __slots__ = (
+        "candidate_id", "eligible", "hostname", "namespace", "register", "release", "token",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        namespace: str,
+        candidate_id: str,
+        hostname: str,
+        token: str,
+        register: bool,
+        eligible: bool = True,
+        release: str | None = None,
+    ) -> None:
+        self.namespace, self.candidate_id, self.hostname = namespace, candidate_id, hostname
+        self.token, self.register = token, register
+        #: it may take a term (``election_eligible``): else it only reads the row
+        self.eligible = eligible
+        #: the release it runs: it holds back from a vacancy while a newer one lives
+        self.release = release
 
 
 @dataclass
@@ -38,6 +71,16 @@ class Following:
     backoff_until: float = 0.0
     #: set with a term won: when the leader first renews it (0: at once)
     renew_at: float = 0.0
+
+
+@dataclass
+class HoldingBack:
+    """A follower leaving a vacancy to a newer release (decisions.defer_take)."""
+
+    #: since when a newer release has been seen at this vacancy (None: none seen)
+    since: float | None = None
+    #: holding back now: it elects nothing and wants no lock
+    active: bool = False
 
 
 @dataclass
@@ -56,13 +99,15 @@ class Reading:
     over (a term is never reused after a restart).
     """
 
-    __slots__ = ("greatest_term", "last_lease", "vacant_since")
+    __slots__ = ("greatest_term", "had", "last_lease", "vacant_since")
 
     def __init__(self, before: Reading | None = None) -> None:
         self.last_lease: Lease | None = None if before is None else before.last_lease
         self.greatest_term: int = 0 if before is None else before.greatest_term
         #: since when every read has found the row vacant (None: not vacant)
         self.vacant_since: float | None = None
+        #: the greatest term held: a later one with our token was handed to us (a transfer)
+        self.had: int = 0 if before is None else before.had
 
     def read(self, lease: Lease | None, now: float, *, looked: bool = False) -> None:
         """Remember the row a step returned (a look's None: the namespace has no row)."""

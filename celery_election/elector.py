@@ -68,11 +68,13 @@ from .clock import Clock, RealClock, Sleeper
 from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
 from .decisions import LockNews, Proof
 from .election_loop import Candidate, ElectionLoop, Request
-from .errors import ConfigurationError, ElectionError
+from .errors import ConfigurationError, ElectionError, NotLeaderError
 from .identity import new_candidate_id
 from .lease import Lease
 from .lock_thread import LockThread, lock_status, start_lock_thread
+from .release import RELEASE
 from .stats import ElectorStats
+from .transfer import Transfer, TransferRefusedError, pick_target
 from .transitions import (
     Backoff,
     RevokeReason,
@@ -138,6 +140,8 @@ class ElectorOptions(Timings, total=False):
     backoff: Backoff | None
     clock: Clock | None
     register: bool
+    eligible: bool
+    release: str | None
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,11 @@ class Elector:
     """Runs the election for one candidate in one namespace.
 
     Timings come from ``config`` or the keyword arguments (see ElectionConfig); a bad
-    combination raises ConfigurationError here, before anything starts.
+    combination raises ConfigurationError here, before anything starts. ``eligible=False``
+    (``election_eligible``): a candidate that takes part, registered and listed as
+    ineligible, and never takes a term (it holds no liveness lock either). ``release``
+    (``election_release``; default: this package's version): while a candidate of a newer
+    release lives, this one leaves a vacancy to it for up to ``ttl`` (decisions.py).
     """
 
     def __init__(
@@ -178,6 +186,8 @@ class Elector:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         register: bool = True,
+        eligible: bool = True,
+        release: str | None = None,
         **timings: Seconds,
     ) -> None:
         self.config = _config(config, timings)
@@ -198,6 +208,8 @@ class Elector:
         poll = self.config.poll_interval
         self._backoff = backoff or exponential_backoff(base=min(0.1, poll), cap=max(poll, 2.0))
         self._register = register
+        #: it may take a term (else it follows only), and the release it registers
+        self.eligible, self.release = _eligible(eligible), RELEASE if release is None else release
         #: counters for metrics and the health probe (celery_election.metrics)
         self.stats = ElectorStats()
         # The caller's side (start, stop, resign): one at a time.
@@ -349,9 +361,11 @@ class Elector:
                 raise ElectionError(f"{self!r} is already started")
             self._started = True
             self._token = self._token if self._thread is None else uuid.uuid4().hex
-            self._live = start_lock_thread(
-                self.backend, self.namespace, self.config, self._clock, self._on_lock
-            )
+            self._live = None
+            if self.eligible:  # the lock is for those who may lead
+                self._live = start_lock_thread(
+                    self.backend, self.namespace, self.config, self._clock, self._on_lock
+                )
             self._loop = self._new_loop(self._loop)
             self._belief.open()
             self._thread = threading.Thread(
@@ -397,6 +411,33 @@ class Elector:
             loop.resigned.wait(timeout if timeout is not None else self.config.call_timeout + 1)
         return True
 
+    def transfer(self, to: str, timeout: float | None = None) -> Lease:
+        """Hand leadership to the live, eligible candidate ``to``; the lease it now holds.
+
+        ``to``: its candidate id, or its node (``w2@host``). Belief here ends first; then
+        one conditional write moves the term to the target with a new term, and the target
+        believes it once it has renewed it (``celery election transfer`` asks the same
+        through the database). Refused with ``TransferRefusedError`` (one line) if the
+        target is unknown or not live, not eligible, or this elector; ``NotLeaderError``
+        if this elector does not lead.
+        """
+        lead = self._belief.trusted()
+        if lead is None:
+            raise NotLeaderError(f"{self.candidate_id!r} does not lead {self.namespace!r}")
+        target = pick_target(
+            self.backend.candidates(self.namespace), to, self.namespace, self._token
+        )
+        ask = Transfer(target)
+        self._loop.post(ask)
+        ask.done.wait(timeout if timeout is not None else 2 * self.config.call_timeout + 1)
+        result = ask.result
+        if result is None or not result.won or result.lease is None:
+            raise TransferRefusedError(
+                f"the transfer to {target.candidate_id!r} did not happen (it stopped, or "
+                f"this term ended meanwhile): the term was resigned; see election status"
+            )
+        return result.lease
+
     def __enter__(self) -> Elector:
         return self.start()
 
@@ -407,7 +448,13 @@ class Elector:
 
     def _new_loop(self, before: ElectionLoop | None) -> ElectionLoop:
         candidate = Candidate(
-            self.namespace, self.candidate_id, self.hostname, self._token, self._register
+            self.namespace,
+            self.candidate_id,
+            self.hostname,
+            self._token,
+            self._register,
+            self.eligible,
+            self.release,
         )
         return ElectionLoop(
             self.config,
@@ -444,6 +491,12 @@ class Elector:
         if ended is not None and live is not None:
             live.want(False)  # a follower may have the lock now: our belief has ended
         return left
+
+
+def _eligible(eligible: object) -> bool:
+    if not isinstance(eligible, bool):
+        raise ConfigurationError(f"eligible must be True or False: got {eligible!r}")
+    return eligible
 
 
 def _config(config: ElectionConfig | None, timings: Mapping[str, Seconds | None]) -> ElectionConfig:

@@ -24,11 +24,12 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .backends.base import Backend
 from .backends.sessions import KeySession
-from .clock import Clock, RealClock
+from .clock import Clock, RealClock, Sleeper
 from .config import validate_namespace
 from .decisions import Proof, extend, granted
 from .errors import BackendUnavailableError, ConfigurationError
@@ -59,6 +60,8 @@ class Held:
     lease_until: float
     tagged: bool
     incarnation: _Session = field(repr=False)
+    #: Seconds waited out for a dead holder's session before this hold (0: the key was free).
+    waited: float = 0.0
 
 
 class KeyHolder:
@@ -89,12 +92,19 @@ class KeyHolder:
         self.renew_interval = (ttl - margin) / 3
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}"
         self._clock: Clock = clock or RealClock()
-        self._sleeper = self._clock.sleeper()
-        self._lock = threading.Lock()  # guards _held and _current (never held over I/O)
+        self._sleeper = self._clock.sleeper()  # the ping thread's
+        self._renew_sleeper = self._clock.sleeper()
+        self._lock = threading.Lock()  # guards _held and _current
+        # One connection is the session: a ping (this holder's thread) and a probe (a task's
+        # acquire, in any thread or greenlet) interleaved on it broke PyMySQL's protocol.
+        self._session_lock = threading.Lock()
         self._current: _Session | None = None
         self._held: dict[str, Held] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # pings the session
+        # renews the holds: a renewal that waits on the database (row locks on MariaDB)
+        # must not hold up the pings, or the server ends the silent session (wait_timeout)
+        self._renewer: threading.Thread | None = None
 
     # -- trust --------------------------------------------------------------------------------
 
@@ -127,7 +137,10 @@ class KeyHolder:
         if wait and result.hold is not None:
             taken = self._take_over(inc, key, result.hold, tagged)
             if taken is not None:
-                return self._adopt(inc, key, taken[0], taken[1], tagged)
+                held = self._adopt(inc, key, taken[0], taken[1], tagged)
+                if held is not None:
+                    held.waited = taken[1] - started
+                return held
         return None
 
     def _take_over(
@@ -140,7 +153,16 @@ class KeyHolder:
         keys = self.backend.keys
         if not seen.held or seen.liveness_us is None or inc.session is None or seen.token is None:
             return None
-        if seen.token == inc.token or not inc.session.ended(keys.holder_key(seen.token)):
+        if seen.token == inc.token or inc.lost:
+            return None
+        try:
+            with self._session_lock:
+                ended = inc.session.ended(keys.holder_key(seen.token))
+        except BackendUnavailableError as exc:  # ours is lost too: busy, the next try redraws
+            log.warning("key holder session lost while probing another holder (%s)", exc)
+            inc.lost = True
+            return None
+        if not ended:
             return None
         answered = self._clock.monotonic()  # that session ended before this instant
         need = seen.liveness_us / 1_000_000
@@ -220,25 +242,39 @@ class KeyHolder:
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="celery-election-keys", daemon=True
+            ping = self.renew_interval if self.delta is None else min(self.delta / 4, 1.0)
+            self._thread = self._start("celery-election-keys", self._sleeper, ping, self._ping)
+        if self._renewer is None or not self._renewer.is_alive():
+            self._renewer = self._start(
+                "celery-election-keys-renew", self._renew_sleeper, self.renew_interval, self._renew
             )
-            self._thread.start()
 
-    def _run(self) -> None:
-        interval = self.renew_interval if self.delta is None else min(self.delta / 4, 1.0)
-        last_renew = self._clock.monotonic()
+    def _start(
+        self, name: str, sleeper: Sleeper, interval: float, step: Callable[[], None]
+    ) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._loop, args=(sleeper, interval, step), name=name, daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _loop(self, sleeper: Sleeper, interval: float, step: Callable[[], None]) -> None:
         while not self._stop.is_set():
-            self._sleeper.wait(interval)
+            sleeper.wait(interval)
             if self._stop.is_set():
                 return
             try:
-                self._ping()
-                if self._clock.monotonic() - last_renew >= self.renew_interval:
-                    last_renew = self._clock.monotonic()
-                    self._renew()
+                step()
             except Exception:  # never kill the thread; the lease still bounds trust
                 log.exception("key holder thread error; retrying")
+
+    def _join(self) -> None:
+        self._stop.set()
+        self._sleeper.wake()
+        self._renew_sleeper.wake()
+        for thread in (self._thread, self._renewer):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(5)
 
     def _ping(self) -> None:
         inc = self._current
@@ -248,13 +284,15 @@ class KeyHolder:
         try:
             # A session whose connection went reconnects on its next call, without the
             # lock: only a ping of the session that still has it proves anything.
-            inc.session.ping()
-            if not inc.session.has_lock:
-                raise BackendUnavailableError("the holder lock's session ended")
+            with self._session_lock:
+                inc.session.ping()
+                if not inc.session.has_lock:
+                    raise BackendUnavailableError("the holder lock's session ended")
         except BackendUnavailableError as exc:
             log.warning("key holder session lost (%s): its holds are no longer trusted", exc)
             inc.lost = True  # never used again: the next hold draws a new token
-            inc.session.close()
+            with self._session_lock:
+                inc.session.close()
             return
         inc.proof = extend(inc.proof, started, self._clock.monotonic(), self.delta)
 
@@ -268,20 +306,39 @@ class KeyHolder:
             renewed = self.backend.keys.renew(self.namespace, inc.token, self.ttl, liveness=tag)
             terms = {(h.key, h.term) for h in renewed}
             with self._lock:
-                for held in self._held.values():
-                    if held.incarnation is inc and (held.key, held.term) in terms:
+                for key, held in list(self._held.items()):
+                    if held.incarnation is not inc:
+                        continue
+                    if (held.key, held.term) in terms:
                         held.lease_until = trusted_until(started, self.ttl, self.margin)
+                    elif not self.trusted(held):  # freed by someone else (a waiting slot)
+                        del self._held[key]
+
+    def abandon(self) -> None:
+        """Stop as a killed process stops: nothing released, the session's connection closed.
+
+        Its holds stay in the database until another holder finds the session ended and
+        waits out its delta (the test kit's ``crash``). Not for production use: ``close``.
+        """
+        self._join()
+        with self._lock:
+            self._held.clear()
+            inc, self._current = self._current, None
+        if inc is not None and inc.session is not None:
+            with self._session_lock:
+                inc.session.close()
 
     def close(self) -> None:
         """Release every hold and the session (idempotent)."""
         self._stop.set()
         self._sleeper.wake()
+        self._renew_sleeper.wake()
         with self._lock:
             holds = list(self._held.values())
             inc, self._current = self._current, None
         for held in holds:
             self.release(held)
         if inc is not None and inc.session is not None:
-            inc.session.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5)
+            with self._session_lock:
+                inc.session.close()
+        self._join()

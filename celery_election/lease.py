@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-__all__ = ["CandidateInfo", "ElectResult", "Lease", "trusted_until"]
+__all__ = ["CandidateInfo", "ElectResult", "Lease", "trusted_until", "vacancy"]
 
 
 def _dt(us: int | None) -> datetime | None:
@@ -39,6 +39,9 @@ class Lease:
     #: The holder's liveness delta in microseconds when its trust is bound by a liveness
     #: session (then a follower holding the lock may take the term over); else None.
     liveness_us: int | None = None
+    #: An operator asked the holder of this term to hand it to the candidate with this
+    #: token (``celery election transfer``); None: nobody asked.
+    transfer_to: str | None = field(default=None, repr=False)
 
     @property
     def held(self) -> bool:
@@ -88,6 +91,10 @@ class CandidateInfo:
     heartbeat_at_us: int
     expires_at_us: int
     token: str = field(default="", repr=False)
+    #: it may take a term (``election_eligible``); an ineligible one only follows
+    eligible: bool = True
+    #: the release it runs (``election_release``; None: a release that did not say)
+    release: str | None = None
 
     @property
     def heartbeat_at(self) -> datetime | None:
@@ -103,3 +110,19 @@ def trusted_until(attempt_started: float, ttl: float, safety_margin: float) -> f
     margin absorbs rate differences between the two clocks (docs/design.md, rule 3).
     """
     return attempt_started + ttl - safety_margin
+
+
+def vacancy(before: Lease | None, after: Lease) -> float | None:
+    """Seconds the namespace had no leader before ``after``'s term, at most; None: unknown.
+
+    On the database clock, from ``before`` (the row as this candidate last read it): a
+    resigned row was vacant since its resign; a row still held then was last known alive
+    at its last renewal (its leader may have lived up to one renew interval longer).
+    """
+    if before is None or before.term >= after.term or not after.acquired_at_us:
+        return None
+    end = before.expires_at_us if before.token is None else before.renewed_at_us
+    end = end or before.acquired_at_us
+    if not end:
+        return None  # never held (a fresh row)
+    return max(0.0, (after.acquired_at_us - end) / 1_000_000)

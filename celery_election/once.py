@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -31,17 +32,29 @@ from celery.exceptions import Ignore
 from celery.signals import task_postrun
 
 from . import metrics, runonce
-from .backends import backend_from_url
 from .errors import BackendUnavailableError, SchemaMissingError
 from .runonce import RunGuard, Verdict
 from .settings import ElectionSettings
 
-__all__ = ["HEADER", "OnceTask", "guard", "guard_for", "guard_registered", "once_task"]
+__all__ = [
+    "DEFERRED_BY",
+    "HEADER",
+    "RESENT",
+    "OnceTask",
+    "guard",
+    "guard_for",
+    "guard_registered",
+    "once_task",
+]
 
 log = logging.getLogger("celery_election.once")
 
 #: The header the beat puts on a run it sends (beat/sender.py).
 HEADER = "election_run"
+#: The header the beat adds when it sends a run again (the attempt): not a redelivery.
+RESENT = "election_resent"
+#: The header of a delivery put off (:func:`_defer`): who wrote the start record it tried.
+DEFERRED_BY = "election_deferred_by"
 #: Seconds before a delivery the database could not judge is delivered again.
 DEFER = 1.0
 #: A request attribute: the verdict of this delivery's start, so its end can be recorded.
@@ -57,11 +70,7 @@ def guard_for(app: Any) -> RunGuard:
         return current
     guard: RunGuard | None = getattr(app, "_celery_election_run_guard", None)
     if guard is None:
-        s = ElectionSettings.from_app(app)
-        url, options = s.url, s.backend_options(listen=False)
-        guard = RunGuard(
-            lambda: backend_from_url(url, **options), s.namespace, install=s.auto_install
-        )
+        guard = RunGuard.from_settings(ElectionSettings.from_app(app))
         app._celery_election_run_guard = guard
     return guard
 
@@ -74,16 +83,17 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
     request = task.request
     if getattr(request, _MARK, None) is not None:
         return  # checked once already (a once task in a worker that checks beat runs)
-    if not always and _run_of(request) is None:
+    if not always and _header(request, HEADER) is None:
         return
     acks_late = bool(task.acks_late)
     hostname = request.hostname or socket.gethostname()
     try:
         verdict = guard_for(task.app).enter(
-            task_id, int(request.retries or 0), task.name, hostname, acks_late=acks_late
-        )
+            task_id, int(request.retries or 0), task.name, hostname, acks_late=acks_late,
+            resent=_header(request, RESENT) is not None, mine=_header(request, DEFERRED_BY),
+        )  # fmt: skip
     except (BackendUnavailableError, SchemaMissingError) as exc:
-        _defer(task, task_id, exc)
+        _defer(task, task_id, exc, runonce.start_owner(hostname, os.getpid()))
     if verdict.run:
         if not _listening:
             _listen()
@@ -100,21 +110,32 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
     raise Ignore()
 
 
-def _run_of(request: Any) -> Any:
-    """The beat's run header: a worker's request has it as an attribute, ``apply()`` not."""
-    run = getattr(request, HEADER, None)
-    return run if run is not None else (getattr(request, "headers", None) or {}).get(HEADER)
+def _header(request: Any, name: str) -> Any:
+    """A message header: a worker's request has it as an attribute, ``apply()`` not."""
+    value = getattr(request, name, None)
+    return value if value is not None else (getattr(request, "headers", None) or {}).get(name)
 
 
-def _defer(task: Any, task_id: str, exc: BaseException) -> NoReturn:
-    """Neither run nor drop a delivery the database cannot judge: publish it again later."""
+def _defer(task: Any, task_id: str, exc: BaseException, owner: str) -> NoReturn:
+    """Neither run nor drop a delivery the database cannot judge: publish it again later.
+
+    The copy names ``owner``, the writer of the start record this try attempted: if the
+    insert committed although no answer came, the copy finds that record its own.
+    """
     metrics.count(metrics.key(metrics.TASK, task.name, "deferred"))
-    if task.request.is_eager:
+    request = task.request
+    if request.is_eager:
         raise exc
     log.warning(
         "%s[%s] delayed %.0fs: its start could not be recorded (%s)", task.name, task_id, DEFER, exc
     )
-    task.signature_from_request(countdown=DEFER).apply_async()
+    headers = dict(getattr(request, "headers", None) or {})
+    for name in (HEADER, RESENT):
+        value = _header(request, name)
+        if value is not None:
+            headers[name] = value
+    headers[DEFERRED_BY] = owner
+    task.signature_from_request(countdown=DEFER, headers=headers).apply_async()
     raise Ignore() from exc
 
 

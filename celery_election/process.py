@@ -88,6 +88,8 @@ class ProcessElection:
             namespace,
             candidate_id,
             config=self.settings.config,
+            eligible=self.settings.eligible,
+            release=self.settings.release,
             on_elected=on_elected,
             on_revoked=on_revoked,
             on_error=on_error,

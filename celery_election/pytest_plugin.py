@@ -8,6 +8,9 @@ off). See ``celery_election.testing`` for what the fixtures hand out.
 * ``election_follower``: the same, following (another worker leads).
 * ``election_protocol``: an :class:`~celery_election.testing.ElectedLeadership` (real
   Electors on a MemoryBackend with a FakeClock) that leads.
+* ``election_keys``: a :class:`~celery_election.testing_keys.SingletonKeys`: singleton
+  tasks of this process against "another worker" whose keys the test holds, releases and
+  crashes (``on_busy`` seen eagerly and in ``election_worker``).
 * ``election_worker``: Celery's in-process worker on ``celery_app``, consuming the leader
   queue, with leadership from ``election``. It needs Celery's fixtures
   (``-p celery.contrib.pytest``, or pytest-celery installed, whose ``celery_worker`` is a
@@ -24,8 +27,15 @@ import pytest
 
 if TYPE_CHECKING:  # imported in the fixtures: a run that uses none skips the test kit
     from .testing import ElectedLeadership, Leadership
+    from .testing_keys import SingletonKeys
 
-__all__ = ["election", "election_follower", "election_protocol", "election_worker"]
+__all__ = [
+    "election",
+    "election_follower",
+    "election_keys",
+    "election_protocol",
+    "election_worker",
+]
 
 
 @pytest.fixture
@@ -53,6 +63,15 @@ def election_protocol() -> Iterator[ElectedLeadership]:
     with ElectedLeadership() as leadership:
         leadership.lead()
         yield leadership
+
+
+@pytest.fixture
+def election_keys() -> Iterator[SingletonKeys]:
+    """Hold singleton task keys "on another worker" and see this process's tasks busy."""
+    from .testing_keys import SingletonKeys
+
+    with SingletonKeys() as keys:
+        yield keys
 
 
 @pytest.fixture

@@ -15,16 +15,14 @@ the tasks and the CLI all come here.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
-from .config import ElectionConfig, _seconds, validate_namespace, without_celery_prefix
+from .config import ElectionConfig, _seconds, validate_namespace
+from .election_url import default_election_url, hide_password, is_postgres, split_reason
 from .errors import ConfigurationError
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
 
 log = logging.getLogger("celery_election.settings")
 
-DEFAULT_SQLITE_FILE = "celery-election.sqlite3"
 _PREFIX = "election_"
 
 
@@ -102,6 +99,18 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("election_namespace", "`default`", "who competes with whom"),
     Setting("election_enabled", "`False`", "run an elector in every worker without `--election`"),
+    Setting(
+        "election_eligible",
+        "`True`",
+        "this process may lead (`False`, `--no-election-eligible`: it takes part and is "
+        "listed, but never takes a term)",
+    ),
+    Setting(
+        "election_release",
+        "the package's version",
+        "the release this process registers; while one of a newer release lives, an older "
+        "one leaves a vacant term to it (for up to `election_ttl`)",
+    ),
     *(
         Setting(_PREFIX + name, default, meaning, argument=name)
         for name, (default, meaning) in _TIMINGS.items()
@@ -146,6 +155,12 @@ SETTINGS: tuple[Setting, ...] = (
         "(or one period of the entry, if shorter): `celery_election_beat_entry_overdue_seconds`",
     ),
     Setting(
+        "election_run_once_retention",
+        "`86400` (s)",
+        "keep each task run's start record (run once) this long: a delivery of the run later "
+        "than that runs it again; older ones are pruned by the workers, in batches",
+    ),
+    Setting(
         "election_metrics_port",
         "-",
         "serve /metrics, /healthz and /readyz on this port (worker main process, "
@@ -174,35 +189,6 @@ def leader_queue_name(namespace: str) -> str:
     return f"election-leader.{namespace}"
 
 
-def is_postgres(url: str) -> bool:
-    """Whether ``url`` (Celery prefixes allowed) names PostgreSQL: the only LISTEN backend."""
-    return without_celery_prefix(url).startswith("postgres")
-
-
-def default_election_url(app_or_conf: Any) -> tuple[str, str]:
-    """(url, why): the database the app already has, or a SQLite file of its own."""
-    conf = getattr(app_or_conf, "conf", app_or_conf)
-    taken = set()
-    for setting, prefix in (("result_backend", "db+"), ("broker_url", "sqla+")):
-        # attributes, not conf.get(): they honour CELERY_RESULT_BACKEND/CELERY_BROKER_URL
-        url = getattr(conf, setting, None)
-        if isinstance(url, str) and url.startswith(prefix):
-            rest = url[len(prefix) :]
-            if rest.startswith(("postgresql", "postgres", "mysql", "mariadb")):
-                return rest, f"the app's {setting}"
-            if rest.startswith("sqlite:///"):
-                taken.add(os.path.abspath(rest[len("sqlite:///") :]))
-    # never the broker's or result backend's SQLite file (a broker write lock stalled
-    # renewals for the whole busy timeout)
-    stem, ext = os.path.splitext(DEFAULT_SQLITE_FILE)
-    path = os.path.abspath(DEFAULT_SQLITE_FILE)
-    n = 1
-    while path in taken:
-        path = os.path.abspath(f"{stem}-{n}{ext}")
-        n += 1
-    return f"sqlite:///{path}", "a SQLite file of its own (elects within this host only)"
-
-
 @dataclass(frozen=True)
 class ElectionSettings:
     """The ``election_*`` settings of an app, validated."""
@@ -229,10 +215,16 @@ class ElectionSettings:
     beat_publishers: int = 0
     #: At most this long after an entry fell due its run is sent and finished (schedule.overdue).
     beat_overdue_grace: float = 300.0
+    #: Seconds a run's start record is kept (runonce.RunGuard prunes older ones).
+    run_once_retention: float = 86400.0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None
     #: Session state (liveness lock, LISTEN) goes here when ``url`` leads to a pooler.
     direct_url: str | None = None
+    #: This process may take a term (else it follows only: ``--no-election-eligible``).
+    eligible: bool = True
+    #: The release it registers (None: the package's version).
+    release: str | None = None
 
     @classmethod
     def from_app(
@@ -242,6 +234,7 @@ class ElectionSettings:
         enabled: bool | None = None,
         namespace: str | None = None,
         metrics_port: int | None = None,
+        eligible: bool | None = None,
     ) -> ElectionSettings:
         """The app's settings, read once; command-line values win over ``app.conf``.
 
@@ -262,11 +255,13 @@ class ElectionSettings:
             cached = (_stamp(conf), parsed)
             app.__dict__[_CACHE] = cached
         settings: ElectionSettings = cached[1]
-        if enabled is None and namespace is None and metrics_port is None:
+        if enabled is None and namespace is None and metrics_port is None and eligible is None:
             return settings
         values = read_values(conf)
         if metrics_port is not None:
             values = {**values, "election_metrics_port": metrics_port}
+        if eligible is not None:
+            values = {**values, "election_eligible": eligible}
         return cls._parse(conf, values, enabled=enabled, namespace=namespace)
 
     @staticmethod
@@ -277,6 +272,11 @@ class ElectionSettings:
         scheduler reads them.
         """
         app.conf.election_metrics_port = port
+
+    @staticmethod
+    def set_eligible(app: Any, eligible: bool) -> None:
+        """Make ``celery beat --election-eligible / --no-election-eligible`` the setting."""
+        app.conf.election_eligible = eligible
 
     @classmethod
     def _parse(
@@ -294,11 +294,8 @@ class ElectionSettings:
         chosen = namespace if namespace is not None else values.get("election_namespace")
         ns = read.check(validate_namespace, "default" if chosen is None else chosen, "default")
         prefix = values.get("election_table_prefix")
-        table_prefix = read.check(
-            validate_table_prefix,
-            DEFAULT_TABLE_PREFIX if prefix is None else prefix,
-            DEFAULT_TABLE_PREFIX,
-        )
+        prefix = DEFAULT_TABLE_PREFIX if prefix is None else prefix
+        table_prefix = read.check(validate_table_prefix, prefix, DEFAULT_TABLE_PREFIX)
         beat_ns = values.get("election_beat_namespace")
         beat_namespace = read.check(
             validate_namespace, f"{ns}-beat" if beat_ns is None else beat_ns, f"{ns}-beat"
@@ -307,6 +304,7 @@ class ElectionSettings:
         auto_install = read.flag("election_auto_install", True)
         listen = read.flag("election_listen", True)
         on = read.flag("election_enabled", False, enabled)
+        eligible, release = read.flag("election_eligible", True), read.text("election_release")
         listen_url = read.text("election_listen_url")
         direct_url = read.text("election_direct_url")
         leader_queue = read.text("election_leader_queue") or leader_queue_name(ns)
@@ -315,6 +313,7 @@ class ElectionSettings:
         retention = read.retention()
         publishers = read.count("election_beat_publishers", 0, most=16)
         overdue_grace = read.seconds("election_beat_overdue_grace", 300.0)
+        run_once_retention = read.seconds("election_run_once_retention", 86400.0)
         if read.problems:  # every problem at once
             raise ConfigurationError(read.problems)
         return cls(
@@ -334,8 +333,11 @@ class ElectionSettings:
             schedule_retention=retention,
             beat_publishers=publishers,
             beat_overdue_grace=overdue_grace,
+            run_once_retention=run_once_retention,
             split=split,
             direct_url=direct_url,
+            eligible=eligible,
+            release=release,
         )
 
     def refuse_split(self) -> None:
@@ -361,10 +363,6 @@ class ElectionSettings:
         return options
 
 
-#: Brokers and result backends that live on this host only (or ride on the broker: rpc).
-_LOCAL_SCHEMES = {"memory", "filesystem", "file", "sqlite", "rpc", "disabled", "cache+memory"}
-
-
 def _election_url(conf: Any, read: _Reader) -> tuple[str, str, str | None]:
     """The election URL, the setting it came from, and why hosts may split (the default)."""
     url = read.text("election_url")
@@ -373,7 +371,7 @@ def _election_url(conf: Any, read: _Reader) -> tuple[str, str, str | None]:
     url, source = default_election_url(conf)
     split = None
     if url.startswith("sqlite:///"):  # a file of its own: this host only
-        split = _split_reason(conf, url)
+        split = split_reason(conf, url, spelling("election_url", _prefix(conf)))
     return url, source, split
 
 
@@ -443,54 +441,6 @@ class _Reader:
             )
             return 30.0
         return float(days)
-
-
-def _split_reason(conf: Any, url: str) -> str | None:
-    """Why the default SQLite ``url`` would split the election across hosts, or None."""
-    for setting in ("broker_url", "result_backend"):
-        value = getattr(conf, setting, None)
-        for part in value.split(";") if isinstance(value, str) else ():
-            if _shared_across_hosts(part.strip()):
-                path = url[len("sqlite:///") :]
-                name = spelling("election_url", _prefix(conf))
-                return (
-                    f"{name} is not set and the {setting} ({hide_password(part.strip())}) is "
-                    f"shared by other hosts, so each host would elect its own leader in "
-                    f"{path}: set {name} to a PostgreSQL or MySQL URL every host reaches, or "
-                    f"to sqlite:///{path} if this app runs on one host only"
-                )
-    return None
-
-
-def _shared_across_hosts(url: str) -> bool:
-    """Whether a broker or result backend URL names a server that other hosts can use."""
-    if "://" not in url:
-        return False
-    scheme = without_celery_prefix(url).split("://", 1)[0].lower()
-    if scheme in _LOCAL_SCHEMES or scheme.startswith("sqlite"):
-        return False
-    try:
-        host = urlsplit(url).hostname
-    except ValueError:
-        return True
-    if not host or host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True  # a host name
-
-
-def hide_password(url: str) -> str:
-    """``scheme://user:***@host/...``: a URL fit for a log line or a banner."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.rsplit("@", 1)[-1]
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def _require_metrics_client(_: object) -> None:

@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -31,8 +32,9 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 
+from . import metrics
 from .backends import backend_from_url
-from .errors import ConfigurationError, ElectionError
+from .errors import BackendUnavailableError, ConfigurationError, ElectionError
 from .key_holder import Held, KeyHolder
 from .settings import ElectionSettings
 
@@ -49,6 +51,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ON_BUSY = ("requeue", "skip", "raise")
+#: The header of a requeued request that holds its key's waiting slot: the slot's term.
+WAITING = "election_waiting"
+_OUTCOME = {"skip": "skipped", "requeue": "requeued", "raise": "raised"}
 
 #: The hold of the singleton task running in this thread / greenlet.
 _HELD: ContextVar[Held | None] = ContextVar("celery_election_singleton", default=None)
@@ -66,25 +71,52 @@ def _check_mode(mode: object) -> str:
     return str(mode)
 
 
+def _count(task: str, what: str, n: int = 1) -> None:
+    """Count a singleton task's ``what`` (metrics.KEY; the exporter's ``singleton_*``)."""
+    metrics.count(metrics.key(metrics.KEY, task, what), n)
+
+
 def set_key_holder(app: Any, holder: KeyHolder | None) -> None:
-    """Use ``holder`` for ``app``'s singleton tasks in this process (tests, own set-ups)."""
+    """Use ``holder`` for ``app``'s singleton tasks in this process (tests, own set-ups).
+
+    ``app=None``: for every app's, ahead of their own (the test kit, ``testing_keys``);
+    None again ends that and gives each app its own back. The replaced holder is closed.
+    """
     with _HOLDERS_LOCK:
-        old = _HOLDERS.pop(id(app), None)
+        old = _HOLDERS.pop(_slot(app), None)
         if holder is not None:
-            _HOLDERS[id(app)] = holder
+            _HOLDERS[_slot(app)] = holder
     if old is not None and old is not holder:
         old.close()
 
 
+def _slot(app: Any) -> int:
+    return 0 if app is None else id(app)
+
+
 def key_holder(app: Any) -> KeyHolder:
-    """The key holder of ``app`` in this process (made from its ``election_*`` settings once)."""
+    """The key holder of ``app`` in this process (made from its ``election_*`` settings once).
+
+    Its holds last ``election_ttl`` and free ``election_liveness`` after a crash, as the
+    lease does (a paused holder's: delta after the server ends its session; on SQLite, whose
+    file lock a paused process keeps, when the hold's ttl ends).
+    """
     with _HOLDERS_LOCK:
-        holder = _HOLDERS.get(id(app))
+        holder = _HOLDERS.get(0) or _HOLDERS.get(id(app))
         if holder is None:
             settings = ElectionSettings.from_app(app)
             backend = backend_from_url(settings.url, **settings.backend_options(listen=False))
-            holder = _HOLDERS[id(app)] = KeyHolder(backend, settings.namespace)
+            cfg = settings.config  # the lease's timings: election_ttl, _safety_margin, _liveness
+            holder = _HOLDERS[id(app)] = KeyHolder(
+                backend, settings.namespace, ttl=cfg.ttl, safety_margin=cfg.safety_margin,
+                liveness=cfg.liveness,
+            )  # fmt: skip
         return holder
+
+
+def waiting_key(key: str) -> str:
+    """The key of ``key``'s waiting slot (``one_waiting``); no task's own key ends so."""
+    return f"{key} (waiting)"
 
 
 def singleton_key(
@@ -114,11 +146,15 @@ class SingletonTask(Task):
     on_busy = "requeue"
     #: Seconds before a requeued task is delivered again.
     requeue_delay = 1.0
+    #: "requeue" only: one running plus at most one waiting per key; a third is dropped.
+    one_waiting = False
     throws = (KeyBusyError,)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _check_mode(cls.__dict__.get("on_busy", cls.on_busy))
+        mode = _check_mode(cls.__dict__.get("on_busy", cls.on_busy))
+        if cls.__dict__.get("one_waiting", cls.one_waiting) and mode != "requeue":
+            raise ConfigurationError(f"one_waiting needs on_busy='requeue': got {mode!r}")
 
     @property
     def singleton_term(self) -> int | None:
@@ -139,30 +175,87 @@ class SingletonTask(Task):
         """Hold the key around the body; busy: ``on_busy`` decides."""
         holder = key_holder(self.app)
         key = self.key_for(args, kwargs)
-        held = holder.acquire(key)
+        try:
+            held = holder.acquire(key)
+        except BackendUnavailableError as exc:  # never lost: as busy, unless it should raise
+            if self.on_busy == "raise":
+                raise
+            log.warning("%s: cannot hold key %s now (%s): as if busy", self.name, key, exc)
+            held = None
         if held is None:
             return self._busy(key)
+        self._free_waiting(holder, key)
+        _count(self.name, "run")
+        if held.waited:  # a dead holder's key, taken after its delta
+            _count(self.name, "waited")
+            _count(self.name, "wait_ms", round(held.waited * 1000))
+        started = time.monotonic()
         saved = _HELD.set(held)
         try:
             return super().__call__(*args, **kwargs)
         finally:
             _HELD.reset(saved)
             holder.release(held)
+            _count(self.name, "hold_ms", round((time.monotonic() - started) * 1000))
+            _count(self.name, "ended")
 
     def _busy(self, key: str) -> Any:
         mode = _check_mode(self.on_busy)
         task_id = self.request.id
+        if mode != "requeue":
+            _count(self.name, _OUTCOME[mode])
         if mode == "skip":
             log.warning("%s[%s] skipped: key %s is held elsewhere", self.name, task_id, key)
             raise Ignore()
         if mode == "raise":
             raise KeyBusyError(f"{self.name}[{task_id}]: key {key} is held by another worker")
-        log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
         if self.request.is_eager:
             # an eager retry re-runs at once in this process: Celery's retry limit ends it
+            _count(self.name, "requeued")
+            log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
             raise self.retry(countdown=self.requeue_delay)
-        self.signature_from_request(countdown=self.requeue_delay).apply_async()
+        headers = dict(self.request.headers or {})
+        if self.one_waiting:
+            slot = self._waiting_slot(key)
+            if slot is None:
+                log.info("%s[%s] dropped: key %s runs and has one waiting", self.name, task_id, key)
+                _count(self.name, "skipped")
+                raise Ignore()
+            headers[WAITING] = slot
+        _count(self.name, "requeued")
+        log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
+        sig = self.signature_from_request(countdown=self.requeue_delay, headers=headers)
+        try:
+            sig.apply_async()
+        except Exception:  # not sent: its waiting slot must not stay taken for nobody
+            if WAITING in headers:
+                self._free_slot(key_holder(self.app), key, headers[WAITING])
+            raise
         raise Ignore()
+
+    def _waiting_slot(self, key: str) -> int | None:
+        """The request's term on the key's waiting slot, held now if need be (None: taken).
+
+        The slot is a key of its own, held by this worker process until the request runs
+        (its run frees it, fenced by the term its header carries) or the process dies.
+        """
+        slot = getattr(self.request, WAITING, None)
+        if isinstance(slot, int):
+            return slot  # delivered again, still waiting: it keeps its slot
+        held = key_holder(self.app).acquire(waiting_key(key), wait=False)
+        return None if held is None else held.term
+
+    def _free_waiting(self, holder: KeyHolder, key: str) -> None:
+        """Running now: give back the waiting slot this request held (only its term)."""
+        slot = getattr(self.request, WAITING, None)
+        if isinstance(slot, int):
+            self._free_slot(holder, key, slot)
+
+    def _free_slot(self, holder: KeyHolder, key: str, slot: int) -> None:
+        try:
+            holder.backend.keys.force_release(holder.namespace, waiting_key(key), slot)
+        except BackendUnavailableError as exc:  # it frees when its holder's hold ends
+            log.warning("could not free the waiting slot of key %s (%s)", key, exc)
 
 
 def singleton_task(

@@ -33,7 +33,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 
-from . import metrics, shared_state
+from . import metrics, shared_state, tracing
 from .errors import ConfigurationError, NotLeaderError
 from .metrics import counters
 from .once import guard as guard_once
@@ -136,6 +136,8 @@ class LeaderTask(Task):
         term = record.leader_term() if record is not None else None
         if term is not None:
             _TERM.set(term)
+            if _TRACED:  # the otel extra: Celery's task span (instrumented) carries the term
+                tracing.task_term(term)
             store = counters.in_use()
             if store is not None:  # metrics on: one dict lookup and one shared-memory add
                 store.add(_RUN_KEYS.get(self.name) or _count_key(self.name, "run"))
@@ -144,6 +146,7 @@ class LeaderTask(Task):
             return
         _TERM.set(None)
         mode = _check_mode(self.on_follower)
+        tracing.task_not_leader(_OUTCOME[mode])
         if counters.in_use() is not None:
             metrics.count(_count_key(self.name, _OUTCOME[mode]))
         if mode == "skip":
@@ -167,6 +170,7 @@ class LeaderTask(Task):
 
 
 _OUTCOME = {"skip": "skipped", "requeue": "requeued", "raise": "raised"}
+_TRACED = tracing.AVAILABLE  # a constant of the hot path
 _RUN_KEYS: dict[str, str] = {}  # task name -> its "run" key (the hot path)
 
 

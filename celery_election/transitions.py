@@ -58,6 +58,8 @@ class RevokeReason(str, enum.Enum):
     RESIGNED = "resigned"
     #: ``stop()`` was called.
     STOPPED = "stopped"
+    #: It handed its term to another candidate (``transfer``).
+    TRANSFERRED = "transferred"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class Transition:
     reason: RevokeReason | None = None
     #: Boot-time clock reading when the belief changed.
     at: float = 0.0
+    #: "elected": seconds the namespace had no leader before this term, at most (database
+    #: clock; ``lease.vacancy``), when known.
+    vacancy: float | None = None
 
 
 class Subscription:

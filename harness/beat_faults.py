@@ -12,12 +12,19 @@ database can be cut for the beats alone. The faults (:data:`FAULTS`), each at a 
 * ``stop``: the leading beat SIGSTOPped at the same point, past its lease, then SIGCONT;
 * ``broker``: the beats' broker link refused from 1 s before the boundary to 8 s after;
 * ``db``: the beats' database link cut once ``after`` runs arrived, for 3 s;
+* ``worker``: a worker SIGKILLed (with its pool) once ``after`` runs arrived, and started
+  again: the runs it had taken come back (``acks_late``), and each runs again only if it
+  never finished (run once, docs/workers.md);
+* ``redeliver``: once the boundary's runs all finished, each is delivered again (its
+  message published again: same task id, same run headers): each copy is skipped;
 * ``none``: no fault.
 
-Then the beats are stopped and the workers drained, and each entry's executions of a
-boundary's run are counted (known by the run key each carries, :meth:`Run.count`): an
-entry with none is a **lost** run, one with two or more a run **run twice**. Counted
-from the workers' records, never from the beat's logs. Used by
+Each run takes ``seconds`` (0.05 s) and records its start and its end. Then the beats are
+stopped and the workers drained, and each entry's finished executions of a boundary's run
+are counted (known by the run key each carries, :meth:`Run.count`): an entry with none is
+a **lost** run, one with two or more a run **run twice**; a start with no end (its worker
+was killed) is counted apart, as **interrupted**. Counted from the workers' records, never
+from the beat's logs. Used by
 ``benchmarks/beat_faults.py`` and ``tests/e2e/test_beat_faults.py``.
 """
 
@@ -28,7 +35,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +46,7 @@ from harness.proxy import Proxy
 
 __all__ = ["FAULTS", "Run", "Settings"]
 
-FAULTS = ("none", "kill", "stop", "broker", "db")
+FAULTS = ("none", "kill", "stop", "broker", "db", "worker", "redeliver")
 PG = os.environ.get(
     "CELERY_ELECTION_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -70,6 +76,7 @@ class Settings:
     after: int = 100
     beats: int = 3
     workers: int = 2
+    seconds: float = 0.05
 
 
 class Run:
@@ -80,10 +87,13 @@ class Run:
         self.cluster = Cluster(tmp, AMQP, PG, f"db+{PG}", beat=True)
         self.broker_proxy, broker_via = Proxy.for_url(AMQP)
         self.db_proxy, db_via = Proxy.for_url(PG)
-        burst = {"E2E_BURST": str(args.entries), "E2E_BURST_EVERY": str(args.every)}
+        burst = {"E2E_BURST": str(args.entries), "E2E_BURST_EVERY": str(args.every),
+                 "E2E_BURST_SECONDS": str(args.seconds)}  # fmt: skip
         self.beat_env = {**burst, "E2E_BROKER": broker_via, "E2E_ELECTION": db_via,
                          "E2E_RECORD": PG}  # fmt: skip
         self.worker_env = {**burst, "E2E_BEAT": ""}
+        #: the worker the ``worker`` fault killed, and when (epoch s)
+        self.killed: tuple[str, float] | None = None
         self.ticks = self.cluster.ticks
 
     def start(self) -> None:
@@ -114,7 +124,8 @@ class Run:
             return int(conn.execute(q).scalar_one())
 
     def count(self, follows: tuple[float, float], due: float) -> dict[str, Any]:
-        """Executions per entry of the runs due at ``due``: lost, run twice, lateness.
+        """Finished executions per entry of the runs due at ``due``: lost, run twice,
+        interrupted (started, never finished), lateness.
 
         A run is known by the run it follows (the beat's ``election_run`` header: the
         stored last run of its entry when it was claimed), so the runs due at ``due`` are
@@ -126,14 +137,32 @@ class Run:
         lo, hi = int(follows[0] * 1e6), int(follows[1] * 1e6)
         with self.cluster.engine.connect() as conn:
             rows = list(conn.execute(
-                sa.select(t.c.entry, t.c.started_at).where(t.c.run >= lo, t.c.run < hi)
+                sa.select(t.c.entry, t.c.started_at, t.c.ended_at, t.c.worker)
+                .where(t.c.run >= lo, t.c.run < hi)
             ))  # fmt: skip
-        per = Counter(r.entry for r in rows)
+        ends = bool(self.args.seconds)  # a run of 0 s records no end: its start is all
+        done = [r for r in rows if r.ended_at is not None or not ends]
+        by_entry: dict[str, list[Any]] = {}
+        for r in sorted(done, key=lambda r: r.started_at):
+            by_entry.setdefault(r.entry, []).append(r)
         names = [f"burst-{i:05d}" for i in range(self.args.entries)]
-        lost = sum(1 for n in names if per[n] == 0)
-        twice = sum(c - 1 for c in per.values() if c > 1)
+        lost = sum(1 for n in names if n not in by_entry)
+        again = sum(len(runs) - 1 for runs in by_entry.values() if self._died_after(runs[0]))
+        twice = sum(len(runs) - 1 for runs in by_entry.values()) - again
         late = max((r.started_at / 1e6 - due for r in rows), default=math.nan)
-        return {"runs": len(rows), "lost": lost, "twice": twice, "late_s": late}
+        return {"runs": len(done), "lost": lost, "twice": twice, "again_after_kill": again,
+                "interrupted": len(rows) - len(done), "late_s": late}  # fmt: skip
+
+    def _died_after(self, first: Any) -> bool:
+        """Whether ``first`` (a finished execution) was the killed worker's, ended within a
+        second before the kill: its end was in the tick's row, not yet in its start record,
+        so under acks_late its run came back and ran again (docs/workers.md), as a task
+        whose worker dies mid-way does."""
+        if self.killed is None:
+            return False
+        victim, at = self.killed
+        ended = first.ended_at / 1e6
+        return bool(first.worker.startswith(f"{victim}@") and at - 1.0 <= ended <= at)
 
     def drain(self) -> None:
         """Stop the beats, then wait until the workers have run what was sent."""
@@ -170,6 +199,15 @@ class Run:
         if kind == "kill":
             c.signal(leader, signal.SIGKILL)
             return f"{leader} SIGKILLed after {self.args.after} arrived"
+        if kind == "worker":
+            victim = "w0"
+            self.killed = (victim, time.time())
+            c.workers[victim].signal_group(signal.SIGKILL)  # the worker and its pool
+            c.workers[victim].wait(10)
+            c.start(victim, "-c", "4", env=self.worker_env)
+            return f"worker {victim} SIGKILLed after {self.args.after} arrived, started again"
+        if kind == "redeliver":
+            return self.redeliver(boundary)
         if kind == "stop":
             c.signal(leader, signal.SIGSTOP)
             time.sleep(c.ttl + 2)
@@ -179,6 +217,38 @@ class Run:
         time.sleep(3)
         self.db_proxy.resume()
         return f"database cut for the beats 3 s after {self.args.after} arrived"
+
+    def redeliver(self, boundary: float) -> str:
+        """Once every run of ``boundary`` finished, deliver each again (same task id and
+        run headers, as a broker's redelivery or the beat's re-send brings it)."""
+        t, every, n = self.ticks, self.args.every, self.args.entries
+        lo, hi = int((boundary - every) * 1e6), int(boundary * 1e6)
+        mine = sa.and_(t.c.run >= lo, t.c.run < hi)
+
+        def finished() -> list[Any] | None:
+            with self.cluster.engine.connect() as conn:
+                rows = list(conn.execute(
+                    sa.select(t.c.entry, t.c.task_id, t.c.run, t.c.term)
+                    .where(mine, t.c.ended_at.is_not(None))
+                ))  # fmt: skip
+            return rows if len(rows) >= n else None
+
+        rows = wait_until(finished, every, "the boundary's runs to finish")
+        c = self.cluster
+        before = self.skips()
+        for r in rows:
+            c.app.send_task("tests.e2e.proj.tick", [r.entry, self.args.seconds],
+                            task_id=r.task_id, queue=f"q.{c.namespace}",
+                            headers={"election_run": r.run, "election_term": r.term})  # fmt: skip
+        wait_until(lambda: self.skips() >= before + len(rows), 3 * every, "every copy skipped")
+        return f"{len(rows)} finished runs delivered again (same task ids and run headers)"
+
+    def skips(self) -> int:
+        """Deliveries the workers skipped as runs delivered before (their logs say so)."""
+        return sum(
+            p.read_text(errors="replace").count("skipped: this run was delivered before")
+            for p in self.cluster.tmp.glob("w*.log")
+        )
 
     def one(self, kind: str) -> dict[str, Any]:
         """A warm-up boundary, a quiet one, then ``kind`` at the next: its counts."""

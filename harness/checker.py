@@ -100,6 +100,13 @@ class Report:
     duplicate_ticks: int = 0
     lost_ticks: int = 0
     excused_ticks: int = 0
+    #: Judged by executions (``ran`` records): runs executed, and runs sent more than once
+    #: (a re-send of the run ledger: one task id, not a duplicate unless it ran twice).
+    executed: int = 0
+    resent: int = 0
+    #: Runs executed again because the worker of the first execution was killed after its
+    #: body and before its end was recorded (acks_late: docs/workers.md), not violations.
+    rerun_after_death: int = 0
     #: Seconds without a trusted leader, per namespace, each with when it began.
     gaps: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: Per fault kind: seconds from the fault's start to the next leader's first trust.
@@ -141,6 +148,9 @@ class Report:
             "duplicate_ticks": self.duplicate_ticks,
             "lost_ticks": self.lost_ticks,
             "excused_ticks": self.excused_ticks,
+            "executed": self.executed,
+            "resent": self.resent,
+            "rerun_after_death": self.rerun_after_death,
             "faults": self.faults,
             "failover_s": {k: stats(v) for k, v in sorted(self.failover.items())},
             "per_fault": self.per_fault,
@@ -159,6 +169,7 @@ def check(
     tick_every: dict[str, float] | None = None,
     tick_settle: float = 2.0,
     clock_error: float | None = None,
+    executions: bool = False,
 ) -> Report:
     """Judge a history against the invariants in docs/design.md.
 
@@ -168,6 +179,12 @@ def check(
     with one key); a run never sent although one leader was trusted from its due time
     (the previous run's time + its period) until ``tick_settle`` seconds after it
     (``tick_every`` maps an entry to its period in seconds).
+
+    ``executions``: judge the beat's runs by what the workers ran (``ran`` records, one
+    per execution, with the run's key) instead: a run executed twice is a duplicate, one
+    sent and never executed is lost, and so is every due time skipped between two runs,
+    whoever led then (no failover is excused: the entries catch up every missed due time).
+    A run sent twice and executed once is a re-send, counted, not a violation.
     """
     rep = Report()
     errs = [r["seconds"] for r in records if r["k"] == "clock_error"]
@@ -253,13 +270,16 @@ def check(
             rep.sends += 1
             sent[(r["ns"], r["entry"], r["run"])].append(t)
             times[(r["ns"], r["entry"])].append(r["at"])
-    for (ns, entry, run), monos in sent.items():
-        if len(monos) > 1:
-            rep.duplicate_ticks += len(monos) - 1
-            rep.events += [(t, "duplicate_ticks", 1) for t in monos[1:]]
-            rep.violations.append(f"{ns}: run {entry} after {run} sent {len(monos)} times")
-    if tick_every:
-        _check_lost(rep, records, times, by_ns, tick_every, tick_settle)
+    if executions:
+        _check_executions(rep, records, sent, times, tick_every or {}, tick_settle)
+    else:
+        for (ns, entry, run), monos in sent.items():
+            if len(monos) > 1:
+                rep.duplicate_ticks += len(monos) - 1
+                rep.events += [(t, "duplicate_ticks", 1) for t in monos[1:]]
+                rep.violations.append(f"{ns}: run {entry} after {run} sent {len(monos)} times")
+        if tick_every:
+            _check_lost(rep, records, times, by_ns, tick_every, tick_settle)
     _attribute_failovers(rep, records, by_ns)
     return rep
 
@@ -322,6 +342,78 @@ def _check_lost(
                     rep.excused_ticks += 1
                     rep.events.append((at, "excused_ticks", 1))
                 due += step
+
+
+def _check_executions(
+    rep: Report,
+    records: list[dict[str, Any]],
+    sent: dict[tuple[str, str, int], list[float]],
+    times: dict[tuple[str, str], list[int]],
+    tick_every: dict[str, float],
+    settle: float,
+) -> None:
+    """Each run executed exactly once, and no due time without a run (see :func:`check`).
+
+    A run sent in the last ``settle`` seconds of the history may still be on its way: not
+    counted lost. Due times: consecutive runs of an entry stand ``period`` apart when one
+    was caught up, and less than two periods when sent on time (Celery stores the send's
+    time); two periods or more apart, the due times between them had no run.
+    """
+    ran: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["k"] == "ran":
+            ran[(r["ns"], r["entry"], r["run"])].append(r)
+    killed = [r for r in records if r["k"] == "fault" and r.get("phase", "start") == "start"
+              and r["kind"] in _KILLS]  # fmt: skip
+    end = max((r["mono"] for r in records), default=0.0)
+    for key, monos in sent.items():
+        ns, entry, run = key
+        rep.resent += len(monos) - 1
+        done = sorted(ran.get(key, []), key=lambda r: r["mono"])
+        rep.executed += min(len(done), 1)
+        again = [r for r in done[1:] if not _died_after(done[0], killed)]
+        rep.rerun_after_death += len(done[1:]) - len(again)
+        if again:
+            rep.duplicate_ticks += len(again)
+            rep.events += [(r["mono"], "duplicate_ticks", 1) for r in again]
+            rep.violations.append(f"{ns}: run {entry} after {run} executed {len(done)} times")
+        elif not done and min(monos) < end - settle:
+            rep.lost_ticks += 1
+            rep.events.append((min(monos), "lost_ticks", 1))
+            rep.violations.append(f"{ns}: run {entry} after {run} was sent, never executed")
+    for key in ran:
+        if key not in sent:
+            rep.violations.append(f"{key[0]}: run {key[1]} after {key[2]} ran, never sent")
+    offsets = [r["wall"] - r["mono"] for r in records if r.get("role") == "driver"]
+    offset = statistics.median(offsets) if offsets else 0.0
+    for (ns, entry), ats in times.items():
+        every = tick_every.get(entry)
+        if not every:
+            continue
+        step = round(every * 1_000_000)
+        for before, after in itertools.pairwise(sorted(set(ats))):
+            for due in range(before + step, after - step + 1, step):  # skipped due times
+                rep.lost_ticks += 1
+                rep.events.append((due / 1_000_000 - offset, "lost_ticks", 1))
+                rep.violations.append(f"{ns}: run {entry} due {due} never sent")
+
+
+#: Faults that end a process at once (``skew`` kills it and starts it with a wrong clock).
+_KILLS = ("kill", "skew")
+
+
+def _died_after(
+    execution: dict[str, Any], killed: list[dict[str, Any]], within: float = 2.0
+) -> bool:
+    """Whether the worker of ``execution`` (its ``ppid``) was killed right after it ran.
+
+    Its end may not have been recorded: under ``acks_late`` the run comes back and runs
+    again, as documented (docs/workers.md), not a duplicate of a finished run.
+    """
+    ppid, t = execution.get("ppid"), execution["mono"]
+    return ppid is not None and any(
+        f.get("target_pid") == ppid and t <= f["mono"] <= t + within for f in killed
+    )
 
 
 def _attribute_failovers(

@@ -22,6 +22,8 @@ from celery.result import AsyncResult
 
 from celery_election.app import leader_queue_name
 from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.backends.locks import MAX_SLOTS, lock_key, slot_key
+from celery_election.backends.schema import db_now_us
 from celery_election.lease import Lease
 from harness.e2e_tables import e2e_tables
 from harness.processes import Proc, stop_all
@@ -199,10 +201,17 @@ class Cluster:
 
     def beat_leader(self) -> str | None:
         """The standalone beat (by process name) holding the beat lease now."""
-        lease = self.backend.current(f"{self.namespace}-beat")
-        if lease is None or not lease.held or lease.leader_id is None:
+        # only the columns every release has: a rolling upgrade's older tables lack the
+        # newer ones until a newer process installs them (tests/e2e/test_upgrade.py)
+        assert isinstance(self.backend, SQLBackend)
+        t = self.backend.lease
+        held = sa.and_(t.c.token.is_not(None), t.c.expires_at > db_now_us())
+        stmt = sa.select(t.c.leader_id).where(t.c.namespace == f"{self.namespace}-beat", held)
+        with self.engine.connect() as conn:
+            leader_id = conn.execute(stmt).scalar()
+        if leader_id is None:
             return None
-        pid = int(lease.leader_id.split(":")[1])
+        pid = int(leader_id.split(":")[1])
         return next((n for n, p in self.workers.items() if p.pid == pid), None)
 
     def wait_beat_leader(self, timeout: float, other_than: str | None = None) -> str:
@@ -241,6 +250,55 @@ class Cluster:
             for r in rows
         )
 
+    def hot_standby(self, name: str) -> bool:
+        """Whether worker ``name`` holds a standby slot of the namespace's liveness lock.
+
+        A follower claims a slot just before it waits on the lock and frees it at the
+        grant: a worker holding one is woken by the grant. The server's (or the kernel's)
+        record of the slot's owner is matched to the worker's main process (the lock
+        thread's): PostgreSQL and MariaDB by the session's client port, SQLite's file
+        locks by pid (/proc/locks).
+        """
+        pid = self.workers[name].pid
+        key = lock_key(self.prefix, self.namespace)
+        slots = [slot_key(key, n) for n in range(MAX_SLOTS)]
+        dialect = self.engine.dialect.name
+        if dialect == "sqlite":
+            db = Path(str(self.engine.url.database))
+            base = f"{db.name}.{key.hex()[:16]}"
+            return _flocked_by(
+                pid, [db.with_name(f"{base}.slot{n}.lock") for n in range(MAX_SLOTS)]
+            )
+        ports = _local_ports(pid)
+        if not ports:
+            return False
+        with self.engine.connect() as conn:
+            if dialect == "postgresql":
+                ids = set()
+                for slot in slots:
+                    k = int.from_bytes(slot[:8], "big", signed=True) & 0xFFFFFFFFFFFFFFFF
+                    ids.add((k >> 32, k & 0xFFFFFFFF))
+                query = sa.text(
+                    "SELECT l.classid, l.objid FROM pg_locks l JOIN pg_stat_activity a "
+                    "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                    "AND a.client_port IN :ports"
+                ).bindparams(sa.bindparam("ports", expanding=True))
+                held = conn.execute(query, {"ports": sorted(ports)})
+                return any((int(r[0]), int(r[1])) in ids for r in held)
+            for slot in slots:  # MySQL/MariaDB: the slot's holder, then its client port
+                who = conn.execute(
+                    sa.text("SELECT IS_USED_LOCK(:n)"), {"n": "celery_election:" + slot.hex()[:40]}
+                ).scalar()
+                if who is None:
+                    continue
+                host = conn.execute(
+                    sa.text("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = :i"),
+                    {"i": int(who)},
+                ).scalar()
+                if host and int(str(host).rsplit(":", 1)[-1] or 0) in ports:
+                    return True
+            return False
+
     def rows(self, table: sa.Table) -> list[Any]:
         with self.engine.connect() as conn:
             return list(conn.execute(sa.select(table).order_by(table.c.id)))
@@ -252,6 +310,17 @@ class Cluster:
             if r.kind == "elected":
                 owners.setdefault(r.term, set()).add(r.worker.split("@", 1)[0])
         return owners
+
+
+def _flocked_by(pid: int, files: list[Path]) -> bool:
+    """Whether process ``pid`` holds a ``flock`` on one of ``files`` (/proc/locks)."""
+    inodes = {f.stat().st_ino for f in files if f.exists()}
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <major:minor:inode> 0 EOF"
+        mine = len(fields) > 5 and fields[1] == "FLOCK" and fields[4] == str(pid)
+        if mine and int(fields[5].rsplit(":", 1)[1]) in inodes:
+            return True
+    return False
 
 
 def _local_ports(pid: int) -> set[int]:

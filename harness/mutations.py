@@ -56,6 +56,10 @@ SCHEDULER = "celery_election/beat/scheduler.py"
 SENDER = "celery_election/beat/sender.py"
 LEDGER_PY = "celery_election/beat/ledger.py"
 LEDGER = ["tests/integration/test_run_ledger.py"]
+CLI_KEYS = "celery_election/cli_keys.py"
+KEY_CLI = ["tests/integration/test_cli_keys.py"]
+KEY_THREADS = ["tests/unit/test_key_holder_threads.py"]
+KEY_KIT = ["tests/unit/test_singleton_kit.py"]
 LEDGER_BEAT = ["tests/unit/test_ledger_beat.py", "tests/unit/test_beat.py"]
 SQL_SCHED = "celery_election/schedule/store.py"
 OPS = "celery_election/beat/ops.py"
@@ -72,6 +76,11 @@ ELECTION = [
     "tests/unit/test_elector.py",
     "tests/unit/test_liveness_rules.py",
 ]
+ELIGIBLE = ["tests/unit/test_eligible.py"]
+TRANSFER = ["tests/integration/test_transfer_suite.py"]
+HANDOVER = ["tests/unit/test_transfer.py"]
+RELEASE = ["tests/unit/test_release.py"]
+RELEASE_LOCK = ["tests/unit/test_release.py", "tests/unit/test_eligible.py"]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
 GUARDS = "celery_election/beat/guards.py"
 RUNS = "celery_election/beat/runs.py"
@@ -79,6 +88,11 @@ CATCHUP = "celery_election/beat/catchup.py"
 FENCE = "celery_election/beat/fence.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 PUBLISH = "celery_election/beat/publish.py"
+CONFIRMS = "celery_election/beat/confirms.py"
+CONFIRMS_UNIT = ["tests/unit/test_confirms.py"]
+REFUSED = [
+    "tests/integration/test_beat_publishers.py::test_a_run_the_broker_refused_stays_pending_and_owed"
+]
 BEAT_ELECTION = "celery_election/beat/election.py"
 PUBLISHERS = ["tests/unit/test_burst_publish.py", "tests/integration/test_beat_publishers.py"]
 CRON = "celery_election/schedule/cron.py"
@@ -95,7 +109,12 @@ RUNONCE = "celery_election/runonce.py"
 ONCE = "celery_election/once.py"
 STARTS = ["tests/integration/test_task_starts.py", "tests/unit/test_once.py"]
 ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
+RESENT_E2E = (
+    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy_runs_is_run_once"
+)
 VERSIONS = ["tests/integration/test_versions.py"]
+TRACING_PY = "celery_election/tracing.py"
+TRACING = ["tests/e2e/test_tracing.py"]
 
 MUTATIONS = [
     # -- upgrades: tables or peers newer than this code are refused before any write ------------
@@ -184,6 +203,59 @@ MUTATIONS = [
     M("dec-retry-floor", DEC, "return min(delay, max(0.01, trust_left / 3))", "return min(delay, trust_left / 3)", RULES),
     M("dec-release-following", DEC, "return following and wait >= ttl", "return wait >= ttl", RULES),
     M("dec-release-long-wait", DEC, "return following and wait >= ttl", "return following", RULES),
+    # -- election_eligible: an ineligible candidate never takes a term (issue 45) -------------
+    M("dec-ineligible-looks", DEC, "    if not seen.eligible:\n        return Call.LOOK, 0.0\n", "", RULES),
+    M("dec-ineligible-no-lock", DEC, "proof = seen.proof if seen.eligible else None", "proof = seen.proof", RULES),
+    M("loop-ineligible-seen", LOOP, "eligible = self.candidate.eligible", "eligible = True", ELIGIBLE),
+    M("elector-ineligible-no-lock-thread", "celery_election/elector.py", "if self.eligible:  # the lock is for those who may lead",
+      "if True:  # the lock is for those who may lead", ELIGIBLE),
+    M("candidate-eligible-stored", "celery_election/backends/sql_candidates.py",
+      '            "eligible": eligible,\n            "release": values["release"],\n        }',
+      '            "release": values["release"],\n        }', LEASE),
+    M("candidate-eligible-read", "celery_election/backends/sql_candidates.py",
+      "eligible=r.eligible is None or bool(r.eligible),", "eligible=True,", LEASE),
+    # -- transfer: the hand-over's one write names the target (issue 45) ----------------------
+    M("transfer-holder-token", SQL_LEASE, '        t.c.token == sa.bindparam("p_token", type_=sa.String()),\n        t.c.term == sa.bindparam("p_term"',
+      '        sa.true(),\n        t.c.term == sa.bindparam("p_term"', TRANSFER),
+    M("transfer-holder-term", SQL_LEASE, '        t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n        t.c.expires_at > now,\n    )',
+      "        sa.true(),\n        t.c.expires_at > now,\n    )", TRANSFER),
+    M("transfer-holder-unexpired", SQL_LEASE, "        t.c.expires_at > now,\n    )\n    live_target", "        sa.true(),\n    )\n    live_target", TRANSFER),
+    M("transfer-target-namespace", SQL_LEASE, "            c.c.namespace == ns,\n            c.c.token == target,", "            sa.true(),\n            c.c.token == target,", TRANSFER),
+    M("transfer-target-token", SQL_LEASE, "            c.c.token == target,", "            sa.true(),", TRANSFER),
+    M("transfer-target-live", SQL_LEASE, "            c.c.expires_at > now,\n            sa.or_(", "            sa.true(),\n            sa.or_(", TRANSFER),
+    M("transfer-target-eligible", SQL_LEASE, "sa.or_(c.c.eligible.is_(None), c.c.eligible.is_(True)),", "sa.true(),", TRANSFER),
+    M("transfer-made-names-target", SQL_LEASE, '"transferred": sa.update(t).where(*holder, live_target)', '"transferred": sa.update(t).where(*holder)', TRANSFER),
+    M("transfer-asked-names-target", SQL_LEASE, '"asked": sa.update(t).where(*holder, live_target)', '"asked": sa.update(t).where(*holder)', TRANSFER),
+    M("memory-transfer-holds", MEM, "return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)",
+      "return self._may_lead(namespace, target, now)", TRANSFER),
+    M("memory-transfer-may-lead", MEM, "return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)",
+      "return self._holds(row, now, token, term)", TRANSFER),
+    M("memory-may-lead-live", MEM, "return c is not None and c.expires_at_us > now and c.eligible", "return c is not None and c.eligible", TRANSFER),
+    M("memory-may-lead-eligible", MEM, "return c is not None and c.expires_at_us > now and c.eligible",
+      "return c is not None and c.expires_at_us > now", TRANSFER),
+    M("dec-accept-later-term", DEC, "return Next.ACCEPT if result.lease.term > had else Next.RENEW", "return Next.ACCEPT", RULES),
+    M("dec-accept-never", DEC, "return Next.ACCEPT if result.lease.term > had else Next.RENEW", "return Next.RENEW", [*RULES, *HANDOVER]),
+    M("dec-transfer-asked-term", DEC, "if lease is None or not lease.held_by(token) or lease.term != term:",
+      "if lease is None or not lease.held_by(token):", RULES),
+    M("dec-transfer-asked-self", DEC, "return target if target is not None and target != token else None", "return target", RULES),
+    M("loop-transfer-belief-first", LOOP, "self._belief.end(RevokeReason.TRANSFERRED, veto=term or 0)", "pass", HANDOVER),
+    # -- release preference: an older release leaves a vacancy to a newer one (issue 45) --------
+    M("dec-release-newer", DEC, "c.eligible and c.token != token and release_key(c.release) > mine",
+      "c.eligible and c.token != token and release_key(c.release) >= mine", RULES),
+    M("dec-release-eligible", DEC, "c.eligible and c.token != token and release_key(c.release) > mine",
+      "c.token != token and release_key(c.release) > mine", RULES),
+    M("dec-release-not-self", DEC, "c.eligible and c.token != token and release_key(c.release) > mine",
+      "c.eligible and release_key(c.release) > mine", RULES),
+    M("dec-release-trailing-zeros", DEC, "    while parts and parts[-1] == 0:", "    while False:", RULES),
+    M("dec-defer-bounded", DEC, "return newer and (since is None or now - since < patience)", "return newer", [*RULES, *RELEASE]),
+    M("dec-defer-newer", DEC, "return newer and (since is None or now - since < patience)",
+      "return since is None or now - since < patience", [*RULES, *RELEASE]),
+    M("loop-register-retry", LOOP, "every = config.heartbeat_interval if ok else config.poll_interval",
+      "every = config.heartbeat_interval", ["tests/unit/test_elector.py"]),
+    M("loop-hold-back", LOOP, "if call is not Call.LOOK and self._hold_back(now):", "if False:", RELEASE),
+    M("loop-hold-back-no-lock", LOOP, "eligible = self.candidate.eligible and not held_back",
+      "eligible = self.candidate.eligible", RELEASE_LOCK),
+    M("candidate-release-stored", "celery_election/backends/sql_candidates.py", '            "release": values["release"],\n', "", LEASE),
     # -- belief: one owner, each transition once ------------------------------------------------
     M("belief-veto", BELIEF, "if self._closed or lead.term <= self._vetoed:", "if self._closed:", ELECTION),
     M("belief-closed", BELIEF, "if self._closed or lead.term <= self._vetoed:", "if lead.term <= self._vetoed:", ELECTION),
@@ -192,8 +264,8 @@ MUTATIONS = [
     M("belief-once", BELIEF, "        lead, self._lead = self._lead, None\n", "        lead = self._lead\n", ELECTION),
     M("belief-never-revived", BELIEF, "if self._lead is not None and self._lead.term == lead.term and self.trusted():",
       "if self._lead is not None and self._lead.term == lead.term:", ELECTION),
-    M("watchers-before-elected", BELIEF, "            self._tell(lead)\n            self._post(\"elected\", lead.term)\n",
-      "            self._post(\"elected\", lead.term)\n            self._tell(lead)\n", ELECTION),
+    M("watchers-before-elected", BELIEF, "            self._tell(lead)\n            self._post(\"elected\", lead.term, vacancy=vacancy)\n",
+      "            self._post(\"elected\", lead.term, vacancy=vacancy)\n            self._tell(lead)\n", ELECTION),
     M("watchers-before-revoked", BELIEF, "            self._tell(None)\n            self._post(\"revoked\", lead.term, reason)\n",
       "            self._post(\"revoked\", lead.term, reason)\n            self._tell(None)\n", ELECTION),
     # -- the liveness lock's sessions -------------------------------------------------------
@@ -202,6 +274,8 @@ MUTATIONS = [
       "        if True:  # else acquire() probes first", TOPOLOGIES),
     M("lock-lapsed-proof-regranted", "celery_election/lock_thread.py",
       "elif not self.proof.proven(self._clock.monotonic()):", "elif False:", ELECTION),
+    M("lock-dead-waiter-kept", LOCKS, "if self.description not in _NO_CONNECTION_CHECK:",
+      "if False:", ["tests/integration/test_liveness.py::test_a_standby_gone_in_its_lock_wait_frees_its_slot_within_delta"]),
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
     # -- the drivers (psycopg2, mysqlclient) ------------------------------------------------------
@@ -250,12 +324,18 @@ MUTATIONS = [
     M("ledger-mem-mark-term", MEM_BEAT, "if run is not None and run.state.term == term:", "if run is not None:", LEDGER),
     M("ledger-claims-pending", SCHEDULER, "pending=True)  # fmt: skip", "pending=False)  # fmt: skip", LEDGER_BEAT),
     M("ledger-no-recovery", SCHEDULER, "if not self._sender.recover(lead, self.schedule, self.producer):", "if False:", LEDGER_BEAT),
-    M("ledger-no-retry", SENDER, "            if send.claim is not None:\n                self.ledger.failed(entry, send.claim)\n            raise",
-      "            raise", LEDGER_BEAT),
+    M("ledger-no-retry", SENDER, "        if send.claim is not None:\n            self.ledger.failed(entry, send.claim)\n",
+      "", LEDGER_BEAT),
     M("ledger-new-task-id", LEDGER_PY, 'return str(uuid.uuid5(_RUNS, f"{namespace}\\0{entry}\\0{at}"))', "return str(uuid.uuid4())",
       LEDGER_BEAT),
-    M("ledger-confirm", PUBLISH, 'return app.connection_for_write(transport_options={"confirm_publish": True})',
-      "return app.connection_for_write()", ["tests/integration/test_beat_publishers.py::test_a_run_the_broker_refused_stays_pending_and_owed"]),
+    # -- the confirms: a run counts as sent once the broker acked it (beat/confirms.py) ---
+    M("ledger-confirm", SENDER, "        confirmed = applies(producer)\n", "        confirmed = False\n", REFUSED),
+    M("ledger-confirm-publisher", PUBLISH, "        confirmed = applies(self.producer)\n", "        confirmed = False\n", REFUSED),
+    M("confirms-channel", CONFIRMS, "        if channel is not self._channel:\n            return\n", "", CONFIRMS_UNIT),
+    M("confirms-own-tag", CONFIRMS, "        if self._published == mark + 1:", "        if True:", CONFIRMS_UNIT),
+    M("confirms-uncertain", CONFIRMS, "                self._uncertain = True\n                raise", "                raise", CONFIRMS_UNIT),
+    M("confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
+      "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", CONFIRMS_UNIT),
     # -- the beat's clock: the runaway guard and cron's daylight-saving rules ---------------
     M("guard-held", GUARDS, "        hold = runaway_hold(entry, self._answers)\n", "        hold = None\n", BEAT_UNIT),
     M("guard-cron-fields", GUARDS, "        if seen is not None and seen > now:", "        if False:", BEAT_UNIT),
@@ -364,18 +444,46 @@ MUTATIONS = [
       "return lease_until", SINGLETON),
     M("keys-late-success", HOLDER, "        if not self.trusted(held):  # won, but too late", "        if False:  # won, but too late",
       SINGLETON),
-    M("keys-probe-ended", HOLDER, "if seen.token == inc.token or not inc.session.ended(keys.holder_key(seen.token)):",
-      "if seen.token == inc.token:", SINGLETON),
+    M("keys-probe-ended", HOLDER, "        if not ended:\n            return None\n", "        if False:\n            return None\n",
+      SINGLETON),
     M("keys-wait-delta", HOLDER, "while (waited := self._clock.monotonic() - answered) < need:", "while False:", SINGLETON),
-    M("keys-renew-trust", HOLDER, "if held.incarnation is inc and (held.key, held.term) in terms:",
-      "if held.incarnation is inc:", SINGLETON),
-    M("keys-ping-lost", HOLDER, "            inc.session.ping()\n            if not inc.session.has_lock:",
-      "            inc.session.ping()\n            if False:", KEY_SUITE),
+    M("keys-renew-trust", HOLDER, "                    if (held.key, held.term) in terms:",
+      "                    if True:", SINGLETON),
+    M("keys-ping-lost", HOLDER, "                inc.session.ping()\n                if not inc.session.has_lock:",
+      "                inc.session.ping()\n                if False:", KEY_SUITE),
+    # -- singleton tasks' operators (issue 43): the CLI's release is fenced by the term seen ------
+    M("keyops-cli-term", CLI_KEYS, "    if term is not None and term != hold.term:\n", "    if False:\n", KEY_CLI),
+    M("keyops-cli-held", CLI_KEYS, "    if hold is None or not hold.held:\n", "    if hold is None:\n", KEY_CLI),
+    # -- the key holder shared by a worker's threads: its session, its renewals, an outage --------
+    M("keyops-probe-lock", HOLDER, "            with self._session_lock:\n                ended = inc.session.ended",
+      "            if True:\n                ended = inc.session.ended", KEY_THREADS),
+    M("keyops-renew-apart", HOLDER, 'self._start("celery-election-keys", self._sleeper, ping, self._ping)',
+      'self._start("celery-election-keys", self._sleeper, ping, lambda: (self._ping(), self._renew()))', KEY_THREADS),
+    M("keyops-unreachable-busy", "celery_election/singleton.py", "        except BackendUnavailableError as exc:  # never lost",
+      "        except KeyError as exc:  # never lost", KEY_THREADS),
+    M("keyops-one-waiting-drop", "celery_election/singleton.py", "            if slot is None:\n                log.info(",
+      "            if False:\n                log.info(", KEY_KIT),
+    M("keyops-one-waiting-free", "celery_election/singleton.py", "        self._free_waiting(holder, key)\n", "", KEY_KIT),
+    M("keyops-one-waiting-unsent", "celery_election/singleton.py", "            if WAITING in headers:\n", "            if False:\n", KEY_KIT),
+    M("keyops-e2e-one-waiting", "celery_election/singleton.py", "            if slot is None:\n                log.info(",
+      "            if False:\n                log.info(",
+      ["tests/e2e/test_singleton_workers.py::test_one_waiting_runs_the_running_one_and_one_more[postgresql]"]),
+    M("keyops-e2e-hold-vacant", SQL_KEYS, "sa.or_(t.c.token.is_(None), t.c.expires_at <= now),", "sa.true(),",
+      ["tests/e2e/test_singleton_workers.py::test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced[postgresql]"]),
     # -- run once on the workers: a run's start record turns a second delivery into a skip ------
     M("once-no-start-record", RUNONCE, "        if self._record(start):\n", "        if True:\n", STARTS),
     M("once-worker-check", ONCE, "            _wrap(type(task))\n", "            pass\n",
       ["tests/unit/test_once.py", ONCE_E2E]),
     M("once-worker-check-e2e", ONCE, "            _wrap(type(task))\n", "            pass\n", [ONCE_E2E]),
+    M("once-resent-taken-over", RUNONCE, "        if resent and not own:\n", "        if False:\n", STARTS),
+    M("once-resent-taken-over-e2e", RUNONCE, "        if resent and not own:\n", "        if False:\n", [RESENT_E2E]),
+    M("once-own-record-unknown", RUNONCE, "        own = mine == start_owner(seen.hostname, seen.pid)\n",
+      "        own = False\n", STARTS),
+    M("once-own-record-default", RUNONCE, "        if not (acks_late or own):\n", "        if not acks_late:\n", STARTS),
+    M("once-own-record-early", RUNONCE, "        if not acks_late and mine is None:\n", "        if not acks_late:\n", STARTS),
+    M("once-defer-unnamed", ONCE, "    headers[DEFERRED_BY] = owner\n", "    pass\n", STARTS),
+    M("once-resend-unmarked", SENDER, "            if attempt > 1 or recovered is not None:", "            if False:", LEDGER_BEAT),
+    M("once-resend-all-marked", SENDER, "            if attempt > 1 or recovered is not None:", "            if True:", LEDGER_BEAT),
     M("starts-insert-if-absent", SQL_STARTS, "stmt = self.backend.db.insert_ignore(self.table, values)",
       'stmt = self.backend.db.upsert(self.table, values, lambda new: {"pid": new.pid})', STARTS),
     M("starts-memory-if-absent", MEM_STARTS, "            if key in self._rows:\n", "            if False:\n", STARTS),
@@ -383,6 +491,13 @@ MUTATIONS = [
       "                t.c.finished_at.is_(None),\n            )\n            .values(attempt=", STARTS),
     M("starts-rerun-unfinished", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
       "                t.c.attempt == attempt,\n            )\n            .values(attempt=", STARTS),
+    # -- traces: a run's context travels with its message (one trace per run) -----------------
+    M("otel-run-not-current", SENDER, "with tracing.current(send.span):", "with tracing.current(None):", TRACING),
+    M("otel-publisher-no-context", PUBLISH, 'with tracing.from_headers(options.get("headers")):',
+      "with tracing.from_headers(None):", TRACING),
+    M("otel-no-inject", TRACING_PY, "        _propagate.inject(headers, context=_trace.set_span_in_context(span))",
+      "        pass", TRACING),
+    M("otel-trace-id-random", TRACING_PY, "        parent = run_parent(task_id)", "        parent = None", TRACING),
 ]  # fmt: skip
 
 #: Mutations known to leave every test green because they change nothing observable.

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -240,6 +241,20 @@ def _celery_app_restored() -> Iterator[None]:
     yield
     _state._tls.current_app = current
     _state.default_app = default
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_restored() -> Iterator[None]:
+    """The root logger's level as it was before the test.
+
+    Celery's in-process worker (``start_worker``: the testing kit's and the run-once
+    tests) sets it to ERROR and leaves it there: the next test in that xdist worker lost
+    the WARNING it asserts (tests/integration/test_overdue.py saw no warning at all).
+    """
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -365,6 +365,11 @@ class StartStore(Protocol):
     ) -> bool:
         """Mark ``attempt`` of the run finished with ``outcome``; False if it was not that."""
 
+    def prune_starts(
+        self, namespace: str, older_than: float, *, batch: int = 5000, timeout: float | None = None
+    ) -> int:
+        """Delete up to ``batch`` records started ``older_than`` s ago (database clock)."""
+
     def load_start(
         self, namespace: str, run_key: str, *, timeout: float | None = None
     ) -> TaskStart | None:
@@ -472,6 +477,32 @@ class Backend(Protocol):
     ) -> bool:
         """Vacate the lease held by exactly (token, term); True if it was."""
 
+    def transfer(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        target: CandidateInfo,
+        ttl: float,
+        *,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Hand the unexpired (token, term) to ``target``, a live and eligible candidate.
+
+        One conditional write naming the target: it holds a new, greater term, untagged,
+        and believes it only once it has renewed it; or nothing changes. The row after it.
+        """
+
+    def ask_transfer(
+        self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None
+    ) -> bool:
+        """Ask the holder of the unexpired term ``seen`` to hand it to ``target``.
+
+        Set on the row if both still hold (the target live and eligible), for the leader's
+        next renewal; False if not.
+        """
+
     def current(self, namespace: str, *, timeout: float | None = None) -> Lease | None:
         """The lease row as stored now, or None if the namespace never had one."""
 
@@ -487,9 +518,15 @@ class Backend(Protocol):
         pid: int,
         ttl: float,
         *,
+        eligible: bool = True,
+        release: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        """Create or refresh this candidate's row; it is listed for ``ttl`` seconds."""
+        """Create or refresh this candidate's row; it is listed for ``ttl`` seconds.
+
+        ``eligible``: False for a candidate that never takes a term (listed as such).
+        ``release``: the release it runs (older ones defer to it: decisions.py).
+        """
 
     def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:
         """Remove this candidate's row."""

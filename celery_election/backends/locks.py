@@ -247,6 +247,8 @@ class _DBSession:
 
 
 _PINNED: dict[str, tuple[bool, float]] = {}
+#: URLs whose server cannot check for closed clients (not Linux: no POLLRDHUP)
+_NO_CONNECTION_CHECK: set[str] = set()
 _PROBE = "celery_election.probe"
 
 
@@ -344,12 +346,32 @@ class PostgresSession(_DBSession):
     def _set_timeouts(self, conn: Any) -> None:
         # PostgreSQL 14+; an older server raises here and liveness stays off. One
         # statement: a cold standby's try connects once per fallback_interval.
-        _scalar(
-            conn,
+        millis = str(math.ceil(self.delta * 1000))
+        sql = (
             "SELECT set_config('idle_session_timeout', %s, false),"
-            " set_config('statement_timeout', '0', false)",
-            (str(math.ceil(self.delta * 1000)),),
+            " set_config('statement_timeout', '0', false)"
         )
+        if self.description not in _NO_CONNECTION_CHECK:
+            # A server notices a closed client only when it next talks to it: a standby
+            # that died (or gave up) in ``pg_advisory_lock`` stayed in the lock's queue,
+            # holding its standby slot, until lock_timeout (fallback_interval) ran out,
+            # so a newer candidate found no slot free and was not woken by the grant
+            # (a rolling upgrade handed the vacancy back to an older release).
+            # With the check the server ends it within delta.
+            try:
+                _scalar(conn, sql + ", set_config('client_connection_check_interval', %s, false)",
+                        (millis, millis))  # fmt: skip
+                return
+            except Exception as exc:
+                if sqlstate(exc) != "22023":  # "must be 0 on this platform" (no POLLRDHUP)
+                    raise
+                _NO_CONNECTION_CHECK.add(self.description)
+                log.warning(
+                    "%s cannot check for closed clients (client_connection_check_interval): "
+                    "a standby that dies while it waits on the liveness lock keeps its "
+                    "standby slot until its wait times out", self.description,
+                )  # fmt: skip
+        _scalar(conn, sql, (millis,))
 
     def _check_pinned(self, conn: Any, max_age: float) -> None:
         if not sessions_pinned(conn, self._connect, self.description, max_age):

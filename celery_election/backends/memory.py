@@ -36,6 +36,7 @@ class _Row:
     renewed_at: int | None = None
     expires_at: int = 0
     liveness_us: int | None = None
+    transfer_to: str | None = None
 
 
 class _Wakeup:
@@ -151,6 +152,7 @@ class MemoryBackend:
             renewed_at_us=row.renewed_at,
             token=row.token,
             liveness_us=row.liveness_us,
+            transfer_to=row.transfer_to,
         )
 
     def elect(
@@ -221,7 +223,7 @@ class MemoryBackend:
                 row.token, row.leader_id = token, candidate_id
                 row.acquired_at = row.renewed_at = now
                 row.expires_at = now + round(ttl * 1_000_000)
-                row.liveness_us = _live_us(tag)
+                row.liveness_us, row.transfer_to = _live_us(tag), None
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
@@ -262,11 +264,57 @@ class MemoryBackend:
             row = self._leases.get(namespace)
             if row is None or row.token != token or row.term != term:
                 return False
-            row.token = row.leader_id = None
+            row.token = row.leader_id = row.transfer_to = None
             row.expires_at = now
             row.liveness_us = None
         self._wake(namespace, Wakeup("resigned", term))
         return True
+
+    def transfer(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        target: CandidateInfo,
+        ttl: float,
+        *,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Hand (token, term) to ``target`` if it is a live, eligible candidate."""
+        self._enter("transfer")
+
+        def can(row: _Row, now: int) -> bool:
+            return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)
+
+        result = self._take(namespace, target.token, target.candidate_id, ttl, None, floor, can)
+        return ElectResult(result.won, result.lease)
+
+    def ask_transfer(
+        self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None
+    ) -> bool:
+        """Ask the holder of ``seen`` to hand it to ``target`` (sql.py: the same rules)."""
+        self._enter("ask_transfer")
+        with self._lock:
+            now = self.clock.wall_us()
+            row = self._leases.get(namespace)
+            if row is None or seen.token is None:
+                return False
+            won = self._holds(row, now, seen.token, seen.term) and self._may_lead(
+                namespace, target, now
+            )
+            if won:
+                row.transfer_to = target.token
+        return won
+
+    @staticmethod
+    def _holds(row: _Row, now: int, token: str, term: int) -> bool:
+        return row.token == token and row.term == term and row.expires_at > now
+
+    def _may_lead(self, namespace: str, target: CandidateInfo, now: int) -> bool:
+        """Whether ``target`` is a live, eligible candidate of ``namespace`` (lock held)."""
+        c = self._candidates.get((namespace, target.token))
+        return c is not None and c.expires_at_us > now and c.eligible
 
     def current(self, namespace: str, *, timeout: float | None = None) -> Lease | None:
         self._enter("current")
@@ -292,6 +340,8 @@ class MemoryBackend:
         pid: int,
         ttl: float,
         *,
+        eligible: bool = True,
+        release: str | None = None,
         timeout: float | None = None,
     ) -> None:
         validate_namespace(namespace)
@@ -306,6 +356,8 @@ class MemoryBackend:
                 heartbeat_at_us=now,
                 expires_at_us=now + round(ttl * 1_000_000),
                 token=token,
+                eligible=eligible,
+                release=release,
             )
 
     def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:

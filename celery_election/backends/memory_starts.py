@@ -28,6 +28,18 @@ class MemoryStartStore:
     def _now(self) -> int:
         return self.clock.wall_us()
 
+    def prune_starts(
+        self, namespace: str, older_than: float, *, batch: int = 5000, timeout: float | None = None
+    ) -> int:
+        """Delete up to ``batch`` records of ``namespace`` older than ``older_than`` seconds."""
+        self._enter("prune_starts")
+        cut = self._now() - int(older_than * 1_000_000)
+        with self._lock:
+            old = [k for k, r in self._rows.items() if k[0] == namespace and r.started_at_us < cut]
+            for key in old[:batch]:
+                del self._rows[key]
+            return min(len(old), batch)
+
     def record_start(
         self, namespace: str, start: TaskStart, *, timeout: float | None = None
     ) -> bool:

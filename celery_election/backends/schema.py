@@ -182,6 +182,9 @@ def _lease(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # The holder's liveness delta (us) when its trust is bound by a liveness session
         # (backends/locks.py): only such a term may be taken over before it expires.
         sa.Column("liveness_us", sa.BigInteger, nullable=True),
+        # An operator's request that the holder of this term hand it to the candidate
+        # with this token (``celery election transfer``). Nullable: added by install().
+        sa.Column("transfer_to", key_type(TOKEN_LENGTH), nullable=True),
         **_MYSQL_OPTIONS,
     )
 
@@ -199,6 +202,12 @@ def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("registered_at", sa.BigInteger, nullable=False),
         sa.Column("heartbeat_at", sa.BigInteger, nullable=False),
         sa.Column("expires_at", sa.BigInteger, nullable=False),
+        # False: it never takes a term (``election_eligible``). Nullable: added to older
+        # tables by install(); NULL (an older release's row) is eligible.
+        sa.Column("eligible", sa.Boolean, nullable=True),
+        # The release it runs (``election_release``): while a newer one lives, an older
+        # one does not take a vacant term. NULL: a release that did not say (the oldest).
+        sa.Column("release", sa.String(64), nullable=True),
         sa.Index(f"{prefix}candidate_expiry", "namespace", "expires_at"),
         **_MYSQL_OPTIONS,
     )

@@ -23,7 +23,8 @@ How each step stays correct (docs/design.md, "Rules found by experiment"):
 The SQL backend, one job per file: ``dialects.py`` (what differs between the
 databases), ``schema.py`` (tables, the database clock), ``connection.py`` (private engine,
 deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
-``sql_lease.py`` (the lease steps' statements), this file (the lease and the candidates),
+``sql_lease.py`` (the lease steps' statements), this file (the lease), ``sql_candidates.py``
+(the candidates),
 ``sql_install.py`` (the tables), ``sql_beat.py`` (``backend.beat``: beat run state),
 ``sql_keys.py`` (``backend.keys``: key holds), ``sql_starts.py`` (``backend.starts``: task
 start records); ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
@@ -51,13 +52,13 @@ from .dialects import dialect_for
 from .locks import LivenessSession, lock_key
 from .schema import (
     DEFAULT_TABLE_PREFIX,
-    TOKEN_LENGTH,
     db_now_us,
     make_metadata,
     validate_table_prefix,
 )
 from .sql_beat import SQLBeatStore
-from .sql_calls import Caller, SQLCalls
+from .sql_calls import Caller
+from .sql_candidates import SQLCandidates, check_token, rowcount, us
 from .sql_keys import SQLKeyStore
 from .sql_lease import lease_columns, lease_from_row, lease_statements
 from .sql_starts import SQLStartStore
@@ -82,7 +83,7 @@ def _same_driver(url: str | URL, like: URL) -> URL:
     return parsed.set(drivername=like.drivername)
 
 
-class SQLBackend(SQLCalls):
+class SQLBackend(SQLCandidates):
     """Leader election state in SQL tables, one code path for three databases.
 
     ``url_or_engine`` is a SQLAlchemy URL or an existing Engine. The backend always builds
@@ -164,7 +165,7 @@ class SQLBackend(SQLCalls):
     @functools.cached_property
     def _statements(self) -> dict[str, sa.Executable]:
         """Each step's statement, built once (sql_lease.py)."""
-        return lease_statements(self.lease, self.style)
+        return lease_statements(self.lease, self.candidate, self.style)
 
     def _step(
         self,
@@ -269,11 +270,11 @@ class SQLBackend(SQLCalls):
             )
         validate_namespace(namespace)
         validate_candidate_id(candidate_id)
-        _check_token(token)
+        check_token(token)
         params = {
             "p_token": token,
             "p_cid": candidate_id,
-            "p_ttl": _us(ttl),
+            "p_ttl": us(ttl),
             "p_live": _live_us(liveness),
             "p_floor": floor,
         }
@@ -311,7 +312,7 @@ class SQLBackend(SQLCalls):
                 values = {"namespace": namespace, "term": 0, "expires_at": 0}
                 vacant = self.db.insert_if_absent(self.lease, values, "term")
                 self.call(
-                    _rowcount(vacant),
+                    rowcount(vacant),
                     table=self.lease,
                     write=True,
                     timeout=timeout,
@@ -338,7 +339,7 @@ class SQLBackend(SQLCalls):
 
         ``liveness`` tags the term as bound by a liveness session from now on (None: not).
         """
-        params = {"p_token": token, "p_term": term, "p_ttl": _us(ttl), "p_live": _live_us(liveness)}
+        params = {"p_token": token, "p_term": term, "p_ttl": us(ttl), "p_live": _live_us(liveness)}
         try:
             result = self._step(
                 "renewed", params, namespace, timeout=timeout, connection=connection
@@ -387,15 +388,15 @@ class SQLBackend(SQLCalls):
         session ended before the grant, so the old leader's trust (last good ping +
         delta) has ended too.
         """
-        _check_token(token)
+        check_token(token)
         params = {
             "p_token": token,
             "p_cid": candidate_id,
-            "p_ttl": _us(ttl),
+            "p_ttl": us(ttl),
             "p_live": _live_us(liveness),
             "p_term": seen.term,
             "p_seen_token": seen.token,
-            "p_waited": _us(waited),
+            "p_waited": us(waited),
             "p_floor": floor,
         }
         try:
@@ -405,6 +406,59 @@ class SQLBackend(SQLCalls):
         if result is not None and result.won:
             return result
         return result or self._lost(namespace, timeout, None)
+
+    def transfer(
+        self,
+        namespace: str,
+        token: str,
+        term: int,
+        target: CandidateInfo,
+        ttl: float,
+        *,
+        floor: int = 0,
+        timeout: float | None = None,
+    ) -> ElectResult:
+        """Hand the unexpired term (token, term) to ``target``, a live, eligible candidate.
+
+        One conditional write that names the target: the term moves to it with a new,
+        greater term, untagged, or nothing changes. Call it only after belief in ``term``
+        has ended (``Elector.transfer``). The row after the step either way.
+        """
+        check_token(token)
+        check_token(target.token)
+        params = {
+            "p_token": token,
+            "p_term": term,
+            "p_target": target.token,
+            "p_target_cid": target.candidate_id,
+            "p_ttl": us(ttl),
+            "p_floor": floor,
+        }
+        try:
+            result = self._step("transferred", params, namespace, timeout=timeout, connection=None)
+        except LostRound:
+            result = None
+        if result is not None and result.won:
+            return result
+        return ElectResult(False, self._lost(namespace, timeout, None).lease)
+
+    def ask_transfer(
+        self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None
+    ) -> bool:
+        """Ask the holder of the term ``seen`` to hand it to ``target`` (an operator's call).
+
+        Written only if ``seen`` is still the unexpired lease and ``target`` a live,
+        eligible candidate; the leader acts on it at its next renewal.
+        """
+        if seen.token is None:
+            return False
+        check_token(target.token)
+        params = {"p_token": seen.token, "p_term": seen.term, "p_target": target.token}
+        try:
+            result = self._step("asked", params, namespace, timeout=timeout, connection=None)
+        except LostRound:
+            return False
+        return result is not None and result.won
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
         """A liveness lock for ``namespace`` on a connection of its own (locks.py).
@@ -441,90 +495,6 @@ class SQLBackend(SQLCalls):
             return sorted(str(r[0]) for r in conn.execute(stmt))
 
         return self.call(work, table=lease, write=False, timeout=timeout, connection=None)
-
-    # -- candidates -------------------------------------------------------------------------
-
-    def register(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        hostname: str,
-        pid: int,
-        ttl: float,
-        *,
-        timeout: float | None = None,
-        connection: Caller | None = None,
-    ) -> None:
-        """Create or refresh this candidate's row (an upsert: also the heartbeat)."""
-        validate_namespace(namespace)
-        validate_candidate_id(candidate_id)
-        _check_token(token)
-        c = self.candidate
-        now = db_now_us()
-        values = {
-            "namespace": namespace,
-            "token": token,
-            "candidate_id": candidate_id,
-            "hostname": hostname[:255],
-            "pid": pid,
-            "registered_at": now,
-            "heartbeat_at": now,
-            "expires_at": now + _us(ttl),
-        }
-        refresh = {"heartbeat_at": now, "expires_at": now + _us(ttl)}
-        stmt = self.db.upsert(c, values, lambda new: refresh)
-        # lost to contention: the next heartbeat refreshes it
-        self.call_write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
-
-    def unregister(
-        self,
-        namespace: str,
-        token: str,
-        *,
-        timeout: float | None = None,
-        connection: Caller | None = None,
-    ) -> None:
-        """Remove this candidate's row."""
-        c = self.candidate
-        stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.token == token)
-        self.call_write(_rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection)
-
-    def candidates(
-        self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
-    ) -> list[CandidateInfo]:
-        """Candidates whose heartbeat has not expired on the database clock."""
-        c = self.candidate
-        stmt = (
-            sa.select(c)
-            .where(c.c.namespace == namespace, c.c.expires_at > db_now_us())
-            .order_by(c.c.registered_at, c.c.token)
-        )
-
-        def work(conn: Connection) -> list[CandidateInfo]:
-            return [
-                CandidateInfo(
-                    candidate_id=r.candidate_id,
-                    hostname=r.hostname,
-                    pid=int(r.pid),
-                    heartbeat_at_us=int(r.heartbeat_at),
-                    expires_at_us=int(r.expires_at),
-                    token=r.token,
-                )
-                for r in conn.execute(stmt)
-            ]
-
-        return self.call(work, table=c, write=False, timeout=timeout, connection=connection)
-
-    def prune(
-        self, namespace: str, *, timeout: float | None = None, connection: Caller | None = None
-    ) -> int:
-        """Delete candidate rows whose heartbeat expired."""
-        c = self.candidate
-        stmt = sa.delete(c).where(c.c.namespace == namespace, c.c.expires_at <= db_now_us())
-        return self.call_write(
-            _rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection
-        )
 
     def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
         """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
@@ -579,22 +549,6 @@ class SQLBackend(SQLCalls):
             self.engine.dispose()
 
 
-def _rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
-    """Work for ``call``: execute ``stmt`` and return the rows it changed."""
-    return lambda conn: int(conn.execute(stmt).rowcount)
-
-
-def _us(seconds: float) -> int:
-    return round(seconds * 1_000_000)
-
-
 def _live_us(delta: float | None) -> int | None:
     """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
-    return None if delta is None else _us(delta)
-
-
-def _check_token(token: object) -> None:
-    if not isinstance(token, str) or len(token) != TOKEN_LENGTH:
-        raise ConfigurationError(
-            f"token must be a {TOKEN_LENGTH}-character string (uuid4().hex): got {token!r}"
-        )
+    return None if delta is None else us(delta)

@@ -35,6 +35,7 @@ class SQLHost(Protocol):
     metadata: sa.MetaData
     meta: sa.Table
     lease: sa.Table
+    candidate: sa.Table
     beat_run: sa.Table
     key_hold: sa.Table
 

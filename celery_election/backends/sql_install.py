@@ -98,11 +98,12 @@ def _record_versions(backend: SQLHost, conn: Connection) -> None:
 def add_missing_columns(backend: SQLHost, conn: Connection) -> None:
     """Add the columns that tables made by an older version lack.
 
-    ``lease.liveness_us``, ``beat_run.identity`` and ``beat_run.pending_run``: they are
-    nullable, so electors and beats of the older version still running are unaffected.
+    ``lease.liveness_us``, ``beat_run.identity``, ``beat_run.pending_run`` and
+    ``candidate.eligible``: they are nullable, so electors and beats of the older version
+    still running are unaffected.
     """
     inspector = sa.inspect(conn)
-    for table in (backend.lease, backend.beat_run):
+    for table in (backend.lease, backend.beat_run, backend.candidate):
         have = {c["name"] for c in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name not in have:

@@ -19,10 +19,13 @@ from .schema import db_now_us, greatest
 
 __all__ = ["EVENTS", "lease_columns", "lease_from_row", "lease_statements", "lease_updates"]
 
-#: What NOTIFY tells listeners each step did (a take-over is an election).
+#: What NOTIFY tells listeners each step did (a take-over or a transfer is an election; a
+#: transfer asked for says the leader lives).
 EVENTS = {
     "elected": "elected",
     "taken": "elected",
+    "transferred": "elected",
+    "asked": "renewed",
     "renewed": "renewed",
     "resigned": "resigned",
 }
@@ -41,6 +44,7 @@ def lease_columns(lease: sa.Table) -> list[sa.ColumnElement[Any]]:
         t.c.renewed_at,
         t.c.token,
         t.c.liveness_us,
+        t.c.transfer_to,
     ]
 
 
@@ -58,20 +62,26 @@ def lease_from_row(row: sa.Row[Any] | None) -> Lease | None:
         renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
         token=row.token,
         liveness_us=None if row.liveness_us is None else int(row.liveness_us),
+        transfer_to=row.transfer_to,
     )
 
 
-def lease_statements(lease: sa.Table, style: StepStyle) -> dict[str, sa.Executable]:
+def lease_statements(
+    lease: sa.Table, candidate: sa.Table, style: StepStyle
+) -> dict[str, sa.Executable]:
     """Each step's statement, as ``style`` runs it, by step name."""
     columns = lease_columns(lease)
     return {
         step: style.statement(stmt, columns, EVENTS[step])
-        for step, stmt in lease_updates(lease).items()
+        for step, stmt in lease_updates(lease, candidate).items()
     }
 
 
-def lease_updates(t: sa.Table) -> dict[str, sa.Update]:
-    """Each step's conditional UPDATE of the lease row ``t``, with bound parameters."""
+def lease_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
+    """Each step's conditional UPDATE of the lease row ``t``, with bound parameters.
+
+    ``c``: the candidates table, which a transfer's target must be live and eligible in.
+    """
     now = db_now_us()
     ns = sa.bindparam("p_ns", type_=sa.String())
     token = sa.bindparam("p_token", type_=sa.String())
@@ -89,6 +99,7 @@ def lease_updates(t: sa.Table) -> dict[str, sa.Update]:
         "renewed_at": now,
         "expires_at": now + ttl,
         "liveness_us": live,
+        "transfer_to": None,
     }
     steps: dict[str, sa.Update] = {
         # vacant or expired -> a new, strictly greater term for this token
@@ -113,6 +124,45 @@ def lease_updates(t: sa.Table) -> dict[str, sa.Update]:
         # only the exact (token, term); the term stays: it never goes back
         "resigned": sa.update(t)
         .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
-        .values(token=None, leader_id=None, expires_at=now, liveness_us=None),
+        .values(token=None, leader_id=None, expires_at=now, liveness_us=None, transfer_to=None),
+        **_transfer_updates(t, c, taken),
     }
     return steps
+
+
+def _transfer_updates(t: sa.Table, c: sa.Table, taken: dict[str, Any]) -> dict[str, sa.Update]:
+    """A transfer asked for (by an operator) and made (by the leader): the target named.
+
+    Both need the exact (token, term) of an unexpired lease and a target that is a live,
+    eligible candidate of the namespace, checked in the same statement. The transfer
+    moves the term to the target with a new, greater term, untagged (no lock holder may
+    take it over; only its expiry frees it): nobody else can win in between, and the
+    target believes it only after renewing it (election_loop.py, ``_accept``).
+    """
+    now = db_now_us()
+    ns = sa.bindparam("p_ns", type_=sa.String())
+    target = sa.bindparam("p_target", type_=sa.String())
+    holder = (
+        t.c.namespace == ns,
+        t.c.token == sa.bindparam("p_token", type_=sa.String()),
+        t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
+        t.c.expires_at > now,
+    )
+    live_target = sa.exists(
+        sa.select(sa.literal(1))
+        .select_from(c)
+        .where(
+            c.c.namespace == ns,
+            c.c.token == target,
+            c.c.expires_at > now,
+            sa.or_(c.c.eligible.is_(None), c.c.eligible.is_(True)),
+        )
+    )
+    moved = {**taken, "token": target, "leader_id": sa.bindparam("p_target_cid"),
+             "liveness_us": None}  # fmt: skip
+    return {
+        # an operator's request, for the leader to act on at its next renewal
+        "asked": sa.update(t).where(*holder, live_target).values(transfer_to=target),
+        # the leader's hand-over, its belief already ended
+        "transferred": sa.update(t).where(*holder, live_target).values(moved),
+    }

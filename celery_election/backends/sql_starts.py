@@ -120,6 +120,32 @@ class SQLStartStore:
         )
         return self._write(stmt, timeout)
 
+    def prune_starts(
+        self, namespace: str, older_than: float, *, batch: int = 5000, timeout: float | None = None
+    ) -> int:
+        """Delete up to ``batch`` old records of ``namespace``: one statement (its index)."""
+        t = self.table
+        cut = db_now_us() - int(older_than * 1_000_000)
+        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut)
+        stmt = self.backend.db.delete_at_most(t.c.run_key, where, batch).where(
+            t.c.namespace == namespace
+        )
+        try:
+            return int(
+                self.backend.call(
+                    lambda conn: conn.execute(stmt).rowcount,
+                    table=t,
+                    write=True,
+                    timeout=timeout,
+                    connection=None,
+                )
+            )
+        except LostRound as exc:  # a deadlock with the inserts: the next prune goes on
+            raise BackendUnavailableError(
+                f"election database {self.backend.description} refused a prune of start "
+                f"records (lock contention)"
+            ) from exc
+
     def load_start(
         self, namespace: str, run_key: str, *, timeout: float | None = None
     ) -> TaskStart | None:

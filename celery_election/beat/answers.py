@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from celery.schedules import crontab
 
-__all__ = ["Answers", "shared_answer"]
+__all__ = ["Answers", "numeric", "shared_answer"]
 
 _T = TypeVar("_T")
 
@@ -71,3 +71,8 @@ def _equal(a: Any, b: Any) -> bool:
     if a.nowfun == b.nowfun and all(getattr(a, f) == getattr(b, f) for f in _DECLARED):
         return True
     return bool(a == b)
+
+
+def numeric(value: Any) -> bool:
+    """Celery's ``is_numeric_value``: a delay, not None or a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -36,6 +36,7 @@ from ..backends.base import PendingRun, RunClaim, RunRequest, RunState
 from ..clock import boottime
 from ..errors import ElectionError
 from ..shared_state import SharedLeadership
+from .burst_costs import real_now
 from .election import BeatElection, BeatTerm
 from .runs import NOT_LEADING, Claim
 
@@ -293,9 +294,9 @@ class BeatFence:
             return
         self._next_offset = boottime() + _OFFSET_EVERY
         try:
-            before = self.app.now().timestamp()  # the clock Celery's entries are read on
+            before = real_now(self.app).timestamp()  # the clock Celery's entries are read on
             lease = election.backend.current(election.namespace)
-            after = self.app.now().timestamp()
+            after = real_now(self.app).timestamp()
         except ElectionError as exc:
             log.warning("beat election: could not read the database clock (%s)", exc)
             return
@@ -329,7 +330,7 @@ class BeatFence:
 def claim_of(lead: BeatTerm, request: RunRequest, result: RunClaim) -> Claim:
     """A reserved run's claim as its send checks it."""
     run = 0 if request.expected is None else request.expected.last_run_us
-    return Claim(result.won, lead.term, run, request.last_run_us)
+    return Claim(result.won, lead.term, run, request.last_run_us, time.time_ns())
 
 
 def _own(lead: BeatTerm, request: RunRequest, claim: RunClaim) -> RunClaim:

@@ -21,7 +21,7 @@ from ..clock import boottime
 from ..schedule.cron import CronFields, next_occurrence
 from .answers import Answers, shared_answer
 
-__all__ = ["MIN_GAP", "RunawayGuard", "SameSchedule", "runaway_hold"]
+__all__ = ["MIN_GAP", "RunawayGuard", "SameSchedule", "is_due_failed", "runaway_hold"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -170,3 +170,10 @@ class SameSchedule:
             self._until = boottime() + max(RECHECK_EVERY, RECHECK_COST * took)
         else:
             self._equal = None
+
+
+def is_due_failed(entry: Any, max_interval: float) -> tuple[bool, float]:
+    """Celery 5.7's answer for an entry whose next run cannot be computed: later, alone."""
+    log.error("beat: Cannot calculate the next run of %r, trying again in %ss.",
+              entry.name, max_interval, exc_info=True)  # fmt: skip
+    return False, max_interval

@@ -13,6 +13,7 @@ from typing import Any
 from ..clock import boottime
 from ..errors import ElectionError
 from ..schedule.store import SQLScheduleStore
+from .burst_costs import PAUSE_MAX
 
 __all__ = ["HistoryWriter"]
 
@@ -26,6 +27,11 @@ class HistoryWriter:
     send was two round trips and one leader kept up with about 170 sends a second on
     PostgreSQL (benchmarks/beat_dynamic.py). A batch that fails is kept for the next one
     (up to ``limit`` rows: history is best effort, the runs themselves went out).
+
+    While a burst goes on (:meth:`hold`) the batches wait for its end: building them took
+    the interpreter from the tick thread, and a burst of 10,000 went out 0.7 s later
+    (benchmarks/beat_burst_profile.py). They wait :data:`~.burst_costs.PAUSE_MAX` seconds
+    at most, or until half of ``limit`` rows are queued.
     """
 
     #: Seconds between two marks of the led term's ``seen_at`` (its end after a crash).
@@ -43,6 +49,7 @@ class HistoryWriter:
         self._lock = threading.Lock()  # the queue
         self._writing = threading.Lock()  # one batch at a time, in order
         self._stop = threading.Event()
+        self._held_since: float | None = None  # a burst goes on since then (hold)
         self._thread = threading.Thread(target=self._run, name="election-history", daemon=True)
         self._thread.start()
 
@@ -98,9 +105,22 @@ class HistoryWriter:
                 with self._lock:
                     self._rows[:0] = rows[: self.limit - len(self._rows)]
 
+    def hold(self, burst: bool) -> None:
+        """A burst goes on (``burst``): the thread's batches wait; or it is over."""
+        self._held_since = (self._held_since or boottime()) if burst else None
+
+    def _held(self) -> bool:
+        since = self._held_since
+        return (
+            since is not None
+            and boottime() - since < PAUSE_MAX
+            and len(self._rows) < self.limit // 2
+        )
+
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.flush()
+            if not self._held():
+                self.flush()
 
     def close(self) -> None:
         self._stop.set()

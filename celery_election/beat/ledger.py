@@ -28,7 +28,7 @@ from typing import Any
 
 from celery.schedules import schedstate
 
-from .. import metrics
+from .. import metrics, tracing
 from ..clock import boottime
 from ..errors import ElectionError
 from .election import BeatTerm
@@ -76,6 +76,11 @@ class RunLedger:
 
     def task_id(self, entry: Any, claim: Claim) -> str:
         return run_task_id(self.fence.namespace, str(entry.name), claim.at)
+
+    def resend_of(self, name: str) -> tuple[int, int | None]:
+        """(which attempt the next send of ``name`` is, the term that claimed a recovered run)."""
+        owed = self._owed.get(name)
+        return (1 if owed is None else owed.attempts + 1), self._claimed_by.get(name)
 
     # -- after a send -----------------------------------------------------------------------
 
@@ -148,6 +153,10 @@ class RunLedger:
                             name, run.state.term, why)  # fmt: skip
                 # counted as a run dropped (celery_election_beat_runs_missed_total)
                 metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "missed"))
+                if entry is not None:
+                    claim = Claim(True, run.state.term, run.run, at)
+                    task_id = self.task_id(entry, claim)
+                    tracing.beat_run_not_sent(self.fence, self, entry, claim, "expired", task_id)
                 done.setdefault(run.state.term, []).append(name)
                 continue
             self._claimed_by[name] = run.state.term

@@ -451,6 +451,11 @@ class ScheduleOps(DefaultRunPolicy):
     def metric(self, name: str, what: str) -> str:
         return metrics.key(metrics.BEAT, self.namespace, str(name), what)
 
+    def bursting(self, going_on: bool) -> None:
+        """The history waits for a burst's end (``HistoryWriter.hold``)."""
+        if self._writer is not None:
+            self._writer.hold(going_on)
+
     def close(self) -> None:
         """Write the queued history and end the led term's record."""
         writer, self._writer = self._writer, None

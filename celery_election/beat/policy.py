@@ -103,6 +103,10 @@ class RunPolicy(Protocol):
         """
         ...
 
+    def bursting(self, going_on: bool) -> None:
+        """A burst goes on (``going_on``), or it is over: writes that can wait, wait."""
+        ...
+
     def close(self) -> None:
         """The scheduler stops."""
         ...
@@ -154,6 +158,9 @@ class DefaultRunPolicy:
     def sent(
         self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
     ) -> None:
+        return None
+
+    def bursting(self, going_on: bool) -> None:
         return None
 
     def close(self) -> None:

@@ -30,10 +30,12 @@ from typing import Any, NamedTuple
 from celery.beat import Scheduler
 from kombu.entity import Queue
 
+from .. import tracing
 from ..clock import boottime
 from ..shared_state import SharedLeadership
+from .confirms import Confirms, applies
 
-__all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply", "confirmed_connection"]
+__all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -118,20 +120,6 @@ class _Entry(NamedTuple):
     options: dict[str, Any]
 
 
-def confirmed_connection(app: Any) -> Any:
-    """The app's broker connection for the beat's sends, with publisher confirms on AMQP.
-
-    A run is marked sent once its publish returned: on RabbitMQ that must mean the broker
-    accepted the message (a confirm, or an error for a nack), not that it left this
-    process. Redis answers each command already.
-    """
-    conn = app.connection_for_write()
-    if conn.transport.driver_type != "amqp":
-        return conn
-    conn.release()
-    return app.connection_for_write(transport_options={"confirm_publish": True})
-
-
 class _Sender:
     """The ``self`` Celery's ``Scheduler.apply_async`` needs: the app, and no sync."""
 
@@ -151,10 +139,25 @@ class Publisher:
 
     def __init__(self, app: Any, record: SharedLeadership) -> None:
         self.record = record
-        self.connection = confirmed_connection(app)
+        self.connection = app.connection_for_write()
         self.producer = app.amqp.Producer(self.connection, auto_declare=False)
         self.router = BurstRouter(app.amqp.router, self.producer)
         self._sender = _Sender(app)
+        self._confirms: Confirms[Reply] = Confirms()
+
+    def publish_all(self, jobs: list[Job]) -> list[Reply]:
+        """Send each job (:meth:`publish`), then wait for the broker's confirms of them all.
+
+        A send RabbitMQ did not confirm (nacked, unanswered, its connection lost) is
+        FAILED: the beat owes it again.
+        """
+        replies = [self.publish(job) for job in jobs]
+        _, failed = self._confirms.wait()
+        lost = {r.key for r in failed}
+        return [
+            r._replace(outcome=FAILED, error="not confirmed by the broker") if r.key in lost else r
+            for r in replies
+        ]
 
     def publish(self, job: Job) -> Reply:
         """Send ``job`` if its term is trusted now (the fence), as Celery's beat sends."""
@@ -166,13 +169,19 @@ class Publisher:
         if "router" not in options:
             options = {**options, "router": self.router}
         entry = _Entry(job.name, job.task, job.args, job.kwargs, options)
+        confirmed = applies(self.producer)
         try:
-            result = Scheduler.apply_async(
-                self._sender, entry, producer=self.producer, advance=False
-            )
+            mark = self._confirms.before(self.producer) if confirmed else 0
+            with tracing.from_headers(options.get("headers")):  # the beat's run span
+                result = Scheduler.apply_async(
+                    self._sender, entry, producer=self.producer, advance=False
+                )
         except Exception as exc:  # Celery's SchedulingError: the beat logs it as apply_entry
             return Reply(job.key, FAILED, error=str(exc), checked=checked)
-        return Reply(job.key, SENT, task_id=getattr(result, "id", None), checked=checked)
+        reply = Reply(job.key, SENT, task_id=getattr(result, "id", None), checked=checked)
+        if confirmed:  # SENT once confirmed (publish_all)
+            self._confirms.after(mark, reply)
+        return reply
 
     def close(self) -> None:
         self.connection.close()
@@ -190,7 +199,7 @@ def _serve(app: Any, record: SharedLeadership, conn: Connection, inherited: list
                 blobs = conn.recv()
             except (EOFError, OSError):
                 return
-            conn.send([publisher.publish(pickle.loads(blob)) for blob in blobs])
+            conn.send(publisher.publish_all([pickle.loads(blob) for blob in blobs]))
     finally:
         publisher.close()
 
@@ -288,7 +297,7 @@ class Publishers:
         lost, publisher.pending = publisher.pending, []
         log.error(
             "beat election: publisher pid %s: %s; %d sends it held may or may not have gone "
-            "out (at most once: not sent again); %s",
+            "out (owed: sent again under their task ids); %s",
             publisher.proc.pid, why, len(lost),
             "the beat sends by itself now" if not self._all else "the others go on",
         )  # fmt: skip

@@ -37,6 +37,7 @@ class Claim:
     term: int
     run: int  # the run's key: the stored last run it follows (epoch us; 0: the first run)
     at: int  # its own last_run_at, as stored (database clock, epoch us)
+    claimed_ns: int = 0  # when the claim answered (epoch ns, this host; 0: not known)
 
 
 #: The claim of a run reserved while this process did not lead: never sent.

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+import itertools
 import logging
 import sys
 from datetime import datetime
@@ -58,14 +59,15 @@ from ..backends.base import RunRequest
 from ..clock import boottime
 from ..errors import ConfigurationError, cannot_start
 from . import rows
+from .answers import numeric
+from .burst_costs import CollectorPause, held
 from .catchup import Decision
 from .election import banner_line
 from .fence import BeatFence, BeatTerm, claim_of, scheduler_app
-from .guards import RunawayGuard, SameSchedule
+from .guards import RunawayGuard, SameSchedule, is_due_failed
 from .matching import Matching, state_of
 from .ops import ScheduleOps
 from .policy import DefaultRunPolicy, RunPolicy
-from .publish import confirmed_connection
 from .runs import NOT_LEADING, Ledger, Run
 from .sender import Sender
 
@@ -79,6 +81,7 @@ _FOLLOWER_TICK = 0.2  # seconds between two looks at the (in-memory) leadership 
 _GUARDED = hasattr(Scheduler, "_is_due_failed")
 #: Due entries sent by one tick at most: a burst of 10,000 is 10 ticks with no wait between.
 BURST = 1000
+_TIES = itertools.count()  # the heap's tie-breaks (event_t's priority) of reheaped runs
 
 if TYPE_CHECKING:  # what the mixin is mixed into, for its super() calls (Celery's: Any)
     from celery.beat import Scheduler as _Scheduler
@@ -125,6 +128,7 @@ class LeaderSchedulerMixin(_Scheduler):
             follow_deploys=self.follow_deploys,
         )
         self._same = SameSchedule()
+        self._collector = CollectorPause()
         self._ledger = Ledger()  # runs claimed through reserve(), waiting for their send
         publish = super().apply_async  # Celery's own send (the sender fences it)
         self._sender = Sender(
@@ -141,7 +145,6 @@ class LeaderSchedulerMixin(_Scheduler):
         return DefaultRunPolicy()
 
     def setup_schedule(self) -> None:
-        self.connection = confirmed_connection(self.app)  # Celery's (cached), confirmed
         self._sender.start_publishers(self.app)
         super().setup_schedule()
         try:
@@ -164,6 +167,7 @@ class LeaderSchedulerMixin(_Scheduler):
                 self._fence.close()
                 self._sender.close_record()
         finally:
+            self._collector.resume()
             self._policy.close()
 
     def wait_for_leadership(self, timeout: float) -> bool:
@@ -234,9 +238,9 @@ class LeaderSchedulerMixin(_Scheduler):
             self._sender.send_now(run_now, self.producer)
         next_in = min(self.max_interval, _FOLLOWER_TICK) if lead is None else self._tick_burst()
         self._sender.settle(lead, lambda: self.producer)  # owed sends, and the marks
-        if next_in > 0:
-            self._same.burst(False)  # no burst goes on
+        if next_in > 0:  # the burst is over: its last replies first, then what it put off
             self._sender.collect()
+            self._bursting(False)
         # the health probe's clock: a tick loop wedged in a send stops moving it
         metrics.mark_tick(self._fence.namespace, next_in)
         within = self._policy.next_tick_within()
@@ -262,12 +266,19 @@ class LeaderSchedulerMixin(_Scheduler):
         heap = self._heap  # Celery's heap of (time, priority, entry): popped as its tick does
         if not heap:
             return float(self.max_interval)
-        batch, next_in = self._due_batch(heap)
+        with held(self.app):  # burst_costs.py: one reading of Celery's clock per step
+            batch, next_in = self._due_batch(heap)
         if not batch:
             return next_in
-        self._same.burst(len(batch) >= BURST)
+        self._bursting(len(batch) >= BURST)
         self._send_burst(heap, batch)
         return 0.0
+
+    def _bursting(self, going_on: bool) -> None:
+        """A tick sent a full batch (a burst goes on), or nothing is due now (it is over)."""
+        self._same.burst(going_on)  # no whole-schedule comparison meanwhile (guards.py)
+        self._collector.burst(going_on)  # nor a collection (burst_costs.py)
+        self._policy.bursting(going_on)  # nor a history write (history.py)
 
     def _due_batch(self, heap: list[Any]) -> tuple[list[tuple[Any, Any, float]], float]:
         """Pop the events due now (up to :data:`BURST`) as (event, next time, now).
@@ -292,7 +303,7 @@ class LeaderSchedulerMixin(_Scheduler):
                 return batch, float(min(verify[0] - self._when(verify[2], 0), max_interval))
             if not is_due:
                 # the heap says now, the entry later: stock reheaps it at that time
-                delay = next_time_to_run if _numeric(next_time_to_run) else max_interval
+                delay = next_time_to_run if numeric(next_time_to_run) else max_interval
                 heapq.heappush(heap, event_t(self._when(entry, delay), event[1], entry))
                 if batch or (heap and heap[0][2] is not entry):
                     return batch, 0.0
@@ -303,15 +314,14 @@ class LeaderSchedulerMixin(_Scheduler):
     def _send_burst(self, heap: list[Any], batch: list[tuple[Any, Any, float]]) -> None:
         """Reserve every entry of ``batch``, claim them together, send, and reheap them.
 
-        An entry goes back on the heap at the time its schedule named when it was asked
-        (``now`` then, plus the answer), as Celery's ``_when`` reckons it: reckoned after
-        the send, as stock does, the time moved later by how long the batch took to send
-        before it, and cost another reading of Celery's (slow) clock per entry.
+        An entry goes back on the heap at ``now`` when asked plus its schedule's answer, as
+        ``_when`` reckons it (reckoned after the send, stock's way, the batch delayed it).
         """
         runs: list[Run] = []
         try:
-            for event, _, _ in batch:
-                runs.append(self._reserve(event[2]))
+            with held(self.app):
+                for event, _, _ in batch:
+                    runs.append(self._reserve(event[2]))
         finally:
             for event, _, _ in batch[len(runs) :]:
                 heapq.heappush(heap, event)  # not reserved (reserve raised): as they were
@@ -331,9 +341,11 @@ class LeaderSchedulerMixin(_Scheduler):
             for run in runs:
                 self._ledger.take(run.name)  # a send that never came: not owed later
             adjust = self.adjust
-            for (event, next_time_to_run, now), run in zip(batch, runs, strict=False):
+            for (_, next_time_to_run, now), run in zip(batch, runs, strict=False):
                 when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
-                heapq.heappush(heap, event_t(when, event[1], run.next_entry))
+                # a tie-break of its own: with Celery's one priority (5), equal times (a
+                # burst's, on the held clock) made heapq compare the entries' fields
+                heapq.heappush(heap, event_t(when, next(_TIES), run.next_entry))
 
     def _reserve(self, entry: Any) -> Run:
         """Celery's reserve of ``entry``: the run it stands for, to be claimed."""
@@ -493,14 +505,7 @@ class LeaderSchedulerMixin(_Scheduler):
     if not _GUARDED:  # Celery 5.7 has it
 
         def _is_due_failed(self, entry: Any) -> tuple[bool, float]:
-            """One entry whose next run cannot be computed is retried later, alone."""
-            log.error(
-                "beat: Cannot calculate the next run of %r, trying again in %ss.",
-                entry.name,
-                self.max_interval,
-                exc_info=True,
-            )
-            return False, self.max_interval
+            return is_due_failed(entry, self.max_interval)
 
     # -- the shared state and the wrapped scheduler's rows ----------------------------------
 
@@ -559,11 +564,6 @@ class LeaderSchedulerMixin(_Scheduler):
         if model is not None and hasattr(model, "last_run_at"):
             model.last_run_at = last_run_at
             model.total_run_count = total_run_count
-
-
-def _numeric(value: Any) -> bool:
-    """Celery's ``is_numeric_value``: a delay, not None or a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):

@@ -18,15 +18,18 @@ import itertools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 from celery.beat import logger as _celery_log
 
-from .. import metrics, shared_state
+from .. import metrics, shared_state, tracing
 from ..clock import boottime
 from ..errors import ElectionError
+from ..once import HEADER, RESENT
 from ..settings import ElectionSettings
 from ..shared_state import SharedLeadership
+from .confirms import Confirms, applies
 from .election import BeatTerm
 from .fence import BeatFence
 from .ledger import RunLedger
@@ -50,6 +53,7 @@ class Send(NamedTuple):
     checked: float  # boot-time clock, read before the fence check
     options: dict[str, Any]
     run_now: int | None = None  # a "run now" request's key (the operable schedule's)
+    span: Any = None  # the run's span (tracing.py), None when not tracing
 
 
 class _Published(NamedTuple):
@@ -79,6 +83,9 @@ class Sender:
         self.handed: dict[int, tuple[Any, Send]] = {}  # a handed job's entry and send, by key
         self._jobs = itertools.count()
         self.ledger = RunLedger(fence)
+        #: the sends out on RabbitMQ whose confirms are awaited (at the end of a batch)
+        self.confirms: Confirms[tuple[Any, Send, Any]] = Confirms()
+        self._batching = False
 
     # -- one send ---------------------------------------------------------------------------
 
@@ -100,40 +107,104 @@ class Sender:
                 log.debug("beat election: %s was not claimed by this leader; not sent", entry.name)
             else:
                 log.warning(_NOT_LEADING_NOW, entry.name)
+            held = "refused" if claim is not None and not claim.won else "fenced"
+            tracing.beat_run_not_sent(fence, self.ledger, entry, claim, held)
             return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))
         headers["election_term"] = lead.term
         options = {**entry.options, "headers": headers}
+        expires = options.get("expires")
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            options["expires"] = self._expires_at(float(expires))
         if claim is not None:
-            headers["election_run"] = claim.run
+            headers[HEADER] = claim.run
             options["task_id"] = self.ledger.task_id(entry, claim)  # each send of the run
+            attempt, recovered = self.ledger.resend_of(str(entry.name))
+            if attempt > 1 or recovered is not None:  # may have gone out: not a redelivery
+                headers[RESENT] = attempt
         if self.router is not None and "router" not in entry.options:
             options["router"] = self.router  # send_task(router=...): see BurstRouter
-        return Send(lead, claim, checked, options, run_now)
+        span = tracing.beat_run(fence, self.ledger, entry, claim, lead.term, options)
+        return Send(lead, claim, checked, options, run_now, span)
+
+    def _expires_at(self, seconds: float) -> datetime:
+        """``expires`` seconds from now by the database's clock, as an absolute time.
+
+        Celery turns a number of seconds into a time by the sender's clock, which workers
+        then compare with theirs: a beat whose clock is an hour slow sent every run already
+        expired (a chaos run lost them). The database's clock is the one the beat keeps
+        the schedule by; a worker's own clock stays Celery's business.
+        """
+        fence = self.fence  # its offset is measured against Celery's clock (app.now)
+        now_us = round(fence.app.now().timestamp() * 1_000_000) + fence.offset_us
+        return datetime.fromtimestamp(now_us / 1e6, tz=timezone.utc) + timedelta(seconds=seconds)
 
     def send_now(self, run_now: RunNow, producer: Any) -> None:
         """Send a "run now" the policy won (unreserved, once), as Celery's apply_entry."""
         self._send_one(run_now.entry, None, producer, run_now.key)
 
     def publish(self, entry: Any, send: Send, producer: Any, **kwargs: Any) -> Any:
-        """Celery's publish of ``entry`` with the fenced options, in this process."""
+        """Celery's publish of ``entry`` with the fenced options, in this process.
+
+        On RabbitMQ the send counts once the broker confirmed it: at the end of the batch
+        it is part of, or at once outside one (:meth:`confirm`).
+        """
         original = entry.options
         entry.options = send.options
+        confirmed = applies(producer)
         try:
-            result = self._publish(entry, producer, **kwargs)
-        except BaseException:
-            self.count(entry, "publish_failed")
-            if send.claim is not None:
-                self.ledger.failed(entry, send.claim)
+            mark = self.confirms.before(producer) if confirmed else 0
+            with tracing.current(send.span):  # Celery's publish span: the run's child
+                result = self._publish(entry, producer, **kwargs)
+        except BaseException as exc:
+            self.failed(entry, send, "publish_failed", exc)
             raise
         else:
-            self.sent(entry, send, result, send.checked)
+            if not confirmed:
+                self.sent(entry, send, result, send.checked)
+            else:
+                self.confirms.after(mark, (entry, send, result))
+                if not self._batching:
+                    self.confirm()
         finally:
             # Celery compares the schedule with a snapshot that holds this very entry: a
             # changed options dict there made every tick rebuild the whole heap.
             entry.options = original
         return result
+
+    def confirm(self) -> None:
+        """Wait for the broker's confirms of the sends out.
+
+        Each acked one is sent; the others (nacked, unanswered, their connection lost)
+        failed, and a claimed run owed again.
+        """
+        acked, failed = self.confirms.wait()
+        for entry, send, result in acked:
+            self.sent(entry, send, result, send.checked)
+        for entry, send, _ in failed:
+            self.failed(entry, send, "publish_failed", "not confirmed by the broker")
+            _celery_log.error("Message Error: %s was not confirmed by the broker", entry.name)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Sends whose confirms are awaited together, when the batch ends."""
+        if self._batching:
+            yield
+            return
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            self.confirm()
+
+    def failed(self, entry: Any, send: Send, outcome: str, error: Any = None) -> None:
+        """A send that did not go out (or was not confirmed): a claimed run is owed."""
+        self.count(entry, "publish_failed")
+        tracing.beat_run_ended(send.span, outcome, error)
+        if send.claim is not None:
+            self.ledger.failed(entry, send.claim)
 
     def count(self, entry: Any, what: str) -> None:
         metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, str(entry.name), what))
@@ -141,6 +212,7 @@ class Sender:
     def sent(self, entry: Any, send: Send, result: Any, checked: float) -> None:
         """A run went out (here or from a publisher): count it, keep its history and record."""
         self.count(entry, "sent")
+        tracing.beat_run_ended(send.span, "sent")  # the broker accepted it
         claim, term = send.claim, send.lead.term
         if claim is not None:
             self.ledger.sent(str(entry.name), term)
@@ -162,8 +234,9 @@ class Sender:
         except ElectionError as exc:
             log.warning("beat election: could not read the pending runs (%s)", exc)
             return False
-        for entry, claim in runs:
-            self._send_one(entry, claim, producer)
+        with self.batch():
+            for entry, claim in runs:
+                self._send_one(entry, claim, producer)
         return True
 
     def settle(self, lead: BeatTerm | None, producer: Callable[[], Any]) -> None:
@@ -172,8 +245,9 @@ class Sender:
         ``producer``: Celery's (only asked for when something is owed: a follower does
         not connect to the broker).
         """
-        for owed in self.ledger.owed_now(lead):
-            self._send_one(owed.entry, owed.claim, producer())
+        with self.batch():
+            for owed in self.ledger.owed_now(lead):
+                self._send_one(owed.entry, owed.claim, producer())
         self.ledger.flush()
 
     def _send_one(
@@ -196,10 +270,11 @@ class Sender:
 
     @contextmanager
     def burst(self, router: Any, producer: Any) -> Iterator[None]:
-        """A burst's sends go through one router whose queues are bound once."""
+        """A burst's sends: through one router whose queues are bound once, confirmed together."""
         self.router = BurstRouter(router, producer)
         try:
-            yield
+            with self.batch():
+                yield
         finally:
             self.router = None
 
@@ -256,10 +331,10 @@ class Sender:
                 self.sent(entry, send, _Published(reply.task_id), reply.checked)
             elif reply.outcome == FENCED:
                 log.warning(_NOT_LEADING_NOW, entry.name)
+                tracing.beat_run_ended(send.span, "fenced")
             else:  # FAILED, or LOST with its publisher (logged then): owed
-                self.count(entry, "publish_failed")
-                if send.claim is not None:
-                    self.ledger.failed(entry, send.claim)
+                self.failed(entry, send, "publish_failed" if reply.outcome == FAILED else "lost",
+                            reply.error)  # fmt: skip
                 if reply.outcome == FAILED:
                     _celery_log.error("Message Error: %s", reply.error)
 
@@ -277,6 +352,7 @@ class Sender:
         publishers, self.publishers = self.publishers, None
         if publishers is not None:
             self._settle(publishers.close())
+        self.confirm()
         if self.fence.election is not None:
             self.ledger.flush()
 

@@ -25,6 +25,7 @@ from ..stats import BUCKETS, ElectorStats
 from .counters import (
     BEAT,
     ENV_VAR,
+    KEY,
     TASK,
     TICK,
     LocalCounters,
@@ -54,6 +55,7 @@ __all__ = [
     "BUCKETS",
     "ENV_VAR",
     "INSTALL_HINT",
+    "KEY",
     "PREFIX",
     "TASK",
     "TICK",

@@ -35,6 +35,7 @@ from .. import shm
 __all__ = [
     "BEAT",
     "ENV_VAR",
+    "KEY",
     "TASK",
     "TICK",
     "LocalCounters",
@@ -59,6 +60,8 @@ _SEP = "\x1f"
 TASK = "task"  # (TASK, task name, outcome): outcome run / skipped / requeued / raised
 BEAT = "beat"  # (BEAT, namespace, entry, what): claimed / sent / refused / publish_failed / held,
 # and for the operable schedule: missed / skipped_overlap / run_now / late_ms
+KEY = "key"  # (KEY, task name, what): a singleton task's run / skipped / requeued / raised,
+# ended (run - ended: keys held now), waited and wait_ms (a dead holder's key), hold_ms
 TICK = "g:tick"  # (TICK, namespace, "last" | "due" | "start"): boot-time clock, microseconds
 
 

@@ -25,7 +25,7 @@ from ..elector import electors
 from ..errors import ConfigurationError
 from ..stats import BUCKETS
 from . import counters
-from .counters import _SEP, BEAT, TASK, TICK
+from .counters import _SEP, BEAT, KEY, TASK, TICK
 from .health import health, tick_late
 
 if TYPE_CHECKING:
@@ -86,7 +86,9 @@ class _ElectionCollector:
     def collect(self) -> Iterator[Any]:
         now = boottime()
         yield from _elector_families(electors(), now)
-        yield from _store_families(counters.values(), now)
+        values = counters.values()
+        yield from _store_families(values, now)
+        yield from _singleton_families(values)
         if _overdue_sources:
             yield _overdue_family(list(_overdue_sources))
 
@@ -102,6 +104,11 @@ def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
     leading = GaugeMetricFamily(PREFIX + "leading", "1 while this elector leads", labels=lab)
     term = GaugeMetricFamily(
         PREFIX + "term", "the term this elector leads, or the last term it saw", labels=lab
+    )
+    eligible = GaugeMetricFamily(
+        PREFIX + "eligible",
+        "1 if this elector may take a term, 0 if it never does (election_eligible)",
+        labels=lab,
     )
     trust = GaugeMetricFamily(
         PREFIX + "trust_left_seconds", "seconds before the leader stops trusting its lease",
@@ -122,6 +129,7 @@ def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
         snap = e.snapshot()
         leading.add_metric(ids, 1.0 if snap.leading else 0.0)
         term.add_metric(ids, float(snap.term))
+        eligible.add_metric(ids, 1.0 if e.eligible else 0.0)
         until = snap.trusted_until
         trust.add_metric(ids, max(0.0, until - now) if until is not None else 0.0)
         s = e.stats
@@ -138,7 +146,7 @@ def _elector_families(electors_: list[Elector], now: float) -> Iterator[Any]:
                 cumulative.append((str(bound), float(acc)))
             cumulative.append(("+Inf", float(n)))
             calls.add_metric([*ids, op], cumulative, total)
-    yield from (leading, term, trust, trans, fails, calls)
+    yield from (leading, term, eligible, trust, trans, fails, calls)
 
 
 def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
@@ -173,6 +181,40 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
     yield from beat.values()
     yield age
     yield late
+
+
+def _singleton_families(values: dict[str, int]) -> Iterator[Any]:
+    """Singleton tasks (singleton.py counts them), by task; 0 where nothing happened yet."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    p = PREFIX + "singleton_"
+    runs = CounterMetricFamily(
+        p + "tasks", "singleton task starts by outcome: run, or, its key held elsewhere, "
+        "skipped, requeued, raised", labels=["task", "outcome"],
+    )  # fmt: skip
+    held = GaugeMetricFamily(p + "keys_held", "keys its runs hold now", labels=["task"])
+    waits = CounterMetricFamily(
+        p + "waits", "runs that first waited out a dead holder's delta", labels=["task"]
+    )
+    waited = CounterMetricFamily(
+        p + "wait_seconds", "seconds waited for dead holders' keys, summed", labels=["task"]
+    )
+    hold = CounterMetricFamily(
+        p + "hold_seconds", "seconds keys were held, summed (rate / runs: mean)", labels=["task"]
+    )
+    by_task: dict[str, dict[str, int]] = {}
+    for k, v in values.items():
+        parts = k.split(_SEP)
+        if parts[0] == KEY and len(parts) == 3:
+            by_task.setdefault(parts[1], {})[parts[2]] = v
+    for task, n in sorted(by_task.items()):
+        for outcome in ("run", "skipped", "requeued", "raised"):
+            runs.add_metric([task, outcome], float(n.get(outcome, 0)))
+        held.add_metric([task], float(max(0, n.get("run", 0) - n.get("ended", 0))))
+        waits.add_metric([task], float(n.get("waited", 0)))
+        waited.add_metric([task], n.get("wait_ms", 0) / 1000)
+        hold.add_metric([task], n.get("hold_ms", 0) / 1000)
+    yield from (runs, held, waits, waited, hold)
 
 
 def _overdue_family(sources: list[OverdueSource]) -> Any:

@@ -87,6 +87,9 @@ class Entry:
     expires_at: str | None = None
     last_run_us: int | None = None
     total_run_count: int = 0
+    #: A run claimed and not yet accepted by the broker (the run ledger): since when, on
+    #: the database's clock; the leading beat sends it until the broker takes it.
+    pending_since_us: int | None = None
     updated_at: int | None = None
     updated_by: str | None = None
 
@@ -225,12 +228,15 @@ class Schedule:
         """Every entry (static and dynamic), by name, with its last run."""
         entries = merge(self._static(), self.store.entries(self.namespace))
         runs = self._runs()
+        pending = self._pending()
         out = []
         for name in sorted(entries):
             entry = entries[name]
             run = runs.get(name)
             if run is not None:
                 entry = _with_run(entry, run)
+            if name in pending:
+                entry = replace(entry, pending_since_us=pending[name])
             out.append(entry)
         return out
 
@@ -257,6 +263,14 @@ class Schedule:
                 if name not in runs or state.last_run_us > runs[name].last_run_us:
                     runs[name] = state
         return runs
+
+    def _pending(self) -> dict[str, int]:
+        """Entries with a run claimed and not yet sent: since when (the earliest claim)."""
+        out: dict[str, int] = {}
+        for ns in dict.fromkeys(self.run_namespaces):
+            for name, run in self.backend.beat.pending_runs(ns).items():
+                out[name] = min(out.get(name, run.claimed_us), run.claimed_us)
+        return out
 
     # -- changes ----------------------------------------------------------------------------
 

@@ -95,6 +95,8 @@ def _row(e: Entry) -> list[str]:
         state = "paused"
     if e.run_now_pending:
         state += " +run now"
+    if e.pending_since_us is not None:  # claimed, the broker has not taken it yet
+        state += f" +unsent since {_when(e.pending_since_us)}"
     policies = [f"{k}={v}" for k, v in e.policies.items() if v != POLICY_DEFAULTS.get(k)]
     return [
         e.name,

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import SQLBackend
 from ..backends.schema import entry_key
+from ..errors import SchemaMissingError
+from ..keys import KeyHold
 from ..lease import Lease
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
@@ -104,6 +106,8 @@ class Observer:
         self.namespace = self.schedule.namespace
         settings = ElectionSettings.from_app(app)
         self.database = hide_password(settings.url)
+        #: Where the app's singleton tasks hold their keys (the election namespace).
+        self.keys_namespace = settings.namespace
         #: How far back the timeline reaches: the run history's retention (days).
         self.retention = float(settings.schedule_retention)
         #: An entry is overdue this long after it fell due, at most (schedule/overdue.py).
@@ -156,6 +160,7 @@ class Observer:
             out.append(_namespace(ns, lease, candidates))
         if now_us is None:
             now_us = self.schedule.store.db_now()
+        keys = self._keys()
         with self._lock:
             for info in out:
                 key = info["namespace"]
@@ -167,8 +172,16 @@ class Observer:
                         LeaderChange(now_us // 1000, key, now[0], now[1],
                                    *(before if before is not None else (None, None)))
                     )  # fmt: skip
-            self._status = {"namespaces": out, "error": None, "now_ms": now_us // 1000}
+            self._status = {"namespaces": out, "error": None, "now_ms": now_us // 1000,
+                            "keys": keys, "keys_namespace": self.keys_namespace}  # fmt: skip
             return self._status
+
+    def _keys(self) -> list[dict[str, Any]] | None:
+        """The keys singleton tasks hold now (None: tables from before key holds)."""
+        try:
+            return [_key(h) for h in self.backend.keys.held(self.keys_namespace)]
+        except SchemaMissingError:
+            return None
 
     def status(self) -> dict[str, Any]:
         self.start()
@@ -254,6 +267,8 @@ class Observer:
             "enabled": e.enabled,
             "paused": e.paused,
             "run_now_pending": e.run_now_pending,
+            # claimed, not yet accepted by the broker: the leader sends it until it is
+            "pending_since_ms": _ms(e.pending_since_us),
             "policies": e.policies,
             "args": args,
             "kwargs": kwargs,
@@ -292,6 +307,7 @@ class Observer:
             return cached
         try:
             sched = from_spec(e.spec, app=self.app)
+            sched.nowfun = lambda: now  # Celery's clock read once: a second reading drifts
             ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
             if "at" in e.spec and last_us is not None:
                 due = None if ran >= sched.at else sched.at
@@ -449,6 +465,20 @@ class Observer:
         """An action was taken: the next read of the entries goes to the database."""
         with self._lock:
             self._entries = None
+
+
+def _key(h: KeyHold) -> dict[str, Any]:
+    """One held key as the page shows it (times on the database's clock)."""
+    since = h.acquired_at_us
+    return {
+        "key": h.key,
+        "holder": h.holder_id,
+        "term": h.term,
+        "since_ms": _ms(since),
+        "held_for": None if since is None else max(0, h.db_now_us - since) / 1e6,
+        "expires_in": round(h.remaining, 3),
+        "liveness": None if h.liveness_us is None else h.liveness_us / 1e6,
+    }
 
 
 def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str, Any]:

@@ -7,12 +7,19 @@ CHAOS_BROKER, CHAOS_ELECTION (election URL), CHAOS_PREFIX (table prefix), CHAOS_
 ("0" for poll only), CHAOS_HISTORY (the history file every process appends to).
 
 Beat sends ``touch`` every second to the workers' leader queue; the leader worker runs it
-and records the act under its term, read before a last trust check.
+and records the act under its term, read before a last trust check, and then that the run
+ran (``ran``: the entry and the run, from the beat's ``election_run`` header): the checker
+counts each run's executions. The driver gives ``touch`` ``catch_up="all"`` (the operable
+schedule's policy for a static entry), so that every due time is a run of its own, also
+those that fell due while nobody led: a run missing is lost, with no failover excused.
+``acks_late``: a worker killed mid-run has its run redelivered, and run once more only if
+it never finished (docs/beat.md).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 
@@ -43,7 +50,9 @@ app.conf.update(
         "touch": {
             "task": "harness.chaos.app.touch",
             "schedule": TICK_EVERY,
-            "options": {"expires": 30},
+            # past the skew fault's hour: a worker an hour fast would discard a run sent
+            # with less as expired (Celery checks expires by the worker's clock)
+            "options": {"expires": 7200},
         },
     },
 )
@@ -52,8 +61,8 @@ init_app(app)
 _recorder: Recorder | None = None
 
 
-@leader_task(app=app, on_follower="requeue")  # type: ignore[untyped-decorator]
-def touch() -> None:
+@leader_task(app=app, on_follower="requeue", bind=True, acks_late=True)  # type: ignore[untyped-decorator]
+def touch(self: Any) -> None:
     """A leader task: record that it acted, under the term trusted at the last check."""
     global _recorder
     path = os.environ.get("CHAOS_HISTORY")
@@ -65,3 +74,7 @@ def touch() -> None:
     term = current_term()  # the shared-memory trust check, as a careful task does
     if term is not None:
         _recorder.act(NS, term, checked, what="leader_task")
+    run = getattr(self.request, "election_run", None)
+    if run is not None:  # the run executed: its side effect, for the checker to count
+        _recorder.record("ran", ns=f"{NS}-beat", entry="touch", run=run,
+                         task_id=self.request.id, ppid=os.getppid())  # fmt: skip

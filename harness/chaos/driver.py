@@ -36,7 +36,7 @@ from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder
 from harness.chaos import faults
-from harness.checker import Report, check, load
+from harness.checker import Report, check, intervals, load
 from harness.processes import Proc, stop_all
 from harness.proxy import Proxy
 
@@ -60,13 +60,13 @@ POOLED = {"pgbouncer-tx", "pgbouncer-tx-direct", "pgbouncer-session"}
 #: writes, so a process with its own wall clock is not a configuration one host can have.
 FAULTS: dict[str, tuple[str, ...]] = {
     "memory": ("crash", "pause", "unreachable", "resign"),
-    "sqlite": ("kill", "pause", "resign", "lock"),
+    "sqlite": ("kill", "pause", "resign", "lock", "broker"),
     "pg-notify": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
-                  "partition", "stall", "slow", "skew"),
+                  "partition", "stall", "slow", "skew", "broker"),
     "pg-poll": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
-                "partition", "stall", "slow", "skew"),
+                "partition", "stall", "slow", "skew", "broker"),
     "mariadb": ("kill", "pause", "resign", "conn_kill", "restart", "unreachable",
-                "partition", "stall", "slow", "skew"),
+                "partition", "stall", "slow", "skew", "broker"),
     **{backend: ("kill", "pause", "resign", "conn_kill") for backend in POOLED},
 }  # fmt: skip
 
@@ -82,6 +82,8 @@ class Node:
     env: dict[str, str]
     proxy: Proxy | None = None
     proc: Proc | None = None
+    #: a worker's or beat's link to the broker (the ``broker`` fault cuts them all)
+    broker: Proxy | None = None
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Settings:
     workers: int = 0
     beats: int = 0
     faults: tuple[str, ...] | None = None
+    #: The first N bare electors run with election_eligible=False: never in any term.
+    ineligible: int = 0
     #: Apply each fault kind once, in order (the test suite's bounded run), not at random.
     cycle: bool = False
     pg_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -147,7 +151,7 @@ class _Driver:
                     progress(json.dumps(self.log[-1]))
         finally:
             self.close()
-        return judge(self.history, settle=2 * self.s.ttl + 1)
+        return judge(self.history, settle=2 * self.s.ttl + 1, executions=self.s.workers > 0)
 
 
 class Chaos(_Driver):
@@ -186,16 +190,18 @@ class Chaos(_Driver):
         env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
         if role == "elector":
             cmd = [sys.executable, "-m", "harness.chaos.node", url, ns, str(self.history),
-                   "--ttl", str(self.s.ttl), "--prefix", self.prefix]  # fmt: skip
+                   "--ttl", str(self.s.ttl), "--prefix", self.prefix, *args]  # fmt: skip
             if self.s.backend == "pg-poll":
                 cmd.append("--no-listen")
             if self.s.backend == "pgbouncer-tx-direct":  # its own proxy: conn_kill finds it
                 proxy, direct = Proxy.for_url(self.s.pg_url)
                 cmd += ["--direct-url", direct]
-        else:
+        broker = None
+        if role != "elector":
+            broker, env["CHAOS_BROKER"] = Proxy.for_url(self.s.amqp_url)
             env["CHAOS_ELECTION"] = url
             cmd = [sys.executable, "-m", "celery", "-A", "harness.chaos.app", *args]
-        node = Node(name, role, ns, cmd, env, proxy)
+        node = Node(name, role, ns, cmd, env, proxy, broker=broker)
         node.proc = Proc(name, cmd, env=env, cwd=self.workdir, log=self.workdir / f"{name}.log")
         self.nodes.append(node)
 
@@ -213,7 +219,8 @@ class Chaos(_Driver):
             "CHAOS_HISTORY": str(self.history),
         }
         for i in range(self.s.electors):
-            self._add(f"e{i}", "elector", self.ns + "e", [], {})
+            flags = ["--ineligible"] if i < self.s.ineligible else []
+            self._add(f"e{i}", "elector", self.ns + "e", flags, {})
         for i in range(self.s.workers):
             self._add(f"w{i}", "worker", self.ns, [
                 "worker", "--election", "-c", "1", "-P", "prefork", "-n", f"{self.ns}w{i}@%h",
@@ -223,11 +230,24 @@ class Chaos(_Driver):
             self._add(f"b{i}", "beat", f"{self.ns}-beat", [
                 "beat", "-s", str(self.workdir / f"b{i}-schedule"), "--loglevel", "INFO",
             ], celery_env)  # fmt: skip
+        if self.s.beats:
+            self._every_run(celery_env)
         for node in self.nodes:
             self._start(node)
         for ns in self.namespaces():
             if not self.wait_leader(ns, 60):
                 raise RuntimeError(f"no leader in {ns} a minute after start: see {self.workdir}")
+
+    def _every_run(self, env: dict[str, str]) -> None:
+        """``touch`` catches up every due time it missed (each its own run): the operable
+        schedule's policy, set as an operator sets it, before any beat starts."""
+        cmd = [sys.executable, "-m", "celery", "-A", "harness.chaos.app", "election",
+               "schedule", "--as", "chaos", "edit", "touch", "--catch-up", "all",
+               "--catch-up-max", "3600"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **env, "CHAOS_ELECTION": self.url}
+        done = subprocess.run(cmd, env=env, cwd=self.workdir, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"could not set touch's catch-up policy: {done.stderr[-2000:]}")
 
     def _check_exits(self) -> None:
         """A process that exited without a fault is a finding: record it, start it again."""
@@ -245,8 +265,9 @@ class Chaos(_Driver):
     def close(self) -> None:
         stop_all([n.proc for n in self.nodes if n.proc is not None], grace=20)
         for node in self.nodes:
-            if node.proxy is not None:
-                node.proxy.close()
+            for proxy in (node.proxy, node.broker):
+                if proxy is not None:
+                    proxy.close()
         if self.s.workers or self.s.beats:
             self._delete_queues()
         with contextlib.suppress(Exception):
@@ -312,8 +333,9 @@ class Chaos(_Driver):
             if not node.proc.alive:
                 self._start(node)
             for n in self.nodes:
-                if n.proxy is not None:
-                    n.proxy.resume()
+                for proxy in (n.proxy, n.broker):
+                    if proxy is not None:
+                        proxy.resume()
             if self.s.backend != "sqlite":
                 faults.wait_reachable(self.url, timeout=120)
         self.recorder.record("fault", kind=fault, ns=node.ns, target=node.name,
@@ -374,6 +396,14 @@ class Chaos(_Driver):
             for p in proxies:
                 assert p is not None
                 p.resume()
+        elif fault == "broker":  # every worker's and beat's broker link, refused
+            links = [n.broker for n in self.nodes if n.broker is not None]
+            for link in links:
+                link.cut(refuse_new=True)
+            detail["seconds"] = hold = rng.uniform(1.0, 3.0) * ttl
+            time.sleep(hold)
+            for link in links:
+                link.resume()
         elif fault == "stall":
             assert node.proxy is not None
             node.proxy.stall()
@@ -395,11 +425,20 @@ class Chaos(_Driver):
         return detail
 
 
-def judge(history: Path, settle: float) -> Report:
-    """Check one history file (plus the driver's own violation records)."""
+def judge(history: Path, settle: float, executions: bool = False) -> Report:
+    """Check one history file (plus the driver's own violation records).
+
+    ``executions``: workers ran the beat's runs, and each is judged by its executions.
+    """
     records = load([history])
-    rep = check(records, tick_every={"touch": 1.0}, tick_settle=settle)
+    rep = check(records, tick_every={"touch": 1.0}, tick_settle=settle, executions=executions)
     rep.violations += [r["message"] for r in records if r["k"] == "violation"]
+    ineligible = {r["cand"] for r in records if r["k"] == "ineligible"}
+    rep.violations += [
+        f"{iv.ns}: ineligible {iv.cand} believed it led term {iv.term}"
+        for iv in intervals(records)
+        if iv.cand in ineligible
+    ]
     errors = [r for r in records if r["k"] == "harness_error"]
     rep.harness_errors = [f"{r['kind']}: {r['message']}" for r in errors]
     return rep
@@ -464,11 +503,13 @@ class MemoryChaos(_Driver):
         self.members: list[tuple[Elector, _Gate, threading.Event]] = []
         self.dead: list[tuple[Elector, _Gate, threading.Event]] = []
 
-    def _spawn(self) -> tuple[Elector, _Gate, threading.Event]:
+    def _spawn(self, eligible: bool = True) -> tuple[Elector, _Gate, threading.Event]:
         gate = _Gate(self.backend)
         backend: Backend = gate
-        elector = self.s.elector(backend, self.ns, ttl=self.s.ttl)
-        Recorder(self.history, role="elector").attach(elector)
+        elector = self.s.elector(backend, self.ns, ttl=self.s.ttl, eligible=eligible)
+        recorder = Recorder(self.history, role="elector").attach(elector)
+        if not eligible:
+            recorder.record("ineligible", ns=self.ns, cand=elector.candidate_id)
         done = threading.Event()
 
         def act() -> None:
@@ -515,7 +556,7 @@ class MemoryChaos(_Driver):
             done.set()
             self.dead.append(self.members[idx])
             time.sleep(rng.uniform(0, 2) * ttl)
-            self.members[idx] = self._spawn()
+            self.members[idx] = self._spawn(eligible=idx >= self.s.ineligible)
         elif fault == "pause":  # one call hangs past the lease, then returns
             gate.set("block")
             detail["seconds"] = hold = rng.uniform(1.2, 2.5) * ttl
@@ -537,7 +578,9 @@ class MemoryChaos(_Driver):
 
     def setup(self) -> None:
         # One pid for every elector here: faults name their target by candidate instead.
-        self.members = [self._spawn() for _ in range(self.s.electors)]
+        self.members = [
+            self._spawn(eligible=i >= self.s.ineligible) for i in range(self.s.electors)
+        ]
         if not self.wait_leader(10):
             raise RuntimeError("no leader 10 s after start")
 

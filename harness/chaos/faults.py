@@ -128,10 +128,13 @@ _RESTART_LOCK = os.path.join(tempfile.gettempdir(), "celery-election-chaos-resta
 def restart_unsupported(url: str) -> str | None:
     """Why :func:`restart_database` cannot restart the server behind ``url``; None if it can.
 
-    It restarts the loopback server the way scripts/services-up runs it: PostgreSQL's
-    first cluster under /etc/postgresql with pg_ctlcluster, MariaDB with mariadb-admin and
-    start-stop-daemon, as root. Any other server (a throwaway cluster in a temp dir, one
-    in a container, one on another host) would be left running, or the wrong one hit.
+    It restarts a loopback server the way scripts/services-up runs it: a PostgreSQL
+    cluster of Debian's (pg_ctlcluster) found by its port, MariaDB as root with
+    mariadb-admin and start-stop-daemon (on 3306 the default instance; on another port the
+    instance whose option file under /etc/mysql names that port, e.g. a second instance
+    kept for chaos runs beside the test servers). Any other server (a throwaway cluster in
+    a temp dir, one in a container, one on another host) would be left running, or the
+    wrong one hit.
     """
     u = sa.engine.make_url(url)
     dialect = u.get_backend_name()
@@ -140,20 +143,8 @@ def restart_unsupported(url: str) -> str | None:
     if dialect == "postgresql":
         if shutil.which("pg_ctlcluster") is None:
             return "pg_ctlcluster is not installed"
-        if not os.path.isdir("/etc/postgresql") or not os.listdir("/etc/postgresql"):
-            return "no cluster under /etc/postgresql"
-        version = sorted(os.listdir("/etc/postgresql"))[0]
-        conf = Path("/etc/postgresql", version, "main", "postgresql.conf")
-        try:
-            found = re.findall(r"(?m)^\s*port\s*=\s*(\d+)", conf.read_text())
-        except OSError as exc:
-            return f"cannot read {conf}: {exc}"
-        port = int(found[-1]) if found else 5432
-        if (u.port or 5432) != port:
-            return (
-                f"port {u.port or 5432} is not the port of the {version}/main cluster "
-                f"pg_ctlcluster restarts ({port}): a throwaway server?"
-            )
+        if _pg_cluster(u.port or 5432) is None:
+            return f"no cluster of pg_lsclusters listens on port {u.port or 5432}"
         return None
     if dialect in ("mysql", "mariadb"):
         if os.geteuid() != 0:
@@ -162,37 +153,72 @@ def restart_unsupported(url: str) -> str | None:
             return "neither mariadb-admin nor mysqladmin is installed"
         if shutil.which("start-stop-daemon") is None or not os.path.exists("/usr/sbin/mariadbd"):
             return "no start-stop-daemon and /usr/sbin/mariadbd to start MariaDB again"
+        port = u.port or 3306
+        if port != 3306 and _mariadb_options(port) is None:
+            return f"no option file under /etc/mysql names port {port}"
         return None
     return f"no way to restart a {dialect} server"
 
 
+def _pg_cluster(port: int) -> tuple[str, str] | None:
+    """(version, name) of the pg_lsclusters cluster on ``port``."""
+    try:
+        out = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == str(port):
+            return fields[0], fields[1]
+    return None
+
+
+def _mariadb_options(port: int) -> Path | None:
+    """The option file under /etc/mysql of the MariaDB instance on ``port``."""
+    for conf in sorted(Path("/etc/mysql").glob("*.cnf")):
+        with contextlib.suppress(OSError):
+            if re.search(rf"(?m)^\s*port\s*=\s*{port}\s*$", conf.read_text()):
+                return conf
+    return None
+
+
 def _restart(url: str) -> None:
     wait_reachable(url)  # a restart by someone else may still be finishing
-    dialect = sa.engine.make_url(url).get_backend_name()
+    u = sa.engine.make_url(url)
+    dialect = u.get_backend_name()
     if dialect == "postgresql":
-        version = sorted(os.listdir("/etc/postgresql"))[0]
+        found = _pg_cluster(u.port or 5432)
+        if found is None:
+            raise ValueError(f"no PostgreSQL cluster on port {u.port or 5432}")
         subprocess.run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                version,
-                "main",
-                "restart",
-                "-m",
-                "fast",
-            ],
+            ["pg_ctlcluster", "--skip-systemctl-redirect", *found, "restart", "-m", "fast"],
             check=True,
             capture_output=True,
         )
     elif dialect in ("mysql", "mariadb"):
+        port = u.port or 3306
         admin = shutil.which("mariadb-admin") or shutil.which("mysqladmin") or "mariadb-admin"
-        subprocess.run([admin, "-uroot", "shutdown"], check=True, capture_output=True)
+        subprocess.run(
+            [admin, "-uroot", "-h127.0.0.1", f"-P{port}", "shutdown"],
+            check=True,
+            capture_output=True,
+        )
+        if port == 3306:  # the default instance, as scripts/services-up starts it
+            pidfile, args = "/run/mysqld/mysqld.pid", []
+        else:
+            options = _mariadb_options(port)
+            assert options is not None
+            text = options.read_text()
+            found_pid = re.search(r"(?m)^\s*pid-file\s*=\s*(\S+)", text)
+            pidfile = found_pid.group(1) if found_pid else f"/run/mysqld/{port}.pid"
+            args = ["--", f"--defaults-file={options}"]
+        # until the server's process is gone: start-stop-daemon does nothing while it lives
         deadline = time.monotonic() + 60
-        while _running("mariadbd") and time.monotonic() < deadline:
+        while (_listening(port) or os.path.exists(pidfile)) and time.monotonic() < deadline:
             time.sleep(0.1)
         subprocess.run(
-            ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec",
-             "/usr/sbin/mariadbd"],
+            ["start-stop-daemon", "--start", "--oknodo", "--background", "--pidfile",
+             pidfile, "--exec", "/usr/sbin/mariadbd", *args],
             check=True,
             capture_output=True,
         )  # fmt: skip
@@ -200,8 +226,13 @@ def _restart(url: str) -> None:
         raise ValueError(f"cannot restart the server of {url!r}")
 
 
-def _running(name: str) -> bool:
-    return subprocess.run(["pgrep", "-x", name], capture_output=True).returncode == 0
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port``."""
+    import socket
+
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
 
 
 def skew_env(seconds: float) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """One bare elector process for the chaos runs: elects, records, and acts while trusted.
 
     python -m harness.chaos.node URL NAMESPACE HISTORY [--ttl S] [--prefix P] [--no-listen]
-        [--direct-url URL]
+        [--direct-url URL] [--ineligible]
 
 It acts as leader every 20 ms: read the clock, check ``elector.term`` (trust, no I/O), and
 record the act under that term with the reading taken *before* the check. A paused process
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--prefix", default="celery_election_")
     parser.add_argument("--no-listen", action="store_true")
     parser.add_argument("--direct-url", default=None)
+    parser.add_argument("--ineligible", action="store_true", help="election_eligible=False")
     args = parser.parse_args()
 
     options: dict[str, object] = {"table_prefix": args.prefix}
@@ -38,8 +39,10 @@ def main() -> None:
     if args.url.startswith("postgresql"):
         options["listen"] = not args.no_listen
     backend = backend_from_url(args.url, **options)
-    elector = Elector(backend, args.namespace, ttl=args.ttl)
+    elector = Elector(backend, args.namespace, ttl=args.ttl, eligible=not args.ineligible)
     recorder = Recorder(args.history, role="elector").attach(elector)
+    if args.ineligible:  # the checker's list: this candidate must never hold a term
+        recorder.record("ineligible", ns=args.namespace, cand=elector.candidate_id)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     elector.start()

@@ -161,3 +161,21 @@ def test_minutes_of_faults_behind_pgbouncer(backend: str, tmp_path: Path) -> Non
         # A leader killed within milliseconds of its election, before its term is bound
         # by the lock, is replaced when its lease ends: the median shows the lock's work.
         assert kills[len(kills) // 2] < 2.5, detail
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("sqlite", marks=pytest.mark.tier2)])
+def test_an_ineligible_elector_never_appears_in_any_term(backend: str, tmp_path: Path) -> None:
+    """Every fault once, one of three electors ineligible: it is faulted like the others
+    (one time in five the target is random) and never believes it leads (the judge adds
+    a violation for any trust interval of a candidate that recorded itself ineligible)."""
+    settings = Settings(
+        backend=backend, seed=145, ttl=1.0, electors=3, ineligible=1,
+        faults=FAULTS[backend], cycle=True,
+    )  # fmt: skip
+    report = make(settings, tmp_path).run(0)
+    detail = f"history and logs in {tmp_path}: {report.violations[:10]}"
+    assert report.ok, detail
+    records = load([tmp_path / "history.jsonl"])
+    ineligible = {r["cand"] for r in records if r["k"] == "ineligible"}
+    assert ineligible, detail  # it ran, and said so
+    assert report.leaderships >= 2, detail  # the eligible ones changed hands

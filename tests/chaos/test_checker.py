@@ -122,6 +122,55 @@ def test_a_tick_missed_during_a_failover_is_excused() -> None:
     assert rep.excused_ticks == 1 and rep.lost_ticks == 0
 
 
+def ran(sent: list[dict[str, Any]], mono_after: float = 0.2) -> list[dict[str, Any]]:
+    """A worker's execution of each of those sends (its ``ran`` record)."""
+    return [act(0, s["mono"] + mono_after, "ran", entry=s["entry"], run=s["run"]) for s in sent]
+
+
+def test_by_executions_a_failover_excuses_nothing() -> None:
+    """Judged by executions, a due time with no run is lost whoever led then."""
+    recs = [trust("a", 0.0, 1, 2.5), trust("b", 3.5, 2, 100.0), act(0, 20.0, "end")]
+    sent = sends(1, [1.0, 2.0]) + sends(2, [4.5])
+    sent[-1]["run"] = sent[-2]["at"]
+    rep = check(recs + sent + ran(sent), tick_every={"e": 1.0}, tick_settle=1.0, executions=True)
+    # due at 3: skipped in the failover (the run at 4.5 stands for the one due at 4, late)
+    assert rep.lost_ticks == 1 and not rep.ok
+    assert rep.excused_ticks == 0
+    caught_up = sends(1, [1.0, 2.0])
+    # b sends each missed due time as a run of its own (catch_up="all"): stored at it
+    for k, t in enumerate([3.0, 4.0, 5.0]):
+        at = int((1000 + t) * 1e6)
+        caught_up.append(act(2, 4.5 + k / 100, "send", entry="e", run=caught_up[-1]["at"], at=at))
+    rep = check(recs + caught_up + ran(caught_up), tick_every={"e": 1.0}, tick_settle=1.0,
+                executions=True)  # fmt: skip
+    assert rep.ok, rep.violations
+    assert rep.executed == 5 and rep.lost_ticks == 0
+
+
+def test_by_executions_a_resend_is_not_a_duplicate_and_a_second_run_is() -> None:
+    base = [trust("a", 0.0, 1, 100.0), act(0, 20.0, "end")]
+    sent = sends(1, [1.0, 2.0, 3.0])
+    again = {**sent[1], "mono": 2.5}  # the ledger sent the run again: one task id
+    rep = check(base + sent + [again] + ran(sent), tick_every={"e": 1.0}, executions=True)
+    assert rep.ok, rep.violations
+    assert rep.resent == 1 and rep.executed == 3 and rep.duplicate_ticks == 0
+    twice = ran(sent) + ran(sent[1:2], mono_after=0.4)
+    rep = check(base + sent + twice, tick_every={"e": 1.0}, executions=True)
+    assert rep.duplicate_ticks == 1 and any("executed 2 times" in v for v in rep.violations)
+
+
+def test_by_executions_a_run_sent_and_never_executed_is_lost() -> None:
+    base = [trust("a", 0.0, 1, 100.0), act(0, 5.0, "end")]
+    sent = sends(1, [1.0, 2.0, 3.0, 4.0])
+    rep = check(base + sent + ran(sent[:1] + sent[2:3]), tick_every={"e": 1.0},
+                tick_settle=2.0, executions=True)  # fmt: skip
+    # the run at 2 never ran; the one at 4 may still be on its way at the end (5)
+    assert rep.lost_ticks == 1, rep.violations
+    assert [v for v in rep.violations if "never executed" in v] == [
+        f"{NS}: run e after {int(1001e6)} was sent, never executed"
+    ]
+
+
 def test_failover_is_attributed_to_the_fault_that_hit_the_leader() -> None:
     recs = [trust("a", 0.0, 1, 5.0, pid=11), trust("b", 6.0, 2, 20.0, pid=12)]
     recs.append({"k": "fault", "mono": 3.0, "wall": 0, "pid": 1, "ns": NS, "kind": "kill",
@@ -188,3 +237,23 @@ def test_a_line_recorded_after_close_is_dropped_not_written_elsewhere(tmp_path: 
         os.close(other)
     assert (tmp_path / "other").read_bytes() == b""
     assert [r["term"] for r in load([tmp_path / "h.jsonl"])] == [1]
+
+
+def test_by_executions_a_run_again_after_its_worker_was_killed_is_counted_apart() -> None:
+    """acks_late: a worker killed after the body and before its end was recorded has the
+    run redelivered and run again (documented); the same twice without a kill is not."""
+    base = [trust("a", 0.0, 1, 100.0), act(0, 20.0, "end")]
+    sent = sends(1, [1.0, 2.0])
+    first, again = ran(sent[:1]), ran(sent[:1], mono_after=0.9)
+    first[0]["ppid"] = 77
+    kill = {"k": "fault", "mono": 1.3, "wall": 1001.3, "pid": 1, "kind": "kill",
+            "phase": "start", "target_pid": 77}  # fmt: skip
+    recs = base + sent + ran(sent[1:]) + first + again
+    rep = check([*recs, kill], tick_every={"e": 1.0}, executions=True)
+    assert rep.ok, rep.violations
+    assert rep.rerun_after_death == 1 and rep.duplicate_ticks == 0
+    rep = check(recs, tick_every={"e": 1.0}, executions=True)  # no kill: run twice
+    assert rep.duplicate_ticks == 1 and not rep.ok
+    late = {**kill, "mono": 3.5}  # killed long after: the run had ended
+    rep = check([*recs, late], tick_every={"e": 1.0}, executions=True)
+    assert rep.duplicate_ticks == 1 and not rep.ok

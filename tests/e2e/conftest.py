@@ -1,8 +1,8 @@
 """The e2e ``cluster`` fixture: real ``celery worker`` / ``celery beat`` processes.
 
 RabbitMQ + PostgreSQL by default. A module or test picks another set-up with
-``@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite"}], indirect=True)``; the
-keys are ``kind`` and Cluster's own options (``beat=True``).
+``@pytest.mark.parametrize("cluster", [{"kind": "sqla+sqlite"}], indirect=True)``
+(``rabbitmq+mariadb`` too); the keys are ``kind`` and Cluster's own options (``beat=True``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ KINDS = ("rabbitmq+postgresql", "sqla+sqlite")
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     options: dict[str, Any] = dict(getattr(request, "param", {}))
     kind = options.pop("kind", KINDS[0])
-    if kind == "rabbitmq+postgresql":
-        broker, db = server_url("amqp"), server_url("postgresql")
+    if kind in ("rabbitmq+postgresql", "rabbitmq+mariadb"):
+        server = "postgresql" if kind == "rabbitmq+postgresql" else "mysql"
+        broker, db = server_url("amqp"), server_url(server)
         results = f"db+{db}"
     else:
         broker = f"sqla+sqlite:///{tmp_path}/broker.db"

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import sqlalchemy as sa
 from celery import Celery
 
-from celery_election import init_app, leader_task
+from celery_election import init_app, leader_task, singleton_task
 from celery_election.backends.sql import db_now_us
 from celery_election.signals import leader_elected, leader_revoked
 from celery_election.tasks import current_term
@@ -41,6 +42,8 @@ app.conf.update(
     election_poll_interval=float(os.environ.get("E2E_POLL", "0.2")),
     # E2E_HISTORY: a file of this process's transitions and sends (harness/checker.py)
     election_history_file=os.environ.get("E2E_HISTORY") or None,
+    # E2E_RELEASE: the release this process registers (a rolling upgrade's older one)
+    **({"election_release": os.environ["E2E_RELEASE"]} if os.environ.get("E2E_RELEASE") else {}),
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     broker_connection_retry_on_startup=True,
@@ -55,17 +58,19 @@ if os.environ.get("E2E_BEAT"):
     app.conf.beat_max_loop_interval = 1
     # E2E_PUBLISHERS=N: the leading beat's sends go out through N publisher processes
     app.conf.election_beat_publishers = int(os.environ.get("E2E_PUBLISHERS") or 0)
+    _tick_seconds = float(os.environ.get("E2E_TICK_SECONDS") or 0)  # each run that long
     app.conf.beat_schedule = {
-        name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name]}
+        name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name, _tick_seconds]}
         for name in ("every-second-a", "every-second-b")
     }
     if os.environ.get("E2E_BURST"):  # N entries, all due at each E2E_BURST_EVERY boundary
         from tests.support.beat import Boundary
 
         _boundary = Boundary(float(os.environ.get("E2E_BURST_EVERY", "10")))
+        _seconds = float(os.environ.get("E2E_BURST_SECONDS") or 0)  # each run that long
         app.conf.beat_schedule = {
             f"burst-{i:05d}": {"task": "tests.e2e.proj.tick", "schedule": _boundary,
-                               "args": [f"burst-{i:05d}"]}
+                               "args": [f"burst-{i:05d}", _seconds]}
             for i in range(int(os.environ["E2E_BURST"]))
         }  # fmt: skip
 init_app(app)
@@ -96,7 +101,9 @@ def _engine_() -> sa.Engine:
         # E2E_RECORD: where to record, when the election URL needs a driver SQLAlchemy's
         # bare scheme would not pick (postgresql:// is psycopg 3 on SQLAlchemy 2.1)
         url = os.environ.get("E2E_RECORD") or os.environ["E2E_ELECTION"]
-        _engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        # SQLite: wait out other writers (the default 5 s lost records under load)
+        extra = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
+        _engine = sa.create_engine(url, poolclass=sa.pool.NullPool, **extra)
     return _engine
 
 
@@ -201,3 +208,70 @@ if _HANG:
 
         while sender == "tests.e2e.proj.tick" and os.path.exists(_HANG):
             time.sleep(0.05)
+
+
+_HANG_AFTER = os.environ.get("E2E_HANG_AFTER_FILE")
+if _HANG_AFTER:
+    from celery.signals import after_task_publish
+
+    @after_task_publish.connect(weak=False)
+    def _hang_once_out(sender: str | None = None, **kw: object) -> None:
+        """A send that hangs while the test's file exists, its message already out: the
+        beat has not read the broker's confirm, nor marked the run sent."""
+        import time
+
+        while sender == "tests.e2e.proj.tick" and os.path.exists(_HANG_AFTER):
+            time.sleep(0.05)
+
+
+@singleton_task(bind=True, unique_on=["key"], requeue_delay=0.2)
+def exclusive(self, key: str, label: int, seconds: float) -> int | None:
+    """One at a time per ``key`` (issue 43): records its start and end on the database clock.
+
+    A ticks row per execution (entry=key, run=label, term=its key's term, worker=node:pid);
+    at the end a runs row says whether it still trusted its hold and whether the key's
+    term in the database had moved past its own (task ``end:trusted`` / ``end:superseded``).
+    """
+    return _exclusive(self, key, label, seconds)
+
+
+@singleton_task(bind=True, unique_on=["key"], requeue_delay=0.2, one_waiting=True)
+def exclusive_one(self, key: str, label: int, seconds: float) -> int | None:
+    """``exclusive`` with one running plus at most one waiting per key."""
+    return _exclusive(self, key, label, seconds)
+
+
+def _exclusive(self, key: str, label: int, seconds: float) -> int | None:
+    import time
+
+    from celery_election.backends.green import call
+    from celery_election.singleton import key_holder
+
+    term = self.singleton_term
+    worker = f"{self.request.hostname}:{os.getpid()}"
+
+    def started() -> Any:
+        with _engine_().begin() as conn:
+            return conn.execute(
+                sa.insert(_ticks).values(entry=key, run=label, term=term, worker=worker,
+                                         task_id=self.request.id, started_at=db_now_us())
+            ).inserted_primary_key[0]  # fmt: skip
+
+    # Under gevent on a pool thread, as the key holder's own statements run: plain sqlite3
+    # on the hub would wait for their write lock in C, blocking the hub (docs/singleton.md)
+    row = call(started)
+    time.sleep(seconds)
+    trusted = self.singleton_trusted()
+    holder = key_holder(self.app)
+    now = holder.backend.keys.get(holder.namespace, self.key_for((key, label, seconds), {}))
+    moved = now is not None and term is not None and now.term > term
+    end = "end:superseded" if moved else "end:trusted" if trusted else "end:untrusted"
+
+    def ended() -> None:
+        with _engine_().begin() as conn:
+            conn.execute(sa.update(_ticks).where(_ticks.c.id == row).values(ended_at=db_now_us()))
+            conn.execute(sa.insert(_runs).values(task=end, label=str(label), worker=key,
+                                                 pid=os.getpid(), term=term))  # fmt: skip
+
+    call(ended)
+    return term

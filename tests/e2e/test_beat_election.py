@@ -2,9 +2,10 @@
 
 Entries fire every second. Faults: SIGKILL of the leading beat twice, SIGSTOP of it past
 its lease once (then SIGCONT: it must not send as a stale leader). Every execution records
-(entry, run key: the stored time of the run it follows); the check is 0 duplicates per
-(entry, run), and no run missing (two consecutive keys more than a period apart) except
-inside a failover window (where missed runs collapse into one catch-up, as in Celery).
+(entry, run key: the stored time of the run it follows, task id: a hash of its own stored
+time); the check is 0 duplicates per (entry, run), and no run lost, failovers included
+(the run each executed key names was executed too). Runs missed while no beat led
+collapse into one catch-up, as in Celery: late, not lost.
 The workers run with ``--election``: a run a killed beat sent and had not marked is sent
 again by the next leader under its task id, and the worker's start record runs it once.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_election.beat.ledger import run_task_id
 from harness.cluster import Cluster, wait_until
 
 pytestmark = [
@@ -43,28 +45,57 @@ def wait_ticks(c: Cluster, more: int, timeout: float = 30) -> None:
     )
 
 
-def check_history(c: Cluster, faults: list[float]) -> dict[str, int]:
-    """0 duplicates; every missing run inside a failover window. Returns counts."""
+def check_history(
+    c: Cluster, faults: list[float], namespace: str, *, workers_faulted: bool = False
+) -> dict[str, int]:
+    """0 duplicates, and 0 runs lost, failovers included. Returns counts.
+
+    Each execution records its run's key (the stored time of the run it follows) and its
+    task id (:func:`run_task_id` of its own stored time). So for every key ``k`` executed,
+    the run stored at ``k`` ran iff the task id ``run_task_id(namespace, entry, k)`` was
+    executed: a run lost breaks that chain, a late tick (a machine under load) does not.
+
+    ``workers_faulted`` (the faults killed workers, embedded beats): a run whose first
+    execution started on a worker just before that worker was killed or stopped comes back
+    under acks_late (the e2e project's setting) and runs again: the documented limit of a
+    task whose worker dies mid-way (docs/workers.md), counted apart. Otherwise a run
+    executed twice is a failure.
+    """
     rows = c.rows(c.ticks)
     assert rows, "no tick was executed"
-    window = c.ttl + 3.0
-    missing_total = 0
+    links = late = again = 0
     for entry in ENTRIES:
-        runs = [r.run for r in rows if r.entry == entry]
+        mine = sorted((r for r in rows if r.entry == entry), key=lambda r: r.started_at)
+        runs = [r.run for r in mine]
         assert all(k is not None for k in runs), "a run without its key"
+        first: dict[int, float] = {}
+        for r in mine:
+            first.setdefault(r.run, r.started_at / 1e6)
         dup = [k for k, n in collections.Counter(runs).items() if n > 1]
-        assert dup == [], f"{entry}: runs executed twice: {dup}"
-        keys = sorted(k for k in runs if k)  # 0 keys an entry's very first run
-        for before, after in itertools.pairwise(keys):
-            if after - before > 1_900_000:  # the run due a second after `before` is missing
-                at = before / 1e6 + 1.0
-                assert any(f - 1.5 <= at <= f + window for f in faults), (
-                    f"{entry}: run due {at:.3f} missing outside any failover window {faults}"
+        cut = [k for k in dup if workers_faulted and any(f - 2.0 <= first[k] <= f for f in faults)]
+        again += len(cut)
+        assert [k for k in dup if k not in cut] == [], f"{entry}: runs executed twice: {dup}"
+        executed = {r.task_id for r in mine}
+        # 0 keys an entry's very first run; the first key may also be the state the first
+        # leader stored when it loaded the schedule (no run: Celery's first is a period on)
+        keys = sorted(k for k in set(runs) if k)
+        for k in keys[1:]:
+            links += 1
+            task_id = run_task_id(namespace, entry, k)
+            if task_id not in executed:  # did a worker start it (and how did it end)?
+                starts = c.backend.starts.load_starts(c.namespace, task_id=task_id)
+                seen = [(r.run, r.started_at, r.task_id) for r in mine]
+                raise AssertionError(
+                    f"{entry}: the run stored at {k / 1e6:.3f} was never executed (faults "
+                    f"at {faults}); its start records: {starts}; executions (key, started, "
+                    f"task id): {seen}"
                 )
-                missing_total += 1
+        late += sum(1 for a, b in itertools.pairwise(keys) if b - a > 1_900_000)
+    assert links >= 2 * len(ENTRIES), f"only {links} runs followed others: too few to check"
     terms = {r.term for r in rows}
     assert None not in terms
-    return {"executions": len(rows), "missing_in_windows": missing_total, "terms": len(terms)}
+    return {"executions": len(rows), "runs_checked": links, "late_ticks": late,
+            "terms": len(terms), "again_after_a_worker_fault": again}  # fmt: skip
 
 
 def run_faults(c: Cluster, leader: Callable[[str | None], str]) -> list[float]:
@@ -95,7 +126,7 @@ def test_three_standalone_beats(cluster: Cluster) -> None:
     for b in ("b1", "b2", "b3"):
         c.start_beat(b)
     faults = run_faults(c, lambda other: c.wait_beat_leader(30, other_than=other))
-    stats = check_history(c, faults)
+    stats = check_history(c, faults, f"{c.namespace}-beat")
     print(f"\nbeat history: {stats}")
     assert stats["terms"] >= 3
 
@@ -108,7 +139,7 @@ def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
     c.start("w3", "-B")
     c.wait_candidates(3)
     faults = run_faults(c, lambda other: c.wait_leader(30, other_than=other))
-    stats = check_history(c, faults)
+    stats = check_history(c, faults, c.namespace, workers_faulted=True)
     print(f"\nbeat history: {stats}")
     assert stats["terms"] >= 3
 
@@ -147,7 +178,7 @@ def test_three_standalone_beats_with_publishers(cluster: Cluster) -> None:
         return name
 
     faults = run_faults(c, leader)
-    stats = check_history(c, faults)
+    stats = check_history(c, faults, f"{c.namespace}-beat")
     print(f"\nbeat history with publishers: {stats}")
     assert stats["terms"] >= 3
     killed = [name for name, proc in c.workers.items() if proc.returncode == -signal.SIGKILL]
@@ -170,5 +201,33 @@ def test_an_embedded_beat_forks_its_publisher_and_sends_each_run_once(cluster: C
     worker = c.workers["w1"].popen.pid  # type: ignore[union-attr]
     beats = [p for p in children(worker) if children(p)]  # the pool's children have none
     assert len(beats) == 1, "the embedded beat and its publisher"
-    stats = check_history(c, [])
+    stats = check_history(c, [], c.namespace)
     assert stats["terms"] == 1
+
+
+def test_a_run_sent_again_while_its_first_copy_runs_is_run_once(cluster: Cluster) -> None:
+    """b1 publishes a run and is SIGKILLed before it marks it sent (it hangs in Celery's
+    ``after_task_publish``, the message out: proj.py's E2E_HANG_AFTER_FILE); b2 sends it
+    again under its task id at its promotion while the first copy still runs (each run
+    lasts 10 s, ``acks_late``, free pool slots): that copy is skipped, the run runs once."""
+    c = cluster
+    hang = c.tmp / "hang"
+    hang.touch()
+    slow = {"E2E_TICK_SECONDS": "10"}
+    c.start("w", c=6)
+    c.start_beat("b1", env={**slow, "E2E_HANG_AFTER_FILE": str(hang)})
+    assert c.wait_beat_leader(30) == "b1"
+    c.start_beat("b2", env=slow)  # a follower: it takes over as soon as b1 dies
+    first = wait_until(lambda: c.rows(c.ticks) or None, 30, "b1's first run started")
+    assert len(first) == 1 and first[0].ended_at is None  # running, b1 hangs unmarked
+    task_id = first[0].task_id
+    beat_ns = f"{c.namespace}-beat"
+    assert first[0].entry in c.backend.beat.pending_runs(beat_ns)
+    c.signal("b1", signal.SIGKILL)
+    assert c.wait_beat_leader(30, other_than="b1") == "b2"
+    log = c.tmp / "w.log"
+    wait_until(lambda: f"[{task_id}] skipped" in log.read_text() or None, 30,
+               "the copy b2 sent again, skipped by the worker")  # fmt: skip
+    assert c.rows(c.ticks)[0].ended_at is None  # judged while the first copy ran
+    wait_until(lambda: c.rows(c.ticks)[0].ended_at or None, 30, "the first copy's end")
+    assert [r.task_id for r in c.rows(c.ticks)].count(task_id) == 1

@@ -7,8 +7,10 @@ proxies of its own; two ``celery worker --election`` recording every execution i
 database (``harness/beat_faults.py``). One fault per boundary, in one cluster: the
 leading beat SIGKILLed mid-burst, the next one SIGSTOPped mid-burst past its lease and
 resumed, the broker refused to the beats from 1 s before a boundary to 8 s after, the
-election database cut mid-burst. Each boundary's runs, counted from the workers'
-records by the run key each carries: each executed exactly once. On 426ad25 (before the
+election database cut mid-burst, a worker SIGKILLed mid-burst (its runs redelivered,
+``acks_late``), and every finished run of a boundary delivered again. Each boundary's
+runs, counted from the workers' records by the run key each carries: each finished
+exactly once. On 426ad25 (before the
 run ledger) the same faults lost 265, 293 and 12 runs (``benchmarks/results/beat_faults.md``).
 """
 
@@ -30,11 +32,17 @@ def test_each_run_is_executed_once_whatever_fails(tmp_path: Path) -> None:
     run = Run(tmp_path, Settings(entries=1000, every=20.0))
     try:
         run.start()
-        rows = run.several(["kill", "stop", "broker", "db"])
+        rows = run.several(["kill", "stop", "broker", "db", "worker", "redeliver"])
     finally:
         run.close()
     for row in rows:
         print(f"{row['fault']}: {row['what']}: {row['runs']} runs, {row['lost']} lost, "
-              f"{row['twice']} run twice, the last started {row['late_s']:.1f} s late")  # fmt: skip
-    assert [r["fault"] for r in rows] == ["none", "kill", "stop", "broker", "db"]
+              f"{row['twice']} run twice, {row['interrupted']} interrupted, "
+              f"{row['again_after_kill']} ran again after the kill, the last started "
+              f"{row['late_s']:.1f} s late")  # fmt: skip
+    kinds = ["none", "kill", "stop", "broker", "db", "worker", "redeliver"]
+    assert [r["fault"] for r in rows] == kinds
+    by = {r["fault"]: r for r in rows}
+    assert by["worker"]["interrupted"] > 0  # the kill landed mid-task: those ran again
+    assert run.skips() >= 1000  # every redelivered copy skipped (and any other second one)
     assert [(r["fault"], r["lost"], r["twice"]) for r in rows if r["lost"] or r["twice"]] == []

@@ -223,3 +223,19 @@ def test_an_asgi_lifespan_leads_and_shuts_down(tmp_path: Any, monkeypatch: Any) 
         "lifespan.shutdown.complete",
     ]
     assert module.state["runs"] > 0
+
+
+def test_transfer_through_the_async_api(backend: Any) -> None:
+    ns = f"aio-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        async with AsyncElector(backend, ns, "a@h:1:aa", **FAST) as a:
+            assert await a.wait_for_leadership(WAIT)
+            async with AsyncElector(backend, ns, "b@h:2:bb", **FAST) as b:
+                while len(await asyncio.to_thread(backend.candidates, ns)) < 2:
+                    await asyncio.sleep(0.02)
+                moved = await a.transfer("b@h")
+                assert moved.leader_id == "b@h:2:bb"
+                assert await b.wait_for_leadership(WAIT) and not a.is_leader
+
+    run(scenario())

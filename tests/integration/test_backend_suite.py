@@ -190,6 +190,30 @@ def test_candidates_are_listed_until_their_heartbeat_expires(backend: Any) -> No
     assert backend.prune(NS) == 0
 
 
+def test_a_candidate_is_listed_as_eligible_or_not_as_its_last_heartbeat_said(
+    backend: Any,
+) -> None:
+    a, b = token(), token()
+    backend.register(NS, a, "a", "host-a", 11, 30.0, eligible=False)
+    backend.register(NS, b, "b", "host-b", 12, 30.0)  # eligible unless it says otherwise
+    assert {c.candidate_id: c.eligible for c in backend.candidates(NS)} == {"a": False, "b": True}
+    backend.register(NS, a, "a", "host-a", 11, 30.0, eligible=True)  # the heartbeat updates it
+    backend.register(NS, b, "b", "host-b", 12, 30.0, eligible=False)
+    assert {c.candidate_id: c.eligible for c in backend.candidates(NS)} == {"a": True, "b": False}
+
+
+def test_a_candidate_is_listed_with_the_release_it_registered(backend: Any) -> None:
+    a, b = token(), token()
+    backend.register(NS, a, "a", "host-a", 11, 30.0, release="0.2.0")
+    backend.register(NS, b, "b", "host-b", 12, 30.0)  # a release that does not say
+    assert {c.candidate_id: c.release for c in backend.candidates(NS)} == {"a": "0.2.0", "b": None}
+    backend.register(NS, b, "b", "host-b", 12, 30.0, release="0.3.0")  # upgraded in place
+    assert {c.candidate_id: c.release for c in backend.candidates(NS)} == {
+        "a": "0.2.0",
+        "b": "0.3.0",
+    }
+
+
 def test_threads_racing_for_a_new_namespace_elect_exactly_one(backend: Any) -> None:
     _race_threads(backend, "race-new", rounds=1)
 

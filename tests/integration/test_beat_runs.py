@@ -19,6 +19,7 @@ from celery import Celery
 
 from celery_election.backends.base import RunRequest, RunState
 from celery_election.beat import LeaderScheduler
+from celery_election.beat.burst_costs import held
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 
@@ -429,6 +430,37 @@ def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(
     finally:
         b.close()
         drop_tables(fine)
+
+
+class Shifting(Celery):
+    """An app whose clock a test can move (Celery's clock plus ``shift``)."""
+
+    shift = timedelta(0)
+
+    def now(self) -> datetime:
+        return super().now() + self.shift
+
+
+def test_the_clock_offset_is_measured_on_the_real_clock_while_a_step_holds_it(
+    tmp_path: Path,
+) -> None:
+    """A burst's step holds Celery's clock (beat/burst_costs.py); the offset read inside it
+    is measured against the clock as it is, not the step's held instant: held, a clock
+    that moved an hour on since the step began measured the database an hour ahead."""
+    app = Shifting("shifting", broker="memory://", set_as_current=False)
+    app.conf.update(runs_conf(f"sqlite:///{tmp_path}/election.db"))
+    s = leading_scheduler(app, tmp_path, "a")
+    try:
+        s.tick()  # promoted: the offset measured once (about 0)
+        assert abs(s._fence.offset_us) < 1_000_000
+        with held(app):
+            app.shift = timedelta(hours=1)  # the real clock moves on; the held reading not
+            s._fence._next_offset = 0.0  # due for its next reading
+            s._fence.measure_offset()
+        assert s._fence.offset_us < -3_500_000_000, "measured on the held reading"
+    finally:
+        s.close()
+        drop_tables(app)
 
 
 def _tick_until(

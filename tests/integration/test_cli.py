@@ -49,7 +49,9 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
     assert result.exit_code == 1 and "no election in namespace 'nobody'" in result.output
 
     backend = backend_from_url(url, table_prefix=prefix)
-    e = Elector(backend, "cli", "the-leader", ttl=3)
+    # ttl 6: a leader starved for two seconds on a loaded machine keeps its term (at 3 it
+    # lost it, and the commands below saw a new term)
+    e = Elector(backend, "cli", "the-leader", ttl=6)
     events = e.subscribe()
     try:
         e.start()
@@ -64,14 +66,16 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
         info = json.loads(out.output)
         assert set(info) == {
             "namespace", "database", "leader", "term", "expires_in", "acquired_at", "candidates",
-            "liveness", "pending_runs",
+            "liveness", "pending_runs", "eligible_candidates",
         }  # fmt: skip
         assert info["pending_runs"] == []
         assert info["liveness"] == e.config.liveness  # the delta its trust is bound by
         assert info["leader"] == "the-leader" and info["term"] == term
-        assert 0 < info["expires_in"] <= 3
+        assert 0 < info["expires_in"] <= 6
         assert [c["candidate_id"] for c in info["candidates"]] == ["the-leader"]
-        assert set(info["candidates"][0]) == {"candidate_id", "hostname", "pid", "heartbeat_age"}
+        assert set(info["candidates"][0]) == {
+            "candidate_id", "hostname", "pid", "heartbeat_age", "eligible", "release",
+        }  # fmt: skip
         human = cli(url, prefix, "status", "-N", "cli")
         assert "leader      the-leader" in human.output and f"term        {term}" in human.output
         assert f"liveness    on: replaced about {e.config.liveness:g} s" in human.output
@@ -82,14 +86,14 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
         resigned = cli(url, prefix, "resign", "-N", "cli")
         assert resigned.exit_code == 0 and f"resigned term {term}" in resigned.output
         # the resigned leader finds out at its next renewal, and re-elects with a new term
-        elected = events.get(timeout=10)
-        revoked = events.get(timeout=10)
+        elected = events.get(timeout=20)
+        revoked = events.get(timeout=20)
         assert elected is not None and elected.kind == "elected" and elected.term == term
         assert revoked is not None and (revoked.kind, revoked.reason) == (
             "revoked",
             RevokeReason.LOST,
         )
-        again = events.get(timeout=10)
+        again = events.get(timeout=20)
         assert again is not None and again.kind == "elected" and again.term > term
     finally:
         e.stop()
@@ -101,6 +105,70 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
     engine = sa.create_engine(url)
     assert not [t for t in sa.inspect(engine).get_table_names() if t.startswith(prefix)]
     engine.dispose()
+
+
+def test_status_says_nobody_leads_because_no_eligible_candidate_lives(
+    target: tuple[str, str],
+) -> None:
+    """``--no-election-eligible`` everywhere: no leader, and status says why, loudly."""
+    url, prefix = target
+    assert cli(url, prefix, "install").exit_code == 0
+    backend = backend_from_url(url, table_prefix=prefix)
+    e = Elector(backend, "idle", "the-idle", ttl=3, eligible=False)
+    try:
+        e.start()
+        deadline = time.monotonic() + 10
+        while not backend.candidates("idle"):  # registered at its first turn
+            assert time.monotonic() < deadline, "the candidate never registered"
+            time.sleep(0.02)
+        info = json.loads(cli(url, prefix, "status", "-N", "idle", "--json").output)
+        assert info["leader"] is None and info["eligible_candidates"] == 0
+        assert [(c["candidate_id"], c["eligible"]) for c in info["candidates"]] == [
+            ("the-idle", False)
+        ]
+        human = cli(url, prefix, "status", "-N", "idle").output
+        assert "leader      none" in human and "no eligible candidate is live" in human
+        assert "the-idle" in human and "ineligible" in human
+        listed = cli(url, prefix, "candidates", "-N", "idle").output
+        assert listed.strip().endswith("ineligible")
+    finally:
+        e.stop()
+        backend.close()
+
+
+def test_transfer_moves_leadership_to_the_named_node_and_refuses_in_one_line(
+    target: tuple[str, str],
+) -> None:
+    url, prefix = target
+    assert cli(url, prefix, "install").exit_code == 0
+    backend = backend_from_url(url, table_prefix=prefix)
+    a = Elector(backend, "mv", "w1@h:1:aa", ttl=3)
+    b = Elector(backend, "mv", "w2@h:2:bb", ttl=3)
+    idle = Elector(backend, "mv", "w3@h:3:cc", ttl=3, eligible=False)
+    try:
+        a.start()
+        assert a.wait_for_leadership(10)
+        b.start()
+        idle.start()
+        deadline = time.monotonic() + 10
+        while len(backend.candidates("mv")) < 3:
+            assert time.monotonic() < deadline, "the candidates never registered"
+            time.sleep(0.02)
+        refused = cli(url, prefix, "transfer", "w9@h", "-N", "mv")
+        assert refused.exit_code == 1 and "no live candidate 'w9@h'" in refused.output
+        refused = cli(url, prefix, "transfer", "w3@h", "-N", "mv")
+        assert refused.exit_code == 1 and "'w3@h:3:cc' is not eligible to lead" in refused.output
+        refused = cli(url, prefix, "transfer", "w1@h", "-N", "mv")
+        assert refused.exit_code == 1 and "already leads" in refused.output
+        assert a.is_leader
+        moved = cli(url, prefix, "transfer", "w2@h", "-N", "mv")
+        assert moved.exit_code == 0, moved.output
+        assert "moved from w1@h:1:aa" in moved.output and "to w2@h:2:bb" in moved.output
+        assert b.wait_for_leadership(10) and not a.is_leader
+    finally:
+        for e in (a, b, idle):
+            e.stop()
+        backend.close()
 
 
 def test_status_all_lists_every_namespace(target: tuple[str, str]) -> None:

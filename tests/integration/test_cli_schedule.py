@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,28 @@ def test_with_the_app_static_entries_and_task_names_are_known(tmp_path: Path) ->
         ("n2", False, False),
         ("nightly", True, True),
     ]
+
+
+def test_a_run_claimed_and_not_sent_is_shown_unsent(tmp_path: Path) -> None:
+    """The run ledger's pending run (claimed, the broker has not taken it) in list and show."""
+    from celery_election.backends import backend_from_url
+
+    url, prefix = f"sqlite:///{tmp_path}/e.db", unique_prefix()
+    backend = backend_from_url(url, table_prefix=prefix)
+    backend.install()
+    assert cli(url, prefix, "add", "r", "proj.report", "every 10s").exit_code == 0
+    try:
+        ns = "default-beat"  # the beats' namespace of the default settings
+        me = uuid.uuid4().hex
+        term = backend.elect(ns, me, "beat", 30.0).lease.term
+        assert backend.beat.claim_run(ns, me, term, "r", None, 1_000, pending=True).won
+        row = cli(url, prefix, "list").output.splitlines()[1]
+        assert "+unsent since" in row
+        shown = json.loads(cli(url, prefix, "show", "r", "--json").output)
+        assert shown["pending_since_us"] == backend.beat.pending_runs(ns)["r"].claimed_us
+        assert backend.beat.mark_sent(ns, term, ["r"]) == 1
+        shown = json.loads(cli(url, prefix, "show", "r", "--json").output)
+        assert shown["pending_since_us"] is None
+        assert "+unsent" not in cli(url, prefix, "list").output
+    finally:
+        backend.close()

@@ -272,7 +272,8 @@ def test_a_resign_wakes_a_follower_blocked_on_the_lock_at_once(setup: dict[str, 
     _wait_liveness(follower)
     leader.resign()
     assert follower.wait_for_leadership(timeout=10), "the released lock did not wake it"
-    assert env["backend"].current(NS).liveness_us is not None  # it won holding the lock
+    # it won holding the lock: its term is tagged (by the win, or by its first renewal)
+    _wait_tagged(env["backend"], follower.term or 0)
     _no_overlap(env)
 
 
@@ -515,3 +516,45 @@ def test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver(
     finally:
         holder.close()
         waiter.close()
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_a_standby_gone_in_its_lock_wait_frees_its_slot_within_delta(
+    setup: dict[str, Any],
+) -> None:
+    """A server notices a closed client only when it next talks to it: a standby that died
+    (or gave up) in its lock wait stayed queued, holding its standby slot, until the wait
+    timed out (fallback_interval), and a newer candidate found every slot taken (a rolling
+    upgrade handed the vacancy back to an older release). The server ends it within delta."""
+    backend = setup["backend"]
+    holder = backend.liveness_session(NS, 30.0, 30.0)  # silent the whole test, still held
+    gone = backend.liveness_session(NS, 1.0, 30.0)
+    newcomer = backend.liveness_session(NS, 1.0, 30.0)
+    try:
+        assert holder.acquire(1.0)
+        holder.ping()
+        assert gone.claim_slot(1)
+
+        def wait() -> None:
+            with contextlib.suppress(InterruptedError):
+                gone.acquire(30.0)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        if backend.dialect == "postgresql":  # queued on the lock before it goes
+            end = time.monotonic() + 10
+            while _pg_lock_waiters(setup["url"], setup["prefix"]) != 1:
+                assert time.monotonic() < end, "the standby never waited on the lock"
+                time.sleep(0.02)
+        gone.interrupt()  # its socket is shut, as a killed process's is
+        waiting.join(10)
+        started = time.monotonic()
+        while not newcomer.claim_slot(1):
+            assert time.monotonic() - started < 3.0, "the gone standby's slot is still held"
+            time.sleep(0.05)
+        if backend.dialect == "postgresql":
+            assert _pg_lock_waiters(setup["url"], setup["prefix"]) == 0
+    finally:
+        holder.close()
+        gone.close()
+        newcomer.close()

@@ -328,6 +328,22 @@ def test_fencing_refuses_the_stale_write(kind: str) -> None:
     assert "OK: the stale write was refused" in out
 
 
+# -- singleton_report.py ----------------------------------------------------------------------
+
+
+def test_singleton_report_runs_one_refresh_at_a_time_per_account() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "singleton_report.py")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert len(re.findall(r"account 1: version \d ran", out)) == 3
+    assert len(re.findall(r"account 2: version 1 ran", out)) == 1
+    assert re.search(r"the first run of account 1 writes late with term \d+: refused", out)
+    assert "OK: one run at a time per account" in out
+
+
 # -- docker/ ----------------------------------------------------------------------------------
 
 WORKER = ["celery", "-A", "proj", "worker", "--election"]

@@ -6,15 +6,19 @@ statement; these tests hold every backend to the same answers (runonce.py's rule
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from celery_election.backends import MemoryBackend
 from celery_election.backends.base import TaskStart
-from celery_election.runonce import RunGuard, run_key
+from celery_election.clock import FakeClock
+from celery_election.runonce import RunGuard, run_key, start_owner
 
 from ..conftest import EVERY_KIND, make_backend
 
@@ -117,3 +121,98 @@ def test_the_guard_runs_a_delivered_run_once(backend: Any, acks_late: bool) -> N
     assert not third.run
     # a retry of the task is a run of its own
     assert guard.enter(tid, 1, "proj.job", "celery@h1", acks_late=acks_late).run
+
+
+@pytest.mark.parametrize("acks_late", [False, True])
+def test_a_copy_sent_again_waits_for_the_first_and_a_put_off_one_owns_its_record(
+    backend: Any, acks_late: bool
+) -> None:
+    """A copy the beat sent again (``resent``) while the first copy is unfinished is
+    skipped in either mode; a delivery put off after its own insert committed (``mine``:
+    the record's writer) runs, in either mode, and only its own record."""
+    guard = RunGuard(lambda: backend, NS)
+    tid = uuid.uuid4().hex
+    assert guard.enter(tid, 0, "proj.job", "celery@h1", acks_late=acks_late).run
+    again = guard.enter(tid, 0, "proj.job", "celery@h2", acks_late=acks_late, resent=True)
+    assert not again.run and again.reason == ("running" if acks_late else "duplicate")
+    # a redelivery (not resent) still takes an unfinished run over under acks_late
+    back = guard.enter(tid, 0, "proj.job", "celery@h3", acks_late=acks_late)
+    assert back.run == acks_late
+
+    put_off = uuid.uuid4().hex  # its try's insert committed, then the answer was lost
+    assert guard.enter(put_off, 0, "proj.job", "celery@h1", acks_late=acks_late).run
+    seen = backend.starts.load_start(NS, run_key(put_off))
+    other = start_owner("celery@h9", seen.pid)
+    refused = guard.enter(put_off, 0, "proj.job", "celery@h2", acks_late=acks_late,
+                          resent=True, mine=other)  # fmt: skip
+    assert not refused.run  # someone else's record: the resent copy waits
+    own = guard.enter(put_off, 0, "proj.job", "celery@h1", acks_late=acks_late,
+                      resent=True, mine=start_owner(seen.hostname, seen.pid))  # fmt: skip
+    assert own.run and own.reason == "rerun" and own.attempt == 2
+    guard.finish(own, "SUCCESS")
+    done = guard.enter(put_off, 0, "proj.job", "celery@h1", acks_late=acks_late,
+                       mine=start_owner(seen.hostname, os.getpid()))  # fmt: skip
+    assert not done.run  # finished: never again, its own or not
+
+
+def test_old_records_are_pruned_in_batches_per_namespace(backend: Any) -> None:
+    """Records older than the retention go, a batch at a time; other namespaces' stay (a
+    run whose record is pruned would run again if delivered)."""
+    old = [start() for _ in range(3)]
+    for s in old:
+        assert backend.starts.record_start(NS, s)
+    assert backend.starts.record_start("other", old[0])
+    assert backend.starts.prune_starts(NS, 3600) == 0  # none is an hour old
+    time.sleep(0.05)  # the database's clock moves past the records' starts
+    assert backend.starts.prune_starts(NS, 0, batch=2) == 2
+    assert backend.starts.prune_starts(NS, 0, batch=2) == 1
+    assert backend.starts.prune_starts(NS, 0) == 0
+    assert [backend.starts.load_start(NS, s.run_key) for s in old] == [None] * 3
+    assert backend.starts.load_start("other", old[0].run_key) is not None
+
+
+def test_the_guard_prunes_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each process prunes at most every PRUNE_EVERY s, sooner while whole batches go."""
+    from celery_election import runonce
+
+    clock = FakeClock()
+    backend = MemoryBackend(clock=clock)
+    monkeypatch.setattr(runonce, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(runonce.time, "monotonic", clock.monotonic)
+    old = [start() for _ in range(5)]
+    for s in old:
+        backend.starts.record_start(NS, s)
+    clock.advance(601)
+    guard = RunGuard(lambda: backend, NS, retention=600)
+
+    def deliver() -> int:  # a new run; how many old records are left
+        guard.enter(uuid.uuid4().hex, 0, "proj.job", "h", acks_late=False)
+        return sum(backend.starts.load_start(NS, s.run_key) is not None for s in old)
+
+    assert deliver() == 3  # the first delivery prunes a batch
+    assert deliver() == 3  # not due again yet
+    clock.advance(runonce.PRUNE_EVERY / 10)  # a whole batch went: due again soon
+    assert deliver() == 1
+    clock.advance(runonce.PRUNE_EVERY / 10)
+    assert deliver() == 0  # the last one: a batch that was not whole
+    assert len(backend.starts.load_starts(NS)) == 4  # the deliveries' own, none old
+
+
+def test_a_prune_that_fails_never_fails_the_delivery(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pruning is housekeeping: lost to contention (a chaos run saw a deadlock), the run
+    still runs, and the next prune tries again."""
+    from celery_election.errors import BackendUnavailableError
+
+    backend = MemoryBackend()
+
+    def refused(*args: Any, **kwargs: Any) -> int:
+        raise BackendUnavailableError("refused a prune of start records (lock contention)")
+
+    monkeypatch.setattr(backend.starts, "prune_starts", refused)
+    guard = RunGuard(lambda: backend, NS, retention=600)
+    caplog.set_level("WARNING", logger="celery_election.runonce")
+    verdict = guard.enter(uuid.uuid4().hex, 0, "proj.job", "h", acks_late=False)
+    assert verdict.run and verdict.reason == "recorded"
+    assert "could not prune old start records" in caplog.text

@@ -67,6 +67,29 @@ def test_install_upgrades_tables_of_the_previous_release(backend: SQLBackend) ->
     assert lease is not None and lease.held  # the upgrade kept the row
 
 
+def test_install_adds_the_eligible_column_and_older_rows_read_as_eligible(
+    backend: SQLBackend,
+) -> None:
+    """Candidate rows of 0.1.0 (no ``eligible`` column): install adds it, NULL is eligible."""
+    backend.install()
+    c = backend.candidate
+    with backend.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {c.name} DROP COLUMN eligible")
+    old = sa.Table(
+        c.name, sa.MetaData(), *(col._copy() for col in c.columns if col.name != "eligible")
+    )
+    with backend.engine.begin() as conn:
+        conn.execute(
+            sa.insert(old).values(
+                namespace="ns", token="o" * 32, candidate_id="old", hostname="h", pid=1,
+                registered_at=0, heartbeat_at=0, expires_at=2**62,
+            )
+        )  # fmt: skip
+    backend.install()
+    [listed] = backend.candidates("ns")
+    assert (listed.candidate_id, listed.eligible) == ("old", True)
+
+
 def test_install_gives_an_older_history_table_the_timelines_index(backend: SQLBackend) -> None:
     """A run history made before ``schedule_run_window``: install() creates the index, drops
     the (namespace, sent_at) one it replaced, keeps the rows, and does it once."""

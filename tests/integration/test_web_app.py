@@ -183,6 +183,31 @@ def test_state_shows_each_namespace_its_leader_and_the_changes_seen(
     assert state["transitions"][0]["previous_term"] == term
 
 
+def test_state_lists_the_keys_singleton_tasks_hold(web: WebApp, backend: SQLBackend) -> None:
+    from celery_election.key_holder import KeyHolder
+
+    assert call(web, "/api/state").json()["keys"] == []
+    holder = KeyHolder(backend, "web", holder_id="worker-7")  # the app's namespace
+    try:
+        held = holder.acquire("report:1")
+        assert held is not None
+        web.observer.look()
+        state = call(web, "/api/state").json()
+        assert state["keys_namespace"] == "web"
+        ((k,),) = [state["keys"]]
+        assert (k["key"], k["holder"], k["term"], k["liveness"]) == (
+            "report:1", "worker-7", held.term, 1.0,
+        )  # fmt: skip
+        assert k["since_ms"] > 0 and k["held_for"] >= 0 and k["expires_in"] > 0
+        holder.release(held)
+        web.observer.look()
+        assert call(web, "/api/state").json()["keys"] == []
+    finally:
+        holder.close()
+    page = call(web, "/").body.decode()
+    assert 'id="keys"' in page and "Held keys" in page
+
+
 def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     web: WebApp, backend: SQLBackend
 ) -> None:
@@ -212,6 +237,14 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     assert got["tick"]["last_run_ms"] == last["sent_ms"]
     # computed from the last run: one period after it
     assert got["tick"]["next_due_ms"] == pytest.approx(last["sent_ms"] + 1000, abs=5)
+    # a run claimed and not yet taken by the broker (the run ledger) is shown unsent
+    assert got["often"]["pending_since_ms"] is None
+    me = uuid.uuid4().hex
+    term = backend.elect("web-beat", me, "beat", 30.0).lease.term
+    assert backend.beat.claim_run("web-beat", me, term, "often", None, 1_000, pending=True).won
+    claimed = backend.beat.pending_runs("web-beat")["often"].claimed_us
+    web.observer._entries = None  # read again now, not after the cache's interval
+    assert entries(web)["often"]["pending_since_ms"] == claimed // 1000
 
 
 def test_an_overdue_entry_is_marked_with_how_long_as_metrics_say(

@@ -7,11 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 from celery import Celery
+from celery.signals import task_postrun
 
 from celery_election import init_app, shared_state
 from celery_election.shared_state import ENV_VAR, SharedLeadership
 
 from ..support.apps import new_app
+from ..support.postrun import Postrun
 
 
 @pytest.fixture
@@ -46,3 +48,12 @@ def record(clean_env: None) -> Iterator[SharedLeadership]:
 def app() -> Celery:
     """An app with the election (namespace "unit"), for the leader task tests."""
     return init_app(new_app(election_namespace="unit"))
+
+
+@pytest.fixture
+def postrun() -> Iterator[Postrun]:
+    """The end states of the tasks an in-process worker runs (``support/postrun.py``)."""
+    seen = Postrun()
+    task_postrun.connect(seen, weak=False)
+    yield seen
+    task_postrun.disconnect(seen)

@@ -27,6 +27,14 @@ def election_options(app: Celery) -> list[click.Option]:
     ]
 
 
+def beat_option(app: Celery, name: str) -> click.Option:
+    """One of the ``celery beat`` options init_app adds (a set: no order)."""
+    [option] = [
+        o for o in app.user_options["beat"] if isinstance(o, click.Option) and o.name == name
+    ]
+    return option
+
+
 def test_init_app_is_idempotent_and_returns_the_app() -> None:
     app = new_app()
     assert init_app(app) is app
@@ -35,22 +43,38 @@ def test_init_app_is_idempotent_and_returns_the_app() -> None:
     assert len(steps) == 1
     assert len(election_options(app)) == 1
     names = [o.name for o in app.user_options["worker"] if isinstance(o, click.Option)]
-    assert sorted(names) == ["election", "election_metrics_port", "election_namespace"]
+    assert sorted(names) == [
+        "election",
+        "election_eligible",
+        "election_metrics_port",
+        "election_namespace",
+    ]
     beat = [o.name for o in app.user_options["beat"] if isinstance(o, click.Option)]
-    assert beat == ["election_metrics_port"]
+    assert sorted(beat) == ["election_eligible", "election_metrics_port"]
 
 
 def test_the_beat_metrics_port_option_sets_the_setting() -> None:
     """``celery beat`` hands its options to ``app.Beat``, which drops unknown ones."""
     app = init_app(new_app())
-    (option,) = app.user_options["beat"]
-    assert isinstance(option, click.Option)
+    option = beat_option(app, "election_metrics_port")
     ctx = click.Context(click.Command("beat"), obj=SimpleNamespace(app=app))
     assert option.callback is not None
     option.callback(ctx, option, None)
     assert app.conf.get("election_metrics_port") is None
     option.callback(ctx, option, 9809)
     assert app.conf.election_metrics_port == 9809
+
+
+def test_the_beat_eligible_option_sets_the_setting() -> None:
+    """``celery beat --no-election-eligible``: the LeaderScheduler reads the setting."""
+    app = init_app(new_app())
+    option = beat_option(app, "election_eligible")
+    assert option.callback is not None
+    ctx = click.Context(click.Command("beat"), obj=SimpleNamespace(app=app))
+    option.callback(ctx, option, None)
+    assert app.conf.get("election_eligible") is None
+    option.callback(ctx, option, False)
+    assert app.conf.election_eligible is False
 
 
 def test_init_app_is_per_app() -> None:

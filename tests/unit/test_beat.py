@@ -25,6 +25,7 @@ from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
 from celery_election.clock import boottime
+from celery_election.once import RESENT
 
 NS = "default-beat"
 
@@ -465,7 +466,10 @@ def test_the_safety_comparison_waits_for_the_end_of_a_burst(
     shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tick that sent a full batch is followed by another at once: the comparison every
-    second waits until the burst is over (at most guards.RECHECK_BURST s), then runs again."""
+    second waits until the burst is over (at most guards.RECHECK_BURST s), then runs again.
+    The collector is off meanwhile, and on again once the burst is over (burst_costs.py)."""
+    import gc
+
     from celery_election.beat import guards
     from celery_election.beat import scheduler as scheduler_module
 
@@ -483,10 +487,17 @@ def test_the_safety_comparison_waits_for_the_end_of_a_burst(
         return bool(stock(self, old, new))
 
     monkeypatch.setattr(Scheduler, "schedules_equal", counting)
-    assert s.tick() == 0  # the heap is built; a full batch of 2 went out
-    for _ in range(2):  # the burst goes on, seconds apart: not compared
-        clock[0] += 2.0
-        s.tick()
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        assert s.tick() == 0  # the heap is built; a full batch of 2 went out
+        assert not gc.isenabled()
+        for _ in range(2):  # the burst goes on, seconds apart: not compared
+            clock[0] += 2.0
+            s.tick()
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
     assert len(s.sent) == 5 and compared == []  # the last batch (1) ended the burst
     clock[0] += 2.0
     s.tick()
@@ -606,7 +617,8 @@ def test_a_run_claimed_in_one_term_is_sent_once_by_the_next(
     assert s.sent == ["t.job"]
     recovered = s.headers[-1]
     assert recovered["election_term"] == lead.term and recovered["election_run"] == 0
+    assert recovered[RESENT] == 1  # the first term's may have gone out: not a redelivery
     s._sender.ledger.flush()  # the tick's settle: the broker took it, no longer pending
     s.apply_async(s.schedule["job"])  # a run reserved and claimed in the newer term goes
     assert s.sent == ["t.job", "t.job"] and s.headers[-1]["election_term"] == lead.term
-    assert s.headers[-1]["election_run"] != 0
+    assert s.headers[-1]["election_run"] != 0 and RESENT not in s.headers[-1]  # a new run

@@ -6,6 +6,7 @@ backend is involved. Every bound here is also a mutation target (harness/mutatio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from celery_election.decisions import (
     Seen,
     after_elect,
     after_renew,
+    defer_take,
     extend,
     follower_call,
     follower_wait,
@@ -27,12 +29,15 @@ from celery_election.decisions import (
     heartbeat_now,
     look_after_wakeup,
     look_now_after,
+    newer_release_lives,
+    release_key,
     release_while_waiting,
     renew_now_after,
     renew_retry_wait,
+    transfer_asked,
     trust_end,
 )
-from celery_election.lease import ElectResult, Lease
+from celery_election.lease import CandidateInfo, ElectResult, Lease
 from celery_election.transitions import Lead
 
 ME, OTHER = "me" * 16, "other" * 6
@@ -88,6 +93,17 @@ WAITING = Proof(grant=3, granted_at=None, good_until=NOW - 5)
          Seen(NOW, lease(token=None), ME, WAITING, NOW - 1.0), (Call.ELECT, 0.0)),
         ("waiting, held: only look", Seen(NOW, lease(), ME, WAITING), (Call.LOOK, 0.0)),
         ("waiting, never read", Seen(NOW, None, ME, WAITING), (Call.LOOK, 0.0)),
+        # an ineligible candidate (election_eligible=False) never takes a term
+        ("ineligible, vacant: only look", Seen(NOW, lease(token=None), ME, None, eligible=False),
+         (Call.LOOK, 0.0)),
+        ("ineligible, expired: only look", Seen(NOW, lease(left=-1), ME, None, eligible=False),
+         (Call.LOOK, 0.0)),
+        ("ineligible, never read: only look", Seen(NOW, None, ME, None, eligible=False),
+         (Call.LOOK, 0.0)),
+        ("ineligible, granted past the leader's delta: no take-over",
+         Seen(NOW + 0.6, lease(), ME, PROVEN, eligible=False), (Call.LOOK, 0.0)),
+        ("ineligible, granted, vacant for grace: still only look",
+         Seen(NOW, lease(token=None), ME, PROVEN, NOW - 5, eligible=False), (Call.LOOK, 0.0)),
     ],
 )  # fmt: skip
 def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float]) -> None:
@@ -126,6 +142,14 @@ def test_what_a_follower_sends(why: str, seen: Seen, expected: tuple[Call, float
          Seen(NOW, lease(token=None), ME, PROVEN, NOW), False, 1.0, 1.0, True),
         ("never read, waiting: grace from now", Seen(NOW, None, ME, WAITING), False, 1.0, 1.0,
          True),
+        # ineligible: never the lock (it would keep the lock from those who may lead)
+        ("ineligible, tagged leader, granted: the lease's end, no lock",
+         Seen(NOW, lease(), ME, PROVEN, eligible=False), False, 1.0, 1.0, False),
+        ("ineligible, tagged leader, wakeups: until the lease ends, no lock",
+         Seen(NOW, lease(), ME, WAITING, eligible=False), True, 6.0, 60.0, False),
+        ("ineligible, vacant: poll, no lock",
+         Seen(NOW, lease(token=None), ME, WAITING, NOW - 0.25, eligible=False), False, 1.0,
+         1.0, False),
     ],
 )  # fmt: skip
 def test_how_long_a_follower_waits(
@@ -142,20 +166,50 @@ def test_spread_only_delays_by_a_bounded_amount() -> None:
 
 
 @pytest.mark.parametrize(
-    ("why", "result", "in_time", "expected"),
+    ("why", "result", "in_time", "had", "expected"),
     [
-        ("won in time", ElectResult(True, lease(token=ME)), True, Next.LEAD),
-        ("won too late", ElectResult(True, lease(token=ME)), False, Next.GIVE_UP),
-        ("won, row unknown", ElectResult(True, None), True, Next.FOLLOW),
-        ("lost, row ours from before", ElectResult(False, lease(token=ME)), True, Next.RENEW),
-        ("lost, row ours but expired", ElectResult(False, lease(token=ME, left=-1)), True,
+        ("won in time", ElectResult(True, lease(token=ME)), True, 0, Next.LEAD),
+        ("won too late", ElectResult(True, lease(token=ME)), False, 0, Next.GIVE_UP),
+        ("won, row unknown", ElectResult(True, None), True, 0, Next.FOLLOW),
+        ("lost, row ours from before", ElectResult(False, lease(token=ME)), True, 7, Next.RENEW),
+        ("lost, row ours from a later term than ours", ElectResult(False, lease(token=ME)), True,
+         9, Next.RENEW),
+        ("lost, row ours in a term never held: handed to us", ElectResult(False, lease(token=ME)),
+         True, 6, Next.ACCEPT),
+        ("handed to us, the first term we ever see", ElectResult(False, lease(token=ME)), False,
+         0, Next.ACCEPT),
+        ("lost, row ours but expired", ElectResult(False, lease(token=ME, left=-1)), True, 0,
          Next.FOLLOW),
-        ("lost to another", ElectResult(False, lease()), True, Next.FOLLOW),
-        ("lost to contention", ElectResult(False, None), True, Next.FOLLOW),
+        ("lost to another", ElectResult(False, lease()), True, 0, Next.FOLLOW),
+        ("lost to contention", ElectResult(False, None), True, 0, Next.FOLLOW),
     ],
 )  # fmt: skip
-def test_after_an_elect(why: str, result: ElectResult, in_time: bool, expected: Next) -> None:
-    assert after_elect(result, ME, in_time=in_time) is expected, why
+def test_after_an_elect(
+    why: str, result: ElectResult, in_time: bool, had: int, expected: Next
+) -> None:
+    assert after_elect(result, ME, in_time=in_time, had=had) is expected, why
+
+
+def _asked(to: str | None, token: str | None = ME, term: int = 7, left: float = 6.0) -> Lease:
+    return dataclasses.replace(lease(token=token, term=term, left=left), transfer_to=to)
+
+
+@pytest.mark.parametrize(
+    ("why", "row", "expected"),
+    [
+        ("nobody asked", _asked(None), None),
+        ("asked for our term", _asked(OTHER), OTHER),
+        ("asked for another term", _asked(OTHER, term=6), None),
+        ("asked of another holder", _asked(ME, token=OTHER), None),
+        ("our term, expired", _asked(OTHER, left=-1), None),
+        ("asked to hand it to ourselves", _asked(ME), None),
+        ("no row", None, None),
+    ],
+)  # fmt: skip
+def test_a_leader_acts_on_a_transfer_asked_of_its_own_term_only(
+    why: str, row: Lease | None, expected: str | None
+) -> None:
+    assert transfer_asked(row, ME, 7) == expected, why
 
 
 @pytest.mark.parametrize(
@@ -331,3 +385,57 @@ def test_when_the_connections_go_back_to_the_pool(
     why: str, following: bool, wait: float, expected: bool
 ) -> None:
     assert release_while_waiting(following=following, wait=wait, ttl=10.0) is expected, why
+
+
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        ("0.1.0", "0.2.0"),
+        ("0.2.0", "0.10.0"),  # numbers, not strings
+        ("0.2.0", "1.0"),
+        (None, "0.1.0"),  # a release that did not say is the oldest
+        ("nightly", "0.0.1"),
+        ("0.2.0", "0.2.1"),
+    ],
+)
+def test_release_order(older: str | None, newer: str) -> None:
+    assert release_key(older) < release_key(newer)
+
+
+@pytest.mark.parametrize(("a", "b"), [("0.2", "0.2.0"), ("0.2.0rc1", "0.2.0"), ("v1.2", "1.2.0")])
+def test_one_release_spelled_two_ways(a: str, b: str) -> None:
+    assert release_key(a) == release_key(b)
+
+
+def _cand(release: str | None, *, token: str = OTHER, eligible: bool = True) -> CandidateInfo:
+    return CandidateInfo("x", "h", 1, 0, 0, token=token, eligible=eligible, release=release)
+
+
+@pytest.mark.parametrize(
+    ("why", "live", "expected"),
+    [
+        ("a newer one lives", [_cand("0.3.0")], True),
+        ("the same release", [_cand("0.2.0")], False),
+        ("an older one", [_cand("0.1.0"), _cand(None)], False),
+        ("a newer one that may not lead", [_cand("0.3.0", eligible=False)], False),
+        ("only ourselves, registered newer (a restart)", [_cand("0.3.0", token=ME)], False),
+        ("nobody", [], False),
+    ],
+)  # fmt: skip
+def test_a_newer_release_lives(why: str, live: list[CandidateInfo], expected: bool) -> None:
+    assert newer_release_lives("0.2.0", live, ME) is expected, why
+
+
+@pytest.mark.parametrize(
+    ("why", "newer", "since", "expected"),
+    [
+        ("none newer: take it", False, None, False),
+        ("newer, first seen now: hold back", True, None, True),
+        ("newer, held back a while", True, NOW - 9.9, True),
+        ("newer, held back for the whole patience: take it", True, NOW - 10.0, False),
+    ],
+)  # fmt: skip
+def test_an_older_release_holds_back_a_bounded_time(
+    why: str, newer: bool, since: float | None, expected: bool
+) -> None:
+    assert defer_take(newer, since, NOW, patience=10.0) is expected, why

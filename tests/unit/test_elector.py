@@ -21,40 +21,14 @@ from celery_election.clock import FakeClock
 from celery_election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
 
-TTL = 10.0
-RENEW = 3.0
-MARGIN = 2.0
-WAIT = 5.0  # real seconds to wait for an event that must come
+from ..support.fake_electors import MARGIN, RENEW, TTL, WAIT, clock, electors, make
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+__all__ = ["clock", "electors"]  # the fixtures, used by name
 
 
 @pytest.fixture
 def mem(clock: FakeClock) -> MemoryBackend:
     return MemoryBackend(clock)
-
-
-@pytest.fixture
-def electors() -> Iterator[list[Elector]]:
-    made: list[Elector] = []
-    yield made
-    for e in made:
-        e.stop(timeout=WAIT)
-
-
-def make(
-    made: list[Elector], backend: Any, clock: FakeClock, name: str = "a", **kw: Any
-) -> Elector:
-    opts: dict[str, Any] = dict(
-        ttl=TTL, renew_interval=RENEW, safety_margin=MARGIN, jitter=0, poll_interval=1.0
-    )
-    opts.update(kw)
-    e = Elector(backend, "ns", name, clock=clock, **opts)
-    made.append(e)
-    return e
 
 
 def next_event(sub: Subscription) -> Transition:
@@ -307,6 +281,9 @@ def test_database_errors_never_kill_the_thread(
     clock.advance(5.0)
     assert next_event(sub).kind == "elected"
     assert {type(x) for x in errors} == {BackendUnavailableError, RuntimeError}
+    # its registration failed with the rest: tried again within a poll, not a heartbeat
+    assert clock.settled(e.sleepers())
+    assert [c.candidate_id for c in mem.candidates("ns")] == ["a"]
     # and a leader whose database goes away steps down when its trust ends
     assert clock.settled(e.sleepers())
     mem.fail(BackendUnavailableError("database down again"))

@@ -18,12 +18,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: package listed here (beat) is on the Celery side with all its modules (``beat.ops``).
 CELERY_SIDE = {
     "app", "bootstep", "shared_state", "beat", "schedule", "tasks", "control", "signals",
-    "cli", "web", "singleton", "once",
+    "cli", "cli_keys", "web", "singleton", "once", "testing_keys",
 }  # fmt: skip
 #: Core modules allowed one Celery-side module, and why: the test kit writes the shared
 #: leadership record that leader tasks read, and shared_state itself imports no Celery
-#: (test_core_imports loads both with Celery blocked).
-ALLOWED = {"testing": {"shared_state"}}
+#: (test_core_imports loads both with Celery blocked); the pytest plugin's
+#: ``election_keys`` fixture imports the singleton tasks' kit when a test uses it, not before.
+ALLOWED = {"testing": {"shared_state"}, "pytest_plugin": {"testing_keys"}}
 
 
 def module_name(path: Path) -> str:

@@ -8,7 +8,9 @@ marks what went out. The store's side, on every backend: tests/integration/test_
 
 from __future__ import annotations
 
+import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from celery_election.backends import MemoryBackend
 from celery_election.beat.ledger import run_task_id
 from celery_election.clock import boottime
+from celery_election.once import RESENT
 
 from .test_beat import NS, IsDueOnly, Recording, make_app, seed, shared, started
 
@@ -67,6 +70,8 @@ def test_a_failed_send_is_owed_and_sent_again_under_the_same_task_id(
     assert s.sent == ["t.job"] and len(s.ids) == 3  # two failures, one send
     assert len(set(s.ids)) == 1 and s.ids[0] is not None
     assert len({h["election_run"] for h in s.headers}) == 1  # one run, one key
+    # each send after the first says it is one (a worker skips it while the first runs)
+    assert [h.get(RESENT) for h in s.headers] == [None, 2, 3]
     assert shared.beat.pending_runs(NS) == {}  # the tick marked it sent
     assert s._sender.ledger.owing == 0
     assert shared.beat.load_runs(NS)["job"].total_run_count == 1
@@ -117,6 +122,7 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     }  # "old" expired (its expires has passed): marked, not sent
     keys = {h["election_run"] for h in s.headers}
     assert keys == {job.last_run_us, 0}  # each the key it was claimed with
+    assert [h[RESENT] for h in s.headers] == [1, 1]  # the dead leader's may have gone out
     assert shared.beat.pending_runs(NS) == {}
     s.tick()
     assert len(s.sent) == 2  # nothing claimed twice
@@ -165,3 +171,21 @@ def test_a_run_refused_while_the_last_one_is_pending_is_not_sent(
     s.reserve(entry)  # run 2: refused while run 1 is pending
     assert s.apply_async(entry, advance=False) is None  # Celery's tick sends it now
     assert s.sent == [] and set(shared.beat.pending_runs(NS)) == {"job"}
+
+
+def test_expires_is_counted_on_the_database_clock(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """A beat whose clock is an hour slow sends ``expires`` seconds from the database's
+    now, not from its own: by its own clock the run was sent expired."""
+    s = flaky(started, 0, job={"task": "t.job", "schedule": IsDueOnly(),
+                               "options": {"expires": 300}})  # fmt: skip
+    tick_until(s, lambda: s.sent)  # leading, its first run sent
+    s._fence._offset_us = 3600 * 1_000_000  # as measured: the database an hour ahead
+    send = s._sender._prepare(s.schedule["job"], None)
+    assert send is not None
+    when = send.options["expires"]
+    db_now = time.time() + 3600
+    assert isinstance(when, datetime) and when.tzinfo is not None
+    assert db_now + 290 < when.timestamp() < db_now + 310
+    assert s.schedule["job"].options["expires"] == 300  # the entry itself unchanged

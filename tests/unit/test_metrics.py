@@ -126,6 +126,7 @@ def test_elector_metrics_and_probes(tmp_path) -> None:
         assert 'celery_election_transitions_total{candidate="me",kind="elected"' in body
         assert "celery_election_call_duration_seconds_bucket" in body
         assert "celery_election_trust_left_seconds" in body
+        assert 'celery_election_eligible{candidate="me",namespace="jobs"} 1.0' in body
         status, body = get(base + "/readyz")
         assert status == 200 and json.loads(body)["ready"] is True
         # a wedged election thread: held inside its renew, busy for more than 3 ttl (set

@@ -16,7 +16,7 @@ from celery_election.backends.base import TaskStart
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.metrics.counters import LocalCounters
-from celery_election.once import HEADER, OnceTask, guard_registered
+from celery_election.once import HEADER, RESENT, OnceTask, guard_registered
 from celery_election.runonce import RunGuard, run_key
 from celery_election.shared_state import SharedLeadership
 
@@ -91,6 +91,8 @@ def test_a_failed_run_is_finished_too_and_a_retry_is_a_run_of_its_own(
 def test_acks_late_runs_again_only_a_run_that_never_finished(
     app: Celery, backend: MemoryBackend
 ) -> None:
+    """A copy the beat sent again (``election_resent``) is not a redelivery: while the run
+    is unfinished it is skipped (the first copy runs, or the broker brings it back)."""
     ran: list[int] = []
 
     @once_task(app=app, shared=False, acks_late=True)
@@ -100,6 +102,8 @@ def test_acks_late_runs_again_only_a_run_that_never_finished(
     tid = uuid.uuid4().hex
     # a worker recorded the start, then died mid-run: the record stays unfinished
     backend.starts.record_start(NS, TaskStart(run_key(tid), tid, late.name, "h", 1, 1, 0))
+    assert late.apply(task_id=tid, headers={RESENT: 2}).state == states.IGNORED
+    assert ran == [] and counted(late, "duplicate") == 1
     late.apply(task_id=tid)  # the redelivery runs it
     assert ran == [1]
     assert backend.starts.load_start(NS, run_key(tid)).attempt == 2
@@ -216,3 +220,44 @@ def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
         while counted(beat_job, "duplicate") < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ran == ["first"] and counted(beat_job, "duplicate") == 1
+
+
+@pytest.mark.parametrize("acks_late", [False, True])
+def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
+    backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch, acks_late: bool
+) -> None:
+    """In a real (in-process) worker: the database took the start record and its answer
+    was lost. The put-off copy names its try as the record's writer, finds that record
+    its own and runs it: by default too, and though the beat had sent it again."""
+    import time
+
+    from celery_election import once, testing
+
+    app = init_app(
+        new_app(election_namespace=NS, broker_transport_options={"polling_interval": 0.01})
+    )
+    ran: list[str] = []
+
+    @app.task(shared=False, acks_late=acks_late)
+    def beat_job(tag: str) -> None:
+        ran.append(tag)
+
+    monkeypatch.setattr(once, "DEFER", 0.05)
+    guard_registered(app)
+    store = backend.starts
+    recorded = store.record_start
+
+    def committed_then_lost(namespace: str, start: TaskStart, **kw: Any) -> bool:
+        recorded(namespace, start, **kw)
+        monkeypatch.setattr(store, "record_start", recorded)  # the next answers come
+        raise BackendUnavailableError("no answer")
+
+    monkeypatch.setattr(store, "record_start", committed_then_lost)
+    tid = uuid.uuid4().hex
+    with testing.worker(app, perform_ping_check=False):
+        beat_job.apply_async(("first",), task_id=tid, headers={HEADER: 9, RESENT: 2})
+        deadline = time.monotonic() + 10
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ran == ["first"] and counted(beat_job, "deferred") == 1
+    assert store.load_start(NS, run_key(tid)).attempt == 2  # its own record, taken over

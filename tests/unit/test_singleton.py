@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,40 +22,14 @@ from celery_election.keys import hold_trust_end, holder_lock_name
 from celery_election.singleton import (
     KeyBusyError,
     SingletonTask,
-    set_key_holder,
     singleton_key,
     singleton_task,
 )
 
 from ..support.apps import new_app
+from ..support.singleton_holders import DELTA, app, backend, other
 
-DELTA = 0.2
-
-
-@pytest.fixture
-def backend() -> MemoryBackend:
-    return MemoryBackend(liveness=True)
-
-
-@pytest.fixture
-def app(backend: MemoryBackend) -> Iterator[Celery]:
-    app = new_app(task_always_eager=False)
-    holder = KeyHolder(backend, "unit", liveness=DELTA, holder_id="me")
-    set_key_holder(app, holder)
-    try:
-        yield app
-    finally:
-        set_key_holder(app, None)
-
-
-@pytest.fixture
-def other(backend: MemoryBackend) -> Iterator[KeyHolder]:
-    """Another worker's holder on the same database."""
-    holder = KeyHolder(backend, "unit", liveness=DELTA, holder_id="other")
-    try:
-        yield holder
-    finally:
-        holder.close()
+__all__ = ["app", "backend", "other"]  # the fixtures, used by name
 
 
 def make(app: Celery, **options: Any) -> tuple[Any, list[tuple[Any, ...]]]:
@@ -242,7 +215,7 @@ def test_a_renewal_extends_trust_only_of_the_holds_it_renewed() -> None:
         with b.keys._lock:  # "lost" expired in the database (its holder was slow)
             b.keys._rows[("unit", "lost")].expires_at = clock.wall_us()
         clock.advance(5.0)  # past renew_interval: the thread renews (one statement)
-        assert clock.settled([holder._sleeper])
+        assert clock.settled([holder._sleeper, holder._renew_sleeper])
         clock.advance(4.0)  # 9 s after the holds began: only a renewal trusts on
         assert holder.trusted(kept)
         assert not holder.trusted(lost)

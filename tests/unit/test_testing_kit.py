@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 from celery import Celery, states
 from celery.contrib.testing.app import setup_default_app
-from celery.signals import task_postrun
 
 from celery_election import leader_task, shared_state
 from celery_election.errors import ElectionError, NotLeaderError
 from celery_election.shared_state import ENV_VAR
 from celery_election.tasks import current_term
 from celery_election.testing import ElectedLeadership, Leadership, leader_queues
+
+from ..support.postrun import Postrun
 
 pytest_plugins = ("celery.contrib.pytest",)
 
@@ -308,32 +309,6 @@ def test_protocol_controller_stops_its_threads() -> None:
 def celery_config() -> dict[str, Any]:
     # memory broker polled every 10 ms (the default second makes each round trip ~1 s)
     return {"broker_transport_options": {"polling_interval": 0.01}}
-
-
-class Postrun:
-    """The states tasks ended in, from Celery's task_postrun signal (IGNORED included)."""
-
-    def __init__(self) -> None:
-        self.states: dict[str, str] = {}
-        self.cond = threading.Condition()
-
-    def __call__(self, task_id: str, state: str, **kw: Any) -> None:
-        with self.cond:
-            self.states[task_id] = state
-            self.cond.notify_all()
-
-    def wait(self, task_id: str, timeout: float = 10) -> str | None:
-        with self.cond:
-            self.cond.wait_for(lambda: task_id in self.states, timeout)
-            return self.states.get(task_id)
-
-
-@pytest.fixture
-def postrun() -> Iterator[Postrun]:
-    seen = Postrun()
-    task_postrun.connect(seen, weak=False)
-    yield seen
-    task_postrun.disconnect(seen)
 
 
 class TestCeleryWorkerFixture:

@@ -66,6 +66,24 @@
   }
 
   // -- elections ---------------------------------------------------------------------------
+  // the keys singleton tasks hold (null: the tables predate key holds: no section)
+  const KEYS_SHOWN = 200;
+  function renderKeys(st) {
+    $("#keys-section").hidden = st.keys == null;
+    if (st.keys == null) return;
+    set($("#keys-ns"), `(namespace ${st.keys_namespace}; release: celery election release KEY)`);
+    const rows = st.keys.slice(0, KEYS_SHOWN).map((k) => el("tr", { "data-key": k.key },
+      el("td", { class: "key" }, k.key),
+      el("td", { class: "holder" }, k.holder ?? "?"),
+      el("td", { class: "since", title: when(k.since_ms) }, k.held_for != null ? `${age(k.held_for)} ago` : ""),
+      el("td", { class: "term" }, String(k.term)),
+      el("td", { class: "left", title: k.liveness != null ? `frees about ${k.liveness}s after its holder dies` : "" },
+        `${k.expires_in.toFixed(1)}s`)));
+    if (st.keys.length > KEYS_SHOWN)
+      rows.push(el("tr", {}, el("td", { colSpan: 5, class: "muted" }, `and ${st.keys.length - KEYS_SHOWN} more`)));
+    $("#keys tbody").replaceChildren(...rows);
+    $("#no-keys").hidden = st.keys.length > 0;
+  }
   function renderState(st) {
     if (st.now_ms != null) S.offset = st.now_ms - Date.now();
     set($("#database"), st.database);
@@ -105,6 +123,7 @@
     }
     for (const [name, tr] of S.leaders) if (!seen.has(name)) { tr.remove(); S.leaders.delete(name); }
     $("#no-elections").hidden = st.namespaces.length > 0;
+    renderKeys(st);
     const tlist = $("#transitions");
     tlist.replaceChildren(...st.transitions.slice(0, 30).map((t) => el("li", {},
       el("span", { class: "muted" }, `${when(t.at_ms)} `), `${t.namespace}: `,
@@ -159,6 +178,8 @@
     if (e.paused) return ["paused", when(e.next_due_ms)];
     // past due + grace, not sent or not finished: what /metrics reports (the alert's series)
     if (e.overdue > 0) return [`overdue ${age(e.overdue)}`, "not sent or not finished within its grace"];
+    // claimed, and the broker has not taken it yet: the leading beat sends it until it does
+    if (e.pending_since_ms != null) return [`unsent for ${age((now() - e.pending_since_ms) / 1000)}`, `claimed ${when(e.pending_since_ms)}; sent again until the broker takes it`];
     if (e.next_due_ms == null) return ["never", ""];
     const left = (e.next_due_ms - Date.now()) / 1000;  // computed with the server's host clock
     return [left <= 0.5 ? "due now" : `in ${age(left)}`, when(e.next_due_ms)];
@@ -643,6 +664,7 @@
       ["next due", e.enabled && !e.paused ? when(e.next_due_ms) || "never" : e.state],
       ["overdue", e.overdue > 0 ? `${age(e.overdue)} past its grace` : "no"],
       ["state", e.state + (e.run_now_pending ? " (run now pending)" : "")],
+      ["unsent run", e.pending_since_ms != null ? `claimed ${when(e.pending_since_ms)}, not yet taken by the broker` : "none"],
       [e.args_hidden ? "args (argsrepr)" : "args", JSON.stringify(e.args)],
       [e.args_hidden ? "kwargs (kwargsrepr)" : "kwargs", JSON.stringify(e.kwargs)],
       ["options", JSON.stringify(e.options)], ["policies", JSON.stringify(e.policies)],

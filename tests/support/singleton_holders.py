@@ -1,0 +1,47 @@
+"""Key holders on one memory backend for the unit tests of singleton tasks.
+
+``app``'s holder is this worker's ("me"); ``other`` plays another worker on the same
+database. Both hold keys with liveness ``DELTA``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_election.backends import MemoryBackend
+from celery_election.key_holder import KeyHolder
+from celery_election.singleton import set_key_holder
+
+from .apps import new_app
+
+__all__ = ["DELTA", "app", "backend", "other"]
+
+DELTA = 0.2
+
+
+@pytest.fixture
+def backend() -> MemoryBackend:
+    return MemoryBackend(liveness=True)
+
+
+@pytest.fixture
+def app(backend: MemoryBackend) -> Iterator[Celery]:
+    app = new_app(task_always_eager=False)
+    set_key_holder(app, KeyHolder(backend, "unit", liveness=DELTA, holder_id="me"))
+    try:
+        yield app
+    finally:
+        set_key_holder(app, None)
+
+
+@pytest.fixture
+def other(backend: MemoryBackend) -> Iterator[KeyHolder]:
+    """Another worker's holder on the same database."""
+    holder = KeyHolder(backend, "unit", liveness=DELTA, holder_id="other")
+    try:
+        yield holder
+    finally:
+        holder.close()
