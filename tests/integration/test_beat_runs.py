@@ -337,8 +337,9 @@ def drop_tables(app: Celery) -> None:
 
 
 def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
-    sql_url: str, tmp_path: Path
+    sql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="celery_election")  # shown if it fails
     app = app_for(sql_url)
     a = leading_scheduler(app, tmp_path, "a")
     assert a._fence.election is not None
@@ -471,9 +472,25 @@ def _tick_until(
 
     deadline = boottime() + timeout
     while not done():
-        assert boottime() < deadline, "timed out ticking"
+        assert boottime() < deadline, f"timed out ticking: {_state(s)}; also {_state(also)}"
         delays = [sched.tick() for sched in ((s, also) if also is not None else (s,))]
         time.sleep(max(0.0, min(0.05, *delays)))
+
+
+def _state(s: Counting | None) -> str:
+    """What a scheduler believes and what its namespace holds (for a timed-out tick)."""
+    if s is None or s._fence.election is None:
+        return "-"
+    election, fence = s._fence.election, s._fence
+    elector = election.elector
+    return (
+        f"leadership={fence.leadership()} lost_term={fence._lost_term} "
+        f"loaded_term={fence.loaded_term} elector_term={getattr(elector, 'term', None)} "
+        f"liveness={getattr(elector, 'liveness', None)} sent={s.sent} "
+        f"lease={election.backend.current(election.namespace)} "
+        f"runs={election.store.load_runs(election.namespace)} "
+        f"pending={election.store.pending_runs(election.namespace)}"
+    )
 
 
 def test_banner_and_runtime_schedule_changes(tmp_path: Path) -> None:
