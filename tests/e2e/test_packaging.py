@@ -7,6 +7,7 @@ celery-election[postgres]` once brought no Celery, and `celery-election --help` 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -24,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # a user's fresh venv: no PYTHONPATH of ours (one naming a checkout made pip's
+    # install of the wheel leave out its console script)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=500
+        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=500
     )
     assert done.returncode == 0, f"{argv}: {done.stdout}\n{done.stderr}"
     return done
