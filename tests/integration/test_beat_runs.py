@@ -348,7 +348,7 @@ def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
     b = make_scheduler(app, tmp_path, "b")
     assert b._fence.election is not None and b._fence.election.elector is not None
     try:
-        # bounds of 30 s: MariaDB under a full suite has kept this test's statements past
+        # bounds of 30 s: on MariaDB under a full suite a leader here sent nothing for
         # 15 s (not found why; _state says what each believed if it happens again)
         _tick_until(a, lambda: len(a.sent) >= 1, timeout=30)
 
