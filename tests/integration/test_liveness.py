@@ -130,9 +130,9 @@ def _leader_child(env: dict[str, Any], ttl: float = LONG_TTL) -> tuple[Child, Le
 def _wait_tagged(backend: Any, term: int, timeout: float = LONG_TTL) -> Lease:
     """The lease of ``term`` once its leader holds the lock (the row is tagged).
 
-    The grant's renewal tags it at once; a lock wait that failed under load backs off (up
-    to 5 s a try), and then a regular renewal tags it (every 0.4 x ttl: 12 s here, past
-    the 10 s this waited before; a CI run failed so on MariaDB).
+    The grant's renewal tags it at once; after a lost lock session or a failed wait, a
+    regular renewal may be the one that tags it (every 0.4 x ttl: 12 s here, past the
+    10 s this waited before).
     """
     end = time.monotonic() + timeout
     while time.monotonic() < end:
