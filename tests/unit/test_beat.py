@@ -64,8 +64,14 @@ def leader(app: Celery, started: list[Recording]) -> Recording:
 
 
 def make_app(schedule_: dict[str, Any], **conf: Any) -> Celery:
+    """A lease of 30 s: a takeover here is a resign's (memory wakeups), never an expiry.
+
+    At 2 s a loaded run starved the elector past its lease mid-tick: the run it had just
+    sent stayed unmarked, and its next term sent it again (resent, as designed), which a
+    test counting sends took for a second run.
+    """
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
-    app.conf.update(election_url="memory://", election_ttl=2.0, beat_schedule=schedule_, **conf)
+    app.conf.update(election_url="memory://", election_ttl=30.0, beat_schedule=schedule_, **conf)
     return app
 
 

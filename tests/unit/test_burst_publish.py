@@ -61,7 +61,7 @@ def app() -> Iterator[Celery]:
     topic = Exchange("ex.topic", type="topic")
     app.conf.update(
         election_url="memory://",
-        election_ttl=2.0,
+        election_ttl=30.0,  # never an expiry mid-burst (test_beat.make_app says why)
         task_default_queue="q.default",
         task_queues=[
             Queue("q.default"),
