@@ -149,9 +149,33 @@ class _Driver:
                 self.step()
                 if progress is not None:
                     progress(json.dumps(self.log[-1]))
+            if self.s.workers:
+                self.drain(60.0)
         finally:
             self.close()
         return judge(self.history, settle=2 * self.s.ttl + 1, executions=self.s.workers > 0)
+
+    def drain(self, timeout: float) -> None:
+        """Before stopping: the runs sent so far executed (or ``timeout`` seconds passed).
+
+        A worker's broker connection comes back on Celery's reconnect back-off, seconds
+        after a broker fault heals: a run it has not fetched yet is late, not lost. Stopped
+        sooner, the judge took one for lost (a broker fault last in the cycle). A run that
+        never executes is still judged lost after the wait.
+        """
+        since = boottime()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            records = load([self.history])
+            sent = {_run(r) for r in records if r["k"] == "send" and r["mono"] <= since}
+            if sent <= {_run(r) for r in records if r["k"] == "ran"}:
+                return
+            time.sleep(0.5)
+
+
+def _run(record: dict[str, Any]) -> tuple[str, str, int]:
+    """A beat run's key in the history, as the judge keys it."""
+    return record["ns"], record["entry"], record["run"]
 
 
 class Chaos(_Driver):
