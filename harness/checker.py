@@ -21,6 +21,11 @@ from typing import Any
 __all__ = ["Interval", "Report", "check", "intervals", "load"]
 
 
+def run_key(record: dict[str, Any]) -> tuple[str, str, int]:
+    """A beat run's key in a history record (a send, or a worker's execution)."""
+    return record["ns"], record["entry"], record["run"]
+
+
 def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     """Every record of every file; a torn last line (SIGKILL mid-write) is skipped."""
     out: list[dict[str, Any]] = []
@@ -268,7 +273,7 @@ def check(
             rep.acts += 1
         else:
             rep.sends += 1
-            sent[(r["ns"], r["entry"], r["run"])].append(t)
+            sent[run_key(r)].append(t)
             times[(r["ns"], r["entry"])].append(r["at"])
     if executions:
         _check_executions(rep, records, sent, times, tick_every or {}, tick_settle)
@@ -362,7 +367,7 @@ def _check_executions(
     ran: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         if r["k"] == "ran":
-            ran[(r["ns"], r["entry"], r["run"])].append(r)
+            ran[run_key(r)].append(r)
     killed = [r for r in records if r["k"] == "fault" and r.get("phase", "start") == "start"
               and r["kind"] in _KILLS]  # fmt: skip
     end = max((r["mono"] for r in records), default=0.0)

@@ -36,7 +36,7 @@ from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder
 from harness.chaos import faults
-from harness.checker import Report, check, intervals, load
+from harness.checker import Report, check, intervals, load, run_key
 from harness.processes import Proc, stop_all
 from harness.proxy import Proxy
 
@@ -167,15 +167,10 @@ class _Driver:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             records = load([self.history])
-            sent = {_run(r) for r in records if r["k"] == "send" and r["mono"] <= since}
-            if sent <= {_run(r) for r in records if r["k"] == "ran"}:
+            sent = {run_key(r) for r in records if r["k"] == "send" and r["mono"] <= since}
+            if sent <= {run_key(r) for r in records if r["k"] == "ran"}:
                 return
             time.sleep(0.5)
-
-
-def _run(record: dict[str, Any]) -> tuple[str, str, int]:
-    """A beat run's key in the history, as the judge keys it."""
-    return record["ns"], record["entry"], record["run"]
 
 
 class Chaos(_Driver):
