@@ -1,11 +1,16 @@
-# Sourced by the scripts: create .venv and install the package with its extras, once.
+# Sourced by the scripts: create .venv and install the package with EXTRAS, once.
+#   EXTRAS=dev,postgres,mysql (the default: the test suite's drivers and tools)
+#   EXTRAS="" (scripts/demo: the package alone, SQLite; no compiler, no headers)
+# A venv that has a superset installed serves a smaller set as it is.
 PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS-dev,postgres,mysql}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
-if [ ! -f "$stamp" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,postgres,mysql]'
+hash=$(sha1sum < pyproject.toml | cut -c1-12)
+if ! ls .venv/.installed-"$hash"-* >/dev/null 2>&1 \
+    || ! { [ -z "$EXTRAS" ] || ls .venv/.installed-"$hash"-"$EXTRAS" >/dev/null 2>&1; }; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     rm -f .venv/.installed-*
-    touch "$stamp"
+    touch ".venv/.installed-$hash-$EXTRAS"
 fi
