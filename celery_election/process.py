@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import metrics
-from .backends import auto_install, backend_from_url
+from .backends import MemoryBackend, auto_install, backend_from_url
 from .backends.base import Backend
 from .elector import Elector
 from .history import Recorder
@@ -88,6 +88,10 @@ class ProcessElection:
             namespace,
             candidate_id,
             config=self.settings.config,
+            # The in-process database's clock is the elector's too: a test that hands
+            # both a FakeClock moves the lease, the lock thread and the election loop
+            # together (a SQL backend's clock is the server's; the elector's is boot time).
+            clock=self.backend.clock if isinstance(self.backend, MemoryBackend) else None,
             eligible=self.settings.eligible,
             release=self.settings.release,
             on_elected=on_elected,

@@ -24,6 +24,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
+from celery_election.clock import FakeClock as VirtualClock
 from celery_election.clock import boottime
 from celery_election.once import RESENT
 
@@ -41,8 +42,10 @@ class Recording(LeaderSchedulerMixin, Scheduler):
 
 @pytest.fixture
 def shared(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
-    """One memory "database" for every scheduler the test starts."""
-    backend = MemoryBackend()
+    """One memory "database" for every scheduler the test starts, on a clock that moves
+    only when the test moves it: its electors' leases, lock threads and election loops
+    wait on it, so no lease runs out mid-tick on a loaded machine."""
+    backend = MemoryBackend(VirtualClock(wall_start_us=time.time_ns() // 1000))
     monkeypatch.setattr(process_module, "backend_from_url", lambda url, **kw: backend)
     return backend
 
@@ -613,9 +616,12 @@ def test_a_run_claimed_in_one_term_is_sent_once_by_the_next(
     election = s._fence.election
     assert election is not None and election.elector is not None
     election.elector.resign()
+    clock = shared.clock
+    assert isinstance(clock, VirtualClock)
     deadline = boottime() + 10
     while (lead := s._fence.leadership()) is None or lead.term == first.term:
         assert boottime() < deadline, "no newer term"
+        clock.advance(0.05)  # the resign back-off, on the test's clock
         time.sleep(0.01)
     # Celery's tick sends the first term's run now: the newer term is promoted first,
     # which sends the run pending in the store; the first term's send does not go out
