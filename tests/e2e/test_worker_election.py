@@ -167,7 +167,7 @@ def _inspect(c: Cluster, n: int) -> dict[str, dict[str, object]] | None:
     replies = {
         node: reply
         for node, reply in remote(c, "election").items()
-        if node.split("@", 1)[0] in c.workers
+        if node.split("@", 1)[0] in c.workers and node.endswith(f".{c.namespace}")
     }
     return replies if len(replies) >= n else None
 

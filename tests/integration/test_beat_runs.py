@@ -340,7 +340,10 @@ def test_a_stale_scheduler_sends_nothing_and_each_run_goes_once(
     sql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="celery_election")  # shown if it fails
-    app = app_for(sql_url)
+    # The takeover below is made by expire(), not by time: a 10 s lease without the
+    # liveness delta keeps a loaded machine from ending a's or b's term on its own.
+    conf = {**runs_conf(sql_url), "election_ttl": 10.0, "election_liveness": False}
+    app = app_for(sql_url, conf=conf)
     a = leading_scheduler(app, tmp_path, "a")
     assert a._fence.election is not None
     stale = a._fence.election.leadership()

@@ -50,8 +50,9 @@ def test_install_status_resign_watch_uninstall(target: tuple[str, str]) -> None:
 
     backend = backend_from_url(url, table_prefix=prefix)
     # ttl 6: a leader starved for two seconds on a loaded machine keeps its term (at 3 it
-    # lost it, and the commands below saw a new term)
-    e = Elector(backend, "cli", "the-leader", ttl=6)
+    # lost it, and the commands below saw a new term); liveness 3: with the default 1 s
+    # delta a starved lock thread missed its pings, and every renewal went out untagged
+    e = Elector(backend, "cli", "the-leader", ttl=6, liveness=3.0)
     events = e.subscribe()
     try:
         e.start()

@@ -22,7 +22,7 @@ def test_keys_lists_the_holds_and_release_frees_only_the_term_seen(
     empty = cli(url, prefix, "keys", "-N", "jobs")
     assert empty.exit_code == 0 and "no key is held in namespace 'jobs'" in empty.output
     backend = backend_from_url(url, table_prefix=prefix)
-    holder = KeyHolder(backend, "jobs", holder_id="worker-1", liveness=1.0)
+    holder = KeyHolder(backend, "jobs", holder_id="worker-1", liveness=10.0)  # not starved by load
     try:
         a, b = holder.acquire('report:{"account":1}'), holder.acquire("report:2")
         assert a is not None and b is not None
@@ -32,7 +32,7 @@ def test_keys_lists_the_holds_and_release_frees_only_the_term_seen(
         assert sorted(rows) == ["report:2", 'report:{"account":1}']
         row = rows['report:{"account":1}']
         assert set(row) == {"key", "holder", "since", "held_for", "term", "expires_in", "liveness"}
-        assert (row["holder"], row["term"], row["liveness"]) == ("worker-1", a.term, 1.0)
+        assert (row["holder"], row["term"], row["liveness"]) == ("worker-1", a.term, 10.0)
         assert row["held_for"] >= 0 and row["expires_in"] > 0 and row["since"]
         human = cli(url, prefix, "keys", "-N", "jobs")
         assert "KEY" in human.output and "HOLDER" in human.output and "TERM" in human.output

@@ -97,13 +97,15 @@ def test_a_follower_wakes_on_resign_without_waiting_for_its_poll(make: Any) -> N
 
 
 def test_followers_stay_quiet_while_the_leader_renews(make: Any) -> None:
-    _ca, a = make("a", ttl=2.0, renew_interval=0.5, safety_margin=0.5)
+    # A 4 s lease renewed every 0.5 s: on a loaded machine a 2 s one (margin 0.5) ran out
+    # between two starved renewals and b looked, rightly.
+    _ca, a = make("a", ttl=4.0, renew_interval=0.5, safety_margin=1.0)
     assert a.wait_for_leadership(WAIT)
-    cb, b = make("b", ttl=2.0, renew_interval=0.5, safety_margin=0.5)
+    cb, b = make("b", ttl=4.0, renew_interval=0.5, safety_margin=1.0)
     wait_healthy(cb.backend, elector=b)  # b's start-up statements are done
     start = cb.statements
     renewals = threading.Event()
-    renewals.wait(4.0)  # two lease lengths: without the renew NOTIFY b would look twice
+    renewals.wait(8.0)  # two lease lengths: without the renew NOTIFY b would look twice
     assert a.is_leader and not b.is_leader
     assert cb.statements == start  # no statement at all: each renewal pushed b's look back
 
