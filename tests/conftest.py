@@ -44,6 +44,59 @@ SERIAL = (
     "tests/integration/test_examples.py",
     "tests/integration/test_more_examples.py",
 )
+#: Where the scenarios that left the first tier run now (node-id prefix -> tier marker).
+#: Each is proven once in the first tier on the stack where it matters; these are its
+#: other stacks, long variants and slow corners. docs/testing.md lists the same table.
+ELSEWHERE: dict[str, str] = {
+    # Worker election and failover: the first tier runs it on RabbitMQ + PostgreSQL.
+    "tests/e2e/test_worker_election.py::test_worker_election_scenario[sqla+sqlite]": "tier2",
+    "tests/e2e/test_eligible_workers.py": "tier2",
+    "tests/e2e/test_example_demo.py": "tier2",
+    # The beat: three standalone beats stay; the demo's `worker -B --election` (test_demo)
+    # stays; the variants with publishers, forks and re-sends run in the second tier.
+    "tests/e2e/test_beat_election.py::test_three_standalone_beats_with_publishers": "tier2",
+    "tests/e2e/test_beat_election.py::test_three_workers_with_embedded_beat": "tier2",
+    "tests/e2e/test_beat_election.py::test_an_embedded_beat_forks": "tier2",
+    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy": "tier2",
+    "tests/e2e/test_demo.py::test_ctrl_c_in_the_middle_stops_every_process": "tier2",
+    "tests/e2e/test_demo.py::test_killing_the_demo_takes_its_workers_with_it": "tier2",
+    # Run once: the prefork redelivery and the acks_late kill stay; the other pools (each
+    # also in test_pools) and the metrics' count of the skip run in the second tier.
+    "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted[threads]": (
+        "tier2"
+    ),
+    "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted[solo]": (
+        "tier2"
+    ),
+    "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted[gevent]": (
+        "tier2"
+    ),
+    "tests/e2e/test_run_once.py::test_the_skip_is_counted_on_metrics": "tier2",
+    # Layouts: the Django `CELERY_` one stays; the three plain-Celery layouts go.
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[conf+include]": "tier2",
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[envvar+imports]": "tier2",
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[module+autodiscover]": "tier2",
+    # Operations over real processes: metrics, routing, tracing, transfers.
+    "tests/e2e/test_metrics.py": "tier2",
+    "tests/e2e/test_prometheus.py": "tier2",
+    "tests/e2e/test_routing.py": "tier2",
+    "tests/e2e/test_tracing.py": "tier2",
+    "tests/e2e/test_transfer_workers.py::test_a_transfer_to_a_named_worker_with_no_overlap_and_each_beat_run_once[postgresql]": (  # noqa: E501
+        "tier2"
+    ),
+    "tests/e2e/test_transfer_workers.py::test_a_transfer_to_a_named_worker_with_no_overlap_and_each_beat_run_once[mysql]": (  # noqa: E501
+        "release"
+    ),
+    # A wheel built and installed in a fresh venv: before a release.
+    "tests/e2e/test_packaging.py": "release",
+    # What a Celery, Django or Python version can break: the version matrix's cells run
+    # them (the floor and the newest), scripts/test does not.
+    "tests/conformance/": "matrix",
+    "tests/integration/test_django_workflows.py": "matrix",
+    "tests/integration/test_green.py": "matrix",
+    "tests/integration/test_cli_schedule.py": "matrix",
+    "tests/integration/test_more_examples.py": "matrix",
+}
 #: What the xdist workers could not reach (the controller prints it once).
 _missing_on_workers: dict[str, str] = {}
 
@@ -55,7 +108,10 @@ def _is_worker(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("tier2") is not None:
+        for prefix, tier in ELSEWHERE.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("tier2") is not None or item.get_closest_marker("release"):
             item.add_marker(pytest.mark.xdist_group("tier2"))
         elif item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.xdist_group("processes"))
@@ -144,6 +200,14 @@ PG_DRIVERS = ["postgresql", "postgresql+psycopg2"]
 MYSQL_DRIVERS = ["mysql", "mysql+mysqldb"]
 EVERY_SQL = ["sqlite", *PG_DRIVERS, *MYSQL_DRIVERS]
 EVERY_KIND = ["memory", *EVERY_SQL]
+#: The servers' second drivers: the backend suites run them in the first tier, the
+#: scenarios above the backend (``one_driver_each``) before a release.
+SECOND_DRIVERS = ("postgresql+psycopg2", "mysql+mysqldb")
+
+
+def one_driver_each(kinds: list[str]) -> list[Any]:
+    """``kinds`` as parameters, the second drivers in the release tier."""
+    return [pytest.param(k, marks=pytest.mark.release) if k in SECOND_DRIVERS else k for k in kinds]
 
 
 def url_for(kind: str, tmp_path: Any) -> str:

@@ -1,15 +1,24 @@
-"""The fault matrix, short: every fault kind once per backend, fixed seeds, then the checker.
+"""The fault matrix: (backend, fault) cells, each run by the driver, then the checker.
 
-Each run applies each of its backend's faults once, in order, to the current leader (or,
-one time in five, to a random process), waits for a leader again, and at the end checks
-the history of every process: no two trusted leaders, terms only going up, no act outside
-its term's window, no beat tick twice, none lost while one leader was trusted.
+A run applies each of its faults once, in order, to the current leader (or, one time in
+five, to a random process), waits for a leader again, and at the end checks the history
+of every process: no two trusted leaders, terms only going up, no act outside its term's
+window, no beat tick twice, none lost while one leader was trusted.
+
+- The first tier runs the in-process backend's whole cycle.
+- The second tier runs a seeded sample of the other cells, about three minutes
+  (:func:`sample`): the seed is the UTC date, so each day draws other cells, and
+  ``CELERY_ELECTION_CHAOS_SEED`` replays a day.
+- The release tier (``scripts/release-check``) runs every cell, and the PgBouncer minutes.
+
 ``benchmarks/chaos.py`` runs the same driver at random for as long as you like.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +47,11 @@ RUNS = {
 }
 
 
-def _injectable(backend: str, urls: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
+def _injectable(
+    backend: str, urls: dict[str, Any], faults: tuple[str, ...]
+) -> tuple[tuple[str, ...], dict[str, str]]:
     """The faults this harness can inject here, and why it cannot inject the others."""
     cannot: dict[str, str] = {}
-    faults = FAULTS[backend]
     if "skew" in faults and not FAKETIME_LIB.exists():
         cannot["skew"] = f"{FAKETIME_LIB} is missing (scripts/services-up installs faketime)"
     if "restart" in faults:
@@ -61,16 +71,64 @@ def _not_injected(backend: str, cannot: dict[str, str]) -> None:
     pytest.skip(message)
 
 
-#: The fault cycles over real servers run in the second tier (30-40 s each): the README's
-#: command keeps the in-process and SQLite ones.
-FIRST_TIER = {"memory", "sqlite"}
-
-
-@pytest.mark.parametrize(
-    "backend",
-    [b if b in FIRST_TIER else pytest.param(b, marks=pytest.mark.tier2) for b in RUNS],
+#: The README's command runs the in-process backend's cycle (no server, no process).
+FIRST_TIER = {"memory"}
+#: The second tier's share of the matrix, in seconds of the cost model below.
+SAMPLE_SECONDS = 180.0
+#: The cost model: starting a backend's processes (more with Celery workers and beats),
+#: and one fault with its recovery. Measured: 11 faults on PostgreSQL with workers and
+#: beats took 30 to 40 s.
+START, WITH_CELERY, FAULT = 6.0, 8.0, 3.0
+#: Today's seed (the UTC date), or the one to replay.
+SEED = int(
+    os.environ.get("CELERY_ELECTION_CHAOS_SEED")
+    or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
 )
-def test_every_fault_once(backend: str, tmp_path: Path) -> None:
+
+
+def _start_cost(backend: str) -> float:
+    _electors, workers, beats, _seed = RUNS[backend]
+    return WITH_CELERY if workers or beats else START
+
+
+def sample(seed: int) -> dict[str, tuple[str, ...]]:
+    """The cells the second tier runs for ``seed``: (backend, fault) pairs drawn at random
+    until the cost model reaches :data:`SAMPLE_SECONDS`. A backend that is drawn suffers
+    a kill too (its first fault), as every chaos run should: the crash is the failover."""
+    cells = [(b, f) for b in RUNS if b not in FIRST_TIER for f in FAULTS[b] if f != "kill"]
+    random.Random(seed).shuffle(cells)
+    chosen: dict[str, set[str]] = {}
+    spent = 0.0
+    for backend, fault in cells:
+        cost = FAULT if backend in chosen else _start_cost(backend) + 2 * FAULT
+        if spent + cost > SAMPLE_SECONDS:
+            continue
+        spent += cost
+        chosen.setdefault(backend, {"kill"}).add(fault)
+    return {b: tuple(f for f in FAULTS[b] if f in chosen[b]) for b in RUNS if b in chosen}
+
+
+def sample_cost(drawn: dict[str, tuple[str, ...]]) -> float:
+    return sum(_start_cost(b) + FAULT * len(faults) for b, faults in drawn.items())
+
+
+def _cells() -> list[Any]:
+    """The memory cycle (first tier), today's sample (second tier), every cell (release)."""
+    params = [pytest.param(b, FAULTS[b], id=b) for b in RUNS if b in FIRST_TIER]
+    params += [
+        pytest.param(b, faults, id=f"{b}-sample", marks=pytest.mark.tier2)
+        for b, faults in sample(SEED).items()
+    ]
+    params += [
+        pytest.param(b, FAULTS[b], id=b, marks=pytest.mark.release)
+        for b in RUNS
+        if b not in FIRST_TIER
+    ]
+    return params
+
+
+@pytest.mark.parametrize(("backend", "drawn"), _cells())
+def test_every_fault_once(backend: str, drawn: tuple[str, ...], tmp_path: Path) -> None:
     electors, workers, beats, seed = RUNS[backend]
     urls: dict[str, Any] = {}
     if backend.startswith("pg"):
@@ -83,7 +141,7 @@ def test_every_fault_once(backend: str, tmp_path: Path) -> None:
         urls["mysql_url"] = server_url("mysql")
     if workers or beats:
         urls["amqp_url"] = server_url("amqp")
-    faults, cannot = _injectable(backend, urls)
+    faults, cannot = _injectable(backend, urls, drawn)
     if cannot and REQUIRE:
         _not_injected(backend, cannot)  # fails before a run that cannot count
     settings = Settings(
@@ -91,7 +149,8 @@ def test_every_fault_once(backend: str, tmp_path: Path) -> None:
         faults=faults, cycle=True, **urls,
     )  # fmt: skip
     report = make(settings, tmp_path).run(0)
-    detail = f"history and logs in {tmp_path}: {report.violations[:10]}"
+    replay = f"CELERY_ELECTION_CHAOS_SEED={SEED} scripts/test -m tier2 -n 0 tests/chaos -k sample"
+    detail = f"history and logs in {tmp_path} (replay: {replay}): {report.violations[:10]}"
     assert report.ok, detail
     assert set(report.faults) == set(faults), detail
     records = load([tmp_path / "history.jsonl"])
@@ -133,11 +192,12 @@ def test_the_checker_catches_an_elector_that_ignores_its_trust_window(tmp_path: 
     assert any("while term" in v for v in report.violations), report.violations[:5]
 
 
-#: The long PgBouncer runs (second tier): minutes of random faults per pooler set-up.
+#: The long PgBouncer runs (release tier; benchmarks/chaos.py for longer): minutes of
+#: random faults per pooler set-up.
 POOLER_MINUTES = float(os.environ.get("CELERY_ELECTION_POOLER_CHAOS_MINUTES", "3"))
 
 
-@pytest.mark.tier2
+@pytest.mark.release
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("backend", ["pgbouncer-tx", "pgbouncer-tx-direct", "pgbouncer-session"])
 def test_minutes_of_faults_behind_pgbouncer(backend: str, tmp_path: Path) -> None:
@@ -163,7 +223,7 @@ def test_minutes_of_faults_behind_pgbouncer(backend: str, tmp_path: Path) -> Non
         assert kills[len(kills) // 2] < 2.5, detail
 
 
-@pytest.mark.parametrize("backend", ["memory", pytest.param("sqlite", marks=pytest.mark.tier2)])
+@pytest.mark.parametrize("backend", ["memory", pytest.param("sqlite", marks=pytest.mark.release)])
 def test_an_ineligible_elector_never_appears_in_any_term(backend: str, tmp_path: Path) -> None:
     """Every fault once, one of three electors ineligible: it is faulted like the others
     (one time in five the target is random) and never believes it leads (the judge adds
@@ -179,3 +239,25 @@ def test_an_ineligible_elector_never_appears_in_any_term(backend: str, tmp_path:
     ineligible = {r["cand"] for r in records if r["k"] == "ineligible"}
     assert ineligible, detail  # it ran, and said so
     assert report.leaderships >= 2, detail  # the eligible ones changed hands
+
+
+def test_the_sample_fits_replays_and_covers_the_matrix_within_weeks() -> None:
+    """The second tier's chaos sample: within its budget for any seed, the same cells for
+    the same seed (a failure is replayed from the seed it prints), every drawn backend
+    killed, and 20 days of samples draw every (backend, fault) cell of the matrix."""
+    for seed in range(200):
+        drawn = sample(seed)
+        assert drawn and sample_cost(drawn) <= SAMPLE_SECONDS, (seed, drawn)
+        assert sample(seed) == drawn
+        for backend, faults in drawn.items():
+            assert backend not in FIRST_TIER and "kill" in faults, (seed, drawn)
+            assert set(faults) <= set(FAULTS[backend]), (seed, drawn)
+    day = datetime.date(2026, 11, 1)
+    seen = {
+        (b, f)
+        for n in range(20)
+        for b, faults in sample(int((day + datetime.timedelta(n)).strftime("%Y%m%d"))).items()
+        for f in faults
+    }
+    every = {(b, f) for b in RUNS if b not in FIRST_TIER for f in FAULTS[b]}
+    assert seen == every, sorted(every - seen)

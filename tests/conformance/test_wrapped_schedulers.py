@@ -64,6 +64,8 @@ class Suite:
     tests: str  # inside the sdist
     plugin: str  # module in this directory, loaded with -p
     env: dict[str, str] = field(default_factory=dict)
+    #: plugins loaded in the stock run and the leader run alike (virtual_clock.py)
+    shared: tuple[str, ...] = ()
 
 
 SUITES = {
@@ -73,6 +75,7 @@ SUITES = {
         "t/unit/test_schedulers.py",
         "swap_django",
         {"DJANGO_SETTINGS_MODULE": "t.proj.settings"},
+        ("virtual_clock",),
     ),
 }
 
@@ -126,6 +129,8 @@ def run(suite: Suite, root: Path, *, plugin: bool, out: Path) -> dict[str, str]:
         sys.executable, "-m", "pytest", suite.tests, "-q", "-p", "no:cacheprovider",
         "-p", "no:celery_election", f"--junitxml={xml}", "-o", "junit_family=xunit1",
     ]  # fmt: skip
+    for name in suite.shared:
+        argv += ["-p", name]
     if plugin:
         argv += ["-p", suite.plugin]
     env = {**os.environ, **suite.env}
@@ -145,7 +150,8 @@ def run(suite: Suite, root: Path, *, plugin: bool, out: Path) -> dict[str, str]:
 
 def stock(suite: Suite, root: Path, out: Path) -> dict[str, str]:
     """Stock outcomes, cached per version and per the command that produced them."""
-    recipe = hashlib.sha1(json.dumps([suite.tests, suite.env]).encode()).hexdigest()[:10]
+    shared = [(HERE / f"{name}.py").read_text() for name in suite.shared]
+    recipe = hashlib.sha1(json.dumps([suite.tests, suite.env, shared]).encode()).hexdigest()[:10]
     cached = root / f".stock-{recipe}.json"
     if cached.exists():
         result: dict[str, str] = json.loads(cached.read_text())

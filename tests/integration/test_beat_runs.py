@@ -23,7 +23,7 @@ from celery_election.beat.burst_costs import held
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 
-from ..conftest import EVERY_KIND, EVERY_SQL, expire, make_backend, token, url_for
+from ..conftest import EVERY_KIND, EVERY_SQL, expire, make_backend, one_driver_each, token, url_for
 
 NS = "beat-runs"
 
@@ -34,7 +34,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     yield from make_backend(request.param, tmp_path)
 
 
-@pytest.fixture(params=EVERY_SQL)
+@pytest.fixture(params=one_driver_each(EVERY_SQL))
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url_for(request.param, tmp_path)
 

@@ -34,12 +34,23 @@ from celery_election.lease import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 
-from ..conftest import EVERY_SQL, MYSQL_DRIVERS, PG_DRIVERS, server_url, unique_prefix, url_for
+from ..conftest import (
+    EVERY_SQL,
+    MYSQL_DRIVERS,
+    PG_DRIVERS,
+    one_driver_each,
+    server_url,
+    unique_prefix,
+    url_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_TTL = 30.0
 NS = "live"
 #: Each server through each of its drivers (psycopg 3 and psycopg2, PyMySQL and mysqlclient).
+#: Each server on each driver: the tests named "on every driver" (and the standby's slot)
+#: are about a driver's own lock calls; the others run one driver per server in the
+#: first tier (``one_driver_each``).
 SERVERS = [*PG_DRIVERS, *MYSQL_DRIVERS]
 
 
@@ -216,7 +227,7 @@ def _fault_under_a_leader(
     return child, old, new, follower
 
 
-@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(EVERY_SQL), indirect=True)
 def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     setup: dict[str, Any],
 ) -> None:
@@ -226,7 +237,7 @@ def test_a_crashed_leader_is_replaced_through_the_lock_before_its_lease_ends(
     _no_overlap(setup)
 
 
-@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(SERVERS), indirect=True)
 def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_after(
     setup: dict[str, Any],
 ) -> None:
@@ -242,7 +253,7 @@ def test_a_paused_leader_loses_the_lock_to_the_idle_timeout_and_changes_nothing_
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(SERVERS), indirect=True)
 def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     setup: dict[str, Any],
 ) -> None:
@@ -266,7 +277,7 @@ def test_killing_the_lock_session_under_a_live_leader_never_makes_two_leaders(
     _no_overlap(env)
 
 
-@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(EVERY_SQL), indirect=True)
 def test_a_resign_wakes_a_follower_blocked_on_the_lock_at_once(setup: dict[str, Any]) -> None:
     env = setup
     # A liveness of 3 s, not the default 1 s: a lock session starved of pings for 1 s
@@ -321,7 +332,7 @@ def test_the_lock_file_sits_beside_the_sqlite_database(tmp_path: Path) -> None:
     backend.close()
 
 
-@pytest.mark.parametrize("setup", SERVERS, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(SERVERS), indirect=True)
 def test_a_leader_whose_link_stalls_mid_renew_is_replaced_through_the_lock(
     setup: dict[str, Any],
 ) -> None:
@@ -422,7 +433,7 @@ def _connections(pids: list[int], application_name: str) -> int:
     return count
 
 
-@pytest.mark.parametrize("setup", EVERY_SQL, indirect=True)
+@pytest.mark.parametrize("setup", one_driver_each(EVERY_SQL), indirect=True)
 def test_only_the_standbys_wait_on_the_lock_and_a_cold_one_fills_a_freed_slot(
     setup: dict[str, Any],
 ) -> None:
