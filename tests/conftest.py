@@ -48,20 +48,12 @@ SERIAL = (
 #: Each is proven once in the first tier on the stack where it matters; these are its
 #: other stacks, long variants and slow corners. docs/testing.md lists the same table.
 ELSEWHERE: dict[str, str] = {
-    # Worker election and failover: the first tier runs it on RabbitMQ + PostgreSQL.
-    "tests/e2e/test_worker_election.py::test_worker_election_scenario[sqla+sqlite]": "tier2",
-    "tests/e2e/test_eligible_workers.py": "tier2",
-    "tests/e2e/test_example_demo.py": "tier2",
-    # The beat: three standalone beats stay; the demo's `worker -B --election` (test_demo)
-    # stays; the variants with publishers, forks and re-sends run in the second tier.
-    "tests/e2e/test_beat_election.py::test_three_standalone_beats_with_publishers": "tier2",
-    "tests/e2e/test_beat_election.py::test_three_workers_with_embedded_beat": "tier2",
+    # -- the second tier: about ten minutes beside the chaos sample and the beat's faults
+    # The beat's forked publisher; the demo's `worker -B --election` stays in the first.
     "tests/e2e/test_beat_election.py::test_an_embedded_beat_forks": "tier2",
-    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy": "tier2",
-    "tests/e2e/test_demo.py::test_ctrl_c_in_the_middle_stops_every_process": "tier2",
-    "tests/e2e/test_demo.py::test_killing_the_demo_takes_its_workers_with_it": "tier2",
-    # Run once: the prefork redelivery and the acks_late kill stay; the other pools (each
-    # also in test_pools) and the metrics' count of the skip run in the second tier.
+    "tests/e2e/test_example_demo.py": "tier2",
+    # Run once: the prefork redelivery and the acks_late kill stay; the other pools and
+    # the skip's count on /metrics.
     "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted[threads]": (
         "tier2"
     ),
@@ -72,25 +64,65 @@ ELSEWHERE: dict[str, str] = {
         "tier2"
     ),
     "tests/e2e/test_run_once.py::test_the_skip_is_counted_on_metrics": "tier2",
-    # Layouts: the Django `CELERY_` one stays; the three plain-Celery layouts go.
-    "tests/e2e/test_layouts.py::test_one_election_per_deployment[conf+include]": "tier2",
-    "tests/e2e/test_layouts.py::test_one_election_per_deployment[envvar+imports]": "tier2",
-    "tests/e2e/test_layouts.py::test_one_election_per_deployment[module+autodiscover]": "tier2",
-    # Operations over real processes: metrics, routing, tracing, transfers.
-    "tests/e2e/test_metrics.py": "tier2",
+    # Prometheus (a real server), tracing through a SIGKILL, a transfer: real processes.
     "tests/e2e/test_prometheus.py": "tier2",
-    "tests/e2e/test_routing.py": "tier2",
-    "tests/e2e/test_tracing.py": "tier2",
+    "tests/e2e/test_tracing.py::test_each_beat_run_is_one_trace": "tier2",
     "tests/e2e/test_transfer_workers.py::test_a_transfer_to_a_named_worker_with_no_overlap_and_each_beat_run_once[postgresql]": (  # noqa: E501
         "tier2"
     ),
+    # -- the release tier (scripts/release-check): other stacks, drivers and layouts,
+    # upgrades, the wheel, and the longer operator scenarios
+    "tests/e2e/test_worker_election.py::test_worker_election_scenario[sqla+sqlite]": "release",
+    "tests/e2e/test_eligible_workers.py": "release",
+    "tests/e2e/test_beat_election.py::test_three_standalone_beats_with_publishers": "release",
+    "tests/e2e/test_beat_election.py::test_three_workers_with_embedded_beat": "release",
+    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy": "release",
+    "tests/e2e/test_demo.py::test_ctrl_c_in_the_middle_stops_every_process": "release",
+    "tests/e2e/test_demo.py::test_killing_the_demo_takes_its_workers_with_it": "release",
+    # Layouts: the Django `CELERY_` one stays in the first tier.
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[conf+include]": "release",
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[envvar+imports]": "release",
+    "tests/e2e/test_layouts.py::test_one_election_per_deployment[module+autodiscover]": "release",
+    "tests/e2e/test_metrics.py": "release",
+    "tests/e2e/test_routing.py": "release",
+    "tests/e2e/test_tracing.py::test_a_publisher_process": "release",
+    "tests/e2e/test_tracing.py::test_a_run_the_next_leader_recovers": "release",
     "tests/e2e/test_transfer_workers.py::test_a_transfer_to_a_named_worker_with_no_overlap_and_each_beat_run_once[mysql]": (  # noqa: E501
         "release"
     ),
-    # A wheel built and installed in a fresh venv: before a release.
     "tests/e2e/test_packaging.py": "release",
-    # What a Celery, Django or Python version can break: the version matrix's cells run
-    # them (the floor and the newest), scripts/test does not.
+    "tests/e2e/test_pools.py": "release",
+    "tests/e2e/test_worker_drivers.py": "release",
+    "tests/e2e/test_release_upgrade.py": "release",
+    "tests/e2e/test_upgrade.py": "release",
+    "tests/e2e/test_django_admin_real.py": "release",
+    "tests/e2e/test_schedule_ops.py": "release",
+    "tests/e2e/test_overdue_page.py": "release",
+    # Singleton keys: the first tier keeps the kill on PostgreSQL, the second the pause.
+    "tests/e2e/test_singleton_workers.py::test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced[mysql]": (  # noqa: E501
+        "release"
+    ),
+    "tests/e2e/test_singleton_workers.py::test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced[sqlite]": (  # noqa: E501
+        "release"
+    ),
+    "tests/e2e/test_singleton_workers.py::test_a_paused_holders_key_is_taken_and_it_finds_its_term_superseded[mysql]": (  # noqa: E501
+        "release"
+    ),
+    "tests/e2e/test_singleton_workers.py::test_a_paused_holders_key_is_taken_and_it_finds_its_term_superseded[sqlite]": (  # noqa: E501
+        "release"
+    ),
+    "tests/e2e/test_singleton_workers.py::test_one_waiting_runs_the_running_one": "release",
+    "tests/integration/test_pg_replica.py::test_promoting_the_standby[sync-lease]": "release",
+    "tests/integration/test_pg_replica.py::test_promoting_the_standby[async-lease]": "release",
+    "tests/integration/test_pg_replica.py::test_after_a_restart_a_crash_is_replaced_through_the_lock[5.0]": (  # noqa: E501
+        "release"
+    ),
+    "tests/integration/test_pg_replica.py::test_after_a_restart_a_crash_is_replaced_through_the_lock[15.0]": (  # noqa: E501
+        "release"
+    ),
+    "tests/integration/test_schedule_beat.py::test_an_entry_added_edited_paused": "release",
+    # -- the version matrix's cells (the floor and the newest), not scripts/test: what a
+    # Celery, Django or Python version can break
     "tests/conformance/": "matrix",
     "tests/integration/test_django_workflows.py": "matrix",
     "tests/integration/test_green.py": "matrix",
