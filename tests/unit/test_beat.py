@@ -67,11 +67,12 @@ def leader(app: Celery, started: list[Recording]) -> Recording:
 
 
 def make_app(schedule_: dict[str, Any], **conf: Any) -> Celery:
-    """A lease of 30 s: a takeover here is a resign's (memory wakeups), never an expiry.
+    """An app on the shared memory database, whose clock moves only when the test moves
+    it: a takeover here is a resign's (memory wakeups), never an expiry.
 
-    At 2 s, an elector starved past its lease in the middle of a tick (a loaded run) leaves
-    the run just sent unmarked, and its next term sends it again (resent, as designed):
-    a test that counts sends took that for a second run.
+    On the real clock, an elector starved past its lease in the middle of a tick (a loaded
+    run) left the run just sent unmarked, and its next term sent it again (resent, as
+    designed): a test that counts sends took that for a second run.
     """
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
     app.conf.update(election_url="memory://", election_ttl=30.0, beat_schedule=schedule_, **conf)
