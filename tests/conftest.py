@@ -120,7 +120,10 @@ ELSEWHERE: dict[str, str] = {
     "tests/integration/test_pg_replica.py::test_after_a_restart_a_crash_is_replaced_through_the_lock[15.0]": (  # noqa: E501
         "release"
     ),
-    "tests/integration/test_schedule_beat.py::test_an_entry_added_edited_paused": "release",
+    # (its SQLite run stays in the second tier: the only one that deletes and re-creates)
+    "tests/integration/test_schedule_beat.py::test_an_entry_added_edited_paused_resumed_and_removed_at_runtime[postgresql]": (  # noqa: E501
+        "release"
+    ),
     # -- the version matrix's cells (the floor and the newest), not scripts/test: what a
     # Celery, Django or Python version can break
     "tests/conformance/": "matrix",
