@@ -114,6 +114,13 @@ ELSEWHERE: dict[str, str] = {
     "tests/e2e/test_singleton_workers.py::test_one_waiting_runs_the_running_one": "release",
     "tests/integration/test_pg_replica.py::test_promoting_the_standby[sync-lease]": "release",
     "tests/integration/test_pg_replica.py::test_promoting_the_standby[async-lease]": "release",
+    # [0.0] failed once in CI's second tier (2026-11-29): after the restart a follower's
+    # lock session dropped ("the lease alone bounds trust now") and the crash was replaced
+    # through the lease. Its cause is not found yet: it waits in the release tier, named
+    # in the issue, until it is fixed.
+    "tests/integration/test_pg_replica.py::test_after_a_restart_a_crash_is_replaced_through_the_lock[0.0]": (  # noqa: E501
+        "release"
+    ),
     "tests/integration/test_pg_replica.py::test_after_a_restart_a_crash_is_replaced_through_the_lock[5.0]": (  # noqa: E501
         "release"
     ),
