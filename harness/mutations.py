@@ -78,6 +78,10 @@ ELECTION = [
 ]
 ELIGIBLE = ["tests/unit/test_eligible.py"]
 TRANSFER = ["tests/integration/test_transfer_suite.py"]
+RUNSTATE = "celery_election/runstate.py"
+MEM_RUNS = "celery_election/backends/memory_runs.py"
+#: the simulation alone (not the tables): what it finds, it finds without being told
+SIM = ["tests/unit/test_run_simulation.py::test_every_schedule_keeps_each_run_once"]
 HANDOVER = ["tests/unit/test_transfer.py"]
 RELEASE = ["tests/unit/test_release.py"]
 RELEASE_LOCK = ["tests/unit/test_release.py", "tests/unit/test_eligible.py"]
@@ -491,6 +495,36 @@ MUTATIONS = [
       "                t.c.finished_at.is_(None),\n            )\n            .values(attempt=", STARTS),
     M("starts-rerun-unfinished", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
       "                t.c.attempt == attempt,\n            )\n            .values(attempt=", STARTS),
+    # -- the run's life as one row: each guard, killed by the simulation alone ----------------
+    M("run-claim-once", RUNSTATE, "    if existing is not None:\n        return None\n", "", SIM),
+    M("run-adopt-claimed", RUNSTATE, "    if row.state == CLAIMED and row.term < term:", "    if row.term < term:", SIM),
+    M("run-adopt-earlier", RUNSTATE, "    if row.state == CLAIMED and row.term < term:", "    if row.state == CLAIMED:", SIM),
+    M("run-owes-claimed", RUNSTATE, "    return row.state == CLAIMED and row.term == term", "    return row.term == term", SIM),
+    M("run-owes-term", RUNSTATE, "    return row.state == CLAIMED and row.term == term", "    return row.state == CLAIMED", SIM),
+    M("run-confirm-claimed", RUNSTATE, "    if row.state == CLAIMED:\n        return replace(row, state=SENT)",
+      "    if row.state != ENDED:\n        return replace(row, state=SENT)", SIM),
+    M("run-start-unsent-only", RUNSTATE, "    if row.state in (CLAIMED, SENT):", "    if row.state != ENDED:", SIM),
+    M("run-start-own-started", RUNSTATE, "    if row.delivery in put_off and (row.state == STARTED or row.outcome == LOST):",
+      "    if row.delivery in put_off:", SIM),
+    M("run-start-own-reaped", RUNSTATE, "    if row.delivery in put_off and (row.state == STARTED or row.outcome == LOST):",
+      "    if row.delivery in put_off and row.state == STARTED:", SIM),
+    M("run-start-own-any", RUNSTATE, "    if row.delivery in put_off and (row.state == STARTED or row.outcome == LOST):",
+      "    if row.state == STARTED or row.outcome == LOST:", SIM),
+    M("run-start-early-ack", RUNSTATE, "    if not row.acks_late:\n        return Start(\"skip\", \"started\", None)", "    if False:\n        pass", SIM),
+    M("run-start-alive", RUNSTATE, "    if starter_alive:\n", "    if False:\n", SIM),
+    M("run-start-defer", RUNSTATE, '        return Start("defer", "running", None)', '        return Start("skip", "running", None)', SIM),
+    M("run-release-delivery", RUNSTATE, "    if row.state == STARTED and row.delivery == delivery:\n        return replace(row, state=SENT",
+      "    if row.state == STARTED:\n        return replace(row, state=SENT", SIM),
+    M("run-finish-delivery", RUNSTATE, "    if row.state == STARTED and row.delivery == delivery:\n        return replace(row, state=ENDED",
+      "    if row.state == STARTED:\n        return replace(row, state=ENDED", SIM),
+    M("run-reap-early-only", RUNSTATE, "    if row.state == STARTED and not row.acks_late and not starter_alive:",
+      "    if row.state == STARTED and not starter_alive:", SIM),
+    M("run-reap-dead-only", RUNSTATE, "    if row.state == STARTED and not row.acks_late and not starter_alive:",
+      "    if row.state == STARTED and not row.acks_late:", SIM),
+    M("run-memory-claim-fence", MEM_RUNS, "            if not self.leads(namespace, term):\n                return [False] * len(runs)\n", "", SIM),
+    M("run-memory-owed-fence", MEM_RUNS, "            if not self.leads(namespace, term):\n                return []\n", "", SIM),
+    M("run-memory-alive", MEM_RUNS, "            alive = row is None or row.worker is None or self.alive(row.worker)",
+      "            alive = False", SIM),
     # -- traces: a run's context travels with its message (one trace per run) -----------------
     M("otel-run-not-current", SENDER, "with tracing.current(send.span):", "with tracing.current(None):", TRACING),
     M("otel-publisher-no-context", PUBLISH, 'with tracing.from_headers(options.get("headers")):',

@@ -1,0 +1,196 @@
+r"""A run's life as one row, and each of its transitions as a pure function.
+
+A beat run is one row from its claim to its end, unique per (namespace, entry, due time):
+
+    CLAIMED --confirm--> SENT --start--> STARTED --finish--> ENDED
+       |                  ^                 |  \--release--> SENT   (put off: it never ran)
+       |                  |                 \--reap--> ENDED        (early ack, starter dead)
+       +--drop--> DROPPED +-- start also takes a CLAIMED row (a worker faster than the confirm)
+
+No I/O, no clock, no threads: a store (memory or SQL) applies a function to the row it
+holds, in one statement or under one lock, and writes what it returns; ``None`` means the
+row does not change. Each guard is a mutation target (harness/mutations.py) and each is
+exercised by the seeded simulation (harness/runsim.py), which finds a lost, doubled or
+stuck run when one is removed. What each guard closes, by the windows of issue 52:
+
+* a run belongs to the term that owes it: only that term sends it and drops it, a later
+  leader adopts it (:func:`adopt`), and the owed rows are read from the store, never
+  kept only in memory (windows 3, 8, 9: a claim whose answer was lost, a catch-up run
+  refused, a "run now" sent with no claim);
+* a start names its delivery (a token drawn per try) and the worker process running it;
+  another delivery takes a started run over only when the starter is dead and the run
+  is acknowledged late, and waits (is put off) while the starter lives (windows 4, 5, 6:
+  the redelivery of a resent copy skipped, a second first delivery run again, a put-off
+  copy that lost its owner);
+* a run ends by the delivery that started it, and a put-off start gives the run back
+  (windows 2 and 10: a busy singleton key's requeue, a skipped copy that closed the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "CLAIMED",
+    "DROPPED",
+    "ENDED",
+    "SENT",
+    "STARTED",
+    "Row",
+    "Start",
+    "adopt",
+    "claim",
+    "confirm",
+    "drop",
+    "finish",
+    "owes",
+    "reap",
+    "release",
+    "start",
+]
+
+CLAIMED, SENT, STARTED, ENDED, DROPPED = "claimed", "sent", "started", "ended", "dropped"
+#: The outcome of a reaped run: acknowledged early, its worker died (maybe mid-body).
+LOST = "LOST"
+#: The states a run is still on its way in (a run in them is pending).
+OPEN = frozenset({CLAIMED, SENT, STARTED})
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run: who owes it, how far it got, and which delivery runs it."""
+
+    entry: str
+    due: int  # the run's key: its due time (epoch us), or the "run now" request's time
+    task_id: str
+    term: int  # the term that owes it: claimed it, or adopted it
+    state: str = CLAIMED
+    attempt: int = 0  # bodies started (more than one only under acks_late, after a death)
+    delivery: str | None = None  # the try that started it (a token drawn per delivery)
+    worker: str | None = None  # the worker process running it (its liveness is looked up)
+    acks_late: bool = False
+    outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a delivery's start decided: run the body, skip it, or put it off."""
+
+    verdict: str  # "run", "skip" or "defer"
+    reason: str
+    row: Row | None  # the row to write (None: unchanged)
+
+    @property
+    def run(self) -> bool:
+        return self.verdict == "run"
+
+
+# -- the beat's side ------------------------------------------------------------------------
+
+
+def claim(existing: Row | None, entry: str, due: int, task_id: str, term: int) -> Row | None:
+    """The leader's claim of the run of ``entry`` due at ``due``: a new row, once.
+
+    The store checks the lease (token, term, expiry) in the same statement; here, the row
+    is unique per run: a second claim of it (a split brain, a retried batch whose first
+    answer was lost) changes nothing.
+    """
+    if existing is not None:
+        return None
+    return Row(entry, due, task_id, term)
+
+
+def adopt(row: Row, term: int) -> Row | None:
+    """A later leader takes over a run an earlier term claimed and did not send."""
+    if row.state == CLAIMED and row.term < term:
+        return replace(row, term=term)
+    return None
+
+
+def owes(row: Row, term: int) -> bool:
+    """Whether ``term`` sends this run (again): claimed under it and not confirmed yet."""
+    return row.state == CLAIMED and row.term == term
+
+
+def confirm(row: Row) -> Row | None:
+    """The broker accepted a copy of the run: it is sent (whoever sent that copy)."""
+    if row.state == CLAIMED:
+        return replace(row, state=SENT)
+    return None
+
+
+def drop(row: Row, term: int, why: str) -> Row | None:
+    """The owing term gives up a run it has not sent (expired, entry removed)."""
+    if owes(row, term):
+        return replace(row, state=DROPPED, outcome=why)
+    return None
+
+
+# -- the workers' side ----------------------------------------------------------------------
+
+
+def start(
+    row: Row | None,
+    entry: str,
+    due: int,
+    task_id: str,
+    *,
+    delivery: str,
+    worker: str,
+    acks_late: bool,
+    put_off: Collection[str] = (),
+    starter_alive: bool = True,
+) -> Start:
+    """A delivery of the run is about to run its body: run, skip or put it off.
+
+    ``put_off``: the tries that put this copy off before (each wrote, or may have written,
+    its own start before the database stopped answering); a row one of them started is
+    this copy's own. ``starter_alive``: whether the worker process named in the row still
+    lives (the store looks it up; a paused worker looks dead once its liveness lapses).
+    """
+    mine = Row(entry, due, task_id, 0, STARTED, 1, delivery, worker, acks_late)
+    if row is None:  # a run no beat claimed (a once task), or an older version's
+        return Start("run", "started", mine)
+    if row.state in (CLAIMED, SENT):
+        return Start("run", "started", replace(row, state=STARTED, attempt=row.attempt + 1,
+                                               delivery=delivery, worker=worker,
+                                               acks_late=acks_late))  # fmt: skip
+    if row.delivery in put_off and (row.state == STARTED or row.outcome == LOST):
+        # its own try had started it, then was put off before the body: its run (also
+        # when that try's worker died since and the row was reaped as lost)
+        return Start("run", "own", replace(row, state=STARTED, delivery=delivery,
+                                           worker=worker, outcome=None))  # fmt: skip
+    if row.state != STARTED:
+        return Start("skip", "finished" if row.state == ENDED else "dropped", None)
+    if not row.acks_late:
+        return Start("skip", "started", None)  # acknowledged early: at most once
+    if starter_alive:
+        return Start("defer", "running", None)  # back once it ended, or its worker died
+    return Start("run", "taken over", replace(row, attempt=row.attempt + 1,
+                                              delivery=delivery, worker=worker))  # fmt: skip
+
+
+def release(row: Row, delivery: str) -> Row | None:
+    """A started delivery put itself off before its body (a busy singleton key): give back."""
+    if row.state == STARTED and row.delivery == delivery:
+        return replace(row, state=SENT, attempt=row.attempt - 1, delivery=None, worker=None)
+    return None
+
+
+def finish(row: Row, delivery: str, outcome: str) -> Row | None:
+    """The run's body ended in ``delivery``: the row closes (another copy's end does not)."""
+    if row.state == STARTED and row.delivery == delivery:
+        return replace(row, state=ENDED, outcome=outcome)
+    return None
+
+
+def reap(row: Row, starter_alive: bool) -> Row | None:
+    """A run acknowledged early whose worker died mid-body: ended, lost (at most once).
+
+    Under ``acks_late`` the broker delivers the run again and that delivery takes it
+    over (:func:`start`); acknowledged early, nothing comes back, so the row is closed.
+    """
+    if row.state == STARTED and not row.acks_late and not starter_alive:
+        return replace(row, state=ENDED, outcome=LOST)
+    return None
