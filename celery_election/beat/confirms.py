@@ -9,6 +9,11 @@ What is acked is sent; what is nacked, or unanswered when the connection is lost
 ``timeout`` passes, is failed, and owed again under the same task id (a copy that did
 arrive is one task id, which workers run once).
 
+With kombu's ``confirm_publish`` (``broker_transport_options``), py-amqp waits for each
+message's confirm inside the publish, before :meth:`Confirms.after` knows the send: that
+confirm is kept for the publish in progress and settles the send when ``after`` comes
+(unkept, every send counted as unconfirmed and was sent again forever).
+
 A tag is trusted only while every publish on the channel went through this count: a
 publish that raised may have left frames on the wire, so the channel's tags are then
 uncertain, its pending sends are failed, and the next batch uses a new channel. Other
@@ -48,6 +53,8 @@ class Confirms(Generic[T]):
         self._channel: Any = None
         self._published = 0  # publishes on the armed channel: the last one's tag
         self._uncertain = False  # a publish raised: the channel's tags cannot be trusted
+        self._publishing = False  # a publish is in progress (its tag: _published + 1)
+        self._early: bool | None = None  # its confirm, read inside it (confirm_publish)
         self._pending: dict[int, T] = {}
         self._acked: list[T] = []
         self._failed: list[T] = []
@@ -90,10 +97,13 @@ class Confirms(Generic[T]):
         revived the producer after a connection error and published on a new channel, not
         in confirm mode and not counted): nothing will confirm it, and it is failed.
         """
-        if self._published == mark + 1:
+        early, self._early = self._early, None
+        if self._published != mark + 1:
+            self._failed.append(item)
+        elif early is None:
             self._pending[self._published] = item
         else:
-            self._failed.append(item)
+            (self._acked if early else self._failed).append(item)
 
     def wait(self) -> tuple[list[T], list[T]]:
         """Wait for the pending confirms (at most ``timeout``): (acked, failed) since the last."""
@@ -118,11 +128,14 @@ class Confirms(Generic[T]):
 
     def _counted(self, publish: Callable[..., Any]) -> Callable[..., Any]:
         def basic_publish(*args: Any, **kwargs: Any) -> Any:
+            self._publishing, self._early = True, None
             try:
                 result = publish(*args, **kwargs)
             except BaseException:
                 self._uncertain = True
                 raise
+            finally:
+                self._publishing = False
             self._published += 1
             return result
 
@@ -132,6 +145,9 @@ class Confirms(Generic[T]):
         """A confirm: ``tag`` (and, ``multiple``, every tag before it) acked or nacked."""
         if channel is not self._channel:
             return
+        current = self._published + 1
+        if self._publishing and (tag == current or (multiple and tag > current)):
+            self._early = ack  # the publish in progress: after() settles it
         pending = self._pending
         tags = list(itertools.takewhile(lambda t: t <= tag, pending)) if multiple else [tag]
         into = self._acked if ack else self._failed

@@ -131,6 +131,22 @@ def test_three_standalone_beats(cluster: Cluster) -> None:
     assert stats["terms"] >= 3
 
 
+def test_a_beat_with_kombus_confirm_publish_sends_each_run_once(cluster: Cluster) -> None:
+    """``broker_transport_options={"confirm_publish": True}`` (window 1 of issue 52).
+
+    py-amqp then reads each confirm inside the publish: at 50bbd93 every send counted as
+    unconfirmed, was sent again and never marked, and each entry ran once, then never.
+    """
+    c = cluster
+    c.start("w")
+    c.start_beat("b1", env={"E2E_BROKER_OPTIONS": '{"confirm_publish": true}'})
+    c.wait_beat_leader(30)
+    wait_ticks(c, 4)
+    stats = check_history(c, [], f"{c.namespace}-beat")
+    assert "not confirmed by the broker" not in (c.tmp / "b1.log").read_text()
+    print(f"\nbeat history: {stats}")
+
+
 def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
     c = cluster
     c.start("w1", "-B")

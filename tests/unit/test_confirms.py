@@ -33,10 +33,13 @@ class Channel:
             raise ConnectionResetError("the connection is gone")
         self.selected = True
 
-    def basic_publish(self, *_: Any, fail: bool = False) -> None:
+    def basic_publish(self, *_: Any, fail: bool = False, inside: bool = False) -> None:
+        """``inside``: acked before it returns, as kombu's ``confirm_publish`` waits."""
         if fail:
             raise ConnectionError("connection reset (maybe after the frames went out)")
         self.out += 1
+        if inside:
+            self.ack(self.out, multiple=True)
 
     def ack(self, tag: int, multiple: bool = False) -> None:
         for cb in list(self.events["basic_ack"]):
@@ -99,6 +102,17 @@ def test_each_send_waits_for_its_own_tag() -> None:
     acked, failed = c.wait()
     assert acked == ["a", "b", "d"] and failed == ["c"]
     assert c.wait() == ([], [])
+
+
+def test_a_confirm_read_inside_the_publish_settles_its_send() -> None:
+    """kombu's ``confirm_publish``: py-amqp waits for the ack in the publish (window 1)."""
+    p = Producer()
+    c: Confirms[str] = Confirms(timeout=5)
+    send(c, p, "a")  # confirmed later, in the wait
+    send(c, p, "b", inside=True)  # its ack (multiple: "a" too) read before after() came
+    send(c, p, "c", inside=True)
+    assert c.pending == 0
+    assert c.wait() == (["a", "b", "c"], [])
 
 
 def test_what_is_unanswered_at_the_timeout_failed() -> None:
