@@ -33,7 +33,7 @@ from celery.signals import task_postrun
 
 from . import metrics, runonce
 from .errors import BackendUnavailableError, SchemaMissingError
-from .runonce import RunGuard, Verdict
+from .runonce import RunGuard, Verdict, not_run
 from .settings import ElectionSettings
 
 __all__ = [
@@ -100,6 +100,7 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
         setattr(request, _MARK, verdict)
         return
     metrics.count(metrics.key(metrics.TASK, task.name, "duplicate"))
+    not_run(request)
     log.warning(
         "%s[%s] skipped: this run was delivered before (%s, attempt %d)",
         task.name,
@@ -136,6 +137,7 @@ def _defer(task: Any, task_id: str, exc: BaseException, owner: str) -> NoReturn:
             headers[name] = value
     headers[DEFERRED_BY] = owner
     task.signature_from_request(countdown=DEFER, headers=headers).apply_async()
+    not_run(request)
     raise Ignore() from exc
 
 
@@ -159,8 +161,12 @@ def _listen() -> None:
 
 
 def _wrap(cls: type) -> None:
-    """Put the beat-run check after ``cls``'s own ``before_start`` (once per class)."""
-    if cls.__dict__.get("_election_once_wrapped"):
+    """Put the beat-run check after ``cls``'s own ``before_start`` (once per class).
+
+    Not for a class that checks in its call (``election_check_in_call``: a singleton task
+    checks once it holds its key, so a busy key's requeue has started nothing).
+    """
+    if cls.__dict__.get("_election_once_wrapped") or getattr(cls, "election_check_in_call", False):
         return
     original: Callable[..., Any] = cls.before_start  # type: ignore[attr-defined]
 

@@ -42,12 +42,27 @@ from .backends.base import Backend, StartStore, TaskStart
 from .errors import BackendUnavailableError, ElectionError, SchemaMissingError
 from .settings import ElectionSettings
 
-__all__ = ["RunGuard", "Verdict", "current", "run_key", "start_owner", "use"]
+__all__ = ["RunGuard", "Verdict", "current", "not_run", "ran", "run_key", "start_owner", "use"]
 
 log = logging.getLogger("celery_election.runonce")
 
 #: A process deletes start records past the retention this often (seconds), this many at most.
 PRUNE_EVERY, PRUNE_BATCH = 600.0, 5000
+
+
+#: A request attribute: this delivery did not run the run (a duplicate skipped, or put off
+#: to come back): its IGNORED is not the run's end, and its history row stays open.
+NOT_RUN = "election_not_run"
+
+
+def not_run(request: object) -> None:
+    """Say that this delivery ends without running its run (see :data:`NOT_RUN`)."""
+    setattr(request, NOT_RUN, True)
+
+
+def ran(request: object) -> bool:
+    """Whether this delivery's end is its run's end (it was not skipped or put off)."""
+    return not getattr(request, NOT_RUN, False)
 
 
 def start_owner(hostname: str, pid: int) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore
 
-from . import metrics
+from . import metrics, once, runonce
 from .backends import backend_from_url
 from .errors import BackendUnavailableError, ConfigurationError, ElectionError
 from .key_holder import Held, KeyHolder
@@ -149,6 +149,9 @@ class SingletonTask(Task):
     #: "requeue" only: one running plus at most one waiting per key; a third is dropped.
     one_waiting = False
     throws = (KeyBusyError,)
+    #: A beat run is checked once the key is held (in the call), not before (once.py): a
+    #: start recorded before a busy key's requeue made the requeued copy a duplicate.
+    election_check_in_call = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -184,6 +187,11 @@ class SingletonTask(Task):
             held = None
         if held is None:
             return self._busy(key)
+        try:  # a beat run's check, once the key is held: a busy key has started nothing
+            once.guard(self, self.request.id, always=False)
+        except BaseException:
+            holder.release(held)
+            raise
         self._free_waiting(holder, key)
         _count(self.name, "run")
         if held.waited:  # a dead holder's key, taken after its delta
@@ -231,6 +239,7 @@ class SingletonTask(Task):
             if WAITING in headers:
                 self._free_slot(key_holder(self.app), key, headers[WAITING])
             raise
+        runonce.not_run(self.request)  # the copy runs it: its history row stays open
         raise Ignore()
 
     def _waiting_slot(self, key: str) -> int | None:

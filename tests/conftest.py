@@ -51,6 +51,7 @@ ELSEWHERE: dict[str, str] = {
     # -- the second tier: about ten minutes beside the chaos sample and the beat's faults
     # The beat's forked publisher; the demo's `worker -B --election` stays in the first.
     "tests/e2e/test_beat_election.py::test_an_embedded_beat_forks": "tier2",
+    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy": "tier2",
     "tests/e2e/test_example_demo.py": "tier2",
     # Run once: the prefork redelivery and the acks_late kill stay; the other pools and
     # the skip's count on /metrics.
@@ -76,7 +77,6 @@ ELSEWHERE: dict[str, str] = {
     "tests/e2e/test_eligible_workers.py": "release",
     "tests/e2e/test_beat_election.py::test_three_standalone_beats_with_publishers": "release",
     "tests/e2e/test_beat_election.py::test_three_workers_with_embedded_beat": "release",
-    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy": "release",
     "tests/e2e/test_demo.py::test_ctrl_c_in_the_middle_stops_every_process": "release",
     "tests/e2e/test_demo.py::test_killing_the_demo_takes_its_workers_with_it": "release",
     # Layouts: the Django `CELERY_` one stays in the first tier.

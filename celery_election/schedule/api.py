@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import runonce
 from ..backends import SQLBackend, backend_from_url
 from ..backends.base import RunState
 from ..errors import ConfigurationError, ElectionError
@@ -508,6 +509,8 @@ def run_ended(app: Celery, task: Any, task_id: str | None, state: str | None) ->
     """
     began = _STARTED.pop(task_id or "", None)
     if not task_id or state == "RETRY" or not getattr(task.request, "election_entry", None):
+        return
+    if not runonce.ran(task.request):  # a copy skipped or put off: the run goes on elsewhere
         return
     if task.app is not app:
         return

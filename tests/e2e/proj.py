@@ -72,6 +72,11 @@ if os.environ.get("E2E_BEAT"):
         name: {"task": "tests.e2e.proj.tick", "schedule": 1.0, "args": [name, _tick_seconds]}
         for name in ("every-second-a", "every-second-b")
     }
+    if os.environ.get("E2E_EXCLUSIVE_SECONDS"):  # a singleton run each second, each this long
+        app.conf.beat_schedule["exclusive-entry"] = {
+            "task": "tests.e2e.proj.exclusive", "schedule": 1.0,
+            "args": ["beat-key", 0, float(os.environ["E2E_EXCLUSIVE_SECONDS"])],
+        }  # fmt: skip
     if os.environ.get("E2E_BURST"):  # N entries, all due at each E2E_BURST_EVERY boundary
         from tests.support.beat import Boundary
 

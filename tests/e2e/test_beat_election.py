@@ -17,12 +17,14 @@ import itertools
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from celery_election.beat.ledger import run_task_id
+from celery_election.schedule.store import schedule_store
 from harness.cluster import Cluster, wait_until
 
 pytestmark = [
@@ -147,6 +149,44 @@ def test_a_beat_with_kombus_confirm_publish_sends_each_run_once(cluster: Cluster
     print(f"\nbeat history: {stats}")
 
 
+def test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue(
+    cluster: Cluster,
+) -> None:
+    """A beat-sent ``singleton_task`` whose key is held (window 2 of issue 52).
+
+    One run a second, each holding its key for 1.5 s: most find the key busy and are
+    requeued. At 50bbd93 the start was recorded before the key check, the requeue ended
+    it, and the requeued copy was skipped as a duplicate: those runs never ran. Each run
+    the beat sent executes once, and its history row ends SUCCESS (not IGNORED).
+    """
+    c = cluster
+    c.start("w", c=4)
+    c.start_beat("b1", env={"E2E_EXCLUSIVE_SECONDS": "1.5"})
+    c.wait_beat_leader(30)
+    ns, entry = f"{c.namespace}-beat", "exclusive-entry"
+    store = schedule_store(c.backend)  # type: ignore[arg-type]
+    sent = wait_until(
+        lambda: (runs := [h for h in store.history(ns, entry, limit=100) if h.kind == "run"])
+        and len(runs) >= 4 and runs[-4:],
+        60, "four runs sent",
+    )  # fmt: skip
+    ids = [h.task_id for h in sent]
+
+    def executions() -> Counter[str]:
+        return Counter(r.task_id for r in c.rows(c.ticks) if r.task_id in ids)
+
+    wait_until(lambda: len(executions()) == len(ids) or None, 60, f"runs {ids} executed")
+    assert set(executions().values()) == {1}
+    assert "requeued: key" in (c.tmp / "w.log").read_text()  # the window was crossed
+
+    def ends() -> dict[str, str | None]:
+        return {h.task_id: h.outcome for h in store.history(ns, entry, limit=100)
+                if h.task_id in ids}  # fmt: skip
+
+    wait_until(lambda: None not in ends().values() or None, 30, "their history rows end")
+    assert set(ends().values()) == {"SUCCESS"}, ends()
+
+
 def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
     c = cluster
     c.start("w1", "-B")
@@ -225,7 +265,8 @@ def test_a_run_sent_again_while_its_first_copy_runs_is_run_once(cluster: Cluster
     """b1 publishes a run and is SIGKILLed before it marks it sent (it hangs in Celery's
     ``after_task_publish``, the message out: proj.py's E2E_HANG_AFTER_FILE); b2 sends it
     again under its task id at its promotion while the first copy still runs (each run
-    lasts 10 s, ``acks_late``, free pool slots): that copy is skipped, the run runs once."""
+    lasts 10 s, ``acks_late``, free pool slots): that copy is skipped, the run runs once,
+    and its history row ends with the first copy's end."""
     c = cluster
     hang = c.tmp / "hang"
     hang.touch()
@@ -247,3 +288,12 @@ def test_a_run_sent_again_while_its_first_copy_runs_is_run_once(cluster: Cluster
     assert c.rows(c.ticks)[0].ended_at is None  # judged while the first copy ran
     wait_until(lambda: c.rows(c.ticks)[0].ended_at or None, 30, "the first copy's end")
     assert [r.task_id for r in c.rows(c.ticks)].count(task_id) == 1
+    # the skipped copy did not close the run's history row: the first copy's end did
+    # (window 10 of issue 52: at 50bbd93 it ended IGNORED while the first copy ran)
+    store = schedule_store(c.backend)  # type: ignore[arg-type]
+    row = wait_until(
+        lambda: next((h for h in store.history(beat_ns, first[0].entry, limit=50)
+                      if h.task_id == task_id and h.outcome), None),
+        30, "the run's history row ends",
+    )  # fmt: skip
+    assert row.outcome == "SUCCESS" and row.duration_us > 9_000_000, row
