@@ -111,6 +111,7 @@ SQL_STARTS = "celery_election/backends/sql_starts.py"
 MEM_STARTS = "celery_election/backends/memory_starts.py"
 RUNONCE = "celery_election/runonce.py"
 ONCE = "celery_election/once.py"
+WINDOW_E2E = "tests/e2e/test_beat_election.py::"
 STARTS = ["tests/integration/test_task_starts.py", "tests/unit/test_once.py"]
 ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
 RESENT_E2E = (
@@ -497,6 +498,17 @@ MUTATIONS = [
       "                t.c.finished_at.is_(None),\n            )\n            .values(attempt=", STARTS),
     M("starts-rerun-unfinished", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
       "                t.c.attempt == attempt,\n            )\n            .values(attempt=", STARTS),
+    # -- windows of issue 52 closed in the mechanisms of 0.2 (until the run is one row) -------
+    M("ledger-recheck", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
+      "            if False:", LEDGER_BEAT),
+    M("ledger-recheck-known", LEDGER_PY, "if n not in known and r.claimed_us < cut}", "if r.claimed_us < cut}", LEDGER_BEAT),
+    M("ledger-recheck-e2e", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
+      "            if False:", [WINDOW_E2E + "test_runs_whose_mark_changed_nothing_are_sent_again_by_the_same_leader"]),
+    M("once-singleton-after-key", ONCE, ' or getattr(cls, "election_check_in_call", False):', ":",
+      [WINDOW_E2E + "test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue"]),
+    M("history-copy-not-run", "celery_election/schedule/api.py",
+      "    if not runonce.ran(task.request):  # a copy skipped or put off: the run goes on elsewhere\n        return\n",
+      "", [WINDOW_E2E + "test_a_run_sent_again_while_its_first_copy_runs_is_run_once"]),
     # -- the run's life as one row: each guard, killed by the simulation alone ----------------
     M("run-claim-once", RUNSTATE, "    if existing is not None:\n        return None\n", "", SIM),
     M("run-adopt-claimed", RUNSTATE, "    if row.state == CLAIMED and row.term < term:", "    if row.term < term:", SIM),

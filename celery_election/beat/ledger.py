@@ -10,6 +10,12 @@ seen in, not a window it disappears in:
   not due meanwhile (:meth:`RunLedger.hold`);
 * a run left pending by an earlier term (its leader died or was paused between claim and
   send) is sent by the next leader when it is promoted (:meth:`RunLedger.recover`);
+* a run this term lost track of (a claim that committed and lost its answer, a mark that
+  changed nothing, a publisher's reply that never came) is still pending in the store:
+  the leader reads the store again every :data:`RECHECK_EVERY` seconds and sends what has
+  been pending for :data:`RECHECK_AGE` seconds and is neither owed nor waiting for its
+  mark here (``recover(..., older_than=...)``), instead of leaving the entry stalled until
+  the next failover (window 3 of issue 52);
 * the marks of a burst go in one statement per term and 500 entries (:meth:`flush`).
 
 Every send of one run carries the same task id, :func:`run_task_id` of (namespace, entry,
@@ -21,6 +27,7 @@ lets run once (docs/beat.md).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,6 +50,9 @@ log = logging.getLogger("celery_election.beat")
 _RUNS = uuid.UUID("8f1d0b62-4a36-4d1c-9d57-3c3c1b1a7e65")
 #: back-off of an owed send: first retry after this, doubling up to RETRY_MAX
 RETRY_FIRST, RETRY_MAX = 0.5, 10.0
+#: while leading, the store's pending runs are read again this often (seconds); one pending
+#: this long that this ledger does not know is sent again (longer than a batch's confirms)
+RECHECK_EVERY, RECHECK_AGE = 10.0, 30.0
 
 
 def run_task_id(namespace: str, entry: str, at: int) -> str:
@@ -134,14 +144,23 @@ class RunLedger:
 
     # -- at promotion -----------------------------------------------------------------------
 
-    def recover(self, lead: BeatTerm, schedule: dict[str, Any]) -> list[tuple[Any, Claim]]:
+    def recover(
+        self, lead: BeatTerm, schedule: dict[str, Any], *, older_than: float | None = None
+    ) -> list[tuple[Any, Claim]]:
         """The runs earlier terms claimed and never sent, to send now under ``lead``.
 
         Each keeps its key and task id. One whose ``expires`` has passed is marked, not
         sent (counted and logged as expired); one of an entry no longer in the schedule
-        is marked and logged (its task is not known here).
+        is marked and logged (its task is not known here). ``older_than`` (a recheck while
+        leading): only the runs pending that many seconds that this ledger does not owe
+        and is not about to mark, whichever term claimed them.
         """
         pending = self.fence.pending_runs()
+        if older_than is not None:
+            known = set(self._owed).union(*self._unmarked.values())
+            now_db = time.time_ns() // 1000 + self.fence.offset_us
+            cut = now_db - round(older_than * 1_000_000)
+            pending = {n: r for n, r in pending.items() if n not in known and r.claimed_us < cut}
         out: list[tuple[Any, Claim]] = []
         done: dict[int, list[str]] = {}
         for name, run in pending.items():
@@ -164,8 +183,9 @@ class RunLedger:
         for term, names in done.items():
             self._unmarked.setdefault(term, []).extend(names)
         if out:
-            log.warning("beat election: sending %d runs an earlier term claimed and did "
-                        "not send", len(out))  # fmt: skip
+            whose = "an earlier term" if older_than is None else "a term (this one included)"
+            log.warning("beat election: sending %d runs %s claimed and did not mark sent",
+                        len(out), whose)  # fmt: skip
         return out
 
 

@@ -32,7 +32,7 @@ from ..shared_state import SharedLeadership
 from .confirms import Confirms, applies
 from .election import BeatTerm
 from .fence import BeatFence
-from .ledger import RunLedger
+from .ledger import RECHECK_AGE, RECHECK_EVERY, RunLedger
 from .policy import RunNow, RunPolicy
 from .publish import FAILED, FENCED, SENT, BurstRouter, Job, Publishers, Reply
 from .runs import NOT_LEADING, Claim, Run
@@ -86,6 +86,7 @@ class Sender:
         #: the sends out on RabbitMQ whose confirms are awaited (at the end of a batch)
         self.confirms: Confirms[tuple[Any, Send, Any]] = Confirms()
         self._batching = False
+        self._recheck_at = boottime() + RECHECK_EVERY  # the store's pending runs, read again
 
     # -- one send ---------------------------------------------------------------------------
 
@@ -239,15 +240,27 @@ class Sender:
                 self._send_one(entry, claim, producer)
         return True
 
-    def settle(self, lead: BeatTerm | None, producer: Callable[[], Any]) -> None:
+    def settle(
+        self, lead: BeatTerm | None, producer: Callable[[], Any], schedule: dict[str, Any]
+    ) -> None:
         """After a tick: send the owed runs due again, and mark what the broker took.
 
-        ``producer``: Celery's (only asked for when something is owed: a follower does
-        not connect to the broker).
+        Every ``RECHECK_EVERY`` seconds while leading, also the runs the store holds pending
+        that this ledger lost track of (ledger.py). ``producer``: Celery's (only asked for
+        when something is owed: a follower does not connect to the broker).
         """
         with self.batch():
             for owed in self.ledger.owed_now(lead):
                 self._send_one(owed.entry, owed.claim, producer())
+            if lead is not None and boottime() >= self._recheck_at:
+                self._recheck_at = boottime() + RECHECK_EVERY
+                try:
+                    lost = self.ledger.recover(lead, schedule, older_than=RECHECK_AGE)
+                except ElectionError as exc:  # read again at the next recheck
+                    log.warning("beat election: could not read the pending runs (%s)", exc)
+                    lost = []
+                for entry, claim in lost:
+                    self._send_one(entry, claim, producer())
         self.ledger.flush()
 
     def _send_one(

@@ -187,6 +187,23 @@ def test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue(
     assert set(ends().values()) == {"SUCCESS"}, ends()
 
 
+def test_runs_whose_mark_changed_nothing_are_sent_again_by_the_same_leader(
+    cluster: Cluster,
+) -> None:
+    """The leading beat's first mark changes nothing (window 3 of issue 52; proj.py's
+    E2E_FIRST_MARK_CHANGES_NOTHING): its runs stay pending in the store and the ledger
+    forgets them. At 50bbd93 both entries then stalled until the next failover; here the
+    leader's recheck sends them again (the worker runs each once) and they go on."""
+    c = cluster
+    c.start("w")
+    c.start_beat("b1", env={"E2E_FIRST_MARK_CHANGES_NOTHING": "1"})
+    leader = c.wait_beat_leader(30)
+    wait_ticks(c, 4)
+    stats = check_history(c, [], f"{c.namespace}-beat")
+    assert stats["terms"] == 1 and c.beat_leader() == leader  # no failover
+    assert "did not mark sent" in (c.tmp / "b1.log").read_text()
+
+
 def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
     c = cluster
     c.start("w1", "-B")

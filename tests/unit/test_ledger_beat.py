@@ -128,6 +128,36 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     assert len(s.sent) == 2  # nothing claimed twice
 
 
+def test_a_run_whose_mark_changed_nothing_is_sent_again_by_the_same_term(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark that met a lock timeout and changed nothing (window 3 of issue 52): the run
+    stays pending in the store, the ledger forgot it. The leader's recheck of the store
+    sends it again under its task id, then marks it; at 50bbd93 only a failover did."""
+    from celery_election.beat import sender
+
+    monkeypatch.setattr(sender, "RECHECK_AGE", 0.0)  # here: the next settle's recheck
+    monkeypatch.setattr(sender, "RECHECK_EVERY", 0.0)
+    real = shared.beat.mark_sent
+    calls: list[int] = []
+
+    def first_changes_nothing(*args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        return 0 if len(calls) == 1 else real(*args, **kwargs)
+
+    monkeypatch.setattr(shared.beat, "mark_sent", first_changes_nothing)
+    s = flaky(started, fail=0)
+    s.tick()  # claimed, sent, and the mark changed nothing
+    assert len(s.sent) == 1 and set(shared.beat.pending_runs(NS)) == {"job"}
+    election = s._fence.election
+    assert election is not None and election.elector is not None
+    term = election.elector.term
+    s.tick()  # the recheck: pending in the store, unknown to the ledger: sent again
+    assert s.ids[1] == s.ids[0] and s.headers[1][RESENT] == 1
+    assert shared.beat.pending_runs(NS) == {}  # and marked
+    assert election.elector.term == term  # by the same term: no failover needed
+
+
 @pytest.mark.parametrize("fail", [1])
 def test_a_leader_that_stops_leading_drops_what_it_owes(
     shared: MemoryBackend, started: list[Any], fail: int
@@ -139,7 +169,7 @@ def test_a_leader_that_stops_leading_drops_what_it_owes(
     election = s._fence.election
     assert election is not None and election.elector is not None
     election.elector.resign()
-    s._sender.settle(None, lambda: None)
+    s._sender.settle(None, lambda: None, {})
     assert s._sender.ledger.owing == 0
     assert set(shared.beat.pending_runs(NS)) == {"job"}
 
