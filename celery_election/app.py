@@ -109,10 +109,12 @@ def _report_runs(app: Celery) -> None:
     """Workers record when a beat-sent run ends (``schedule.run_ended``): the task signals."""
     from celery.signals import task_postrun, task_prerun
 
+    from .once import warn_unchecked
     from .schedule.api import run_ended, run_started
 
     def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
         run_started(task, task_id)
+        warn_unchecked(task)
 
     def ended(task_id: str | None = None, task: Any = None, state: str | None = None,
               **_: Any) -> None:  # fmt: skip

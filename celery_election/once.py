@@ -45,6 +45,7 @@ __all__ = [
     "guard_for",
     "guard_registered",
     "once_task",
+    "warn_unchecked",
 ]
 
 log = logging.getLogger("celery_election.once")
@@ -109,6 +110,35 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
         verdict.attempt,
     )
     raise Ignore()
+
+
+_unchecked_warned: set[str] = set()
+
+
+def warn_unchecked(task: Any) -> None:
+    """A beat run reaching a task nothing checks here: say so once per task and process.
+
+    Without the check a run the beat sends again, or the broker redelivers, runs again,
+    silently (window 11 of issue 52): a worker without ``--election``, a pool child
+    started by spawn (it does not inherit the check), a task registered after the worker
+    step wrapped the others. Called before every task starts (``task_prerun``).
+    """
+    cls = type(task)
+    if task.name in _unchecked_warned or _header(task.request, HEADER) is None:
+        return
+    if cls.__dict__.get("_election_once_wrapped") or isinstance(task, OnceTask):
+        return
+    if getattr(cls, "election_check_in_call", False):
+        return
+    _unchecked_warned.add(task.name)
+    log.warning(
+        "celery-election: beat runs of %s are not checked for duplicates in this process "
+        "(pid %d): a run sent or delivered twice runs twice. Start the worker with "
+        "--election, with the default fork pool start method, and its tasks imported "
+        "before it starts",
+        task.name,
+        os.getpid(),
+    )
 
 
 def _header(request: Any, name: str) -> Any:

@@ -145,7 +145,7 @@ class LeaderSchedulerMixin(_Scheduler):
         return DefaultRunPolicy()
 
     def setup_schedule(self) -> None:
-        self._sender.start_publishers(self.app)
+        self._sender.start(self.app)
         super().setup_schedule()
         try:
             self._fence.elect()

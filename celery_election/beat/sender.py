@@ -291,6 +291,21 @@ class Sender:
         finally:
             self.router = None
 
+    def start(self, app: Any) -> None:
+        """At the scheduler's setup: say what the broker guarantees, fork the publishers."""
+        try:
+            driver = app.connection_for_write().transport.driver_type  # not connected yet
+        except Exception:  # a broker URL kombu cannot read: Celery reports it itself
+            driver = None
+        if driver is not None and driver != "amqp":
+            log.info(
+                "beat election: the %s broker has no publisher confirms: a run counts as sent "
+                "once the publish returned, and one the broker loses after that is not sent "
+                "again (docs/beat.md, exactly once)",
+                driver,
+            )
+        self.start_publishers(app)
+
     # -- publisher processes (election_beat_publishers) -------------------------------------
 
     def start_publishers(self, app: Any) -> None:

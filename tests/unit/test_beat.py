@@ -8,6 +8,7 @@ one due entry per call, so the count of ticks bounds the work, not a clock.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -114,6 +115,21 @@ def test_a_custom_schedule_with_only_is_due_runs(shared: MemoryBackend, started:
     ticks(s)
     assert s.sent == ["t.custom"]  # due once, then "next check in an hour"
     assert shared.beat.load_runs(NS)["custom"].total_run_count == 1
+
+
+@pytest.mark.parametrize(("broker", "said"), [("memory://", True), ("amqp://localhost//", False)])
+def test_the_beat_says_at_start_what_a_broker_without_confirms_guarantees(
+    shared: MemoryBackend, started: list[Any], caplog: pytest.LogCaptureFixture,
+    broker: str, said: bool,
+) -> None:  # fmt: skip
+    """Redis, SQS (here the memory transport): one line at start; RabbitMQ confirms."""
+    app = make_app({"custom": {"task": "t.custom", "schedule": IsDueOnly()}})
+    app.conf.broker_url = broker
+    with caplog.at_level(logging.INFO, "celery_election.beat"):
+        started.append(Recording(app=app))
+    lines = [r.getMessage() for r in caplog.records if "publisher confirms" in r.getMessage()]
+    assert len(lines) == int(said)
+    assert not said or "memory broker has no publisher confirms" in lines[0]
 
 
 def test_a_failing_entry_does_not_stop_the_others(

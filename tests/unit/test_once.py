@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery, states
 
-from celery_election import MemoryBackend, init_app, leader_task, metrics, once_task, runonce
+from celery_election import MemoryBackend, init_app, leader_task, metrics, once, once_task, runonce
 from celery_election.backends.base import TaskStart
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
@@ -153,6 +153,36 @@ def test_the_worker_check_guards_only_beat_runs(app: Celery, backend: MemoryBack
     plain.apply(("c",), task_id=tid, headers=run)
     assert plain.apply(("d",), task_id=tid, headers=run).state == states.IGNORED
     assert ran == ["a", "b", "c"] and counted(plain, "duplicate") == 1
+
+
+def test_a_beat_run_that_nothing_checks_is_warned_of_once(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Window 11 of issue 52: a worker without ``--election`` (or a spawned child, or a task
+    registered after the worker step) runs beat runs unchecked: one WARNING per task,
+    naming the fix; a checked task and a message that is not a beat run say nothing."""
+    from celery_election.once import warn_unchecked
+
+    @app.task(shared=False)
+    def unchecked() -> None:
+        pass
+
+    @app.task(shared=False)
+    def checked() -> None:
+        pass
+
+    bare, wrapped = app.tasks[unchecked.name], app.tasks[checked.name]
+    once._wrap(type(wrapped))  # as the worker step wraps what is registered then
+    run = {"headers": {HEADER: 7}}
+    with caplog.at_level(logging.WARNING, "celery_election.once"):
+        for task, request in [(bare, {}), (bare, run), (bare, run), (wrapped, run)]:
+            task.push_request(**request)
+            try:
+                warn_unchecked(task)
+            finally:
+                task.pop_request()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and unchecked.name in warned[0] and "--election" in warned[0]
 
 
 def test_a_once_leader_task_records_only_on_the_leader(
