@@ -156,9 +156,10 @@ def start(
         return Start("run", "started", replace(row, state=STARTED, attempt=row.attempt + 1,
                                                delivery=delivery, worker=worker,
                                                acks_late=acks_late))  # fmt: skip
-    if row.delivery in put_off and (row.state == STARTED or row.outcome == LOST):
+    if row.delivery in put_off:
         # its own try had started it, then was put off before the body: its run (also
-        # when that try's worker died since and the row was reaped as lost)
+        # when that try's worker died since and the row was reaped as lost). A try that
+        # put its copy off never ran a body, so the row it is named on is this copy's.
         return Start("run", "own", replace(row, state=STARTED, delivery=delivery,
                                            worker=worker, outcome=None))  # fmt: skip
     if row.state != STARTED:
@@ -179,8 +180,12 @@ def release(row: Row, delivery: str) -> Row | None:
 
 
 def finish(row: Row, delivery: str, outcome: str) -> Row | None:
-    """The run's body ended in ``delivery``: the row closes (another copy's end does not)."""
-    if row.state == STARTED and row.delivery == delivery:
+    """The run's body ended in ``delivery``: the row closes (another copy's end does not).
+
+    Also a row reaped as lost: its worker was paused past its liveness, not dead, and
+    its body went on to this end.
+    """
+    if row.delivery == delivery and (row.state == STARTED or row.outcome == LOST):
         return replace(row, state=ENDED, outcome=outcome)
     return None
 

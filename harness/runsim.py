@@ -14,20 +14,25 @@ the transitions in :mod:`celery_election.runstate`: the code the beat and the wo
 Faults: a statement that fails before it commits, or commits and loses its answer; a
 broker that drops a message it has not confirmed, loses a confirm, delivers a message
 twice or out of order, and redelivers what a dead worker had not acknowledged; a beat or a
-worker killed between any two of its steps (a beat also paused past its lease); a busy
-singleton key that puts a started run off.
+worker killed between any two of its steps, or paused past its lease or its liveness
+(then seen dead: its message given back, its run taken over); a busy singleton key that
+puts a started run off.
 
 The invariants, checked after quiescence (and the second one at every step):
 
 1. every due run and every "run now" ran its body to the end exactly once;
 2. never two bodies of one run at once;
 3. nothing pending forever: no run left claimed, sent or started;
-4. a run's row ends only once its body ended.
+4. a run's row ends only once its body ended, and says so: a run whose body ended is not
+   recorded as lost.
 
 Except where the acknowledgement mode itself gives the run up, counted as *excused*: a
 worker killed after an early acknowledgement and before its body ended (at most once: the
 message is gone), or killed under ``acks_late`` after its body ended and before the end
-was recorded (at least once: the broker delivers it again). docs/beat.md's table says so.
+was recorded (at least once: the broker delivers it again); and a worker paused past its
+liveness while it held the run (seen dead, its run taken over, then it wakes: its body
+and the other may both run, the only two bodies at once allowed; the row still ends by
+the delivery that holds it). docs/beat.md's table says so.
 
 ``--revert N`` puts back the behaviour of 50bbd93 behind window N of issue 52 (what
 REVERTS says), to show the simulation finds it.
@@ -104,6 +109,9 @@ class Worker:
     delivery: str = ""
     acked: bool = False
     outcome_done: bool = False
+    paused_at: int = 0
+    paused_until: int = 0  # paused (SIGSTOP) until then
+    lapsed: bool = False  # paused past its liveness: seen dead, its message given back
 
     @property
     def name(self) -> str:
@@ -148,6 +156,9 @@ class World:
         self.completions: Counter[tuple[str, int]] = Counter()
         self.running: Counter[tuple[str, int]] = Counter()
         self.excused: dict[tuple[str, int], str] = {}
+        self.bodies: dict[tuple[str, int], set[str]] = {}  # the deliveries running a body
+        self.lapsed: set[str] = set()  # deliveries of workers paused past their liveness
+        self.unrecorded: set[tuple[str, int]] = set()  # runs whose body's end was lost
         self.seen: Counter[str] = Counter()  # what happened: the faults and each verdict
 
     # -- the database's view ----------------------------------------------------------------
@@ -312,8 +323,19 @@ class World:
             if not self.faults or rng.random() < 0.1:
                 w.gen, w.alive, w.msg, w.stage = w.gen + 1, True, None, "idle"
             return
+        if self.now < w.paused_until:
+            if not w.lapsed and self.now - w.paused_at >= LIVENESS:
+                self.lapse(w)
+            return
+        if w.lapsed and w.msg is None:  # woke up idle, a new process already
+            w.lapsed = False
         if self.faults and rng.random() < self.p_crash:
             self.kill(w)
+            return
+        if self.faults and rng.random() < self.p_crash / 4:
+            w.paused_at, w.paused_until = self.now, self.now + rng.randrange(2 * LIVENESS)
+            self.seen["worker paused"] += 1
+            self.log(w.name, "paused", w.stage)
             return
         if w.stage == "idle":
             ready = [i for i, m in enumerate(self.queue) if m.at <= self.now]
@@ -333,12 +355,15 @@ class World:
         elif w.stage == "started":
             key = (w.msg.entry, w.msg.due)  # type: ignore[union-attr]
             self.running[key] += 1
-            if self.running[key] > 1:
+            others = self.bodies.setdefault(key, set())
+            if others and not (w.delivery in self.lapsed or others <= self.lapsed):
                 raise Failure(f"two bodies of {key} at once")
+            others.add(w.delivery)
             w.stage = "body"
         elif w.stage == "body":
             key = (w.msg.entry, w.msg.due)  # type: ignore[union-attr]
             self.running[key] -= 1
+            self.bodies[key].discard(w.delivery)
             self.completions[key] += 1
             w.stage = "ended"
         elif w.stage == "ended":
@@ -401,11 +426,45 @@ class World:
             self.call(lambda: self.store.finish(NS, m.entry, m.due, w.delivery, "SUCCESS"))
         except DBError:
             return  # tried again at its next step (the worker knows the outcome)
+        self.check_closed((m.entry, m.due))
         self.done(w)
 
     def done(self, w: Worker) -> None:
         self.unacked.pop(w.name, None)  # acks_late: acknowledged now
         w.msg, w.stage = None, "idle"
+        if w.lapsed:  # its liveness lapsed while paused: it comes back as a new process
+            w.gen, w.lapsed = w.gen + 1, False
+
+    def lapse(self, w: Worker) -> None:
+        """Paused past its liveness: seen dead, and the broker gives its message back."""
+        self.seen[f"worker lapsed ({w.stage})"] += 1
+        self.log(w.name, w.delivery, "paused past its liveness", w.stage)
+        self.dead_at[w.name] = w.paused_at
+        w.lapsed = True
+        if w.msg is None:  # nothing in hand: it comes back as a new process
+            w.gen += 1
+            return
+        self.lapsed.add(w.delivery)
+        held = self.unacked.pop(w.name, None)
+        if held is not None:
+            self.queue.append(held)
+        self.excuse(w, "paused past its liveness")
+        if w.stage != "ended":
+            # its body and a taking-over one may run at once (only with this one): nothing
+            # stops a running body (docs/beat.md); the row must still know who ends it
+            self.excused[(w.msg.entry, w.msg.due)] = "paused past its liveness mid-run"
+
+    def excuse(self, w: Worker, what: str) -> None:
+        """What the acknowledgement mode gives up when ``w`` stops where it is."""
+        if w.msg is None:
+            return
+        key = (w.msg.entry, w.msg.due)
+        if not self.acks_late and w.stage in ("received", "busy", "started", "body"):
+            self.excused[key] = f"acked early, {what} before its body ended"
+        if self.acks_late and w.stage == "ended":
+            self.excused[key] = f"acks_late, {what} after its body, before its end was recorded"
+        if w.stage == "ended":  # its end is not recorded: reaped, it may read "lost"
+            self.unrecorded.add(key)
 
     def kill(self, w: Worker) -> None:
         m = w.msg
@@ -415,10 +474,8 @@ class World:
             key = (m.entry, m.due)
             if w.stage == "body":
                 self.running[key] -= 1
-            if not self.acks_late and w.stage in ("received", "busy", "started", "body"):
-                self.excused[key] = "acked early, killed before its body ended"
-            if self.acks_late and w.stage == "ended":
-                self.excused[key] = "acks_late, killed after its body, before its end was recorded"
+                self.bodies[key].discard(w.delivery)
+            self.excuse(w, "killed")
         held = self.unacked.pop(w.name, None)
         if held is not None:
             self.queue.append(held)  # the broker delivers it again
@@ -428,7 +485,13 @@ class World:
     # -- the run ----------------------------------------------------------------------------
 
     def check_closed(self, key: tuple[str, int]) -> None:
-        if self.running[key]:
+        """Invariant 4: a row that ended is not the row of a body still running."""
+        row = next((r for r in self.store.rows(NS) if (r.entry, r.due) == key), None)
+        if row is None or row.state != runstate.ENDED:
+            return
+        if row.outcome == runstate.LOST and row.delivery in self.lapsed:
+            return  # reaped as lost, its worker paused, not dead: its end will say so
+        if row.delivery in self.bodies.get(key, ()):
             raise Failure(f"{key}'s row ended while its body runs")
 
     def step(self) -> None:
@@ -475,6 +538,12 @@ class World:
             row = rows.get(key)
             if row is None or (row.state in runstate.OPEN and key not in self.excused):
                 raise Failure(f"{key} pending forever: {row}")
+            if (
+                row.outcome == runstate.LOST
+                and self.completions[key]
+                and key not in self.unrecorded
+            ):
+                raise Failure(f"{key} recorded lost, though its body ended: {row}")
 
 
 def check(

@@ -22,7 +22,8 @@ SCHEDULES, CHUNKS = 100_000, 4
 MET = [
     "statement failed", "answer lost", "message dropped", "confirm lost", "message twice",
     "beat killed", "beat paused", "worker killed (body)", "worker killed (ended)",
-    "worker killed (received)", "busy key", "excused",
+    "worker killed (received)", "worker paused", "worker lapsed (body)",
+    "worker lapsed (busy)", "busy key", "excused",
     "run: started", "run: own", "run: taken over", "defer: running", "skip: started",
     "skip: finished",
 ]  # fmt: skip
@@ -60,9 +61,10 @@ def test_each_window_is_found_when_its_fix_is_reverted(window: int) -> None:
     assert runsim.check(seed) is None  # and with the fix, that schedule holds
 
 
-def test_a_schedule_replays_from_its_seed(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("seed", [123, 1299, 2951])
+def test_a_schedule_replays_from_its_seed(capsys: pytest.CaptureFixture[str], seed: int) -> None:
     traces = []
     for _ in range(2):
-        runsim.check(123, trace=True)
+        runsim.check(seed, trace=True)
         traces.append(capsys.readouterr().out)
-    assert traces[0] == traces[1] and traces[0].count("\n") > 20
+    assert traces[0] == traces[1] and traces[0].count("\n") > 10

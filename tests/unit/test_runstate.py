@@ -90,7 +90,7 @@ MINE = {"delivery": "d2", "worker": "w2"}
         (LATE, {"put_off": ("d1",), "acks_late": True}, "run", "own", replace(LATE, **MINE)),
         (replace(STARTED_ROW, state=ENDED, outcome=LOST), {"put_off": ("d1",), "alive": False},
          "run", "own", replace(STARTED_ROW, **MINE)),  # reaped meanwhile: never ran
-        (ENDED_ROW, {"put_off": ("d1",)}, "skip", "finished", None),  # it ran
+        (ENDED_ROW, {"put_off": ("d9",)}, "skip", "finished", None),  # another try's
         (replace(STARTED_ROW, state=ENDED, outcome=LOST), {}, "skip", "finished", None),
         (ENDED_ROW, {"acks_late": True, "alive": False}, "skip", "finished", None),
         (replace(CLAIM, state=DROPPED), {}, "skip", "dropped", None),
@@ -111,6 +111,10 @@ def test_a_start(
         (STARTED_ROW, "d2", None, None),  # another delivery's start: not this one's to end
         (SENT_ROW, "d1", None, None),
         (ENDED_ROW, "d1", None, None),  # ended once
+        # reaped as lost (its worker seemed dead: paused), its own body's end is recorded
+        (replace(STARTED_ROW, state=ENDED, outcome=LOST), "d1", None,
+         replace(STARTED_ROW, state=ENDED, outcome="SUCCESS")),
+        (replace(STARTED_ROW, state=ENDED, outcome=LOST), "d2", None, None),
     ],
 )
 def test_release_and_finish_belong_to_the_starting_delivery(
@@ -136,3 +140,21 @@ def test_reap(row: Row, alive: bool, reaped: Row | None) -> None:
 
 def test_the_open_states() -> None:
     assert {CLAIMED, SENT, STARTED} == runstate.OPEN
+
+
+def test_the_memory_store_fences_the_claim_and_the_owed_runs_by_the_lease() -> None:
+    """A term that no longer leads claims nothing and is owed nothing (a stale leader's
+    view of the schedule, an entry edited since, must not make a run); the leading term
+    adopts what earlier terms left claimed. The simulation cannot tell these apart (rows
+    are unique per run either way): its schedule never changes."""
+    from celery_election.backends.memory_runs import MemoryRuns
+
+    leading = {"term": 4}
+    runs = MemoryRuns(lambda ns, term: term == leading["term"], lambda worker: True)
+    assert runs.claim("ns", 3, [("e", 100, "t1")]) == [False]
+    assert runs.rows("ns") == []
+    assert runs.claim("ns", 4, [("e", 100, "t1"), ("e", 200, "t2")]) == [True, True]
+    assert runs.owed("ns", 3) == []
+    leading["term"] = 5
+    assert [(r.due, r.term) for r in runs.owed("ns", 5)] == [(100, 5), (200, 5)]
+    assert runs.owed("ns", 4) == []
