@@ -519,6 +519,38 @@ def test_a_lock_wait_is_cut_from_another_thread_on_every_driver(setup: dict[str,
 
 
 @pytest.mark.parametrize("setup", SERVERS, indirect=True)
+def test_an_interrupt_that_came_before_the_wait_ends_it_as_it_starts(
+    setup: dict[str, Any],
+) -> None:
+    """A stop() while the session was still connecting: the flag ends the wait before it
+    starts (else it waited out the whole lock timeout), once; the next wait is a wait.
+    (The cut from another thread above reaches this path only when its timer wins.)"""
+    waiter = setup["backend"].liveness_session(NS, 1.0, 30.0)
+    try:
+        waiter.interrupt()  # no connection yet: only the flag
+        with pytest.raises(InterruptedError):
+            waiter.acquire(20.0)
+        assert waiter.acquire(5.0)  # nobody holds it: granted
+    finally:
+        waiter.close()
+
+
+def test_a_liveness_session_that_cannot_connect_is_lost_not_raised_raw() -> None:
+    """A server that refuses the connection: the session's calls raise
+    BackendUnavailableError naming the session (the lock thread backs off on it)."""
+    from celery_election.errors import BackendUnavailableError
+
+    backend = backend_from_url("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    session = backend.liveness_session(NS, 1.0, 5.0)
+    try:
+        with pytest.raises(BackendUnavailableError, match=r"liveness session to .* lost"):
+            session.acquire(1.0)
+    finally:
+        session.close()
+        backend.close()
+
+
+@pytest.mark.parametrize("setup", SERVERS, indirect=True)
 def test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver(
     setup: dict[str, Any],
 ) -> None:

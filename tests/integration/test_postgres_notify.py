@@ -241,3 +241,30 @@ def test_a_probe_that_is_never_delivered_makes_the_follower_poll(
     a.stop()
     assert b.wait_for_leadership(WAIT)  # found by polling
     assert sum("was not delivered" in r.getMessage() for r in caplog.records) <= 2  # once each
+
+
+def test_a_quiet_listener_probes_again_after_each_interval_and_stops_mid_wait(
+    pg_url: str,
+) -> None:
+    """No notification for ``probe_interval``: the listener probes again (each silent
+    interval ends in one probe), and a stop() while it listens ends it at once. Before
+    this test only a long-lived listener's timing reached these paths."""
+    backend = PostgresBackend(pg_url, table_prefix=unique_prefix(), probe_interval=0.2)
+    try:
+        backend.subscribe_wakeups("pg", lambda wakeup: None)
+        done = threading.Event()
+        for _ in range(int(WAIT / 0.05)):
+            if backend.listener_healthy:
+                break
+            done.wait(0.05)
+        first = backend.listener_statements
+        for _ in range(int(WAIT / 0.05)):
+            if backend.listener_statements >= first + 2:
+                break
+            done.wait(0.05)
+        assert backend.listener_statements >= first + 2 and backend.listener_healthy
+        thread = backend._listener._thread
+        assert thread is not None and thread.is_alive()
+    finally:
+        backend.close()
+    assert not thread.is_alive()

@@ -297,6 +297,78 @@ def test_interrupting_a_connection_that_is_already_gone_is_quiet() -> None:
         never_connected.close()
 
 
+def test_interrupting_a_sqlite3_statement_ends_it_at_once() -> None:
+    """sqlite3 has no socket to shut: ``interrupt`` calls its own ``interrupt()``, and a
+    statement running in another thread fails (the path a stop() of a follower takes on
+    SQLite; before this test only a race in the liveness suites reached it)."""
+    import sqlite3
+    import threading
+
+    from celery_election.backends.connection import interrupt
+
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    started, failed = threading.Event(), []
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT max(i) FROM n"
+
+    def progress() -> int:
+        started.set()  # the statement runs
+        return 0  # go on
+
+    def run() -> None:
+        conn.set_progress_handler(progress, 1000)
+        try:
+            conn.execute(endless).fetchall()
+        except sqlite3.OperationalError as exc:
+            failed.append(str(exc))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert started.wait(10)
+    interrupt(conn)
+    worker.join(10)
+    assert not worker.is_alive() and failed == ["interrupted"]
+    conn.close()
+
+
+def test_a_grant_that_arrives_after_the_lock_was_given_up_is_released() -> None:
+    """``want(False)`` while the lock wait is blocked: the interrupt may lose the race with
+    the grant. A grant that arrives when the lock is no longer wanted is let go at once,
+    and nobody is told it was granted (before this test only a race reached it)."""
+    from celery_election.clock import RealClock
+    from celery_election.decisions import LockNews
+    from celery_election.lock_thread import LockThread
+
+    backend = MemoryBackend(liveness=True)
+    waiting, gate, released = threading.Event(), threading.Event(), threading.Event()
+
+    class GrantOnItsWay(MemorySession):
+        def acquire(self, timeout: float) -> bool:
+            waiting.set()
+            gate.wait(10)  # the grant is on its way; an interrupt does not stop it
+            return super().acquire(timeout)
+
+        def interrupt(self) -> None:
+            pass
+
+        def release(self) -> None:
+            if self.has_lock:
+                released.set()
+            super().release()
+
+    session = GrantOnItsWay(backend._locks, "ns", 0.5, backend.clock)
+    news: list[LockNews] = []
+    thread = LockThread(session, 0.5, 5.0, RealClock(), news.append, "lock-test")
+    try:
+        thread.want(True)
+        assert waiting.wait(5)
+        thread.want(False)  # asked to let go while the grant is on its way
+        gate.set()
+        assert released.wait(5)
+        assert LockNews.GRANTED not in news and not thread.has_lock
+    finally:
+        thread.close()
+
+
 class Gated(Freezable):
     """Freezable, and its lock is not even asked for until ``gate`` is set."""
 
