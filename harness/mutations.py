@@ -570,6 +570,9 @@ EQUIVALENT = {
     "later than the caller's; the bound is for a caller outside the fence",
     "run-owes-term": "owed() adopts every earlier term's claimed row first, under the fence: "
     "every claimed row it then reads is the caller's",
+    "run-finish-started": "a delivery's second finish of its own ended row (a retry after the "
+    "first one's answer was lost) writes the outcome the first wrote; the state test keeps the "
+    "statement from rewriting it",
     "lease-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
     "keys-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
     "sched-request-once": "a second click while one is pending then rewrites the request's "

@@ -149,12 +149,12 @@ def test_the_memory_store_fences_the_claim_and_the_owed_runs_by_the_lease() -> N
     are unique per run either way): its schedule never changes."""
     from celery_election.backends.memory_runs import MemoryRuns
 
-    leading = {"term": 4}
+    leading = {"term": 2}
     runs = MemoryRuns(lambda ns, term: term == leading["term"], lambda worker: True)
-    assert runs.claim("ns", 3, [("e", 100, "t1")]) == [False]
+    assert runs.claim("ns", 1, [("e", 100, "t1")]) == [False]  # a term over
     assert runs.rows("ns") == []
-    assert runs.claim("ns", 4, [("e", 100, "t1"), ("e", 200, "t2")]) == [True, True]
-    assert runs.owed("ns", 3) == []
-    leading["term"] = 5
-    assert [(r.due, r.term) for r in runs.owed("ns", 5)] == [(100, 5), (200, 5)]
-    assert runs.owed("ns", 4) == []
+    assert runs.claim("ns", 2, [("e", 100, "t1"), ("e", 200, "t2")]) == [True, True]
+    leading["term"] = 4  # term 2 died with its runs unsent; term 3 was deposed, paused
+    assert runs.owed("ns", 3) == []  # the paused one neither adopts nor sends them
+    assert {r.term for r in runs.rows("ns")} == {2}
+    assert [(r.due, r.term) for r in runs.owed("ns", 4)] == [(100, 4), (200, 4)]
