@@ -9,9 +9,10 @@ A beat run is one row from its claim to its end, unique per (namespace, entry, d
 
 No I/O, no clock, no threads: a store (memory or SQL) applies a function to the row it
 holds, in one statement or under one lock, and writes what it returns; ``None`` means the
-row does not change. Each guard is a mutation target (harness/mutations.py) and each is
-exercised by the seeded simulation (harness/runsim.py), which finds a lost, doubled or
-stuck run when one is removed. What each guard closes, by the windows of issue 52:
+row does not change. Each guard is a mutation target (harness/mutations.py), table-tested
+(tests/unit/test_runstate.py), and the seeded simulation (harness/runsim.py) finds a lost,
+doubled or stuck run when most of them are removed (the mutation table says why not for
+the others). What each guard closes, by the windows of issue 52:
 
 * a run belongs to the term that owes it: only that term sends it and drops it, a later
   leader adopts it (:func:`adopt`), and the owed rows are read from the store, never
