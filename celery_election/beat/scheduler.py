@@ -237,7 +237,7 @@ class LeaderSchedulerMixin(_Scheduler):
         for run_now in self._policy.before_tick(lead):
             self._sender.send_now(run_now, self.producer)
         next_in = min(self.max_interval, _FOLLOWER_TICK) if lead is None else self._tick_burst()
-        self._sender.settle(lead, lambda: self.producer, self.schedule)  # owed sends, marks
+        self._sender.settle(lead, lambda: self.producer, lambda: self.old_schedulers)
         if next_in > 0:  # the burst is over: its last replies first, then what it put off
             self._sender.collect()
             self._bursting(False)

@@ -241,13 +241,19 @@ class Sender:
         return True
 
     def settle(
-        self, lead: BeatTerm | None, producer: Callable[[], Any], schedule: dict[str, Any]
+        self,
+        lead: BeatTerm | None,
+        producer: Callable[[], Any],
+        schedule: Callable[[], dict[str, Any]],
     ) -> None:
         """After a tick: send the owed runs due again, and mark what the broker took.
 
         Every ``RECHECK_EVERY`` seconds while leading, also the runs the store holds pending
-        that this ledger lost track of (ledger.py). ``producer``: Celery's (only asked for
-        when something is owed: a follower does not connect to the broker).
+        that this ledger lost track of (ledger.py). ``producer``: Celery's, asked for only
+        when something is owed (a follower does not connect to the broker). ``schedule``:
+        the entries as the tick last saw them (Celery's snapshot), not ``self.schedule``:
+        reading django-celery-beat's schedule between ticks may reload it and empty the
+        heap, which the next tick then keeps (its schedule compares equal).
         """
         with self.batch():
             for owed in self.ledger.owed_now(lead):
@@ -255,7 +261,7 @@ class Sender:
             if lead is not None and boottime() >= self._recheck_at:
                 self._recheck_at = boottime() + RECHECK_EVERY
                 try:
-                    lost = self.ledger.recover(lead, schedule, older_than=RECHECK_AGE)
+                    lost = self.ledger.recover(lead, schedule(), older_than=RECHECK_AGE)
                 except ElectionError as exc:  # read again at the next recheck
                     log.warning("beat election: could not read the pending runs (%s)", exc)
                     lost = []

@@ -169,7 +169,7 @@ def test_a_leader_that_stops_leading_drops_what_it_owes(
     election = s._fence.election
     assert election is not None and election.elector is not None
     election.elector.resign()
-    s._sender.settle(None, lambda: None, {})
+    s._sender.settle(None, lambda: None, dict)
     assert s._sender.ledger.owing == 0
     assert set(shared.beat.pending_runs(NS)) == {"job"}
 
