@@ -246,12 +246,16 @@ def test_a_url_of_several_hosts_reaches_the_live_one_for_every_connection(
 def test_a_listen_connection_that_cannot_be_opened_is_a_warning(
     env: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "celery_election.backends.postgres")
+    caplog.set_level(logging.DEBUG, "celery_election.backends.postgres")
     env["url"] = server_url("postgresql")
     env["options"] = {"listen_url": "postgresql+psycopg://postgres@127.0.0.1:1/test"}
     (elector,) = electors(env, 1, ttl=3.0, liveness=False)  # with the lock, no LISTEN
     assert elector.wait_for_leadership(10)
     deadline = time.monotonic() + 10
-    while not any("LISTEN connection to" in r.getMessage() for r in caplog.records):
-        assert time.monotonic() < deadline, "no WARNING for the LISTEN connection"
+    while not any("LISTEN connection failed:" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "the LISTEN connection was not tried again"
         time.sleep(0.05)
+    # once at WARNING, then each try again quietly (debug), with back-off
+    said = [r for r in caplog.records if "LISTEN connection" in r.getMessage()]
+    assert said[0].levelno == logging.WARNING and "LISTEN connection to" in said[0].getMessage()
+    assert all(r.levelno == logging.DEBUG for r in said[1:])

@@ -219,6 +219,25 @@ def test_a_follower_sends_nothing_and_a_new_leader_resumes_the_shared_state(
     assert b.schedule["every"].total_run_count == 2  # adopted, then advanced
 
 
+def test_a_run_reserved_while_not_leading_is_refused_and_leaves_the_state_as_it_was(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """Leadership lost between the heap's "due" and Celery's reserve: the run is refused
+    (never sent) and the entry Celery's reserve returned keeps the state it had (before
+    this test only a tick that lost its lease at that instant reached it)."""
+    from celery_election.beat.runs import NOT_LEADING, REFUSED
+
+    app = make_app({"job": {"task": "t.job", "schedule": IsDueOnly()}})
+    leader(app, started)
+    follower = Recording(app=app)
+    started.append(follower)
+    entry = follower.schedule["job"]
+    was = (entry.last_run_at, entry.total_run_count)
+    run = follower._reserve(entry)
+    assert run.stage == REFUSED and run.claim == NOT_LEADING and run.lead is None
+    assert (run.next_entry.last_run_at, run.next_entry.total_run_count) == was
+
+
 def test_a_burst_goes_out_in_one_tick_with_one_batch_claim(
     shared: MemoryBackend, started: list[Any]
 ) -> None:
