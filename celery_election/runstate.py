@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from typing import Any
 
 __all__ = [
     "CLAIMED",
@@ -38,6 +39,7 @@ __all__ = [
     "ENDED",
     "SENT",
     "STARTED",
+    "Delivery",
     "Row",
     "Start",
     "adopt",
@@ -72,6 +74,21 @@ class Row:
     worker: str | None = None  # the worker process running it (its liveness is looked up)
     acks_late: bool = False
     outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a run, as its worker's start names it."""
+
+    entry: str
+    due: int
+    task_id: str
+    token: str  # drawn per try: a copy put off and delivered again is a new try
+    worker: str  # the worker process that runs it (its liveness is looked up)
+    acks_late: bool
+    #: the tries that put this copy off before (each wrote, or may have written, its own
+    #: start before the database stopped answering): a row one of them started is its own
+    put_off: Collection[str] = ()
 
 
 @dataclass(frozen=True)
@@ -131,46 +148,34 @@ def drop(row: Row, term: int, why: str) -> Row | None:
 # -- the workers' side ----------------------------------------------------------------------
 
 
-def start(
-    row: Row | None,
-    entry: str,
-    due: int,
-    task_id: str,
-    *,
-    delivery: str,
-    worker: str,
-    acks_late: bool,
-    put_off: Collection[str] = (),
-    starter_alive: bool = True,
-) -> Start:
-    """A delivery of the run is about to run its body: run, skip or put it off.
+def start(row: Row | None, d: Delivery, *, starter_alive: bool = True) -> Start:
+    """Delivery ``d`` of the run is about to run its body: run, skip or put it off.
 
-    ``put_off``: the tries that put this copy off before (each wrote, or may have written,
-    its own start before the database stopped answering); a row one of them started is
-    this copy's own. ``starter_alive``: whether the worker process named in the row still
-    lives (the store looks it up; a paused worker looks dead once its liveness lapses).
+    ``starter_alive``: whether the worker process named in the row still lives (the store
+    looks it up; a paused worker looks dead once its liveness lapses).
     """
-    mine = Row(entry, due, task_id, 0, STARTED, 1, delivery, worker, acks_late)
     if row is None:  # a run no beat claimed (a once task), or an older version's
-        return Start("run", "started", mine)
+        row = Row(d.entry, d.due, d.task_id, 0)
     if row.state in (CLAIMED, SENT):
-        return Start("run", "started", replace(row, state=STARTED, attempt=row.attempt + 1,
-                                               delivery=delivery, worker=worker,
-                                               acks_late=acks_late))  # fmt: skip
-    if row.delivery in put_off:
+        return Start("run", "started", _by(d, row, state=STARTED, attempt=row.attempt + 1,
+                                           acks_late=d.acks_late))  # fmt: skip
+    if row.delivery in d.put_off:
         # its own try had started it, then was put off before the body: its run (also
         # when that try's worker died since and the row was reaped as lost). A try that
         # put its copy off never ran a body, so the row it is named on is this copy's.
-        return Start("run", "own", replace(row, state=STARTED, delivery=delivery,
-                                           worker=worker, outcome=None))  # fmt: skip
+        return Start("run", "own", _by(d, row, state=STARTED, outcome=None))
     if row.state != STARTED:
         return Start("skip", "finished" if row.state == ENDED else "dropped", None)
     if not row.acks_late:
         return Start("skip", "started", None)  # acknowledged early: at most once
     if starter_alive:
         return Start("defer", "running", None)  # back once it ended, or its worker died
-    return Start("run", "taken over", replace(row, attempt=row.attempt + 1,
-                                              delivery=delivery, worker=worker))  # fmt: skip
+    return Start("run", "taken over", _by(d, row, attempt=row.attempt + 1))
+
+
+def _by(d: Delivery, row: Row, **changes: Any) -> Row:
+    """``row`` as delivery ``d`` holds it (with ``changes``)."""
+    return replace(row, delivery=d.token, worker=d.worker, **changes)
 
 
 def release(row: Row, delivery: str) -> Row | None:

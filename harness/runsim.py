@@ -372,11 +372,10 @@ class World:
     def worker_start(self, w: Worker) -> None:
         m = w.msg
         assert m is not None
+        d = runstate.Delivery(m.entry, m.due, m.task_id, w.delivery, w.name, self.acks_late,
+                              m.put_off)  # fmt: skip
         try:
-            decided = self.call(lambda: self.store.start(
-                NS, m.entry, m.due, m.task_id, delivery=w.delivery, worker=w.name,
-                acks_late=self.acks_late, put_off=m.put_off,
-            ))  # fmt: skip
+            decided = self.call(lambda: self.store.start(NS, d))
         except DBError:
             self.defer(w, may_have_started=True)
             return

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 
 from .. import runstate
-from ..runstate import Row, Start
+from ..runstate import Delivery, Row, Start
 
 __all__ = ["MemoryRuns"]
 
@@ -90,27 +90,14 @@ class MemoryRuns:
         self._enter("drop")
         return self._apply(namespace, [(entry, due)], lambda r: runstate.drop(r, term, why)) == 1
 
-    def start(
-        self,
-        namespace: str,
-        entry: str,
-        due: int,
-        task_id: str,
-        *,
-        delivery: str,
-        worker: str,
-        acks_late: bool,
-        put_off: Collection[str] = (),
-    ) -> Start:
-        """A delivery's start: run, skip or put off (runstate.start), its row written."""
+    def start(self, namespace: str, d: Delivery) -> Start:
+        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
         self._enter("start")
         with self._lock:
-            key = (namespace, entry, due)
+            key = (namespace, d.entry, d.due)
             row = self._rows.get(key)
             alive = row is None or row.worker is None or self.alive(row.worker)
-            decided = runstate.start(row, entry, due, task_id, delivery=delivery, worker=worker,
-                                     acks_late=acks_late, put_off=put_off,
-                                     starter_alive=alive)  # fmt: skip
+            decided = runstate.start(row, d, starter_alive=alive)
             if decided.row is not None:
                 self._rows[key] = decided.row
             return decided

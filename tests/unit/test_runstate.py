@@ -64,8 +64,8 @@ def test_only_the_owing_term_drops_a_run() -> None:
 
 def start(row: Row | None, *, acks_late: bool = False, alive: bool = True,
           put_off: tuple[str, ...] = ()) -> runstate.Start:  # fmt: skip
-    return runstate.start(row, "e", 100, "tid", delivery="d2", worker="w2",
-                          acks_late=acks_late, put_off=put_off, starter_alive=alive)  # fmt: skip
+    d = runstate.Delivery("e", 100, "tid", "d2", "w2", acks_late, put_off)
+    return runstate.start(row, d, starter_alive=alive)
 
 
 MINE = {"delivery": "d2", "worker": "w2"}
@@ -112,8 +112,12 @@ def test_a_start(
         (SENT_ROW, "d1", None, None),
         (ENDED_ROW, "d1", None, None),  # ended once
         # reaped as lost (its worker seemed dead: paused), its own body's end is recorded
-        (replace(STARTED_ROW, state=ENDED, outcome=LOST), "d1", None,
-         replace(STARTED_ROW, state=ENDED, outcome="SUCCESS")),
+        (
+            replace(STARTED_ROW, state=ENDED, outcome=LOST),
+            "d1",
+            None,
+            replace(STARTED_ROW, state=ENDED, outcome="SUCCESS"),
+        ),
         (replace(STARTED_ROW, state=ENDED, outcome=LOST), "d2", None, None),
     ],
 )
