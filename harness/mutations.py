@@ -84,9 +84,13 @@ MEM_RUNS = "celery_election/backends/memory_runs.py"
 SIM = ["tests/unit/test_run_simulation.py::test_every_schedule_keeps_each_run_once"]
 #: a release by another delivery needs a worker paused past its liveness while its key was
 #: busy, then a takeover, then another copy: the simulation meets that about once in 10^5
-RELEASE_TABLE = ["tests/unit/test_runstate.py::test_release_and_finish_belong_to_the_starting_delivery"]
+RELEASE_TABLE = [
+    "tests/unit/test_runstate.py::test_release_and_finish_belong_to_the_starting_delivery"
+]
 #: what the simulation cannot see (its schedule never changes): the store's own test
-STORE_FENCES = ["tests/unit/test_runstate.py::test_the_memory_store_fences_the_claim_and_the_owed_runs_by_the_lease"]
+STORE_FENCES = [
+    "tests/unit/test_runstate.py::test_the_memory_store_fences_the_claim_and_the_owed_runs_by_the_lease"
+]
 HANDOVER = ["tests/unit/test_transfer.py"]
 RELEASE = ["tests/unit/test_release.py"]
 RELEASE_LOCK = ["tests/unit/test_release.py", "tests/unit/test_eligible.py"]

@@ -265,6 +265,8 @@ def test_a_quiet_listener_probes_again_after_each_interval_and_stops_mid_wait(
         assert backend.listener_statements >= first + 2 and backend.listener_healthy
         thread = backend._listener._thread
         assert thread is not None and thread.is_alive()
+        backend._listener._stop.set()  # a stop while it listens, its connection left open:
+        thread.join(5)  # the listen ends at its next look at the flag, and the thread with it
+        assert not thread.is_alive()
     finally:
         backend.close()
-    assert not thread.is_alive()
