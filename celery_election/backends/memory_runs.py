@@ -2,9 +2,7 @@
 
 The SQL store will run the same transitions as one conditional statement each (the claim
 fenced by the lease row, as ``claim_runs`` is); this one is what the seeded simulation
-(harness/runsim.py) and users' own tests run. A call is atomic: it either changes the rows
-or raises before it did, and ``enter(name)`` is where a caller's faults come in (a
-statement that fails, or whose answer is lost after it committed).
+(harness/runsim.py) runs. A call is atomic: it changes the rows, or nothing.
 """
 
 from __future__ import annotations
@@ -20,10 +18,6 @@ __all__ = ["MemoryRuns"]
 Key = tuple[str, str, int]  # (namespace, entry, due)
 
 
-def _nothing(name: str) -> None:
-    return None
-
-
 class MemoryRuns:
     """One row per run, by (namespace, entry, due).
 
@@ -35,9 +29,8 @@ class MemoryRuns:
         self,
         leads: Callable[[str, int], bool],
         alive: Callable[[str], bool],
-        enter: Callable[[str], None] = _nothing,
     ) -> None:
-        self.leads, self.alive, self._enter = leads, alive, enter
+        self.leads, self.alive = leads, alive
         self._lock = threading.Lock()
         self._rows: dict[Key, Row] = {}
 
@@ -46,7 +39,6 @@ class MemoryRuns:
 
         All or none: a term that no longer leads claims nothing.
         """
-        self._enter("claim")
         with self._lock:
             if not self.leads(namespace, term):
                 return [False] * len(runs)
@@ -65,7 +57,6 @@ class MemoryRuns:
         Read from the rows every time, never from what the leader remembers: a claim whose
         answer was lost, a mark that failed, a send that was never tried are all here.
         """
-        self._enter("owed")
         with self._lock:
             if not self.leads(namespace, term):
                 return []
@@ -82,17 +73,14 @@ class MemoryRuns:
 
     def confirm(self, namespace: str, runs: Collection[tuple[str, int]]) -> int:
         """The broker accepted these runs: mark them sent; how many changed."""
-        self._enter("confirm")
         return self._apply(namespace, runs, runstate.confirm)
 
     def drop(self, namespace: str, term: int, entry: str, due: int, why: str) -> bool:
         """``term`` gives up a run it owes (expired, or its entry is gone)."""
-        self._enter("drop")
         return self._apply(namespace, [(entry, due)], lambda r: runstate.drop(r, term, why)) == 1
 
     def start(self, namespace: str, d: Delivery) -> Start:
         """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
-        self._enter("start")
         with self._lock:
             key = (namespace, d.entry, d.due)
             row = self._rows.get(key)
@@ -104,12 +92,10 @@ class MemoryRuns:
 
     def release(self, namespace: str, entry: str, due: int, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""
-        self._enter("release")
         return self._apply(namespace, [(entry, due)], lambda r: runstate.release(r, delivery)) == 1
 
     def finish(self, namespace: str, entry: str, due: int, delivery: str, outcome: str) -> bool:
         """The body of ``delivery`` ended: close the run (if that delivery still runs it)."""
-        self._enter("finish")
         done = self._apply(
             namespace, [(entry, due)], lambda r: runstate.finish(r, delivery, outcome)
         )
@@ -117,7 +103,6 @@ class MemoryRuns:
 
     def reap(self, namespace: str) -> int:
         """Close the early-acknowledged runs whose worker died mid-body; how many."""
-        self._enter("reap")
         with self._lock:
             rows = [(k, r) for k, r in self._rows.items() if k[0] == namespace]
             reaped = 0
