@@ -75,10 +75,6 @@ class MemoryRuns:
         """The broker accepted these runs: mark them sent; how many changed."""
         return self._apply(namespace, runs, runstate.confirm)
 
-    def drop(self, namespace: str, term: int, entry: str, due: int, why: str) -> bool:
-        """``term`` gives up a run it owes (expired, or its entry is gone)."""
-        return self._apply(namespace, [(entry, due)], lambda r: runstate.drop(r, term, why)) == 1
-
     def start(self, namespace: str, d: Delivery) -> Start:
         """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
         with self._lock:
