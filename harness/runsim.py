@@ -107,8 +107,6 @@ class Worker:
     msg: Msg | None = None
     stage: str = "idle"  # received, started, busy, body, ended
     delivery: str = ""
-    acked: bool = False
-    outcome_done: bool = False
     paused_at: int = 0
     paused_until: int = 0  # paused (SIGSTOP) until then
     lapsed: bool = False  # paused past its liveness: seen dead, its message given back
@@ -343,15 +341,14 @@ class World:
                 return
             i = ready[0] if rng.random() < 0.7 else rng.choice(ready)  # out of order at times
             w.msg, w.stage = self.queue.pop(i), "received"
-            w.delivery, w.outcome_done = f"d{next(self.tokens)}", False
-            w.acked = not self.acks_late  # acknowledged at once, unless acks_late
+            w.delivery = f"d{next(self.tokens)}"  # acknowledged at once, unless acks_late
             self.log(w.name, w.delivery, "received", (w.msg.entry, w.msg.due), w.msg.put_off)
             if self.acks_late:
                 self.unacked[w.name] = w.msg
         elif w.stage == "received":
             self.worker_start(w)
         elif w.stage == "busy":
-            self.worker_put_off(w, release=True)
+            self.worker_put_off(w)
         elif w.stage == "started":
             key = (w.msg.entry, w.msg.due)  # type: ignore[union-attr]
             self.running[key] += 1
@@ -397,7 +394,7 @@ class World:
                     self.check_closed((m.entry, m.due))
             self.done(w)
 
-    def worker_put_off(self, w: Worker, release: bool) -> None:
+    def worker_put_off(self, w: Worker) -> None:
         """A busy singleton key: give the run back, and come back later."""
         m = w.msg
         assert m is not None
