@@ -15,7 +15,8 @@ tasks then hold their keys through this kit's holder, on the kit's database::
         report.apply((7,)).get()               # waits the delta (0.2 s), then runs
 
 The database is a :class:`~celery_election.backends.MemoryBackend` with liveness locks
-(``backend=`` takes a real one, e.g. ``backend_from_url(url)`` after ``install()``). Two
+held until their session closes, as a file lock is (``backend=`` takes a real one, e.g.
+``backend_from_url(url)`` after ``install()``). Two
 :class:`~celery_election.key_holder.KeyHolder` share it: this process's (every app's
 singleton tasks use it while the kit is installed) and "another worker's" (``hold``).
 """
@@ -63,7 +64,13 @@ class SingletonKeys:
         delta: float = 0.2,
         ttl: float = 30.0,
     ) -> None:
-        self.backend = backend if backend is not None else MemoryBackend(liveness=True)
+        # a holder's lock is lost when its session closes (``crash``), never to a silence:
+        # on the real clock a loaded machine left the other worker's pings 0.2 s apart,
+        # and the key it held ran here
+        self.backend = (
+            backend if backend is not None
+            else MemoryBackend(liveness=True, silent_holders_lose=False)
+        )  # fmt: skip
         self.namespace, self.delta, self.ttl = namespace, delta, ttl
         #: keys a singleton task of this process found held elsewhere (on_busy happened)
         self.busy: list[str] = []

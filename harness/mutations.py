@@ -300,6 +300,8 @@ MUTATIONS = [
       ["tests/integration/test_liveness.py::test_an_interrupt_that_came_before_the_wait_ends_it_as_it_starts"]),
     M("lock-interrupt-sqlite", CONNECTION, "        dbapi_conn.interrupt()\n        return\n", "        pass\n",
       ["tests/unit/test_liveness_rules.py::test_interrupting_a_sqlite3_statement_ends_it_at_once"]),
+    M("memory-silent-keeps", MEM, "            and self.silent_holders_lose\n", "",
+      ["tests/unit/test_singleton_kit.py::test_a_silent_holder_keeps_its_lock_only_where_silence_does_not_end_it"]),
     # -- the drivers (psycopg2, mysqlclient) ------------------------------------------------------
     M("driver-found-rows", MYSQL_DIALECT, 'cparams["client_flag"] = without_found_rows(cparams.get("client_flag", 0))',
       'cparams["client_flag"] = cparams.get("client_flag", 0)',

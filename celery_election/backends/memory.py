@@ -59,12 +59,23 @@ class MemoryBackend:
     description = "memory://"
 
     def __init__(
-        self, clock: Clock | None = None, *, notify: bool = True, liveness: bool = False
+        self,
+        clock: Clock | None = None,
+        *,
+        notify: bool = True,
+        liveness: bool = False,
+        silent_holders_lose: bool = True,
     ) -> None:
+        """A memory database; with ``liveness``, in-process liveness locks.
+
+        ``silent_holders_lose``: a holder silent for its delta loses its lock, as on the
+        servers (``idle_session_timeout``, ``wait_timeout``); False keeps it until the
+        holder's session closes, as a file lock does.
+        """
         self.clock: Clock = clock or RealClock()
         self.notify = notify
         self.liveness = liveness
-        self._locks = _Locks(self.clock)
+        self._locks = _Locks(self.clock, silent_holders_lose)
         self._lock = threading.Lock()
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
@@ -463,8 +474,8 @@ def _live_us(delta: float | None) -> int | None:
 class _Locks:
     """The liveness locks of one MemoryBackend: holder, and when each holder last spoke."""
 
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock, silent_holders_lose: bool) -> None:
+        self.clock, self.silent_holders_lose = clock, silent_holders_lose
         self.cond = threading.Condition()
         self._holders: dict[str, MemorySession] = {}
         #: standby slots: held until released (a waiting session is not silent)
@@ -473,7 +484,11 @@ class _Locks:
     def holder(self, namespace: str) -> MemorySession | None:
         """The live holder (cond held); a holder silent for its delta loses the lock."""
         session = self._holders.get(namespace)
-        if session is not None and self.clock.monotonic() - session.last_seen >= session.delta:
+        if (
+            session is not None
+            and self.silent_holders_lose
+            and self.clock.monotonic() - session.last_seen >= session.delta
+        ):
             session.lost = True
             del self._holders[namespace]
             self.cond.notify_all()
@@ -509,10 +524,10 @@ class _Locks:
 class MemorySession:
     """The memory backend's liveness session (see ``MemoryBackend.liveness_session``)."""
 
-    silent_holders_lose = True  # a holder silent for its delta loses the lock
-
     def __init__(self, locks: _Locks, namespace: str, delta: float, clock: Clock) -> None:
         self._locks, self.namespace, self.delta, self._clock = locks, namespace, delta, clock
+        #: a holder silent for its delta loses the lock (the backend's choice)
+        self.silent_holders_lose = locks.silent_holders_lose
         self.last_seen = 0.0
         self.lost = True
         self._interrupted = False

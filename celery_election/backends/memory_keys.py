@@ -213,10 +213,9 @@ class MemoryKeyStore:
 class MemoryKeySession:
     """A memory liveness session that can also tell whether another holder's ended."""
 
-    silent_holders_lose = True
-
     def __init__(self, inner: LivenessSession, free: Callable[[str], bool]) -> None:
         self.inner, self._free = inner, free
+        self.silent_holders_lose = inner.silent_holders_lose
 
     @property
     def has_lock(self) -> bool:

@@ -25,6 +25,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
+from celery_election.beat import fence as fence_module
 from celery_election.clock import FakeClock as VirtualClock
 from celery_election.clock import boottime
 from celery_election.once import RESENT
@@ -45,9 +46,18 @@ class Recording(LeaderSchedulerMixin, Scheduler):
 def shared(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
     """One memory "database" for every scheduler the test starts, on a clock that moves
     only when the test moves it: its electors' leases, lock threads and election loops
-    wait on it, so no lease runs out mid-tick on a loaded machine."""
-    backend = MemoryBackend(VirtualClock(wall_start_us=time.time_ns() // 1000))
+    wait on it, so no lease runs out mid-tick on a loaded machine.
+
+    The hosts' clocks (what each beat measures its offset on) read the same clock. On the
+    real clock a second beat measured its offset seconds after the first on a loaded
+    machine, while the database's wall stood still: it read the first beat's run that
+    many seconds late, and the runaway guard held its next run.
+    """
+    clock = VirtualClock(wall_start_us=time.time_ns() // 1000)
+    backend = MemoryBackend(clock)
     monkeypatch.setattr(process_module, "backend_from_url", lambda url, **kw: backend)
+    wall = lambda app: fence_module.EPOCH + timedelta(microseconds=clock.wall_us())  # noqa: E731
+    monkeypatch.setattr(fence_module, "real_now", wall)
     return backend
 
 
@@ -186,9 +196,8 @@ def test_a_relative_daily_interval_follows_the_apps_timezone(
     ticks(s)
     assert s.sent == []
     entry = s.schedule["daily"]
-    # the same instant (to the clock offset's precision), on the app's clock
-    last = datetime(2026, 11, 22, 20, 0, tzinfo=timezone.utc)
-    assert abs(entry.last_run_at - last) < timedelta(seconds=1)
+    # the same instant (host and database share one clock here), on the app's clock
+    assert entry.last_run_at == datetime(2026, 11, 22, 20, 0, tzinfo=timezone.utc)
     assert entry.last_run_at.utcoffset() == timedelta(hours=9)  # adopted in local time
     due, wait = entry.is_due()
     assert not due and wait == pytest.approx(5 * 3600, abs=1)

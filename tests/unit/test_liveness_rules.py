@@ -77,8 +77,12 @@ class HungLocks(LockView):
         self.silent_holders_lose = silent_holders_lose
 
     def session_class(self) -> type[MemorySession]:
+        lose = self.silent_holders_lose
+
         class Hung(MemorySession):
-            silent_holders_lose = self.silent_holders_lose
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.silent_holders_lose = lose
 
             def acquire(self, timeout: float) -> bool:
                 threading.Event().wait(timeout)

@@ -16,6 +16,8 @@ import pytest
 from celery import Celery, states
 
 from celery_election import metrics
+from celery_election.backends import MemoryBackend
+from celery_election.clock import FakeClock
 from celery_election.errors import ConfigurationError, ElectionError
 from celery_election.singleton import (
     KeyBusyError,
@@ -200,3 +202,19 @@ def test_a_requeue_not_sent_gives_its_waiting_slot_back(
     finally:
         kit_one_waiting.pop_request()
     assert [h.key for h in election_keys.held()] == [key]  # the slot is free again
+
+
+@pytest.mark.parametrize("silent_holders_lose", [True, False])
+def test_a_silent_holder_keeps_its_lock_only_where_silence_does_not_end_it(
+    silent_holders_lose: bool,
+) -> None:
+    """The kit's backend keeps a holder's lock until its session closes: a ping thread
+    starved on a loaded machine must not hand "another worker's" key to this one."""
+    clock = FakeClock()
+    backend = MemoryBackend(clock, liveness=True, silent_holders_lose=silent_holders_lose)
+    session = backend.liveness_session("kit", 0.2, 1.0)
+    assert session is not None and session.acquire(1.0)
+    clock.advance(5.0)  # no ping for 25 deltas
+    assert session.has_lock is not silent_holders_lose
+    session.close()
+    assert not session.has_lock
