@@ -22,7 +22,7 @@ from kombu.simple import SimpleQueue
 from harness.proxy import Proxy
 
 from ..conftest import server_url
-from ..support.beat import Due, Leading
+from ..support.beat import DueOnce, Leading
 
 N = 10
 
@@ -43,7 +43,7 @@ def make_app(url: str, tmp_path: Path) -> Celery:
         broker_connection_retry_on_startup=True,
         task_publish_retry_policy={"max_retries": 1, "interval_start": 0.1},
         beat_schedule={
-            f"e{i:03d}": {"task": "ledger.noop", "schedule": Due(), "args": (f"e{i:03d}",)}
+            f"e{i:03d}": {"task": "ledger.noop", "schedule": DueOnce(), "args": (f"e{i:03d}",)}
             for i in range(N)
         },
     )

@@ -20,6 +20,24 @@ class Due(BaseSchedule):  # type: ignore[misc]
         return schedstate(True, 3600.0)
 
 
+class DueOnce(BaseSchedule):  # type: ignore[misc]
+    """Due at the entry's first check, then not for an hour: as a real schedule answers.
+
+    ``Due`` answers "due" whenever asked: a beat that lost its lease under load and was
+    promoted again (a new term adopts the state and asks again) sent each entry a second
+    run, which a test counting one run per entry took for a double.
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.first: datetime | None = None  # the last run the entry started with
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        if self.first is None:
+            self.first = last_run_at
+        return schedstate(last_run_at <= self.first, 3600.0)
+
+
 class Boundary(BaseSchedule):  # type: ignore[misc]
     """Due at every multiple of ``seconds`` since the epoch: a whole schedule due at once.
 
