@@ -205,6 +205,34 @@ class KeyHolder:
         with self._lock:
             return [h for h in self._held.values() if self.trusted(h)]
 
+    # -- this process's liveness, for the run rows ---------------------------------------------
+
+    def identity(self) -> str | None:
+        """The liveness token of this process, which others ask :meth:`alive` about.
+
+        Opens the session on first use; None when no session could be had: nothing to ask.
+        """
+        with self._lock:
+            inc = self._incarnation()
+        return inc.token if inc.session is not None else None
+
+    def alive(self, token: str) -> bool:
+        """Whether the process of liveness token ``token`` still lives (its session is on).
+
+        True when this process cannot ask (no session of its own, or it failed): a caller
+        that waits is late; one that takes over a live process's run runs it twice.
+        """
+        inc = self._current
+        if inc is None or inc.session is None or inc.lost or token == inc.token:
+            return True
+        try:
+            with self._session_lock:
+                return not inc.session.ended(self.backend.keys.holder_key(token))
+        except BackendUnavailableError as exc:
+            log.warning("key holder session lost while probing another process (%s)", exc)
+            inc.lost = True
+            return True
+
     # -- the session ---------------------------------------------------------------------------
 
     def _incarnation(self) -> _Session:

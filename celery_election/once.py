@@ -1,6 +1,6 @@
 """Run once on the workers, the Celery side: the check before a run, and its end.
 
-What a start record means, and what ``acks_late`` changes: ``runonce.py`` (the core).
+What a run's row means, and what ``acks_late`` changes: ``runonce.py`` (the core).
 Here, how a task gets the check:
 
 * every task the beat sends, in a worker started with ``--election``: its message carries
@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -54,7 +55,7 @@ log = logging.getLogger("celery_election.once")
 HEADER = "election_run"
 #: The header the beat adds when it sends a run again (the attempt): not a redelivery.
 RESENT = "election_resent"
-#: The header of a delivery put off (:func:`_defer`): who wrote the start record it tried.
+#: The header of a delivery put off (:func:`_defer`): the tries that may have started it.
 DEFERRED_BY = "election_deferred_by"
 #: Seconds before a delivery the database could not judge is delivered again.
 DEFER = 1.0
@@ -65,7 +66,7 @@ _ENDS = frozenset({"SUCCESS", "FAILURE", "RETRY", "IGNORED"})
 
 
 def guard_for(app: Any) -> RunGuard:
-    """The start records this process keeps for ``app``: the worker's, or the app's own."""
+    """The run guard of this process for ``app``: the worker's, or the app's own."""
     current = runonce.current()
     if current is not None:
         return current
@@ -86,27 +87,32 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
         return  # checked once already (a once task in a worker that checks beat runs)
     if not always and _header(request, HEADER) is None:
         return
-    acks_late = bool(task.acks_late)
     hostname = request.hostname or socket.gethostname()
+    named = _header(request, DEFERRED_BY) or ()
+    put_off = (named,) if isinstance(named, str) else tuple(named)  # a 0.2 copy's: one name
+    token = uuid.uuid4().hex
     try:
         verdict = guard_for(task.app).enter(
-            task_id, int(request.retries or 0), task.name, hostname, acks_late=acks_late,
-            resent=_header(request, RESENT) is not None, mine=_header(request, DEFERRED_BY),
+            task_id, int(request.retries or 0), task.name, hostname,
+            acks_late=bool(task.acks_late), delivery=token, put_off=put_off,
         )  # fmt: skip
     except (BackendUnavailableError, SchemaMissingError) as exc:
-        _defer(task, task_id, exc, runonce.start_owner(hostname, os.getpid()))
+        # this try may have started the run: the copy names it, and finds that row its own
+        _defer(task, task_id, (*put_off, token), "its start could not be recorded", exc)
     if verdict.run:
         if not _listening:
             _listen()
         setattr(request, _MARK, verdict)
         return
+    if verdict.verdict == "defer":  # another live process runs it (acks_late)
+        _defer(task, task_id, put_off, "another worker runs it now")
     metrics.count(metrics.key(metrics.TASK, task.name, "duplicate"))
     not_run(request)
     log.warning(
         "%s[%s] skipped: this run was delivered before (%s, attempt %d)",
         task.name,
         task_id,
-        "it finished" if verdict.reason == "finished" else "it started",
+        "it finished" if verdict.reason in ("finished", "dropped") else "it started",
         verdict.attempt,
     )
     raise Ignore()
@@ -147,32 +153,35 @@ def _header(request: Any, name: str) -> Any:
     return value if value is not None else (getattr(request, "headers", None) or {}).get(name)
 
 
-def _defer(task: Any, task_id: str, exc: BaseException, owner: str) -> NoReturn:
-    """Neither run nor drop a delivery the database cannot judge: publish it again later.
+def _defer(
+    task: Any, task_id: str, put_off: tuple[str, ...], why: str, exc: BaseException | None = None
+) -> NoReturn:
+    """Neither run nor drop this delivery now: publish it again later, acknowledge this one.
 
-    The copy names ``owner``, the writer of the start record this try attempted: if the
-    insert committed although no answer came, the copy finds that record its own.
+    The copy names ``put_off``, the tries whose start may have written the run's row: a
+    row one of them started is the copy's own (the write committed, its answer was lost).
     """
     metrics.count(metrics.key(metrics.TASK, task.name, "deferred"))
     request = task.request
     if request.is_eager:
-        raise exc
-    log.warning(
-        "%s[%s] delayed %.0fs: its start could not be recorded (%s)", task.name, task_id, DEFER, exc
-    )
+        if exc is not None:
+            raise exc
+        raise Ignore()
+    log.warning("%s[%s] delayed %.0fs: %s%s", task.name, task_id, DEFER, why,
+                "" if exc is None else f" ({exc})")  # fmt: skip
     headers = dict(getattr(request, "headers", None) or {})
     for name in (HEADER, RESENT):
         value = _header(request, name)
         if value is not None:
             headers[name] = value
-    headers[DEFERRED_BY] = owner
+    headers[DEFERRED_BY] = list(put_off)
     task.signature_from_request(countdown=DEFER, headers=headers).apply_async()
     not_run(request)
     raise Ignore() from exc
 
 
 def _finished(sender: Any = None, task: Any = None, state: str | None = None, **kw: Any) -> None:
-    """The run's end: mark its start record finished (never raises)."""
+    """The run's end: close its row, if this delivery still runs it (never raises)."""
     request = getattr(task, "request", None)
     verdict = getattr(request, _MARK, None) if request is not None else None
     if isinstance(verdict, Verdict) and state in _ENDS:

@@ -1,27 +1,21 @@
-"""Run once on the workers: a run's start record decides whether a delivery runs it.
+"""Run once on the workers: a run's row decides whether a delivery runs it.
 
 The broker may deliver one run twice: the beat re-publishes a run it cannot prove was
 sent (under the same task id), Celery redelivers after a lost ack, Redis after
-``visibility_timeout``. Before running, a worker records the run as started in the
-election database with one insert-if-absent statement (``StartStore.record_start``); the
-delivery whose insert found the row is a duplicate and is skipped. Decided by the
-database, so it holds across workers, hosts and pools.
+``visibility_timeout``. Before running, a worker starts the run's row in the election
+database (``RunStore.start``: one conditional write of runstate.py's ``start``), naming
+this delivery (a token drawn per try) and this process (its liveness session's token).
+Decided by the database, so it holds across workers, hosts and pools:
 
-A worker that dies mid-run leaves its record unfinished. What a later delivery does then:
-
-* by default (the message was acknowledged before the run): nothing more arrives from the
-  broker, and a re-published copy is skipped: **at most once**;
-* ``acks_late`` (the message is acknowledged after the run, so a dead worker's run is
-  redelivered): a delivery of a run that never *finished* takes the record over for one
-  more attempt (a compare-and-set on the attempt, so one redelivery wins) and runs it;
-  one that finished (success, failure or a retry) is skipped. A copy the beat sent again
-  (``resent``: it could not prove the first went out) is not a redelivery: while the run
-  is unfinished it is skipped, since the first copy is running, or comes back from the
-  broker if its worker died.
-
-A delivery put off because the database did not answer may find the record its own try
-wrote (the insert committed, the answer was lost): named by ``mine``, that record is its
-own, and it runs, in either mode.
+* a run nobody started runs; one that ended, or started by a delivery acknowledged
+  before its run (the default), is skipped: **at most once**, also when that worker died;
+* ``acks_late`` (a dead worker's run comes back from the broker): a delivery of a run
+  another delivery started waits while that worker's process lives (put off: published
+  again a little later) and takes the run over once it died. So a second copy (sent
+  again, redelivered by Redis, a publish retried) never runs beside the first, and the
+  only copy's redelivery runs, whichever copy it was (windows 4 and 5 of issue 52);
+* a delivery put off because the database did not answer names its try in the copy
+  (``put_off``): a row that try started is its own, and runs (window 6).
 
 The run key is the task id and its retry number: a retry (same id, one more retry) is a
 new run. Part of the core: no Celery here (``once.py`` is the Celery side).
@@ -29,24 +23,26 @@ new run. Part of the core: no Celery here (``once.py`` is the Celery side).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from .backends import backend_from_url
-from .backends.base import Backend, StartStore, TaskStart
+from .backends.base import Backend, RunStore
 from .errors import BackendUnavailableError, ElectionError, SchemaMissingError
+from .key_holder import KeyHolder
+from .runstate import Delivery, Start, run_key
 from .settings import ElectionSettings
 
-__all__ = ["RunGuard", "Verdict", "current", "not_run", "ran", "run_key", "start_owner", "use"]
+__all__ = ["RunGuard", "Verdict", "current", "not_run", "ran", "run_key", "use"]
 
 log = logging.getLogger("celery_election.runonce")
 
-#: A process deletes start records past the retention this often (seconds), this many at most.
+#: A process deletes run rows past the retention this often (seconds), this many at most.
 PRUNE_EVERY, PRUNE_BATCH = 600.0, 5000
 
 
@@ -65,42 +61,36 @@ def ran(request: object) -> bool:
     return not getattr(request, NOT_RUN, False)
 
 
-def start_owner(hostname: str, pid: int) -> str:
-    """Who wrote a start record, as a put-off delivery names the try that put it off."""
-    return f"{hostname}:{pid}"
-
-
-def run_key(task_id: str, retries: int = 0) -> str:
-    """A run's key: a hash of the task id and its retry number (fits a MySQL key)."""
-    return hashlib.sha1(f"{task_id}/{retries}".encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class Verdict:
-    """Whether this delivery runs, and why.
+    """What this delivery does, and why.
 
-    ``reason``: "recorded" (the first start), "rerun" (acks_late: an unfinished run taken
-    over; or a put-off delivery whose own try had recorded it), "duplicate" (started
-    before, by default never run twice), "finished" (acks_late: it ran to its end), "taken"
-    (acks_late: another redelivery took it over first), "running" (acks_late: a copy sent
-    again while the run is unfinished: only a redelivery takes it over).
+    ``verdict``: "run", "skip" or "defer" (published again later: another live process
+    runs it, under ``acks_late``). ``reason``: runstate.start's ("started", "own",
+    "taken over", "finished", "dropped", "running"). ``delivery``: this try's token.
     """
 
-    run: bool
+    verdict: str
     reason: str
     key: str
+    delivery: str
     attempt: int = 1
+
+    @property
+    def run(self) -> bool:
+        return self.verdict == "run"
 
 
 class RunGuard:
-    """One process's start records: a backend of its own, opened at first use.
+    """One process's run rows: a backend and a liveness session of its own, at first use.
 
     ``connect`` builds the backend; each process (a prefork child, a solo worker) opens
     its own on first use, so nothing opened before a fork is shared after it.
     ``install`` (``election_auto_install``): create missing tables on first refusal.
-    ``retention``: seconds a start record is kept; each process deletes a batch of older
-    ones every :data:`PRUNE_EVERY` seconds (sooner while a whole batch went), so the table
-    holds about a retention's worth of runs however many workers write to it.
+    ``liveness``: the delta of the process's liveness session (None: none; a run it
+    starts cannot be waited for). ``retention``: seconds a run row is kept; each process
+    deletes a batch of older ones every :data:`PRUNE_EVERY` seconds (sooner while a whole
+    batch went), so the table holds about a retention's worth of runs.
     """
 
     def __init__(
@@ -110,10 +100,13 @@ class RunGuard:
         *,
         install: bool = False,
         retention: float = 86400.0,
+        liveness: float | None = 1.0,
+        ttl: float = 30.0,
     ) -> None:
         self.connect, self.namespace, self.install = connect, namespace, install
-        self.retention = retention
+        self.retention, self.liveness, self.ttl = retention, liveness, ttl
         self._backend: Backend | None = None
+        self._holder: KeyHolder | None = None
         self._pid = 0
         self._lock = threading.Lock()
         self._next_prune = 0.0
@@ -127,15 +120,23 @@ class RunGuard:
             settings.namespace,
             install=settings.auto_install,
             retention=settings.run_once_retention,
+            liveness=settings.config.liveness,
+            ttl=settings.config.ttl,
         )
 
-    def store(self) -> StartStore:
-        """The start store of the calling process (a new backend after a fork)."""
+    def _process(self) -> tuple[Backend, KeyHolder]:
+        """The backend and liveness of the calling process (new ones after a fork)."""
         with self._lock:
-            if self._backend is None or self._pid != os.getpid():
+            if self._backend is None or self._holder is None or self._pid != os.getpid():
                 self._backend = self.connect()
+                self._holder = KeyHolder(self._backend, self.namespace, ttl=self.ttl,
+                                         liveness=self.liveness)  # fmt: skip
                 self._pid = os.getpid()
-            return self._backend.starts
+            return self._backend, self._holder
+
+    def store(self) -> RunStore:
+        """The run store of the calling process."""
+        return self._process()[0].runs
 
     def enter(
         self,
@@ -145,86 +146,69 @@ class RunGuard:
         hostname: str,
         *,
         acks_late: bool,
-        resent: bool = False,
-        mine: str | None = None,
+        delivery: str | None = None,
+        put_off: Collection[str] = (),
     ) -> Verdict:
-        """Record this delivery's start; whether it runs (see the module).
+        """Start this delivery's run; whether it runs (see the module).
 
-        ``resent``: a copy its sender published again (the beat's resend of a run it could
-        not prove sent), not the broker's redelivery. ``mine``: this delivery was put off
-        by a try that wrote its record as ``hostname:pid`` (:func:`start_owner`), which may
-        have committed although the database did not answer. Raises
+        ``delivery``: this try's token (drawn here if not given). ``put_off``: the tries
+        that put this copy off before (their tokens, from the copy's header), any of which
+        may have started the run although the database did not answer. Raises
         BackendUnavailableError or SchemaMissingError when the database cannot say: the
-        caller neither runs the task nor drops it.
+        caller neither runs the task nor drops it, and names ``delivery`` in its copy.
         """
-        key = run_key(task_id, retries)
-        start = TaskStart(key, task_id, task_name, hostname, os.getpid(), 1, 0)
-        if self._record(start):
+        _, holder = self._process()
+        d = Delivery(task_name, 0, task_id, delivery or uuid.uuid4().hex, holder.identity(),
+                     acks_late, tuple(put_off), retries)  # fmt: skip
+        decided = self._start(d, holder, task_name, hostname)
+        attempt = decided.row.attempt if decided.row is not None else 0
+        if decided.run:
             self._prune()
-            return Verdict(True, "recorded", key)
-        if not acks_late and mine is None:
-            return Verdict(False, "duplicate", key)
-        store = self.store()
-        seen = store.load_start(self.namespace, key)
-        if seen is None:  # deleted meanwhile (an operator's clean-up): record it again
-            return Verdict(self._record(start), "recorded", key)
-        if seen.finished_at_us is not None:
-            return Verdict(False, "finished", key, seen.attempt)
-        own = mine == start_owner(seen.hostname, seen.pid)
-        if not (acks_late or own):
-            return Verdict(False, "duplicate", key)
-        if resent and not own:
-            # the first copy runs (or its worker died: the broker brings that copy back)
-            return Verdict(False, "running", key, seen.attempt)
-        if store.rerun_start(self.namespace, key, seen.attempt, hostname, os.getpid()):
-            return Verdict(True, "rerun", key, seen.attempt + 1)
-        return Verdict(False, "taken", key, seen.attempt)
+        return Verdict(decided.verdict, decided.reason, d.key, d.token, attempt)
 
-    def _record(self, start: TaskStart) -> bool:
-        try:
-            return self.store().record_start(self.namespace, start)
-        except SchemaMissingError:
-            if not self.install:
-                raise
-            with self._lock:
-                assert self._backend is not None
-                self._backend.install()
-            return self.store().record_start(self.namespace, start)
+    def _start(self, d: Delivery, holder: KeyHolder, task_name: str, hostname: str) -> Start:
+        for first in (True, False):
+            try:
+                return self.store().start(self.namespace, d, holder.alive, task_name=task_name,
+                                          hostname=hostname)  # fmt: skip
+            except SchemaMissingError:
+                if not (first and self.install):
+                    raise
+                self._process()[0].install()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _prune(self) -> None:
-        """Delete a batch of records older than the retention, if this process is due to."""
+        """Delete a batch of rows older than the retention, if this process is due to."""
         now = time.monotonic()
         if now < self._next_prune:
             return
         self._next_prune = now + PRUNE_EVERY
         try:
-            gone = self.store().prune_starts(self.namespace, self.retention, batch=PRUNE_BATCH)
+            gone = self.store().prune(self.namespace, self.retention, batch=PRUNE_BATCH)
         except ElectionError as exc:  # housekeeping: never the task's failure
-            log.warning("run once: could not prune old start records (%s)", exc)
+            log.warning("run once: could not prune old runs (%s)", exc)
             return
         if gone >= PRUNE_BATCH:  # more are left: the next batch soon
             self._next_prune = now + PRUNE_EVERY / 10
 
     def finish(self, verdict: Verdict, outcome: str) -> None:
-        """Mark the run finished; a failure is logged, never raised (the run is over)."""
+        """Close the run; a failure is logged, never raised (the body is over)."""
         try:
-            self.store().record_finish(
-                self.namespace, verdict.key, outcome, attempt=verdict.attempt
-            )
+            self.store().finish(self.namespace, verdict.key, verdict.delivery, outcome)
         except (BackendUnavailableError, SchemaMissingError) as exc:
             log.warning(
-                "run once: could not mark run %s finished (%s): under acks_late a "
-                "redelivery of it would run it again",
-                verdict.key,
-                exc,
-            )
+                "run once: could not close run %s (%s): under acks_late a redelivery of "
+                "it would run it again", verdict.key, exc,
+            )  # fmt: skip
 
     def close(self) -> None:
-        """Close this process's backend (idempotent)."""
+        """Close this process's backend and liveness session (idempotent)."""
         with self._lock:
             if self._backend is not None and self._pid == os.getpid():
+                if self._holder is not None:
+                    self._holder.close()
                 self._backend.close()
-            self._backend = None
+            self._backend, self._holder = None, None
 
 
 _current: RunGuard | None = None

@@ -29,7 +29,8 @@ the others). What each guard closes, by the windows of issue 52:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import hashlib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "owes",
     "reap",
     "release",
+    "run_key",
     "start",
 ]
 
@@ -58,6 +60,15 @@ CLAIMED, SENT, STARTED, ENDED, DROPPED = "claimed", "sent", "started", "ended", 
 LOST = "LOST"
 #: The states a run is still on its way in (a run in them is pending).
 OPEN = frozenset({CLAIMED, SENT, STARTED})
+
+
+def run_key(task_id: str, retries: int = 0) -> str:
+    """A run's key in its store: a hash of the task id and its retry number.
+
+    A retry is a run of its own; the hash fits a MySQL key. Every copy of a beat run
+    carries one task id, drawn from (namespace, entry, due) at the claim.
+    """
+    return hashlib.sha1(f"{task_id}/{retries}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -84,11 +95,17 @@ class Delivery:
     due: int
     task_id: str
     token: str  # drawn per try: a copy put off and delivered again is a new try
-    worker: str  # the worker process that runs it (its liveness is looked up)
+    worker: str | None  # its process's liveness token (None: it has no liveness session)
     acks_late: bool
     #: the tries that put this copy off before (each wrote, or may have written, its own
     #: start before the database stopped answering): a row one of them started is its own
     put_off: Collection[str] = ()
+    retries: int = 0  # Celery's retry number: a retry is a run of its own
+
+    @property
+    def key(self) -> str:
+        """The run's key in its store (:func:`run_key`)."""
+        return run_key(self.task_id, self.retries)
 
 
 @dataclass(frozen=True)
@@ -148,11 +165,13 @@ def drop(row: Row, term: int, why: str) -> Row | None:
 # -- the workers' side ----------------------------------------------------------------------
 
 
-def start(row: Row | None, d: Delivery, *, starter_alive: bool = True) -> Start:
+def start(row: Row | None, d: Delivery, starter_alive: Callable[[str], bool]) -> Start:
     """Delivery ``d`` of the run is about to run its body: run, skip or put it off.
 
-    ``starter_alive``: whether the worker process named in the row still lives (the store
-    looks it up; a paused worker looks dead once its liveness lapses).
+    ``starter_alive(worker)``: whether the worker process named in the row still lives
+    (the store looks it up, only when the answer decides; a paused worker looks dead once
+    its liveness lapses). A start that named no worker (it ran where no liveness session
+    could be had) cannot be waited for: under ``acks_late`` it is taken over, as before.
     """
     if row is None:  # a run no beat claimed (a once task), or an older version's
         row = Row(d.entry, d.due, d.task_id, 0)
@@ -168,7 +187,7 @@ def start(row: Row | None, d: Delivery, *, starter_alive: bool = True) -> Start:
         return Start("skip", "finished" if row.state == ENDED else "dropped", None)
     if not row.acks_late:
         return Start("skip", "started", None)  # acknowledged early: at most once
-    if starter_alive:
+    if row.worker is not None and starter_alive(row.worker):
         return Start("defer", "running", None)  # back once it ended, or its worker died
     return Start("run", "taken over", _by(d, row, attempt=row.attempt + 1))
 
@@ -196,12 +215,17 @@ def finish(row: Row, delivery: str, outcome: str) -> Row | None:
     return None
 
 
-def reap(row: Row, starter_alive: bool) -> Row | None:
+def reap(row: Row, starter_alive: Callable[[str], bool]) -> Row | None:
     """A run acknowledged early whose worker died mid-body: ended, lost (at most once).
 
     Under ``acks_late`` the broker delivers the run again and that delivery takes it
     over (:func:`start`); acknowledged early, nothing comes back, so the row is closed.
     """
-    if row.state == STARTED and not row.acks_late and not starter_alive:
+    if (
+        row.state == STARTED
+        and not row.acks_late
+        and row.worker is not None
+        and not starter_alive(row.worker)
+    ):
         return replace(row, state=ENDED, outcome=LOST)
     return None

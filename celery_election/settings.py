@@ -157,7 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "election_run_once_retention",
         "`86400` (s)",
-        "keep each task run's start record (run once) this long: a delivery of the run later "
+        "keep each task run's row (run once) this long: a delivery of the run later "
         "than that runs it again; older ones are pruned by the workers, in batches",
     ),
     Setting(
@@ -215,7 +215,7 @@ class ElectionSettings:
     beat_publishers: int = 0
     #: At most this long after an entry fell due its run is sent and finished (schedule.overdue).
     beat_overdue_grace: float = 300.0
-    #: Seconds a run's start record is kept (runonce.RunGuard prunes older ones).
+    #: Seconds a run's row is kept (runonce.RunGuard prunes older ones).
     run_once_retention: float = 86400.0
     #: Why this default election would split across hosts (see ``refuse_split``), or None.
     split: str | None = None

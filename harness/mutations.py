@@ -116,13 +116,13 @@ MEM_KEYS = "celery_election/backends/memory_keys.py"
 HOLDER = "celery_election/key_holder.py"
 KEY_SUITE = ["tests/integration/test_key_suite.py"]
 SINGLETON = ["tests/unit/test_singleton.py"]
-SQL_STARTS = "celery_election/backends/sql_starts.py"
-MEM_STARTS = "celery_election/backends/memory_starts.py"
+SQL_RUNS = "celery_election/backends/sql_runs.py"
 RUNONCE = "celery_election/runonce.py"
 ONCE = "celery_election/once.py"
 WINDOW_E2E = "tests/e2e/test_beat_election.py::"
-STARTS = ["tests/integration/test_task_starts.py", "tests/unit/test_once.py"]
+RUN_ROWS = ["tests/integration/test_run_rows.py", "tests/unit/test_once.py"]
 ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
+WINDOW4_E2E = "tests/e2e/test_run_once.py::test_acks_late_a_run_killed_mid_task_runs_exactly_once_more"
 RESENT_E2E = (
     "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy_runs_is_run_once"
 )
@@ -496,27 +496,35 @@ MUTATIONS = [
       ["tests/e2e/test_singleton_workers.py::test_one_waiting_runs_the_running_one_and_one_more[postgresql]"]),
     M("keyops-e2e-hold-vacant", SQL_KEYS, "sa.or_(t.c.token.is_(None), t.c.expires_at <= now),", "sa.true(),",
       ["tests/e2e/test_singleton_workers.py::test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced[postgresql]"]),
-    # -- run once on the workers: a run's start record turns a second delivery into a skip ------
-    M("once-no-start-record", RUNONCE, "        if self._record(start):\n", "        if True:\n", STARTS),
+    # -- run once on the workers: a run's row turns a second delivery into a skip or a wait ----
+    M("once-no-run-row", RUNONCE, "        decided = self._start(d, holder, task_name, hostname)\n",
+      "        decided = Start(\"run\", \"started\", None)\n", RUN_ROWS),
     M("once-worker-check", ONCE, "            _wrap(type(task))\n", "            pass\n",
       ["tests/unit/test_once.py", ONCE_E2E]),
     M("once-worker-check-e2e", ONCE, "            _wrap(type(task))\n", "            pass\n", [ONCE_E2E]),
-    M("once-resent-taken-over", RUNONCE, "        if resent and not own:\n", "        if False:\n", STARTS),
-    M("once-resent-taken-over-e2e", RUNONCE, "        if resent and not own:\n", "        if False:\n", [RESENT_E2E]),
-    M("once-own-record-unknown", RUNONCE, "        own = mine == start_owner(seen.hostname, seen.pid)\n",
-      "        own = False\n", STARTS),
-    M("once-own-record-default", RUNONCE, "        if not (acks_late or own):\n", "        if not acks_late:\n", STARTS),
-    M("once-own-record-early", RUNONCE, "        if not acks_late and mine is None:\n", "        if not acks_late:\n", STARTS),
-    M("once-defer-unnamed", ONCE, "    headers[DEFERRED_BY] = owner\n", "    pass\n", STARTS),
+    M("once-defer-running", ONCE, "    if verdict.verdict == \"defer\":", "    if False:", RUN_ROWS),
+    M("once-no-liveness", RUNONCE, "holder.identity(),", "None,", RUN_ROWS),
+    M("once-liveness-unasked", HOLDER, "                return not inc.session.ended(self.backend.keys.holder_key(token))",
+      "                return True", [*RUN_ROWS, WINDOW4_E2E]),
+    M("once-defer-unnamed", ONCE, "    headers[DEFERRED_BY] = list(put_off)\n", "    pass\n", RUN_ROWS),
+    M("once-defer-own-try", ONCE, "_defer(task, task_id, (*put_off, token),", "_defer(task, task_id, put_off,",
+      RUN_ROWS),
     M("once-resend-unmarked", SENDER, "            if attempt > 1 or recovered is not None:", "            if False:", LEDGER_BEAT),
     M("once-resend-all-marked", SENDER, "            if attempt > 1 or recovered is not None:", "            if True:", LEDGER_BEAT),
-    M("starts-insert-if-absent", SQL_STARTS, "stmt = self.backend.db.insert_ignore(self.table, values)",
-      'stmt = self.backend.db.upsert(self.table, values, lambda new: {"pid": new.pid})', STARTS),
-    M("starts-memory-if-absent", MEM_STARTS, "            if key in self._rows:\n", "            if False:\n", STARTS),
-    M("starts-rerun-attempt", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
-      "                t.c.finished_at.is_(None),\n            )\n            .values(attempt=", STARTS),
-    M("starts-rerun-unfinished", SQL_STARTS, "                t.c.attempt == attempt,\n                t.c.finished_at.is_(None),\n            )\n            .values(attempt=",
-      "                t.c.attempt == attempt,\n            )\n            .values(attempt=", STARTS),
+    # -- the run rows on SQL: one conditional write per transition --------------------------------
+    M("rows-insert-if-absent", SQL_RUNS, "stmt: Any = self.backend.db.insert_ignore(t, values)",
+      'stmt = self.backend.db.upsert(t, values, lambda new: {"pid": new.pid})', RUN_ROWS),
+    M("rows-cas-state", SQL_RUNS, "                t.c.state.is_not_distinct_from(raw.state),\n", "", RUN_ROWS),
+    M("rows-cas-attempt", SQL_RUNS, "                t.c.attempt == raw.attempt,\n", "", RUN_ROWS),
+    M("rows-cas-delivery", SQL_RUNS, "                t.c.delivery.is_not_distinct_from(raw.delivery),\n", "", RUN_ROWS),
+    M("rows-cas-finished", SQL_RUNS, "                t.c.finished_at.is_(None)\n                if raw.finished_at is None\n                else t.c.finished_at.is_not(None),\n",
+      "", RUN_ROWS),
+    M("rows-lost-write-won", SQL_RUNS, "            .values(values)\n        )\n        return self._changed(stmt)\n",
+      "            .values(values)\n        )\n        self._changed(stmt)\n        return True\n", RUN_ROWS),
+    M("rows-lost-insert-won", SQL_RUNS, "                return self._changed(stmt.returning(t.c.run_key), rows=True)\n            return self._changed(stmt)\n",
+      "                self._changed(stmt.returning(t.c.run_key), rows=True)\n                return True\n            self._changed(stmt)\n            return True\n", RUN_ROWS),
+    M("rows-old-row-started", SQL_RUNS, "    state = raw.state or (ENDED if raw.finished_at is not None else STARTED)",
+      "    state = raw.state or ENDED", RUN_ROWS),
     # -- windows of issue 52 closed in the mechanisms of 0.2 (until the run is one row) -------
     M("ledger-recheck", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
       "            if False:", LEDGER_BEAT),

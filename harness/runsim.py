@@ -95,7 +95,7 @@ class Beat:
     paused_until: int = 0
     term: int = 0  # the term it believes it leads (0: none)
     known: set[tuple[str, int]] = field(default_factory=set)  # runs it knows are claimed
-    sent: list[tuple[str, int]] = field(default_factory=list)  # confirmed, mark pending
+    sent: list[str] = field(default_factory=list)  # task ids confirmed, mark pending
     read_owed: bool = False  # revert 3: the owed runs were read once, at promotion
 
 
@@ -150,7 +150,8 @@ class World:
         self.unacked: dict[str, Msg] = {}  # worker name -> the message it holds
         self.tokens = itertools.count(1)
         # revert 5: every starter looks dead, so any delivery takes a started run over
-        self.store = MemoryRuns(self._leads, (lambda w: False) if 5 in revert else self._alive)
+        self.store = MemoryRuns(self._leads)
+        self.alive = (lambda w: False) if 5 in revert else self._alive
         self.completions: Counter[tuple[str, int]] = Counter()
         self.running: Counter[tuple[str, int]] = Counter()
         self.excused: dict[tuple[str, int], str] = {}
@@ -227,7 +228,7 @@ class World:
             self.beat_mark(beat)
         else:
             with contextlib.suppress(DBError):
-                self.call(lambda: self.store.reap(NS))
+                self.call(lambda: self.store.reap(NS, self.alive))
             for row in self.store.rows(NS):
                 if row.state == runstate.ENDED:
                     self.check_closed((row.entry, row.due))
@@ -283,7 +284,7 @@ class World:
             beat.read_owed = True
         for row in owed:
             if self.publish(Msg(row.entry, row.due, row.task_id)):
-                beat.sent.append((row.entry, row.due))
+                beat.sent.append(row.task_id)
         if owed:
             self.log(beat.name, "sent", [(r.entry, r.due) for r in owed])
 
@@ -372,7 +373,7 @@ class World:
         d = runstate.Delivery(m.entry, m.due, m.task_id, w.delivery, w.name, self.acks_late,
                               m.put_off)  # fmt: skip
         try:
-            decided = self.call(lambda: self.store.start(NS, d))
+            decided = self.call(lambda: self.store.start(NS, d, self.alive))
         except DBError:
             self.defer(w, may_have_started=True)
             return
@@ -390,7 +391,7 @@ class World:
             if 10 in self.revert:  # closed by task id, whichever delivery started it
                 row = next(r for r in self.store.rows(NS) if (r.entry, r.due) == (m.entry, m.due))
                 if row.delivery is not None:
-                    self.store.finish(NS, m.entry, m.due, row.delivery, "IGNORED")
+                    self.store.finish(NS, d.key, row.delivery, "IGNORED")
                     self.check_closed((m.entry, m.due))
             self.done(w)
 
@@ -401,7 +402,7 @@ class World:
         if 2 not in self.revert:
             # if it fails, the copy names this try: it finds the run its own
             with contextlib.suppress(DBError):
-                self.call(lambda: self.store.release(NS, m.entry, m.due, w.delivery))
+                self.call(lambda: self.store.release(NS, runstate.run_key(m.task_id), w.delivery))
         self.defer(w, may_have_started=2 not in self.revert)
 
     def defer(self, w: Worker, may_have_started: bool) -> None:
@@ -419,7 +420,9 @@ class World:
         m = w.msg
         assert m is not None
         try:
-            self.call(lambda: self.store.finish(NS, m.entry, m.due, w.delivery, "SUCCESS"))
+            self.call(
+                lambda: self.store.finish(NS, runstate.run_key(m.task_id), w.delivery, "SUCCESS")
+            )
         except DBError:
             return  # tried again at its next step (the worker knows the outcome)
         self.check_closed((m.entry, m.due))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..keys import KeyHold, KeyResult
 from ..lease import CandidateInfo, ElectResult, Lease
+from ..runstate import Delivery, Row, Start
 
 if TYPE_CHECKING:
     from .locks import LivenessSession
@@ -21,15 +22,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND_MEMBERS",
+    "Alive",
     "Backend",
     "BeatStore",
     "KeyStore",
     "PendingRun",
     "RunClaim",
+    "RunRecord",
     "RunRequest",
     "RunState",
-    "StartStore",
-    "TaskStart",
+    "RunStore",
     "Wakeup",
     "WakeupHandle",
     "backend_problem",
@@ -298,92 +300,50 @@ class KeyStore(Protocol):
         """The lock that names holder ``token`` (for ``KeySession.ended``)."""
 
 
+#: ``alive(worker)``: whether the worker process named in a run row still lives.
+Alive = Callable[[str], bool]
+
+
 @dataclass(frozen=True)
-class TaskStart:
-    """A run's start record, as stored: the inbox that makes a second delivery a skip.
+class RunRecord:
+    """A run row as a store holds it: the run (runstate.py), and what operators read.
 
-    ``run_key`` is the run's key (the task id and its retry number: ``runonce.run_key``);
-    times are epoch microseconds on the database's clock. ``finished_at_us`` stays None
-    until the run ends (success, failure or a retry), and for ever if its worker died
-    mid-run. ``attempt`` counts the runs of it (more than 1 only under ``acks_late``).
+    Times are epoch microseconds on the database's clock: ``created_us`` when the row was
+    written first (its claim, or its first start), ``ended_us`` when it ended or dropped.
     """
 
-    run_key: str
-    task_id: str
-    task_name: str
-    hostname: str
-    pid: int
-    attempt: int
-    started_at_us: int
-    finished_at_us: int | None = None
-    outcome: str | None = None
+    key: str
+    row: Row
+    task_name: str = ""
+    hostname: str = ""  # its last starter's
+    created_us: int = 0
+    ended_us: int | None = None
 
 
-class StartStore(Protocol):
-    """Start records of task runs (docs/workers.md, "Run once"): one per run key.
+class RunStore(Protocol):
+    """One row per run (runstate.py): each call one transition, atomic (docs/workers.md)."""
 
-    ``record_start`` is one insert-if-absent statement, so of two deliveries of a run that
-    race, exactly one records it, on any database; the other is a duplicate.
-    """
+    def start(
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
+    ) -> Start:
+        """Delivery ``d`` is about to run the body: run, skip or put off; its row written."""
 
-    def record_start(
-        self,
-        namespace: str,
-        start: TaskStart,
-        *,
-        timeout: float | None = None,
-    ) -> bool:
-        """Record ``start`` (its times are the database's now) unless its key exists.
+    def release(self, namespace: str, key: str, delivery: str) -> bool:
+        """A started delivery gives its run back before the body (it was put off)."""
 
-        True if this call recorded it: the caller runs the task; False: a duplicate.
-        """
+    def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
+        """The body of ``delivery`` ended with ``outcome``: the run closes, if it still ran it."""
 
-    def rerun_start(
-        self,
-        namespace: str,
-        run_key: str,
-        attempt: int,
-        hostname: str,
-        pid: int,
-        *,
-        timeout: float | None = None,
-    ) -> bool:
-        """Take an unfinished run over for one more attempt (``acks_late``).
+    def load(self, namespace: str, key: str) -> RunRecord | None:
+        """The run of ``key``, or None."""
 
-        A compare-and-set on ``attempt`` (the attempt the caller read): of two redeliveries
-        of a dead run, one runs it again. False if it finished, or someone else took it.
-        """
+    def newest(
+        self, namespace: str, *, task_id: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs (of one task id if given), newest first: for operators."""
 
-    def record_finish(
-        self,
-        namespace: str,
-        run_key: str,
-        outcome: str,
-        *,
-        attempt: int = 1,
-        timeout: float | None = None,
-    ) -> bool:
-        """Mark ``attempt`` of the run finished with ``outcome``; False if it was not that."""
-
-    def prune_starts(
-        self, namespace: str, older_than: float, *, batch: int = 5000, timeout: float | None = None
-    ) -> int:
-        """Delete up to ``batch`` records started ``older_than`` s ago (database clock)."""
-
-    def load_start(
-        self, namespace: str, run_key: str, *, timeout: float | None = None
-    ) -> TaskStart | None:
-        """The start record of ``run_key``, or None."""
-
-    def load_starts(
-        self,
-        namespace: str,
-        *,
-        task_id: str | None = None,
-        limit: int = 100,
-        timeout: float | None = None,
-    ) -> list[TaskStart]:
-        """The newest start records (of one task id if given), newest first: for operators."""
+    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
+        """Delete up to ``batch`` runs written ``older_than`` s ago (database clock)."""
 
 
 @runtime_checkable
@@ -568,21 +528,21 @@ class Backend(Protocol):
         """Key holds in this backend (singleton tasks)."""
 
     @property
-    def starts(self) -> StartStore:
-        """Task runs' start records in this backend (run once on the workers)."""
+    def runs(self) -> RunStore:
+        """The run rows in this backend (run once on the workers: runstate.py)."""
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""
 
 
 #: What an Elector's backend must provide: the Protocol's methods, properties and
-#: attributes, less ``keys`` (singleton tasks use it; an elector does not, and a user's
-#: own backend written before it existed still elects).
+#: attributes, less ``keys`` and ``runs`` (singleton tasks and workers use them; an
+#: elector does not, and a user's own backend written before they existed still elects).
 BACKEND_MEMBERS = tuple(
     sorted(
         name
         for name in {*vars(Backend), *Backend.__annotations__}
-        if not name.startswith("_") and name != "keys"
+        if not name.startswith("_") and name not in ("keys", "runs")
     )
 )
 

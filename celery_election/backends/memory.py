@@ -22,7 +22,7 @@ from ..lease import CandidateInfo, ElectResult, Lease
 from .base import PendingRun, RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
 from .memory_keys import MemoryKeyStore
-from .memory_starts import MemoryStartStore
+from .memory_runs import MemoryRuns
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
 
@@ -413,9 +413,15 @@ class MemoryBackend:
         return MemoryKeyStore(self.clock, self._enter, session, self._locks.free)
 
     @functools.cached_property
-    def starts(self) -> MemoryStartStore:
-        """Task runs' start records (memory_starts.py)."""
-        return MemoryStartStore(self.clock, self._enter)
+    def runs(self) -> MemoryRuns:
+        """The run rows, with the SQL store's semantics (memory_runs.py)."""
+        return MemoryRuns(self._leads_now, self.clock.wall_us, self._enter)
+
+    def _leads_now(self, namespace: str, term: int) -> bool:
+        """Whether ``term`` holds ``namespace``'s lease now (a run claim's fence)."""
+        with self._lock:
+            row = self._leases.get(namespace)
+            return row is not None and row.term == term and self.clock.wall_us() < row.expires_at
 
     # -- wakeups ----------------------------------------------------------------------------
 

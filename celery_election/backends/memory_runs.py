@@ -1,7 +1,7 @@
 """The run rows in memory: each call applies one of runstate.py's transitions under a lock.
 
-The SQL store will run the same transitions as one conditional statement each (the claim
-fenced by the lease row, as ``claim_runs`` is); this one is what the seeded simulation
+The SQL store (sql_runs.py) applies the same transitions with one conditional statement
+each; this one is the memory backend's, and what the seeded simulation
 (harness/runsim.py) runs. A call is atomic: it changes the rows, or nothing.
 """
 
@@ -9,30 +9,32 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 
 from .. import runstate
-from ..runstate import Delivery, Row, Start
+from ..runstate import Delivery, Row, Start, run_key
+from .base import Alive, RunRecord
 
 __all__ = ["MemoryRuns"]
 
-Key = tuple[str, str, int]  # (namespace, entry, due)
-
 
 class MemoryRuns:
-    """One row per run, by (namespace, entry, due).
+    """One row per run, by (namespace, run key).
 
     ``leads(namespace, term)``: whether ``term`` holds the lease now (the claim's fence);
-    ``alive(worker)``: whether a worker process named in a row still lives (its liveness).
+    ``now()``: the store's clock in epoch microseconds (the database's, in SQL);
+    ``enter(call)``: the memory backend's accounting and faults, before each call.
     """
 
     def __init__(
         self,
         leads: Callable[[str, int], bool],
-        alive: Callable[[str], bool],
+        now: Callable[[], int] = lambda: 0,
+        enter: Callable[[str], None] = lambda call: None,
     ) -> None:
-        self.leads, self.alive = leads, alive
+        self.leads, self.now, self._enter = leads, now, enter
         self._lock = threading.Lock()
-        self._rows: dict[Key, Row] = {}
+        self._rows: dict[tuple[str, str], RunRecord] = {}
 
     def claim(self, namespace: str, term: int, runs: Sequence[tuple[str, int, str]]) -> list[bool]:
         """Claim each (entry, due, task id) under ``term``: which runs this call created.
@@ -44,10 +46,11 @@ class MemoryRuns:
                 return [False] * len(runs)
             won = []
             for entry, due, task_id in runs:
-                key = (namespace, entry, due)
-                row = runstate.claim(self._rows.get(key), entry, due, task_id, term)
+                key = (namespace, run_key(task_id))
+                old = self._rows.get(key)
+                row = runstate.claim(old.row if old else None, entry, due, task_id, term)
                 if row is not None:
-                    self._rows[key] = row
+                    self._rows[key] = RunRecord(key[1], row, created_us=self.now())
                 won.append(row is not None)
             return won
 
@@ -61,69 +64,93 @@ class MemoryRuns:
             if not self.leads(namespace, term):
                 return []
             out = []
-            for key, row in self._rows.items():
+            for key, stored in self._rows.items():
                 if key[0] != namespace:
                     continue
+                row = stored.row
                 adopted = runstate.adopt(row, term)
                 if adopted is not None:
-                    self._rows[key] = row = adopted
+                    self._rows[key] = replace(stored, row=adopted)
+                    row = adopted
                 if runstate.owes(row, term):
                     out.append(row)
             return out
 
-    def confirm(self, namespace: str, runs: Collection[tuple[str, int]]) -> int:
+    def confirm(self, namespace: str, task_ids: Collection[str]) -> int:
         """The broker accepted these runs: mark them sent; how many changed."""
-        return self._apply(namespace, runs, runstate.confirm)
+        keys = [run_key(t) for t in task_ids]
+        return sum(self._apply(namespace, k, runstate.confirm) for k in keys)
 
-    def start(self, namespace: str, d: Delivery) -> Start:
+    def start(
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
+    ) -> Start:
         """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
+        self._enter("start")
         with self._lock:
-            key = (namespace, d.entry, d.due)
-            row = self._rows.get(key)
-            alive = row is None or row.worker is None or self.alive(row.worker)
-            decided = runstate.start(row, d, starter_alive=alive)
+            key = (namespace, d.key)
+            old = self._rows.get(key)
+            decided = runstate.start(old.row if old else None, d, alive)
             if decided.row is not None:
-                self._rows[key] = decided.row
+                if old is None:
+                    old = RunRecord(d.key, decided.row, task_name, hostname, self.now())
+                self._rows[key] = replace(old, row=decided.row, hostname=hostname or old.hostname)
             return decided
 
-    def release(self, namespace: str, entry: str, due: int, delivery: str) -> bool:
+    def release(self, namespace: str, key: str, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""
-        return self._apply(namespace, [(entry, due)], lambda r: runstate.release(r, delivery)) == 1
+        return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
 
-    def finish(self, namespace: str, entry: str, due: int, delivery: str, outcome: str) -> bool:
+    def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
         """The body of ``delivery`` ended: close the run (if that delivery still runs it)."""
-        done = self._apply(
-            namespace, [(entry, due)], lambda r: runstate.finish(r, delivery, outcome)
-        )
-        return done == 1
+        return self._apply(namespace, key, lambda r: runstate.finish(r, delivery, outcome))
 
-    def reap(self, namespace: str) -> int:
+    def reap(self, namespace: str, alive: Alive) -> int:
         """Close the early-acknowledged runs whose worker died mid-body; how many."""
         with self._lock:
-            rows = [(k, r) for k, r in self._rows.items() if k[0] == namespace]
-            reaped = 0
-            for key, row in rows:
-                new = runstate.reap(row, row.worker is None or self.alive(row.worker))
-                if new is not None:
-                    self._rows[key] = new
-                    reaped += 1
-            return reaped
+            keys = [k for k in self._rows if k[0] == namespace]
+        return sum(self._apply(namespace, k[1], lambda r: runstate.reap(r, alive)) for k in keys)
 
     def rows(self, namespace: str) -> list[Row]:
         """Every run of ``namespace`` (history, status, the page read these)."""
         with self._lock:
-            return [r for k, r in self._rows.items() if k[0] == namespace]
+            return [s.row for k, s in self._rows.items() if k[0] == namespace]
 
-    def _apply(
-        self, namespace: str, runs: Collection[tuple[str, int]], step: Callable[[Row], Row | None]
-    ) -> int:
-        changed = 0
+    def load(self, namespace: str, key: str) -> RunRecord | None:
+        """The run of ``key``, or None."""
+        self._enter("load")
         with self._lock:
-            for entry, due in runs:
-                key = (namespace, entry, due)
-                row = self._rows.get(key)
-                new = None if row is None else step(row)
-                if new is not None:
-                    self._rows[key] = new
-                    changed += 1
-        return changed
+            return self._rows.get((namespace, key))
+
+    def newest(
+        self, namespace: str, *, task_id: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs (of one task id if given), newest first."""
+        self._enter("newest")
+        with self._lock:
+            rows = [
+                s for (ns, _), s in self._rows.items()
+                if ns == namespace and (task_id is None or s.row.task_id == task_id)
+            ]  # fmt: skip
+        rows.sort(key=lambda s: (-s.created_us, s.key))
+        return rows[:limit]
+
+    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
+        """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago."""
+        self._enter("prune")
+        cut = self.now() - int(older_than * 1_000_000)
+        with self._lock:
+            old = [k for k, s in self._rows.items() if k[0] == namespace and s.created_us < cut]
+            for key in old[:batch]:
+                del self._rows[key]
+            return min(len(old), batch)
+
+    def _apply(self, namespace: str, key: str, step: Callable[[Row], Row | None]) -> bool:
+        self._enter("change")
+        with self._lock:
+            stored = self._rows.get((namespace, key))
+            new = None if stored is None else step(stored.row)
+            if stored is None or new is None:
+                return False
+            ended = self.now() if new.state == runstate.ENDED else stored.ended_us
+            self._rows[(namespace, key)] = replace(stored, row=new, ended_us=ended)
+            return True

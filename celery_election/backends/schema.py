@@ -380,10 +380,12 @@ def _key(metadata: sa.MetaData, prefix: str) -> sa.Table:
 
 
 def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
-    """Workers: one row per task run started, the inbox of run once (sql_starts.py).
+    """One row per run, its life as runstate.py's states (sql_runs.py).
 
-    Inserted if absent before the run, so a second delivery of the run finds it and is
-    skipped; ``finished_at`` stays NULL if the worker died mid-run.
+    Named ``task_start`` as 0.2's start records were: 0.2 workers in a rolling upgrade
+    insert-if-absent into the same rows, so a run delivered to an old and a new worker
+    still runs once. The columns after ``outcome`` are 0.3's (nullable: ``install()``
+    adds them to 0.2's table; a 0.2 row reads as started, or ended once finished).
     """
     return sa.Table(
         f"{prefix}task_start",
@@ -392,12 +394,19 @@ def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("run_key", key_type(40), primary_key=True),  # sha1 of "<task id>/<retries>"
         sa.Column("task_id", sa.String(255), nullable=False),
         sa.Column("task_name", sa.String(255), nullable=False),
-        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),  # its last starter's
         sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("attempt", sa.Integer, nullable=False),  # > 1 only under acks_late
-        sa.Column("started_at", sa.BigInteger, nullable=False),  # database clock, epoch us
+        sa.Column("attempt", sa.Integer, nullable=False),  # bodies started (> 1: acks_late)
+        sa.Column("started_at", sa.BigInteger, nullable=False),  # written first; db clock, us
         sa.Column("finished_at", sa.BigInteger, nullable=True),
         sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("state", sa.String(8), nullable=True),  # runstate's; NULL: a 0.2 row
+        sa.Column("delivery", sa.String(32), nullable=True),  # the try that started it
+        sa.Column("worker", sa.String(64), nullable=True),  # its liveness session's token
+        sa.Column("acks_late", sa.Boolean, nullable=True),
+        sa.Column("term", sa.BigInteger, nullable=True),  # the beat term that owes it
+        sa.Column("entry_name", sa.String(500), nullable=True),  # a beat run's entry
+        sa.Column("due", sa.BigInteger, nullable=True),  # a beat run's key in its entry
         sa.Index(f"{prefix}task_start_at", "namespace", "started_at"),
         sa.Index(f"{prefix}task_start_task", "task_id"),
         **_MYSQL_OPTIONS,

@@ -26,8 +26,8 @@ deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error
 ``sql_lease.py`` (the lease steps' statements), this file (the lease), ``sql_candidates.py``
 (the candidates),
 ``sql_install.py`` (the tables), ``sql_beat.py`` (``backend.beat``: beat run state),
-``sql_keys.py`` (``backend.keys``: key holds), ``sql_starts.py`` (``backend.starts``: task
-start records); ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
+``sql_keys.py`` (``backend.keys``: key holds), ``sql_runs.py`` (``backend.runs``: the run
+rows); ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from .sql_calls import Caller
 from .sql_candidates import SQLCandidates, check_token, rowcount, us
 from .sql_keys import SQLKeyStore
 from .sql_lease import lease_columns, lease_from_row, lease_statements
-from .sql_starts import SQLStartStore
+from .sql_runs import SQLRunStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
 
@@ -518,9 +518,9 @@ class SQLBackend(SQLCandidates):
         return SQLKeyStore(self)
 
     @functools.cached_property
-    def starts(self) -> SQLStartStore:
-        """Task runs' start records (run once on the workers: sql_starts.py)."""
-        return SQLStartStore(self)
+    def runs(self) -> SQLRunStore:
+        """The run rows (run once on the workers: sql_runs.py)."""
+        return SQLRunStore(self)
 
     def subscribe_wakeups(
         self, namespace: str, callback: Callable[[Wakeup], None]

@@ -98,12 +98,13 @@ def _record_versions(backend: SQLHost, conn: Connection) -> None:
 def add_missing_columns(backend: SQLHost, conn: Connection) -> None:
     """Add the columns that tables made by an older version lack.
 
-    ``lease.liveness_us``, ``beat_run.identity``, ``beat_run.pending_run`` and
-    ``candidate.eligible``: they are nullable, so electors and beats of the older version
-    still running are unaffected.
+    ``lease.liveness_us``, ``beat_run.identity``, ``beat_run.pending_run``,
+    ``candidate.eligible`` and the run row's (``task_start.state`` ...): they are nullable,
+    so electors, beats and workers of the older version still running are unaffected.
     """
     inspector = sa.inspect(conn)
-    for table in (backend.lease, backend.beat_run, backend.candidate):
+    runs = backend.metadata.tables[f"{backend.table_prefix}task_start"]
+    for table in (backend.lease, backend.beat_run, backend.candidate, runs):
         have = {c["name"] for c in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name not in have:

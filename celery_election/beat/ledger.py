@@ -20,7 +20,7 @@ seen in, not a window it disappears in:
 
 Every send of one run carries the same task id, :func:`run_task_id` of (namespace, entry,
 the run's stored time): a run sent twice (re-sent after an answer lost, or by a deposed
-leader and its successor) reaches the workers as one task id, which their start record
+leader and its successor) reaches the workers as one task id, which its run row
 lets run once (docs/beat.md).
 """
 

@@ -7,7 +7,7 @@ time); the check is 0 duplicates per (entry, run), and no run lost, failovers in
 (the run each executed key names was executed too). Runs missed while no beat led
 collapse into one catch-up, as in Celery: late, not lost.
 The workers run with ``--election``: a run a killed beat sent and had not marked is sent
-again by the next leader under its task id, and the worker's start record runs it once.
+again by the next leader under its task id, and the worker's run row runs it once.
 """
 
 from __future__ import annotations
@@ -85,11 +85,11 @@ def check_history(
             links += 1
             task_id = run_task_id(namespace, entry, k)
             if task_id not in executed:  # did a worker start it (and how did it end)?
-                starts = c.backend.starts.load_starts(c.namespace, task_id=task_id)
+                starts = c.backend.runs.newest(c.namespace, task_id=task_id)
                 seen = [(r.run, r.started_at, r.task_id) for r in mine]
                 raise AssertionError(
                     f"{entry}: the run stored at {k / 1e6:.3f} was never executed (faults "
-                    f"at {faults}); its start records: {starts}; executions (key, started, "
+                    f"at {faults}); its run rows: {starts}; executions (key, started, "
                     f"task id): {seen}"
                 )
         late += sum(1 for a, b in itertools.pairwise(keys) if b - a > 1_900_000)

@@ -49,22 +49,22 @@ def test_a_redelivered_finished_run_is_skipped_and_counted(cluster: Cluster, poo
     tid = uuid.uuid4().hex
     send(c, tid)
     wait_until(lambda: executions(c, tid) or None, 30, "the first delivery runs")
-    start = c.backend.starts
+    runs = c.backend.runs
     wait_until(
-        lambda: (s := start.load_start(c.namespace, run_key(tid))) and s.finished_at_us,
+        lambda: (s := runs.load(c.namespace, run_key(tid))) and s.ended_us,
         10,
         "the run is marked finished",
     )
     send(c, tid)  # the same run again: what a re-publish or a redelivery delivers
     wait_until(lambda: skips(c, "w1") + skips(c, "w2") or None, 20, "the second is skipped")
     assert len(executions(c, tid)) == 1
-    stored = start.load_start(c.namespace, run_key(tid))
-    assert stored.outcome == "SUCCESS" and stored.attempt == 1
+    stored = runs.load(c.namespace, run_key(tid))
+    assert stored.row.outcome == "SUCCESS" and stored.row.attempt == 1
     other = uuid.uuid4().hex  # a task sent without the beat's header is not checked
     c.app.send_task(TICK, ["plain"], task_id=other, queue=c.env["E2E_QUEUE"])
     c.app.send_task(TICK, ["plain"], task_id=other, queue=c.env["E2E_QUEUE"])
     wait_until(lambda: len(executions(c, other)) == 2 or None, 20, "unchecked tasks run")
-    assert start.load_start(c.namespace, run_key(other)) is None
+    assert runs.load(c.namespace, run_key(other)) is None
 
 
 def test_the_skip_is_counted_on_metrics(cluster: Cluster) -> None:
@@ -86,21 +86,28 @@ def test_the_skip_is_counted_on_metrics(cluster: Cluster) -> None:
     assert len(executions(c, tid)) == 1
 
 
-def test_acks_late_a_run_killed_mid_task_runs_exactly_once_more(cluster: Cluster) -> None:
+@pytest.mark.parametrize("resent", [False, True], ids=["first-copy", "resent-copy"])
+def test_acks_late_a_run_killed_mid_task_runs_exactly_once_more(
+    cluster: Cluster, resent: bool
+) -> None:
+    """Also when the only copy is one the beat sent again (window 4 of issue 52: at
+    50bbd93 its redelivery was skipped as "running", and the run never ended)."""
     c = cluster
     c.start("w1", c=1)
     tid = uuid.uuid4().hex
-    send(c, tid, 3.0)  # runs 3 s: killed before it ends
+    headers = {**RUN, "election_resent": 2} if resent else RUN
+    c.app.send_task(TICK, ["once", 3.0], task_id=tid, headers=headers,
+                    queue=c.env["E2E_QUEUE"])  # fmt: skip  # runs 3 s: killed before it ends
     wait_until(lambda: executions(c, tid) or None, 30, "the run starts on w1")
     c.workers["w1"].signal_group(signal.SIGKILL)  # the worker and its pool child
     c.workers["w1"].wait(10)
     c.start("w2", c=1)  # RabbitMQ redelivers the unacked run to the next consumer
     wait_until(lambda: len(executions(c, tid)) == 2 or None, 60, "the redelivery runs it")
-    start = c.backend.starts
+    runs = c.backend.runs
 
     def finished() -> int | None:
-        stored = start.load_start(c.namespace, run_key(tid))
-        return stored.attempt if stored is not None and stored.finished_at_us else None
+        stored = runs.load(c.namespace, run_key(tid))
+        return stored.row.attempt if stored is not None and stored.ended_us else None
 
     assert wait_until(finished, 20, "the second attempt finishes") == 2
     send(c, tid)  # and once it finished, a further delivery is skipped

@@ -12,12 +12,12 @@ import pytest
 from celery import Celery, states
 
 from celery_election import MemoryBackend, init_app, leader_task, metrics, once, once_task, runonce
-from celery_election.backends.base import TaskStart
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.metrics.counters import LocalCounters
 from celery_election.once import HEADER, RESENT, OnceTask, guard_registered
 from celery_election.runonce import RunGuard, run_key
+from celery_election.runstate import Delivery
 from celery_election.shared_state import SharedLeadership
 
 from ..support.apps import new_app
@@ -69,8 +69,8 @@ def test_a_once_task_runs_once_per_task_id(
     skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 1 and job.name in skipped[0].getMessage()
     assert tid in skipped[0].getMessage()
-    stored = backend.starts.load_start(NS, run_key(tid))
-    assert stored.outcome == "SUCCESS" and stored.finished_at_us is not None
+    stored = backend.runs.load(NS, run_key(tid))
+    assert stored.row.outcome == "SUCCESS" and stored.ended_us is not None
     assert job.apply((2,)).get() == 2 and ran == [1, 2]  # another id: another run
 
 
@@ -83,16 +83,22 @@ def test_a_failed_run_is_finished_too_and_a_retry_is_a_run_of_its_own(
 
     tid = uuid.uuid4().hex
     assert fails.apply(task_id=tid).state == states.FAILURE
-    assert backend.starts.load_start(NS, run_key(tid)).outcome == "FAILURE"
+    assert backend.runs.load(NS, run_key(tid)).row.outcome == "FAILURE"
     assert fails.apply(task_id=tid).state == states.IGNORED
     assert fails.apply(task_id=tid, retries=1).state == states.FAILURE
 
 
-def test_acks_late_runs_again_only_a_run_that_never_finished(
+def started_by(backend: MemoryBackend, tid: str, worker: str, *, acks_late: bool) -> None:
+    """A worker process (liveness token ``worker``) started the run and has not ended it."""
+    d = Delivery("t", 0, tid, uuid.uuid4().hex, worker, acks_late)
+    assert backend.runs.start(NS, d, lambda w: True).run
+
+
+def test_acks_late_runs_again_only_a_run_whose_worker_died(
     app: Celery, backend: MemoryBackend
 ) -> None:
-    """A copy the beat sent again (``election_resent``) is not a redelivery: while the run
-    is unfinished it is skipped (the first copy runs, or the broker brings it back)."""
+    """Any copy (the beat's resend too: window 4 of issue 52) of a run whose worker died
+    mid-run runs it; a copy beside a live worker's run waits (put off: eagerly, skipped)."""
     ran: list[int] = []
 
     @once_task(app=app, shared=False, acks_late=True)
@@ -100,15 +106,19 @@ def test_acks_late_runs_again_only_a_run_that_never_finished(
         ran.append(1)
 
     tid = uuid.uuid4().hex
-    # a worker recorded the start, then died mid-run: the record stays unfinished
-    backend.starts.record_start(NS, TaskStart(run_key(tid), tid, late.name, "h", 1, 1, 0))
-    assert late.apply(task_id=tid, headers={RESENT: 2}).state == states.IGNORED
-    assert ran == [] and counted(late, "duplicate") == 1
-    late.apply(task_id=tid)  # the redelivery runs it
+    live = backend.keys.holder_session("live-worker", 1.0)
+    assert live is not None and live.acquire(1.0)  # that worker's process lives
+    try:
+        started_by(backend, tid, "live-worker", acks_late=True)
+        assert late.apply(task_id=tid, headers={RESENT: 2}).state == states.IGNORED
+        assert ran == [] and counted(late, "deferred") == 1
+    finally:
+        live.close()  # it dies: its session ends with it
+    late.apply(task_id=tid, headers={RESENT: 2})  # a copy sent again: it runs the run
     assert ran == [1]
-    assert backend.starts.load_start(NS, run_key(tid)).attempt == 2
+    assert backend.runs.load(NS, run_key(tid)).row.attempt == 2
     assert late.apply(task_id=tid).state == states.IGNORED  # it finished: never again
-    assert ran == [1]
+    assert ran == [1] and counted(late, "duplicate") == 1
 
 
 def test_by_default_a_run_whose_worker_died_is_not_run_again(
@@ -121,7 +131,7 @@ def test_by_default_a_run_whose_worker_died_is_not_run_again(
         ran.append(1)
 
     tid = uuid.uuid4().hex
-    backend.starts.record_start(NS, TaskStart(run_key(tid), tid, early.name, "h", 1, 1, 0))
+    started_by(backend, tid, "dead-worker", acks_late=False)
     assert early.apply(task_id=tid).state == states.IGNORED and ran == []
 
 
@@ -202,12 +212,12 @@ def test_a_once_leader_task_records_only_on_the_leader(
         tid = uuid.uuid4().hex
         record.write(None, None)
         assert lead.apply(task_id=tid).state == states.IGNORED  # a follower: no start
-        assert backend.starts.load_start(NS, run_key(tid)) is None
+        assert backend.runs.load(NS, run_key(tid)) is None
         record.write(5, boottime() + 10)
         guard_registered(app)  # the worker's check on top: still one record, one run
         lead.apply(task_id=tid, headers={HEADER: 1})
         assert lead.apply(task_id=tid).state == states.IGNORED
-        assert ran == [1] and backend.starts.load_start(NS, run_key(tid)).attempt == 1
+        assert ran == [1] and backend.runs.load(NS, run_key(tid)).row.attempt == 1
     finally:
         shared_state.use(None)
         record.close()
@@ -256,9 +266,9 @@ def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
 def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
     backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch, acks_late: bool
 ) -> None:
-    """In a real (in-process) worker: the database took the start record and its answer
-    was lost. The put-off copy names its try as the record's writer, finds that record
-    its own and runs it: by default too, and though the beat had sent it again."""
+    """In a real (in-process) worker: the database took the run's start and its answer
+    was lost. The put-off copy names its try, finds the row that try started its own and
+    runs it (one body): by default too, and though the beat had sent it again."""
     import time
 
     from celery_election import once, testing
@@ -274,15 +284,15 @@ def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
 
     monkeypatch.setattr(once, "DEFER", 0.05)
     guard_registered(app)
-    store = backend.starts
-    recorded = store.record_start
+    store = backend.runs
+    started = store.start
 
-    def committed_then_lost(namespace: str, start: TaskStart, **kw: Any) -> bool:
-        recorded(namespace, start, **kw)
-        monkeypatch.setattr(store, "record_start", recorded)  # the next answers come
+    def committed_then_lost(namespace: str, d: Delivery, *args: Any, **kw: Any) -> Any:
+        started(namespace, d, *args, **kw)
+        monkeypatch.setattr(store, "start", started)  # the next answers come
         raise BackendUnavailableError("no answer")
 
-    monkeypatch.setattr(store, "record_start", committed_then_lost)
+    monkeypatch.setattr(store, "start", committed_then_lost)
     tid = uuid.uuid4().hex
     with testing.worker(app, perform_ping_check=False):
         beat_job.apply_async(("first",), task_id=tid, headers={HEADER: 9, RESENT: 2})
@@ -290,4 +300,5 @@ def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
         while not ran and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ran == ["first"] and counted(beat_job, "deferred") == 1
-    assert store.load_start(NS, run_key(tid)).attempt == 2  # its own record, taken over
+    row = store.load(NS, run_key(tid)).row
+    assert (row.attempt, row.outcome) == (1, "SUCCESS")  # its own row: one body, ended

@@ -65,7 +65,7 @@ def test_only_the_owing_term_drops_a_run() -> None:
 def start(row: Row | None, *, acks_late: bool = False, alive: bool = True,
           put_off: tuple[str, ...] = ()) -> runstate.Start:  # fmt: skip
     d = runstate.Delivery("e", 100, "tid", "d2", "w2", acks_late, put_off)
-    return runstate.start(row, d, starter_alive=alive)
+    return runstate.start(row, d, lambda worker: alive)
 
 
 MINE = {"delivery": "d2", "worker": "w2"}
@@ -84,6 +84,9 @@ MINE = {"delivery": "d2", "worker": "w2"}
         (STARTED_ROW, {"alive": False}, "skip", "started", None),
         (LATE, {"acks_late": True}, "defer", "running", None),  # its worker lives
         (LATE, {"acks_late": True, "alive": False}, "run", "taken over",
+         replace(LATE, attempt=2, **MINE)),
+        # started where no liveness session could be had: cannot be waited for
+        (replace(LATE, worker=None), {"acks_late": True}, "run", "taken over",
          replace(LATE, attempt=2, **MINE)),
         # a copy its own try put off
         (STARTED_ROW, {"put_off": ("d0", "d1")}, "run", "own", replace(STARTED_ROW, **MINE)),
@@ -133,13 +136,14 @@ def test_release_and_finish_belong_to_the_starting_delivery(
     [
         (STARTED_ROW, False, replace(STARTED_ROW, state=ENDED, outcome=LOST)),
         (STARTED_ROW, True, None),  # its body may still run
+        (replace(STARTED_ROW, worker=None), False, None),  # no worker named: nothing to ask
         (LATE, False, None),  # acks_late: the broker delivers it again, which takes it over
         (SENT_ROW, False, None),
         (ENDED_ROW, False, None),
     ],
 )
 def test_reap(row: Row, alive: bool, reaped: Row | None) -> None:
-    assert runstate.reap(row, alive) == reaped
+    assert runstate.reap(row, lambda worker: alive) == reaped
 
 
 def test_the_open_states() -> None:
@@ -154,7 +158,7 @@ def test_the_memory_store_fences_the_claim_and_the_owed_runs_by_the_lease() -> N
     from celery_election.backends.memory_runs import MemoryRuns
 
     leading = {"term": 2}
-    runs = MemoryRuns(lambda ns, term: term == leading["term"], lambda worker: True)
+    runs = MemoryRuns(lambda ns, term: term == leading["term"])
     assert runs.claim("ns", 1, [("e", 100, "t1")]) == [False]  # a term over
     assert runs.rows("ns") == []
     assert runs.claim("ns", 2, [("e", 100, "t1"), ("e", 200, "t2")]) == [True, True]

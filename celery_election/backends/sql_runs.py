@@ -1,0 +1,205 @@
+"""The run rows on SQL: runstate.py's transitions, each one conditional statement.
+
+One row per (namespace, run key). A call reads the row, applies the transition (the same
+pure function the memory store applies under its lock) and writes the result with one
+statement that changes the row only if it still holds what was read: the state, the
+attempt, the starting delivery and whether it finished (an absent row: an insert if
+absent, PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``, MySQL/MariaDB ``INSERT
+IGNORE``). Of two deliveries that race, one write wins and the other reads again and
+decides on what it finds (docs/design.md, rule 1). Times are the database's clock. A
+lock timeout or deadlock is not an answer: it raises, and the worker tries later.
+
+0.2 workers in a rolling upgrade still insert-if-absent into these rows and take an
+unfinished run over by its attempt; their rows have no state and read as started (or
+ended, once finished).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .. import runstate
+from ..errors import BackendUnavailableError
+from ..runstate import ENDED, STARTED, Delivery, Row, Start
+from .base import Alive, RunRecord
+from .connection import LostRound
+from .schema import db_now_us
+
+if TYPE_CHECKING:
+    from .sql_host import SQLHost
+
+__all__ = ["SQLRunStore"]
+
+#: Writes lost to another writer of the same row before a call gives up (contention).
+TRIES = 8
+
+
+class SQLRunStore:
+    """The :class:`~celery_election.backends.base.RunStore` of a :class:`SQLBackend`."""
+
+    def __init__(self, backend: SQLHost) -> None:
+        self.backend = backend
+        self.table = backend.metadata.tables[f"{backend.table_prefix}task_start"]
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def start(
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
+    ) -> Start:
+        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
+        for _ in range(TRIES):
+            raw = self._read(namespace, d.key)
+            decided = runstate.start(None if raw is None else _row(raw), d, alive)
+            if decided.row is None or self._write(
+                namespace, d.key, raw, decided.row, task_name=task_name, hostname=hostname
+            ):
+                return decided
+        raise self._contention("start")
+
+    def release(self, namespace: str, key: str, delivery: str) -> bool:
+        """A started delivery gives its run back before the body (it was put off)."""
+        return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
+
+    def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
+        """The body of ``delivery`` ended: close the run (if that delivery still runs it)."""
+        return self._apply(namespace, key, lambda r: runstate.finish(r, delivery, outcome[:16]))
+
+    def _apply(self, namespace: str, key: str, step: Any) -> bool:
+        for _ in range(TRIES):
+            raw = self._read(namespace, key)
+            new = None if raw is None else step(_row(raw))
+            if new is None:
+                return False
+            if self._write(namespace, key, raw, new):
+                return True
+        raise self._contention("change")
+
+    # -- reads and housekeeping ---------------------------------------------------------------
+
+    def load(self, namespace: str, key: str) -> RunRecord | None:
+        """The run of ``key``, or None."""
+        raw = self._read(namespace, key)
+        return None if raw is None else _stored(raw)
+
+    def newest(
+        self, namespace: str, *, task_id: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs (of one task id if given), newest first."""
+        t = self.table
+        stmt = sa.select(t).where(t.c.namespace == namespace)
+        if task_id is not None:
+            stmt = stmt.where(t.c.task_id == task_id)
+        stmt = stmt.order_by(t.c.started_at.desc(), t.c.run_key).limit(limit)
+        return self.backend.call(
+            lambda conn: [_stored(r) for r in conn.execute(stmt)],
+            table=t, write=False, timeout=None, connection=None,
+        )  # fmt: skip
+
+    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
+        """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago.
+
+        One statement, through the (namespace, started_at) index.
+        """
+        t = self.table
+        cut = db_now_us() - int(older_than * 1_000_000)
+        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut)
+        stmt = self.backend.db.delete_at_most(t.c.run_key, where, batch).where(
+            t.c.namespace == namespace
+        )
+        try:
+            return int(self.backend.call(lambda conn: conn.execute(stmt).rowcount, table=t,
+                                         write=True, timeout=None, connection=None))  # fmt: skip
+        except LostRound as exc:  # a deadlock with the starts: the next prune goes on
+            raise self._contention("prune") from exc
+
+    # -- the statements -------------------------------------------------------------------------
+
+    def _read(self, namespace: str, key: str) -> Any:
+        t = self.table
+        stmt = sa.select(t).where(t.c.namespace == namespace, t.c.run_key == key)
+        return self.backend.call(lambda conn: conn.execute(stmt).first(), table=t,
+                                 write=False, timeout=None, connection=None)  # fmt: skip
+
+    def _write(
+        self, namespace: str, key: str, raw: Any, row: Row, *, task_name: str = "",
+        hostname: str = "",
+    ) -> bool:  # fmt: skip
+        """Write ``row`` if the stored one is still ``raw`` (None: absent); True if written."""
+        t = self.table
+        values: dict[str, Any] = {
+            "state": row.state, "attempt": row.attempt, "delivery": row.delivery,
+            "worker": row.worker, "acks_late": row.acks_late, "term": row.term,
+            "outcome": row.outcome,
+        }  # fmt: skip
+        if hostname:
+            values["hostname"] = hostname[:255]
+        # ended or dropped: finished, so 0.2 workers skip it; open (a release, a run its
+        # own try takes back after a reap): not finished
+        values["finished_at"] = None if row.state in runstate.OPEN else db_now_us()
+        if raw is None:
+            values.update(
+                namespace=namespace, run_key=key, task_id=row.task_id[:255],
+                task_name=(task_name or row.entry)[:255], pid=0, started_at=db_now_us(),
+                entry_name=row.entry[:500], due=row.due, hostname=hostname[:255],
+            )  # fmt: skip
+            stmt: Any = self.backend.db.insert_ignore(t, values)
+            if self.backend.engine.dialect.insert_returning:
+                return self._changed(stmt.returning(t.c.run_key), rows=True)
+            return self._changed(stmt)
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.namespace == namespace,
+                t.c.run_key == key,
+                t.c.state.is_not_distinct_from(raw.state),
+                t.c.attempt == raw.attempt,
+                t.c.delivery.is_not_distinct_from(raw.delivery),
+                t.c.finished_at.is_(None)
+                if raw.finished_at is None
+                else t.c.finished_at.is_not(None),
+            )
+            .values(values)
+        )
+        return self._changed(stmt)
+
+    def _changed(self, stmt: Any, *, rows: bool = False) -> bool:
+        """Run one write; True if it changed exactly one row. Contention raises.
+
+        ``rows``: count the rows RETURNING gives (an INSERT's rowcount is -1 through psycopg).
+        """
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(stmt)
+            return (len(result.all()) if rows else int(result.rowcount)) == 1
+
+        try:
+            return self.backend.call(work, table=self.table, write=True, timeout=None,
+                                     connection=None)  # fmt: skip
+        except LostRound as exc:  # not "someone else wrote it": nothing is known
+            raise self._contention("write") from exc
+
+    def _contention(self, what: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"election database {self.backend.description} refused a run's {what} "
+            f"(lock contention); try again"
+        )
+
+
+def _row(raw: Any) -> Row:
+    """A stored row as runstate's (a 0.2 row: started, or ended once finished)."""
+    state = raw.state or (ENDED if raw.finished_at is not None else STARTED)
+    return Row(
+        entry=raw.entry_name or raw.task_name, due=int(raw.due or 0), task_id=raw.task_id,
+        term=int(raw.term or 0), state=state, attempt=int(raw.attempt),
+        delivery=raw.delivery, worker=raw.worker, acks_late=bool(raw.acks_late),
+        outcome=raw.outcome,
+    )  # fmt: skip
+
+
+def _stored(raw: Any) -> RunRecord:
+    ended = raw.finished_at
+    return RunRecord(raw.run_key, _row(raw), raw.task_name, raw.hostname, int(raw.started_at),
+                  None if ended is None else int(ended))  # fmt: skip
