@@ -122,7 +122,9 @@ ONCE = "celery_election/once.py"
 WINDOW_E2E = "tests/e2e/test_beat_election.py::"
 RUN_ROWS = ["tests/integration/test_run_rows.py", "tests/unit/test_once.py"]
 ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
-WINDOW4_E2E = "tests/e2e/test_run_once.py::test_acks_late_a_run_killed_mid_task_runs_exactly_once_more"
+WINDOW4_E2E = (
+    "tests/e2e/test_run_once.py::test_acks_late_a_run_killed_mid_task_runs_exactly_once_more"
+)
 RESENT_E2E = (
     "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy_runs_is_run_once"
 )
