@@ -525,6 +525,10 @@ MUTATIONS = [
       "            .values(values)\n        )\n        self._changed(stmt)\n        return True\n", RUN_ROWS),
     M("rows-lost-insert-won", SQL_RUNS, "                return self._changed(stmt.returning(t.c.run_key), rows=True)\n            return self._changed(stmt)\n",
       "                self._changed(stmt.returning(t.c.run_key), rows=True)\n                return True\n            self._changed(stmt)\n            return True\n", RUN_ROWS),
+    M("rows-finish-by-its-delivery", SQL_RUNS, "                t.c.delivery == delivery,\n", "", RUN_ROWS),
+    M("rows-finish-open-only", SQL_RUNS, "                sa.or_(t.c.state == STARTED, t.c.outcome == runstate.LOST),\n", "", RUN_ROWS),
+    M("rows-finish-lost-revived", SQL_RUNS, "sa.or_(t.c.state == STARTED, t.c.outcome == runstate.LOST)", "t.c.state == STARTED",
+      RUN_ROWS),
     M("rows-old-row-started", SQL_RUNS, "    state = raw.state or (ENDED if raw.finished_at is not None else STARTED)",
       "    state = raw.state or ENDED", RUN_ROWS),
     # -- windows of issue 52 closed in the mechanisms of 0.2 (until the run is one row) -------

@@ -9,6 +9,10 @@ IGNORE``). Of two deliveries that race, one write wins and the other reads again
 decides on what it finds (docs/design.md, rule 1). Times are the database's clock. A
 lock timeout or deadlock is not an answer: it raises, and the worker tries later.
 
+The common steps skip the read: a run's first start tries the insert first (a run nobody
+started is absent), and its end is one UPDATE whose WHERE is ``runstate.finish``'s guard.
+So a run costs its worker two statements, each its own commit.
+
 0.2 workers in a rolling upgrade still insert-if-absent into these rows and take an
 unfinished run over by its attempt; their rows have no state and read as started (or
 ended, once finished).
@@ -50,6 +54,10 @@ class SQLRunStore:
         self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
     ) -> Start:
         """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
+        first = runstate.start(None, d, alive)  # a run nobody started: the insert alone
+        assert first.row is not None
+        if self._write(namespace, d.key, None, first.row, task_name=task_name, hostname=hostname):
+            return first
         for _ in range(TRIES):
             raw = self._read(namespace, d.key)
             decided = runstate.start(None if raw is None else _row(raw), d, alive)
@@ -64,8 +72,23 @@ class SQLRunStore:
         return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
 
     def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
-        """The body of ``delivery`` ended: close the run (if that delivery still runs it)."""
-        return self._apply(namespace, key, lambda r: runstate.finish(r, delivery, outcome[:16]))
+        """The body of ``delivery`` ended: close the run (if that delivery still runs it).
+
+        One UPDATE: its WHERE is ``runstate.finish``'s guard (started by this delivery, or
+        reaped as lost while it ran).
+        """
+        t = self.table
+        stmt = (
+            sa.update(t)
+            .where(
+                t.c.namespace == namespace,
+                t.c.run_key == key,
+                t.c.delivery == delivery,
+                sa.or_(t.c.state == STARTED, t.c.outcome == runstate.LOST),
+            )
+            .values(state=ENDED, outcome=outcome[:16], finished_at=db_now_us())
+        )
+        return self._changed(stmt)
 
     def _apply(self, namespace: str, key: str, step: Any) -> bool:
         for _ in range(TRIES):

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_election import runstate
 from celery_election.backends import MemoryBackend
 from celery_election.clock import FakeClock
 from celery_election.runonce import RunGuard
@@ -322,3 +323,16 @@ def test_a_write_decided_on_a_stale_read_changes_nothing(sql_backend: Any, colum
     assert not store._write(NS, run_key(tid), stale, replace(taken, delivery="d9"))
     assert store.load(NS, run_key(tid)).row.delivery == "d1"
     assert store._write(NS, run_key(tid), raw, replace(taken, delivery="d9"))
+
+
+def test_a_run_reaped_as_lost_is_closed_by_its_own_delivery(sql_backend: Any) -> None:
+    """Its worker was paused past its liveness, not dead: the body went on to its end."""
+    store = sql_backend.runs
+    tid = new_id()
+    store.start(NS, delivery(tid), ALIVE)
+    raw = store._read(NS, run_key(tid))
+    lost = runstate.reap(store.load(NS, run_key(tid)).row, DEAD)
+    assert lost is not None and store._write(NS, run_key(tid), raw, lost)
+    assert not store.finish(NS, run_key(tid), "d2", "SUCCESS")  # not its delivery
+    assert store.finish(NS, run_key(tid), "d1", "SUCCESS")
+    assert store.load(NS, run_key(tid)).row.outcome == "SUCCESS"
