@@ -129,15 +129,16 @@ def test_a_released_run_is_started_again_by_its_next_delivery(backend: Any) -> N
     assert backend.runs.start(NS, delivery(tid, "d2", "w2"), ALIVE).run
 
 
-def test_racing_deliveries_start_each_run_exactly_once(backend: Any) -> None:
-    ids = [new_id() for _ in range(20)]
+def race(backend: Any, ids: list[str], *, acks_late: bool = False) -> list[str]:
+    """Four processes deliver each run at once: the runs each process's start ran."""
     won: list[str] = []
     barrier = threading.Barrier(4)
 
     def deliver(n: int) -> None:
         barrier.wait()
         for tid in ids:
-            if backend.runs.start(NS, delivery(tid, f"d{n}", f"w{n}"), ALIVE).run:
+            d = delivery(tid, f"r{n}", f"x{n}", acks_late=acks_late)
+            if backend.runs.start(NS, d, lambda w: w != "w1").run:  # w1: dead
                 won.append(tid)
 
     threads = [threading.Thread(target=deliver, args=(n,)) for n in range(4)]
@@ -145,29 +146,20 @@ def test_racing_deliveries_start_each_run_exactly_once(backend: Any) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(won) == sorted(ids)
+    return won
+
+
+def test_racing_deliveries_start_each_run_exactly_once(backend: Any) -> None:
+    ids = [new_id() for _ in range(20)]
+    assert sorted(race(backend, ids)) == sorted(ids)
 
 
 def test_racing_acks_late_takeovers_of_a_dead_run_run_it_once(backend: Any) -> None:
     ids = [new_id() for _ in range(10)]
     for tid in ids:
-        backend.runs.start(NS, delivery(tid, acks_late=True), ALIVE)
-    won: list[str] = []
-    barrier = threading.Barrier(4)
-
-    def redeliver(n: int) -> None:
-        barrier.wait()
-        for tid in ids:
-            if backend.runs.start(NS, delivery(tid, f"r{n}", f"x{n}", acks_late=True),
-                                  lambda w: w != "w1").run:  # fmt: skip
-                won.append(tid)
-
-    threads = [threading.Thread(target=redeliver, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(won) == sorted(ids)  # each once: the others found a live taker
+        backend.runs.start(NS, delivery(tid, acks_late=True), ALIVE)  # then w1 died
+    # each once: the others found a live taker
+    assert sorted(race(backend, ids, acks_late=True)) == sorted(ids)
 
 
 def test_operators_read_the_newest_runs(backend: Any) -> None:
