@@ -167,8 +167,10 @@ def _defer(
         if exc is not None:
             raise exc
         raise Ignore()
-    log.warning("%s[%s] delayed %.0fs: %s%s", task.name, task_id, DEFER, why,
-                "" if exc is None else f" ({exc})")  # fmt: skip
+    # a database that cannot answer is a warning; a copy waiting for a live run is routine
+    # (at INFO: it comes back every DEFER seconds while that run lasts)
+    log.log(logging.INFO if exc is None else logging.WARNING, "%s[%s] delayed %.0fs: %s%s",
+            task.name, task_id, DEFER, why, "" if exc is None else f" ({exc})")  # fmt: skip
     headers = dict(getattr(request, "headers", None) or {})
     for name in (HEADER, RESENT):
         value = _header(request, name)
