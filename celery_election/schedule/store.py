@@ -266,7 +266,9 @@ class SQLScheduleStore:
     ) -> bool:
         """Consume the pending "run now" seen at ``requested_at``; True: send it (once).
 
-        ``lease`` is the leader's (namespace, token, term) in the election it leads.
+        ``lease`` is the leader's (namespace, token, term) in the election it leads. Lost
+        to another writer (SQLite busy under load), it raises: the beat asks again at its
+        next tick. Taken for "not won", the click was dropped (a matrix run saw it).
         """
         lease_ns, token, term = lease
         params = {
@@ -278,11 +280,9 @@ class SQLScheduleStore:
             "p_term": term,
         }
         return bool(
-            self.backend.call_write(
+            self._do(
                 lambda conn: conn.execute(self._claim_statement, params).rowcount == 1,
-                table=self.entry,
-                lost=False,
-                timeout=None,
+                self.entry,
             )
         )
 

@@ -16,7 +16,7 @@ import pytest
 
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.errors import ConfigurationError
+from celery_election.errors import BackendUnavailableError, ConfigurationError
 from celery_election.schedule.store import (
     MARKS,
     EntryMarks,
@@ -132,6 +132,30 @@ def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBa
     put(store, "job", run_now_at=5678)
     expire(backend, LEASE_NS)
     assert not store.claim_run_now(NS, mine, "job", 5678)
+
+
+def test_a_run_now_claim_lost_to_another_writer_is_asked_again_not_dropped(
+    backend: SQLBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Contention (SQLite busy under load) says nothing about the click: the claim raises,
+    the beat asks again at its next tick, and the request is still pending. Taken for
+    "not won", the click was dropped (a matrix run on a loaded machine)."""
+    from celery_election.backends.connection import LostRound
+
+    store = schedule_store(backend)
+    lease = backend.elect(LEASE_NS, a := token(), "beat-a", 30.0).lease
+    put(store, "job", run_now_at=1234)
+    real = backend.call
+
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(backend, "call", real)  # the next call gets through
+        raise LostRound()
+
+    monkeypatch.setattr(backend, "call", busy)
+    with pytest.raises(BackendUnavailableError):
+        store.claim_run_now(NS, (LEASE_NS, a, lease.term), "job", 1234)
+    assert store.get(NS, "job").run_now_at == 1234  # type: ignore[union-attr]
+    assert store.claim_run_now(NS, (LEASE_NS, a, lease.term), "job", 1234)
 
 
 def test_history_finishes_by_task_id_once_and_prunes_by_age(backend: SQLBackend) -> None:
