@@ -158,6 +158,10 @@ def test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue(
     requeued. At 50bbd93 the start was recorded before the key check, the requeue ended
     it, and the requeued copy was skipped as a duplicate: those runs never ran. Each run
     the beat sent executes once, and its history row ends SUCCESS (not IGNORED).
+
+    The beat stops once four runs went out: more work than the key can do (1.5 s of it a
+    second) grew a backlog without end, whose requeued copies took the key in no order,
+    and a CI run's four runs were still waiting after a minute.
     """
     c = cluster
     c.start("w", c=4)
@@ -171,6 +175,8 @@ def test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue(
         60, "four runs sent",
     )  # fmt: skip
     ids = [h.task_id for h in sent]
+    c.signal("b1", signal.SIGTERM)  # a backlog of a few runs: each gets the key in turn
+    c.wait_exit("b1")
 
     def executions() -> Counter[str]:
         return Counter(r.task_id for r in c.rows(c.ticks) if r.task_id in ids)
