@@ -29,13 +29,15 @@ NS = "unit"
 def backend() -> Iterator[MemoryBackend]:
     """The worker's guard on a memory backend, and counters to read; removed after."""
     b = MemoryBackend()
-    runonce.use(RunGuard(lambda: b, NS))
+    guard = RunGuard(lambda: b, NS)
+    runonce.use(guard)
     counts = LocalCounters()
     metrics.use_counters(counts)
     try:
         yield b
     finally:
         runonce.use(None)
+        guard.close()  # its liveness session's threads end with the test
         metrics.use_counters(None)
 
 
