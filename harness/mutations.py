@@ -408,6 +408,8 @@ MUTATIONS = [
     M("sched-run-now-unexpired", SQL_SCHED, "                lease.c.expires_at > db_now_us(),\n", "", SCHED),
     M("sched-run-now-entry", SQL_SCHED, 't.c.entry_key == sa.bindparam("p_key", type_=key_type(40)),',
       'sa.bindparam("p_key", type_=key_type(40)).is_not(None),', SCHED),
+    M("sched-run-now-given-back", SENDER, "                self.policy.not_sent_now(entry, run_now)\n",
+      "                pass\n", ["tests/integration/test_schedule_beat.py::test_a_run_now_whose_term_ended_before_its_send_is_asked_again_and_runs_once"]),
     M("sched-request-once", "celery_election/schedule/api.py",
       'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
     M("sched-store-lost-round", SQL_SCHED, "        except LostRound as exc:", "        except ZeroDivisionError as exc:",

@@ -41,7 +41,7 @@ from typing import Any
 
 from .. import metrics
 from ..clock import boottime
-from ..errors import ElectionError
+from ..errors import ConfigurationError, ElectionError
 from ..schedule.spec import check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import Answers, shared_answer
@@ -203,6 +203,36 @@ class ScheduleOps(DefaultRunPolicy):
                 log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
                 runs.append(RunNow(entry, row.run_now_at))
         return runs
+
+    def not_sent_now(self, entry: Any, run_now: int) -> None:
+        """Store again a "run now" that this leader's claim consumed and never sent.
+
+        Its term ended between the claim and the send (leadership lapsed under load; a
+        loaded test run lost the click so): the click is written back as a click is, a
+        new version, so whichever beat leads next sends it once; a click made since stands
+        for both. A leader that dies in between still loses it (window 9 of issue 52:
+        the run's own row is to keep it).
+        """
+        store = self.store()
+        if store is None:
+            return
+
+        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any] | None, Any]:
+            if current is None:  # removed since: nothing to run
+                return None, {}
+            return {"run_now_at": current.run_now_at or run_now}, {"not_sent": run_now}
+
+        name = str(entry.name)
+        try:
+            store.change(self.namespace, name, "run_now_back", f"beat {os.getpid()}", work)
+        except ConfigurationError:
+            return  # the entry was removed meanwhile
+        except ElectionError as exc:
+            log.warning("beat election: run now of %s not sent, and not stored again (%s)",
+                        name, exc)  # fmt: skip
+            return
+        log.warning("beat election: run now of %s not sent (this beat's term ended); "
+                    "asked again", name)  # fmt: skip
 
     def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
         """The policies' decision on a due entry (catch-up, resume, overlap), if leading."""

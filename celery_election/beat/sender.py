@@ -110,6 +110,8 @@ class Sender:
                 log.warning(_NOT_LEADING_NOW, entry.name)
             held = "refused" if claim is not None and not claim.won else "fenced"
             tracing.beat_run_not_sent(fence, self.ledger, entry, claim, held)
+            if run_now is not None:  # its claim consumed the click: give it back
+                self.policy.not_sent_now(entry, run_now)
             return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))

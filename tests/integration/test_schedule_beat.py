@@ -306,6 +306,38 @@ def test_a_pending_run_now_survives_a_change_of_leader(
     assert b.count("job", run_now=True) == 1 and a.count("job") == 0
 
 
+def test_a_run_now_whose_term_ended_before_its_send_is_asked_again_and_runs_once(
+    beats: Callable[[], Counting], ops: Schedule
+) -> None:
+    """Window 9 of issue 52, the part a live beat closes: the claim consumed the click,
+    then the send found this beat's term over (leadership lapsed under load: a loaded run
+    lost the click so). The click is stored again, and the beat leading next (here the
+    same one) sends it once."""
+    s = leading(beats)
+    ops.add("job", "ops.job", "every 60s", check_task=False)
+    tick_until(s, lambda: "job" in s.schedule)
+    sender, lapsed = s._sender, []
+    send_now, lead_now = sender.send_now, sender._lead_now
+
+    def lapse_once(run_now: Any, producer: Any) -> None:
+        if not lapsed:  # the term ends between the claim and the send
+            lapsed.append(run_now.entry.name)
+            sender._lead_now = lambda: None  # type: ignore[method-assign]
+        try:
+            send_now(run_now, producer)
+        finally:
+            sender._lead_now = lead_now  # type: ignore[method-assign]
+
+    sender.send_now = lapse_once  # type: ignore[method-assign]
+    assert ops.run_now("job")
+    tick_until(s, lambda: s.count("job", run_now=True) == 1)
+    ticks_pass(s, 2)
+    assert lapsed == ["job"] and s.count("job", run_now=True) == 1
+    audit = [a for a in ops.store.audit(ops.namespace) if a.name == "job"]  # newest first
+    assert [a.action for a in audit[:2]] == ["run_now_back", "run_now"], audit
+    assert audit[0].detail == {"not_sent": audit[1].at}  # the click's time, stored again
+
+
 def test_a_dynamic_entry_counts_from_when_it_was_added_not_from_a_promotion(
     app: Celery, beats: Callable[[], Counting], ops: Schedule
 ) -> None:
