@@ -231,8 +231,8 @@ class ScheduleOps(DefaultRunPolicy):
             log.warning("beat election: run now of %s not sent, and not stored again (%s)",
                         name, exc)  # fmt: skip
             return
-        log.warning("beat election: run now of %s not sent (this beat's term ended); "
-                    "asked again", name)  # fmt: skip
+        # the send already warned that this beat does not lead: one line says what follows
+        log.info("beat election: run now of %s stored again for the next leader", name)
 
     def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
         """The policies' decision on a due entry (catch-up, resume, overlap), if leading."""
