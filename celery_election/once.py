@@ -41,6 +41,7 @@ __all__ = [
     "DEFERRED_BY",
     "HEADER",
     "RESENT",
+    "ROWS",
     "OnceTask",
     "guard",
     "guard_for",
@@ -55,6 +56,9 @@ log = logging.getLogger("celery_election.once")
 HEADER = "election_run"
 #: The header the beat adds when it sends a run again (the attempt): not a redelivery.
 RESENT = "election_resent"
+#: The header that names where a beat run's row is: the namespace of the beat whose claim
+#: wrote it (a standalone beat's is not its workers').
+ROWS = "election_rows"
 #: The header of a delivery put off (:func:`_defer`): the tries that may have started it.
 DEFERRED_BY = "election_deferred_by"
 #: Seconds before a delivery the database could not judge is delivered again.
@@ -95,6 +99,7 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
         verdict = guard_for(task.app).enter(
             task_id, int(request.retries or 0), task.name, hostname,
             acks_late=bool(task.acks_late), delivery=token, put_off=put_off,
+            namespace=_header(request, ROWS),
         )  # fmt: skip
     except (BackendUnavailableError, SchemaMissingError) as exc:
         # this try may have started the run: the copy names it, and finds that row its own
@@ -172,7 +177,7 @@ def _defer(
     log.log(logging.INFO if exc is None else logging.WARNING, "%s[%s] delayed %.0fs: %s%s",
             task.name, task_id, DEFER, why, "" if exc is None else f" ({exc})")  # fmt: skip
     headers = dict(getattr(request, "headers", None) or {})
-    for name in (HEADER, RESENT):
+    for name in (HEADER, RESENT, ROWS):
         value = _header(request, name)
         if value is not None:
             headers[name] = value

@@ -75,6 +75,7 @@ class Verdict:
     key: str
     delivery: str
     attempt: int = 1
+    namespace: str = ""  # where its row is (the beat's namespace for a beat run)
 
     @property
     def run(self) -> bool:
@@ -148,6 +149,7 @@ class RunGuard:
         acks_late: bool,
         delivery: str | None = None,
         put_off: Collection[str] = (),
+        namespace: str | None = None,
     ) -> Verdict:
         """Start this delivery's run; whether it runs (see the module).
 
@@ -156,20 +158,25 @@ class RunGuard:
         may have started the run although the database did not answer. Raises
         BackendUnavailableError or SchemaMissingError when the database cannot say: the
         caller neither runs the task nor drops it, and names ``delivery`` in its copy.
+        ``namespace``: where the run's row is (a beat run's message names the beat's, whose
+        claim wrote it); default: this guard's.
         """
         _, holder = self._process()
         d = Delivery(task_name, 0, task_id, delivery or uuid.uuid4().hex, holder.identity(),
                      acks_late, tuple(put_off), retries)  # fmt: skip
-        decided = self._start(d, holder, task_name, hostname)
+        ns = namespace or self.namespace
+        decided = self._start(ns, d, holder, task_name, hostname)
         attempt = decided.row.attempt if decided.row is not None else 0
         if decided.run:
             self._prune()
-        return Verdict(decided.verdict, decided.reason, d.key, d.token, attempt)
+        return Verdict(decided.verdict, decided.reason, d.key, d.token, attempt, ns)
 
-    def _start(self, d: Delivery, holder: KeyHolder, task_name: str, hostname: str) -> Start:
+    def _start(
+        self, namespace: str, d: Delivery, holder: KeyHolder, task_name: str, hostname: str
+    ) -> Start:
         for first in (True, False):
             try:
-                return self.store().start(self.namespace, d, holder.alive, task_name=task_name,
+                return self.store().start(namespace, d, holder.alive, task_name=task_name,
                                           hostname=hostname)  # fmt: skip
             except SchemaMissingError:
                 if not (first and self.install):
@@ -182,19 +189,14 @@ class RunGuard:
         now = time.monotonic()
         if now < self._next_prune:
             return
-        self._next_prune = now + PRUNE_EVERY
-        try:
-            gone = self.store().prune(self.namespace, self.retention, batch=PRUNE_BATCH)
-        except ElectionError as exc:  # housekeeping: never the task's failure
-            log.warning("run once: could not prune old runs (%s)", exc)
-            return
-        if gone >= PRUNE_BATCH:  # more are left: the next batch soon
-            self._next_prune = now + PRUNE_EVERY / 10
+        self._next_prune = now + PRUNE_EVERY  # another thread's start does not prune meanwhile
+        self._next_prune = now + prune(self.store(), self.namespace, self.retention, "run once")
 
     def finish(self, verdict: Verdict, outcome: str) -> None:
         """Close the run; a failure is logged, never raised (the body is over)."""
         try:
-            self.store().finish(self.namespace, verdict.key, verdict.delivery, outcome)
+            self.store().finish(verdict.namespace or self.namespace, verdict.key,
+                                verdict.delivery, outcome)  # fmt: skip
         except (BackendUnavailableError, SchemaMissingError) as exc:
             log.warning(
                 "run once: could not close run %s (%s): under acks_late a redelivery of "
@@ -209,6 +211,19 @@ class RunGuard:
                     self._holder.close()
                 self._backend.close()
             self._backend, self._holder = None, None
+
+
+def prune(store: RunStore, namespace: str, retention: float, who: str) -> float:
+    """Delete a batch of ``namespace``'s runs older than ``retention`` s (never raises).
+
+    Returns the seconds until the next batch: sooner while a whole batch went.
+    """
+    try:
+        gone = store.prune(namespace, retention, batch=PRUNE_BATCH)
+    except ElectionError as exc:  # housekeeping: never a task's or a tick's failure
+        log.warning("%s: could not prune old runs (%s)", who, exc)
+        return PRUNE_EVERY
+    return PRUNE_EVERY / 10 if gone >= PRUNE_BATCH else PRUNE_EVERY
 
 
 _current: RunGuard | None = None

@@ -30,6 +30,7 @@ the others). What each guard closes, by the windows of issue 52:
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "reap",
     "release",
     "run_key",
+    "run_task_id",
     "start",
 ]
 
@@ -60,6 +62,19 @@ CLAIMED, SENT, STARTED, ENDED, DROPPED = "claimed", "sent", "started", "ended", 
 LOST = "LOST"
 #: The states a run is still on its way in (a run in them is pending).
 OPEN = frozenset({CLAIMED, SENT, STARTED})
+
+
+#: uuid5 namespace of the beat runs' task ids (a fixed random UUID: ids of no other scheme)
+_RUNS = uuid.UUID("8f1d0b62-4a36-4d1c-9d57-3c3c1b1a7e65")
+
+
+def run_task_id(namespace: str, entry: str, at: int) -> str:
+    """The task id of every send of the beat run of ``entry`` stored at ``at`` (epoch us).
+
+    Drawn at the claim, which writes the run's row under it (:func:`run_key`): every
+    copy of the run, whoever sends it, names that one row.
+    """
+    return str(uuid.uuid5(_RUNS, f"{namespace}\0{entry}\0{at}"))
 
 
 def run_key(task_id: str, retries: int = 0) -> str:

@@ -125,9 +125,6 @@ ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipp
 WINDOW4_E2E = (
     "tests/e2e/test_run_once.py::test_acks_late_a_run_killed_mid_task_runs_exactly_once_more"
 )
-RESENT_E2E = (
-    "tests/e2e/test_beat_election.py::test_a_run_sent_again_while_its_first_copy_runs_is_run_once"
-)
 VERSIONS = ["tests/integration/test_versions.py"]
 TRACING_PY = "celery_election/tracing.py"
 TRACING = ["tests/e2e/test_tracing.py"]
@@ -332,27 +329,41 @@ MUTATIONS = [
     M("beat-batch-insert-term", SQL_BEAT, ".where(self._lease_term() == term, v.c.entry_key", ".where(sa.true(), v.c.entry_key", BEAT),
     M("beat-batch-pad", SQL_BEAT, ".where(self._lease_term() == term, v.c.entry_key != PAD)",
       ".where(self._lease_term() == term)", BEAT),
-    M("beat-batch-rowcount", SQL_BEAT, "if match and result.rowcount == len(match):", "if match:", BEAT),
-    M("memory-batch-fence", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:",
-      "if _run_key(stored) != _run_key(r.expected) or key in b._pending:", BEAT),
-    M("memory-batch-cas", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:",
-      "if not leading or key in b._pending:", BEAT),
-    # -- the run ledger (issue 42): pending until sent, owed, recovered, one task id --------------
-    M("ledger-claim-pending-batch", SQL_BEAT, "t.c.total_run_count == v.c.was_count,\n                t.c.pending_run.is_(None),",
-      "t.c.total_run_count == v.c.was_count,\n                sa.true(),", LEDGER),
+    M("beat-batch-rowcount", SQL_BEAT, "return match if match and result.rowcount == len(match) else set()",
+      "return match", BEAT),
+    M("memory-batch-fence", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or _held(b, namespace, r):",
+      "if _run_key(stored) != _run_key(r.expected) or _held(b, namespace, r):", BEAT),
+    M("memory-batch-cas", MEM_BEAT, "if not leading or _run_key(stored) != _run_key(r.expected) or _held(b, namespace, r):",
+      "if not leading or _held(b, namespace, r):", BEAT),
+    # -- the run ledger (issue 42; its row, issue 52): claimed until sent, owed, recovered --------
+    M("ledger-claim-pending-batch", SQL_BEAT, "                self._unheld(v.c.was_key),\n", "", LEDGER),
     M("ledger-claim-pending-single", SQL_BEAT,
-      't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),\n                t.c.pending_run.is_(None),',
-      't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),\n                sa.true(),', LEDGER),
-    M("ledger-mysql-pending", SQL_BEAT, "                    and locked[k].pending_run is None\n", "", LEDGER),
-    M("ledger-mem-pending", MEM_BEAT, "!= _run_key(r.expected) or key in b._pending:", "!= _run_key(r.expected):", LEDGER),
-    M("ledger-mark-term", SQL_BEAT, 't.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n                t.c.pending_run.is_not(None),',
-      't.c.pending_run.is_not(None),', LEDGER),
-    M("ledger-mem-mark-term", MEM_BEAT, "if run is not None and run.state.term == term:", "if run is not None:", LEDGER),
-    M("ledger-claims-pending", SCHEDULER, "pending=True)  # fmt: skip", "pending=False)  # fmt: skip", LEDGER_BEAT),
+      '                self._unheld(sa.bindparam("p_was_key", type_=key_type(40))),\n', "", LEDGER),
+    M("ledger-hold-claimed-only", SQL_BEAT, "r.c.run_key == was_key, r.c.state == CLAIMED",
+      "r.c.run_key == was_key", LEDGER),
+    M("ledger-mysql-pending", SQL_BEAT, "            and was[k] not in held\n", "", LEDGER),
+    M("ledger-mysql-held-claimed-only", SQL_BEAT, "r.c.run_key.in_(keys), r.c.state == CLAIMED)",
+      "r.c.run_key.in_(keys))", LEDGER),
+    M("ledger-mem-pending", MEM_BEAT, "!= _run_key(r.expected) or _held(b, namespace, r):", "!= _run_key(r.expected):", LEDGER),
+    M("ledger-mem-held-claimed-only", MEM_BEAT, "return stored is not None and stored.row.state == CLAIMED",
+      "return stored is not None", LEDGER),
+    M("ledger-claim-writes-rows", SQL_BEAT, "        if chunk[0].pending:\n", "        if False:\n", LEDGER),
+    M("ledger-claim-writes-row", SQL_BEAT, "                if pending:\n", "                if False:\n", LEDGER),
+    M("ledger-mem-claim-writes-row", MEM_BEAT, "            b.runs.claim(namespace, term,", "            (namespace, term,", LEDGER),
+    M("ledger-confirm-claimed-only", SQL_RUNS, "t.c.run_key.in_(keys), t.c.state == CLAIMED)", "t.c.run_key.in_(keys))", LEDGER),
+    M("ledger-pending-claimed-only", SQL_BEAT, "r.c.namespace == namespace, r.c.state == CLAIMED\n", "r.c.namespace == namespace\n", LEDGER),
+    M("ledger-prune-keeps-claimed", SQL_RUNS, "t.c.started_at < cut, kept)", "t.c.started_at < cut)", LEDGER),
+    M("ledger-mem-prune-keeps-claimed", MEM_RUNS, "s.created_us < cut\n                   and s.row.state != runstate.CLAIMED]",
+      "s.created_us < cut]", LEDGER),
+    M("ledger-leader-prunes", SENDER, "                self.ledger.prune()\n", "", LEDGER_BEAT),
+    M("rows-named-by-the-message", ONCE, "            namespace=_header(request, ROWS),\n", "", ["tests/unit/test_once.py"]),
+    M("rows-named-by-the-beat", SENDER, "            headers[ROWS] = fence.namespace  # its row: where the claim wrote it\n", "",
+      [WINDOW_E2E + "test_a_run_sent_again_while_its_first_copy_runs_is_run_once"]),
+    M("ledger-claims-pending", SCHEDULER, "pending=True, task_name=", "pending=False, task_name=", LEDGER_BEAT),
     M("ledger-no-recovery", SCHEDULER, "if not self._sender.recover(lead, self.schedule, self.producer):", "if False:", LEDGER_BEAT),
     M("ledger-no-retry", SENDER, "        if send.claim is not None:\n            self.ledger.failed(entry, send.claim)\n",
       "", LEDGER_BEAT),
-    M("ledger-new-task-id", LEDGER_PY, 'return str(uuid.uuid5(_RUNS, f"{namespace}\\0{entry}\\0{at}"))', "return str(uuid.uuid4())",
+    M("ledger-new-task-id", RUNSTATE, 'return str(uuid.uuid5(_RUNS, f"{namespace}\\0{entry}\\0{at}"))', "return str(uuid.uuid4())",
       LEDGER_BEAT),
     # -- the confirms: a run counts as sent once the broker acked it (beat/confirms.py) ---
     M("ledger-confirm", SENDER, "        confirmed = applies(producer)\n", "        confirmed = False\n", REFUSED),
@@ -501,7 +512,7 @@ MUTATIONS = [
     M("keyops-e2e-hold-vacant", SQL_KEYS, "sa.or_(t.c.token.is_(None), t.c.expires_at <= now),", "sa.true(),",
       ["tests/e2e/test_singleton_workers.py::test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced[postgresql]"]),
     # -- run once on the workers: a run's row turns a second delivery into a skip or a wait ----
-    M("once-no-run-row", RUNONCE, "        decided = self._start(d, holder, task_name, hostname)\n",
+    M("once-no-run-row", RUNONCE, "        decided = self._start(ns, d, holder, task_name, hostname)\n",
       "        decided = Start(\"run\", \"started\", None)\n", RUN_ROWS),
     M("once-worker-check", ONCE, "            _wrap(type(task))\n", "            pass\n",
       ["tests/unit/test_once.py", ONCE_E2E]),
@@ -538,7 +549,7 @@ MUTATIONS = [
       "            if False:", LEDGER_BEAT),
     M("ledger-recheck-known", LEDGER_PY, "if n not in known and r.claimed_us < cut}", "if r.claimed_us < cut}", LEDGER_BEAT),
     M("ledger-recheck-e2e", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
-      "            if False:", [WINDOW_E2E + "test_runs_whose_mark_changed_nothing_are_sent_again_by_the_same_leader"]),
+      "            if False:", [WINDOW_E2E + "test_runs_whose_confirm_changed_nothing_are_sent_again_by_the_same_leader"]),
     M("once-singleton-after-key", ONCE, ' or getattr(cls, "election_check_in_call", False):', ":",
       [WINDOW_E2E + "test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue"]),
     M("history-copy-not-run", "celery_election/schedule/api.py",

@@ -8,7 +8,7 @@ are given, so a late call from an old term cannot touch a newer one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -113,14 +113,16 @@ class RunRequest:
     last_run_us: int
     total_run_count: int | None = None
     identity: str | None = None
-    #: the run is to be sent: the store keeps it pending until ``mark_sent`` (a state
-    #: stored with no send, e.g. a run skipped by a catch-up policy, is not pending)
+    #: the run is to be sent: the claim writes its row (``RunStore``), claimed until the
+    #: broker accepted it (``RunStore.confirm``); a state stored with no send, e.g. a run
+    #: skipped by a catch-up policy, has no row
     pending: bool = False
+    task_name: str = ""  # the row's task (default: the entry's name)
 
 
 @dataclass(frozen=True)
 class PendingRun:
-    """A run a leader claimed and the broker has not accepted yet (the run ledger).
+    """A run a leader claimed and the broker has not accepted yet: its row, claimed.
 
     ``run`` is the run's key, the stored last run it follows (0: the entry's first run);
     ``state`` is the entry's state with that run stored; ``claimed_us`` when it was
@@ -137,7 +139,7 @@ def check_batch(requests: Sequence[RunRequest]) -> None:
     """Refuse a batch whose outcome would depend on the order, or on its statement.
 
     An entry named twice, or runs to send beside states to store (one statement writes
-    the pending mark of the whole batch).
+    the rows of the whole batch).
     """
     names = [r.entry_name for r in requests]
     if len(set(names)) != len(names):
@@ -170,15 +172,18 @@ class BeatStore(Protocol):
         total_run_count: int | None = None,
         identity: str | None = None,
         pending: bool = False,
+        task_name: str = "",
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` (None: the entry never ran) at ``last_run_us``.
 
         Wins only if the stored (last run, run count) still equals ``expected``'s (no
-        state stored for None), no run of the entry is pending, and the lease still has
-        this token and term, unexpired; a lost claim reports the stored state as it is.
-        The new state has ``last_run_us``, ``total_run_count`` (default: ``expected``'s +
-        1, or 1) and ``identity``; with ``pending``, the run is pending until marked sent.
+        state stored for None), the run stored at ``expected`` is not claimed and
+        unconfirmed, and the lease still has this token and term, unexpired; a lost claim
+        reports the stored state as it is. The new state has ``last_run_us``,
+        ``total_run_count`` (default: ``expected``'s + 1, or 1) and ``identity``; with
+        ``pending``, the same transaction writes the run's row (task id
+        ``runstate.run_task_id`` of the new state), claimed under ``term``.
         """
 
     def claim_runs(
@@ -201,21 +206,10 @@ class BeatStore(Protocol):
     def pending_runs(
         self, namespace: str, *, timeout: float | None = None
     ) -> dict[str, PendingRun]:
-        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
+        """The runs whose rows are claimed and not confirmed, by entry name (any term).
 
-    def mark_sent(
-        self,
-        namespace: str,
-        term: int,
-        entry_names: Sequence[str],
-        *,
-        timeout: float | None = None,
-    ) -> int:
-        """Mark the runs that ``term`` claimed of these entries as sent; how many were.
-
-        A claimed run stays pending until this, and the entry's next run cannot be claimed
-        before: at most one run per entry is pending, so the entry and the term that
-        claimed it name it. Only a broker that accepted the run's message may mark it.
+        At most one per entry: the entry's next run is not claimed before its last one is
+        confirmed (``RunStore.confirm``) or dropped.
         """
 
 
@@ -331,6 +325,15 @@ class RunStore(Protocol):
     def release(self, namespace: str, key: str, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""
 
+    def confirm(self, namespace: str, task_ids: Collection[str]) -> int:
+        """The broker accepted these beat runs: claimed -> sent; how many changed.
+
+        Only a broker's acceptance confirms: whoever sent that copy, the run is out.
+        """
+
+    def drop(self, namespace: str, task_ids: Collection[str], why: str) -> int:
+        """Claimed runs given up unsent (expired, entry removed); how many changed."""
+
     def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
         """The body of ``delivery`` ended with ``outcome``: the run closes, if it still ran it."""
 
@@ -343,7 +346,10 @@ class RunStore(Protocol):
         """The newest runs (of one task id if given), newest first: for operators."""
 
     def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
-        """Delete up to ``batch`` runs written ``older_than`` s ago (database clock)."""
+        """Delete up to ``batch`` runs written ``older_than`` s ago (database clock).
+
+        Not a claimed run: it holds its entry until it is sent.
+        """
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
 from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
-from .base import PendingRun, RunState, Wakeup, WakeupHandle
+from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
 from .memory_keys import MemoryKeyStore
 from .memory_runs import MemoryRuns
@@ -76,12 +76,11 @@ class MemoryBackend:
         self.notify = notify
         self.liveness = liveness
         self._locks = _Locks(self.clock, silent_holders_lose)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: a beat claim writes its run rows
         self._leases: dict[str, _Row] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
-        #: beat: (namespace, entry) -> the entry's run state, and its pending run if any
+        #: beat: (namespace, entry) -> the entry's run state (its runs: ``runs``)
         self._runs: dict[tuple[str, str], RunState] = {}
-        self._pending: dict[tuple[str, str], PendingRun] = {}
         self._installed = True
         self._fault: BaseException | None = None
         self._gate = threading.Event()
@@ -148,7 +147,7 @@ class MemoryBackend:
             self._leases.clear()
             self._candidates.clear()
             self._runs.clear()
-            self._pending.clear()
+            self.runs.clear()
 
     # -- the lease --------------------------------------------------------------------------
 
@@ -415,7 +414,7 @@ class MemoryBackend:
     @functools.cached_property
     def runs(self) -> MemoryRuns:
         """The run rows, with the SQL store's semantics (memory_runs.py)."""
-        return MemoryRuns(self._leads_now, self.clock.wall_us, self._enter)
+        return MemoryRuns(self._leads_now, self.clock.wall_us, self._enter, self._lock)
 
     def _leads_now(self, namespace: str, term: int) -> bool:
         """Whether ``term`` holds ``namespace``'s lease now (a run claim's fence)."""

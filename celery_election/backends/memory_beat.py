@@ -2,17 +2,21 @@
 
 The same semantics as the SQL store (backends/sql_beat.py), on the memory backend's
 dicts and under its lock: a claim is a compare-and-set under the lease's (token, term),
-refused while the entry has a pending run; ``mark_sent`` ends a pending run.
+refused while the entry's last run is claimed and not confirmed; a claim to send writes
+the run's row (memory_runs.py) under the same lock.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..clock import Clock
+from ..runstate import CLAIMED, run_key, run_task_id
 from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
+from .memory_runs import MemoryRuns
 
 __all__ = ["MemoryBeatStore"]
 
@@ -21,10 +25,12 @@ class _Host(Protocol):
     """What the store reads of its MemoryBackend (memory.py imports this module)."""
 
     clock: Clock
-    _lock: threading.Lock
+    _lock: threading.RLock
     _leases: dict[str, Any]
     _runs: dict[tuple[str, str], RunState]
-    _pending: dict[tuple[str, str], PendingRun]
+
+    @property
+    def runs(self) -> MemoryRuns: ...
 
     def _enter(self, name: str) -> None: ...
 
@@ -54,11 +60,13 @@ class MemoryBeatStore:
         total_run_count: int | None = None,
         identity: str | None = None,
         pending: bool = False,
+        task_name: str = "",
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` if it is still stored and (token, term) leads."""
         self.backend._enter("claim_run")
-        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity, pending)
+        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity, pending,
+                             task_name)  # fmt: skip
         with self.backend._lock:
             return self._claim(namespace, token, term, request)
 
@@ -67,14 +75,15 @@ class MemoryBeatStore:
         leading = _leads(b, namespace, token, term)
         key = (namespace, r.entry_name)
         stored = b._runs.get(key)
-        if not leading or _run_key(stored) != _run_key(r.expected) or key in b._pending:
+        if not leading or _run_key(stored) != _run_key(r.expected) or _held(b, namespace, r):
             return RunClaim(False, stored, leading)
         count = next_run_count(r.expected, r.total_run_count)
         state = RunState(r.last_run_us, count, term, r.identity)
         b._runs[key] = state
         if r.pending:
             run = 0 if r.expected is None else r.expected.last_run_us
-            b._pending[key] = PendingRun(r.entry_name, run, state, b.clock.wall_us())
+            task_id = run_task_id(namespace, r.entry_name, r.last_run_us)
+            b.runs.claim(namespace, term, [(r.entry_name, run, task_id)], r.task_name)
         return RunClaim(True, state, True)
 
     def claim_runs(
@@ -96,31 +105,18 @@ class MemoryBeatStore:
     def pending_runs(
         self, namespace: str, *, timeout: float | None = None
     ) -> dict[str, PendingRun]:
-        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
+        """The runs claimed and not yet confirmed in ``namespace``, by entry name."""
         b = self.backend
         b._enter("pending_runs")
+        out: dict[str, PendingRun] = {}
         with b._lock:
-            return {e: run for (ns, e), run in b._pending.items() if ns == namespace}
-
-    def mark_sent(
-        self,
-        namespace: str,
-        term: int,
-        entry_names: Sequence[str],
-        *,
-        timeout: float | None = None,
-    ) -> int:
-        """Mark the runs that ``term`` claimed of these entries as sent; how many were."""
-        b = self.backend
-        b._enter("mark_sent")
-        marked = 0
-        with b._lock:
-            for name in entry_names:
-                run = b._pending.get((namespace, name))
-                if run is not None and run.state.term == term:
-                    del b._pending[(namespace, name)]
-                    marked += 1
-        return marked
+            for stored in b.runs.claimed(namespace):
+                row = stored.row
+                state = b._runs.get((namespace, row.entry))
+                if state is not None:
+                    out[row.entry] = PendingRun(row.entry, row.due, replace(state, term=row.term),
+                                                stored.created_us)  # fmt: skip
+        return out
 
 
 def _leads(b: _Host, namespace: str, token: str, term: int) -> bool:
@@ -131,6 +127,15 @@ def _leads(b: _Host, namespace: str, token: str, term: int) -> bool:
         and (row.token, row.term) == (token, term)
         and (row.expires_at > b.clock.wall_us())
     )
+
+
+def _held(b: _Host, namespace: str, r: RunRequest) -> bool:
+    """Whether the entry's last run (the one ``r`` follows) is claimed and not confirmed."""
+    if r.expected is None:
+        return False
+    key = run_key(run_task_id(namespace, r.entry_name, r.expected.last_run_us))
+    stored = b.runs.peek(namespace, key)
+    return stored is not None and stored.row.state == CLAIMED
 
 
 def _run_key(state: RunState | None) -> tuple[int, int] | None:

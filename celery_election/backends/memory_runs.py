@@ -23,7 +23,8 @@ class MemoryRuns:
 
     ``leads(namespace, term)``: whether ``term`` holds the lease now (the claim's fence);
     ``now()``: the store's clock in epoch microseconds (the database's, in SQL);
-    ``enter(call)``: the memory backend's accounting and faults, before each call.
+    ``enter(call)``: the memory backend's accounting and faults, before each call;
+    ``lock``: the backend's (re-entrant), so a beat claim and its rows are one change.
     """
 
     def __init__(
@@ -31,12 +32,15 @@ class MemoryRuns:
         leads: Callable[[str, int], bool],
         now: Callable[[], int] = lambda: 0,
         enter: Callable[[str], None] = lambda call: None,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.leads, self.now, self._enter = leads, now, enter
-        self._lock = threading.Lock()
+        self._lock = lock or threading.RLock()
         self._rows: dict[tuple[str, str], RunRecord] = {}
 
-    def claim(self, namespace: str, term: int, runs: Sequence[tuple[str, int, str]]) -> list[bool]:
+    def claim(
+        self, namespace: str, term: int, runs: Sequence[tuple[str, int, str]], task_name: str = ""
+    ) -> list[bool]:
         """Claim each (entry, due, task id) under ``term``: which runs this call created.
 
         All or none: a term that no longer leads claims nothing.
@@ -50,7 +54,7 @@ class MemoryRuns:
                 old = self._rows.get(key)
                 row = runstate.claim(old.row if old else None, entry, due, task_id, term)
                 if row is not None:
-                    self._rows[key] = RunRecord(key[1], row, created_us=self.now())
+                    self._rows[key] = RunRecord(key[1], row, task_name or entry, "", self.now())
                 won.append(row is not None)
             return won
 
@@ -80,6 +84,23 @@ class MemoryRuns:
         """The broker accepted these runs: mark them sent; how many changed."""
         keys = [run_key(t) for t in task_ids]
         return sum(self._apply(namespace, k, runstate.confirm) for k in keys)
+
+    def drop(self, namespace: str, task_ids: Collection[str], why: str) -> int:
+        """Give up these claimed runs unsent (expired, entry removed); how many changed."""
+        keys = [run_key(t) for t in task_ids]
+        return sum(self._apply(namespace, k, lambda r: runstate.drop(r, r.term, why))
+                   for k in keys)  # fmt: skip
+
+    def claimed(self, namespace: str) -> list[RunRecord]:
+        """The runs claimed and not confirmed yet, whichever term claimed them."""
+        with self._lock:
+            return [s for (ns, _), s in self._rows.items()
+                    if ns == namespace and s.row.state == runstate.CLAIMED]  # fmt: skip
+
+    def clear(self) -> None:
+        """Forget every run (the backend's uninstall)."""
+        with self._lock:
+            self._rows.clear()
 
     def start(
         self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
@@ -121,6 +142,11 @@ class MemoryRuns:
         with self._lock:
             return self._rows.get((namespace, key))
 
+    def peek(self, namespace: str, key: str) -> RunRecord | None:
+        """The run of ``key`` as a step of another store reads it (no call of its own)."""
+        with self._lock:
+            return self._rows.get((namespace, key))
+
     def newest(
         self, namespace: str, *, task_id: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
@@ -139,7 +165,8 @@ class MemoryRuns:
         self._enter("prune")
         cut = self.now() - int(older_than * 1_000_000)
         with self._lock:
-            old = [k for k, s in self._rows.items() if k[0] == namespace and s.created_us < cut]
+            old = [k for k, s in self._rows.items() if k[0] == namespace and s.created_us < cut
+                   and s.row.state != runstate.CLAIMED]  # fmt: skip
             for key in old[:batch]:
                 del self._rows[key]
             return min(len(old), batch)

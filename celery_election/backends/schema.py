@@ -216,8 +216,9 @@ def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
 def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """Beat: one row per (namespace, entry), the entry's shared run state.
 
-    A leader advances it with a compare-and-set under its term before it sends, and
-    marks the run sent once the broker accepted it (backends/sql_beat.py).
+    A leader advances it with a compare-and-set under its term before it sends; the same
+    transaction writes the run's row (``task_start``), which holds the entry's next claim
+    until the broker accepted the run (backends/sql_beat.py).
     """
     return sa.Table(
         f"{prefix}beat_run",
@@ -232,10 +233,6 @@ def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # Whose state it is (e.g. a PeriodicTask id): a re-created entry starts fresh.
         # Nullable: added to older tables by install(); NULL is any entry of that name.
         sa.Column("identity", sa.String(200), nullable=True),
-        # The run ledger: the key of the run claimed and not yet sent (the last run it
-        # follows; 0: the entry's first), NULL when none is pending. The entry's next run
-        # is not claimed while it is set. Nullable: added to older tables by install().
-        sa.Column("pending_run", sa.BigInteger, nullable=True),
         **_MYSQL_OPTIONS,
     )
 
@@ -409,6 +406,9 @@ def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("due", sa.BigInteger, nullable=True),  # a beat run's key in its entry
         sa.Index(f"{prefix}task_start_at", "namespace", "started_at"),
         sa.Index(f"{prefix}task_start_task", "task_id"),
+        # the runs still on their way (claimed, sent, started) are read by state: few of
+        # many, whatever the retention keeps
+        sa.Index(f"{prefix}task_start_state", "namespace", "state"),
         **_MYSQL_OPTIONS,
     )
 

@@ -15,6 +15,13 @@ compare-and-set and the fence are the same.
 A lost claim reads the row and the lease in the same transaction, so the caller can adopt
 the stored state (someone else ran it) or stop acting on a term the database has ended.
 
+A claim of a run to send also writes the run's row (``task_start``, backends/sql_runs.py)
+in its transaction: claimed under the term, task id ``runstate.run_task_id`` of the new
+state, keyed in its entry by the run it follows (``due``). Until the broker accepted the run
+(``RunStore.confirm``) or it was dropped, that row holds the entry: the next claim's
+WHERE finds no claimed row of the run it follows (a primary-key probe), so a run claimed
+and not sent is a row a leader reads (:meth:`SQLBeatStore.pending_runs`), never a gap.
+
 ``claim_runs`` claims a burst (every entry due at one instant) with the same conditions,
 ``BATCH`` entries per transaction: one UPDATE ... FROM a derived table of the requests
 (each row's own expected state, new state and key) and one INSERT ... SELECT from it for
@@ -34,12 +41,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from ..runstate import CLAIMED, run_key, run_task_id
 from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
 from .schema import db_now_us, entry_key, key_type
 
@@ -61,6 +70,7 @@ class SQLBeatStore:
     def __init__(self, backend: SQLHost) -> None:
         self.backend = backend
         self.table = backend.beat_run
+        self.rows = backend.metadata.tables[f"{backend.table_prefix}task_start"]
         # PostgreSQL: a batch's requests are bound as arrays (one statement shape)
         self.arrays = backend.engine.dialect.name == "postgresql"
 
@@ -90,12 +100,12 @@ class SQLBeatStore:
         total_run_count: int | None = None,
         identity: str | None = None,
         pending: bool = False,
+        task_name: str = "",
         timeout: float | None = None,
     ) -> RunClaim:
         """Record the run after ``expected`` for the leader (token, term); see the module."""
         insert, update, read = self._statements
         total_run_count = next_run_count(expected, total_run_count)
-        run = 0 if expected is None else expected.last_run_us
         params: dict[str, Any] = {
             "p_ns": namespace,
             "p_key": entry_key(entry_name),
@@ -105,11 +115,13 @@ class SQLBeatStore:
             "p_at": last_run_us,
             "p_count": total_run_count,
             "p_identity": identity,
-            "p_pending": run if pending else None,  # the run's key while it is pending
         }
         if expected is not None:
             params["p_was_at"] = expected.last_run_us
             params["p_was_count"] = expected.total_run_count
+            params["p_was_key"] = _was_key(namespace, entry_name, expected)
+        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity,
+                             pending, task_name)  # fmt: skip
 
         def work(conn: Connection) -> RunClaim:
             if expected is None:
@@ -120,6 +132,8 @@ class SQLBeatStore:
             else:
                 won = conn.execute(update, params).rowcount == 1
             if won:
+                if pending:
+                    self._write_rows(conn, namespace, term, [request])
                 return RunClaim(True, RunState(last_run_us, total_run_count, term, identity), True)
             row = conn.execute(read, params).first()
             holds = self.backend.holds(conn, namespace, token, term)
@@ -151,60 +165,51 @@ class SQLBeatStore:
     def pending_runs(
         self, namespace: str, *, timeout: float | None = None
     ) -> dict[str, PendingRun]:
-        """The runs claimed and not yet marked sent in ``namespace``, by entry name."""
-        t = self.table
-        stmt = sa.select(
-            t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity,
-            t.c.pending_run, t.c.updated_at,
-        ).where(t.c.namespace == namespace, t.c.pending_run.is_not(None))  # fmt: skip
+        """The runs whose rows are claimed and not confirmed, by entry name (any term).
+
+        Through the (namespace, state) index; each with its entry's stored state, which
+        is the run's own (the claim past it waits for the confirm).
+        """
+        r, t = self.rows, self.table
+        claimed = sa.select(r.c.entry_name, r.c.due, r.c.term, r.c.started_at).where(
+            r.c.namespace == namespace, r.c.state == CLAIMED
+        )
+        keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
+        states = sa.select(
+            t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity
+        ).where(t.c.namespace == namespace, t.c.entry_key.in_(keys))
 
         def work(conn: Connection) -> dict[str, PendingRun]:
+            rows = {str(row.entry_name): row for row in conn.execute(claimed)}
+            if not rows:
+                return {}
+            stored = {
+                str(row.entry_name): _state(row)
+                for row in conn.execute(states, {"p_keys": [entry_key(n) for n in rows]})
+            }
             return {
-                r.entry_name: PendingRun(r.entry_name, int(r.pending_run), _state(r),
-                                         int(r.updated_at))
-                for r in conn.execute(stmt)
+                name: PendingRun(name, int(row.due or 0),
+                                 replace(stored[name], term=int(row.term)), int(row.started_at))
+                for name, row in rows.items()
+                if name in stored
             }  # fmt: skip
 
         return self.backend.call(work, table=t, write=False, timeout=timeout, connection=None)
 
-    def mark_sent(
-        self,
-        namespace: str,
-        term: int,
-        entry_names: Sequence[str],
-        *,
-        timeout: float | None = None,
-    ) -> int:
-        """Mark the runs ``term`` claimed of these entries sent; how many were.
+    def _write_rows(
+        self, conn: Connection, namespace: str, term: int, won: Sequence[RunRequest]
+    ) -> None:
+        """The rows of the runs a claim won, claimed under ``term``, in its transaction.
 
-        ``BATCH`` entries per statement (see ``BeatStore.mark_sent``).
+        Insert-if-absent: a retried claim whose first answer was lost wrote them already.
         """
-        marked = 0
-        for start in range(0, len(entry_names), BATCH):
-            keys = [entry_key(name) for name in entry_names[start : start + BATCH]]
-            params = {"p_ns": namespace, "p_term": term, "p_keys": keys}
-
-            def work(conn: Connection, params: dict[str, Any] = params) -> int:
-                return int(conn.execute(self._mark, params).rowcount)
-
-            marked += self.backend.call_write(work, table=self.table, lost=0, timeout=timeout)
-        return marked
+        rows = [_claimed_row(namespace, term, r) for r in won]
+        if rows:
+            conn.execute(self._insert_rows, rows)
 
     @functools.cached_property
-    def _mark(self) -> sa.Executable:
-        """The runs a term claimed of some entries, sent: no longer pending."""
-        t = self.table
-        keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
-        return (
-            sa.update(t)
-            .where(
-                t.c.namespace == sa.bindparam("p_ns", type_=key_type(190)),
-                t.c.entry_key.in_(keys),
-                t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
-                t.c.pending_run.is_not(None),
-            )
-            .values(pending_run=None)
-        )
+    def _insert_rows(self) -> sa.Executable:
+        return self.backend.db.insert_ignore(self.rows, {"started_at": db_now_us()})
 
     def _claim_chunk(
         self, namespace: str, token: str, term: int, chunk: list[RunRequest], conn: Connection
@@ -217,33 +222,18 @@ class SQLBeatStore:
             for k, r in zip(keys, chunk, strict=True)
         }  # fmt: skip
         fence = {"p_ns": namespace, "p_token": token, "p_term": term}
-        pending = {"p_pend": 1 if chunk[0].pending else 0}
         updates = [(k, r) for k, r in zip(keys, chunk, strict=True) if r.expected is not None]
         inserts = [(k, r) for k, r in zip(keys, chunk, strict=True) if r.expected is None]
         dialect = self.backend.engine.dialect
-        won: set[str] = set()
         locked: dict[str, Any] = {}
         if not dialect.update_returning:
             # MySQL/MariaDB: lock the rows first, so the UPDATE's row count says which won
             rows = conn.execute(self._read_many, {**fence, "p_keys": keys})
             locked = {r.entry_key: r for r in rows}
-        if updates:
-            size = 0 if self.arrays else _padded(len(updates))
-            params = {**fence, **pending, **_rows(updates, states, with_was=True, size=size)}
-            result = conn.execute(self._update_many(size), params)
-            if dialect.update_returning:
-                won |= {str(r[0]) for r in result}
-            else:
-                match = [
-                    k for k, r in updates
-                    if k in locked and _key_of(locked[k]) == _key_of_state(r.expected)
-                    and locked[k].pending_run is None
-                ]  # fmt: skip
-                if match and result.rowcount == len(match):
-                    won |= set(match)
+        won = self._update(conn, namespace, fence, updates, states, locked) if updates else set()
         if inserts:
             size = 0 if self.arrays else _padded(len(inserts))
-            params = {**fence, **pending, **_rows(inserts, states, with_was=False, size=size)}
+            params = {**fence, **_rows(namespace, inserts, states, with_was=False, size=size)}
             result = conn.execute(self._insert_many(size), params)
             if dialect.insert_returning:
                 won |= {str(r[0]) for r in result}
@@ -253,6 +243,10 @@ class SQLBeatStore:
                 absent = [k for k, _ in inserts if k not in locked]
                 now = self._read(conn, fence, absent)
                 won |= {k for k in absent if now.get(k) == states[k]}
+        if chunk[0].pending:
+            self._write_rows(
+                conn, namespace, term, [r for k, r in zip(keys, chunk, strict=True) if k in won]
+            )
         out: dict[str, RunClaim] = {k: RunClaim(True, states[k], True) for k in won}
         rest = [k for k in keys if k not in won]
         if rest:
@@ -260,6 +254,39 @@ class SQLBeatStore:
             holds = self.backend.holds(conn, namespace, token, term)
             out.update({k: RunClaim(False, stored.get(k), holds) for k in rest})
         return [out[k] for k in keys]
+
+    def _update(
+        self,
+        conn: Connection,
+        namespace: str,
+        fence: dict[str, Any],
+        updates: list[tuple[str, RunRequest]],
+        states: dict[str, RunState],
+        locked: dict[str, Any],
+    ) -> set[str]:
+        """The batch's compare-and-set UPDATE: the keys of the entries it advanced.
+
+        MySQL/MariaDB (no RETURNING): the claimed rows of the runs the requests follow are
+        locked first too; a locked entry row that holds the expected state, whose run is
+        not claimed, is changed unless the lease refuses the whole statement.
+        """
+        held: set[str] = set()
+        was = {k: _was_key(namespace, r.entry_name, r.expected) for k, r in updates}
+        returning = self.backend.engine.dialect.update_returning
+        if not returning:
+            rows = conn.execute(self._held, {**fence, "p_keys": [*was.values(), PAD]})
+            held = {str(row.run_key) for row in rows}
+        size = 0 if self.arrays else _padded(len(updates))
+        params = {**fence, **_rows(namespace, updates, states, with_was=True, size=size)}
+        result = conn.execute(self._update_many(size), params)
+        if returning:
+            return {str(r[0]) for r in result}
+        match = {
+            k for k, r in updates
+            if k in locked and _key_of(locked[k]) == _key_of_state(r.expected)
+            and was[k] not in held
+        }  # fmt: skip
+        return match if match and result.rowcount == len(match) else set()
 
     def _read(
         self, conn: Connection, fence: dict[str, Any], keys: list[str]
@@ -295,10 +322,29 @@ class SQLBeatStore:
             if with_was:
                 cols.append(sa.bindparam(f"wa{i}", type_=sa.BigInteger).label("was_at"))
                 cols.append(sa.bindparam(f"wc{i}", type_=sa.BigInteger).label("was_count"))
+                cols.append(sa.bindparam(f"wk{i}", type_=key_type(40)).label("was_key"))
             selects.append(sa.select(*cols))
         query: Any = selects[0] if n == 1 else sa.union_all(*selects)
         subquery: sa.Subquery = query.subquery("v")
         return subquery
+
+    def _unheld(self, was_key: Any) -> sa.ColumnElement[bool]:
+        """The hold: the run the claim follows has no row still claimed (a key probe)."""
+        r = self.rows
+        ns = sa.bindparam("p_ns", type_=key_type(190))
+        return ~sa.exists().where(r.c.namespace == ns, r.c.run_key == was_key, r.c.state == CLAIMED)
+
+    @functools.cached_property
+    def _held(self) -> sa.Executable:
+        """Which of some runs' rows are claimed, locked (MySQL/MariaDB: see ``_read_many``)."""
+        r = self.rows
+        keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
+        return (
+            sa.select(r.c.run_key)
+            .where(r.c.namespace == sa.bindparam("p_ns", type_=key_type(190)),
+                   r.c.run_key.in_(keys), r.c.state == CLAIMED)
+            .with_for_update()
+        )  # fmt: skip
 
     def _lease_term(self) -> sa.ScalarSelect[Any]:
         """The lease's term if it has the claimer's token and term, unexpired; share-locked."""
@@ -320,7 +366,7 @@ class SQLBeatStore:
                 t.c.entry_key == v.c.entry_key,
                 t.c.last_run_at == v.c.was_at,
                 t.c.total_run_count == v.c.was_count,
-                t.c.pending_run.is_(None),
+                self._unheld(v.c.was_key),
                 self._lease_term() == term,
             )
             .values(
@@ -329,7 +375,6 @@ class SQLBeatStore:
                 term=term,
                 updated_at=db_now_us(),
                 identity=v.c.identity,
-                pending_run=sa.case((_PEND == 1, v.c.was_at), else_=sa.null()),
             )
         )
         if self.backend.engine.dialect.update_returning:
@@ -351,9 +396,6 @@ class SQLBeatStore:
             term.label("term"),
             db_now_us().label("updated_at"),
             v.c.identity,
-            sa.case((_PEND == 1, sa.literal(0, sa.BigInteger)), else_=sa.null()).label(
-                "pending_run"
-            ),
         ).where(self._lease_term() == term, v.c.entry_key != PAD)
         columns = [c.name for c in source.selected_columns]
         insert = self.backend.db.insert_ignore(t, from_select=(columns, source))
@@ -367,7 +409,7 @@ class SQLBeatStore:
         t = self.table
         keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
         columns = (t.c.entry_key, t.c.last_run_at, t.c.total_run_count, t.c.term)
-        stmt = sa.select(*columns, t.c.identity, t.c.pending_run).where(
+        stmt = sa.select(*columns, t.c.identity).where(
             t.c.namespace == sa.bindparam("p_ns", type_=key_type(190)), t.c.entry_key.in_(keys)
         )
         if not self.backend.engine.dialect.update_returning:
@@ -385,7 +427,6 @@ class SQLBeatStore:
         at = sa.bindparam("p_at", type_=sa.BigInteger)
         count = sa.bindparam("p_count", type_=sa.BigInteger)
         identity = sa.bindparam("p_identity", type_=sa.String(200))
-        pending = sa.bindparam("p_pending", type_=sa.BigInteger)
         holds = _holds(lease, ns, term)
         source = sa.select(
             ns.label("namespace"),
@@ -396,7 +437,6 @@ class SQLBeatStore:
             lease.c.term,
             now.label("updated_at"),
             identity.label("identity"),
-            pending.label("pending_run"),
         )
         source = source.where(*holds).with_for_update(read=True)
         columns = [c.name for c in source.selected_columns]
@@ -411,7 +451,7 @@ class SQLBeatStore:
                 t.c.entry_key == key,
                 t.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),
                 t.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),
-                t.c.pending_run.is_(None),
+                self._unheld(sa.bindparam("p_was_key", type_=key_type(40))),
                 lease_term.scalar_subquery() == term,
             )
             .values(
@@ -420,7 +460,6 @@ class SQLBeatStore:
                 term=term,
                 updated_at=now,
                 identity=identity,
-                pending_run=pending,
             )
         )
         read = sa.select(t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity).where(
@@ -433,10 +472,6 @@ def _state(row: Any) -> RunState:
     identity = None if row.identity is None else str(row.identity)
     return RunState(int(row.last_run_at), int(row.total_run_count), int(row.term), identity)
 
-
-#: Whether a batch's runs are to be sent (1: each is pending until marked sent) or are
-#: states to store (0).
-_PEND = sa.bindparam("p_pend", type_=sa.Integer)
 
 #: The key of a padding row: no entry's (keys are SHA-1 hex), so it matches no row.
 PAD = ""
@@ -460,10 +495,12 @@ _COLUMNS: tuple[tuple[str, Any], ...] = (
 _WAS_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("was_at", sa.BigInteger),
     ("was_count", sa.BigInteger),
+    ("was_key", sa.String(40)),
 )
 
 
 def _rows(
+    namespace: str,
     items: list[tuple[str, RunRequest]],
     states: dict[str, RunState],
     *,
@@ -488,12 +525,13 @@ def _rows(
             assert all(w is not None for w in was)
             arrays["p_was_at"] = [w.last_run_us for w in was if w is not None]
             arrays["p_was_count"] = [w.total_run_count for w in was if w is not None]
+            arrays["p_was_key"] = [_was_key(namespace, r.entry_name, r.expected) for _, r in items]
         return arrays
     params: dict[str, Any] = {}
     for i in range(len(items), size):
         params.update({f"k{i}": PAD, f"n{i}": PAD, f"a{i}": 0, f"c{i}": 0, f"i{i}": None})
         if with_was:
-            params.update({f"wa{i}": 0, f"wc{i}": 0})
+            params.update({f"wa{i}": 0, f"wc{i}": 0, f"wk{i}": PAD})
     for i, (key, r) in enumerate(items):
         state = states[key]
         params[f"k{i}"] = key
@@ -505,7 +543,26 @@ def _rows(
             assert r.expected is not None
             params[f"wa{i}"] = r.expected.last_run_us
             params[f"wc{i}"] = r.expected.total_run_count
+            params[f"wk{i}"] = _was_key(namespace, r.entry_name, r.expected)
     return params
+
+
+def _claimed_row(namespace: str, term: int, r: RunRequest) -> dict[str, Any]:
+    """The row of a run ``r``'s claim won: claimed under ``term``, keyed by its task id."""
+    task_id = run_task_id(namespace, r.entry_name, r.last_run_us)
+    return {
+        "namespace": namespace, "run_key": run_key(task_id), "task_id": task_id,
+        "task_name": (r.task_name or r.entry_name)[:255], "hostname": "", "pid": 0,
+        "attempt": 0, "state": CLAIMED, "term": term, "entry_name": r.entry_name[:500],
+        "due": 0 if r.expected is None else r.expected.last_run_us,
+    }  # fmt: skip
+
+
+def _was_key(namespace: str, entry_name: str, expected: RunState | None) -> str:
+    """The row key of the run an entry's claim follows (its stored one; none: PAD)."""
+    if expected is None:
+        return PAD
+    return run_key(run_task_id(namespace, entry_name, expected.last_run_us))
 
 
 def _key_of(row: Any) -> tuple[int, int]:

@@ -98,7 +98,7 @@ def _record_versions(backend: SQLHost, conn: Connection) -> None:
 def add_missing_columns(backend: SQLHost, conn: Connection) -> None:
     """Add the columns that tables made by an older version lack.
 
-    ``lease.liveness_us``, ``beat_run.identity``, ``beat_run.pending_run``,
+    ``lease.liveness_us``, ``beat_run.identity``,
     ``candidate.eligible`` and the run row's (``task_start.state`` ...): they are nullable,
     so electors, beats and workers of the older version still running are unaffected.
     """

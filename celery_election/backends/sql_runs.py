@@ -20,6 +20,7 @@ ended, once finished).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -27,7 +28,7 @@ from sqlalchemy.engine import Connection
 
 from .. import runstate
 from ..errors import BackendUnavailableError
-from ..runstate import ENDED, STARTED, Delivery, Row, Start
+from ..runstate import CLAIMED, DROPPED, ENDED, SENT, STARTED, Delivery, Row, Start
 from .base import Alive, RunRecord
 from .connection import LostRound
 from .schema import db_now_us
@@ -39,6 +40,8 @@ __all__ = ["SQLRunStore"]
 
 #: Writes lost to another writer of the same row before a call gives up (contention).
 TRIES = 8
+#: Runs per confirm or drop statement.
+BATCH = 500
 
 
 class SQLRunStore:
@@ -70,6 +73,36 @@ class SQLRunStore:
     def release(self, namespace: str, key: str, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""
         return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
+
+    def confirm(self, namespace: str, task_ids: Collection[str]) -> int:
+        """The broker accepted these beat runs: claimed -> sent (``runstate.confirm``)."""
+        return self._settle(namespace, task_ids, state=SENT)
+
+    def drop(self, namespace: str, task_ids: Collection[str], why: str) -> int:
+        """Claimed runs given up unsent (``runstate.drop``): dropped, finished."""
+        return self._settle(namespace, task_ids, state=DROPPED, outcome=why[:16],
+                            finished_at=db_now_us())  # fmt: skip
+
+    def _settle(self, namespace: str, task_ids: Collection[str], **values: Any) -> int:
+        """Move claimed runs on: one UPDATE per ``BATCH`` runs; how many changed."""
+        t, ids, changed = self.table, list(task_ids), 0
+        for i in range(0, len(ids), BATCH):
+            keys = [runstate.run_key(task_id) for task_id in ids[i : i + BATCH]]
+            stmt = (
+                sa.update(t)
+                .where(t.c.namespace == namespace, t.c.run_key.in_(keys), t.c.state == CLAIMED)
+                .values(values)
+            )
+
+            def work(conn: Connection, stmt: Any = stmt) -> int:
+                return int(conn.execute(stmt).rowcount)
+
+            try:
+                changed += self.backend.call(work, table=t, write=True, timeout=None,
+                                             connection=None)  # fmt: skip
+            except LostRound as exc:
+                raise self._contention("confirm") from exc
+        return changed
 
     def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
         """The body of ``delivery`` ended: close the run (if that delivery still runs it).
@@ -124,11 +157,13 @@ class SQLRunStore:
     def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
         """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago.
 
-        One statement, through the (namespace, started_at) index.
+        One statement, through the (namespace, started_at) index. A run still claimed
+        stays: it holds its entry until a leader sends it (sql_beat.py).
         """
         t = self.table
         cut = db_now_us() - int(older_than * 1_000_000)
-        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut)
+        kept = sa.or_(t.c.state.is_(None), t.c.state != CLAIMED)
+        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut, kept)
         stmt = self.backend.db.delete_at_most(t.c.run_key, where, batch).where(
             t.c.namespace == namespace
         )

@@ -1,6 +1,6 @@
 """Publisher confirms, awaited per batch: a burst's messages go out, then their acks come in.
 
-A run is marked sent only once RabbitMQ accepted its message (docs/beat.md). py-amqp's
+A run is confirmed (its row: sent) only once RabbitMQ accepted its message (docs/beat.md). py-amqp's
 ``confirm_publish`` waits for each message's confirm before the next publish: a round trip
 per message (10,000 sends took 14.5 s, against 5 s unconfirmed). Here the beat's channel
 is put in confirm mode once, each publish gets the delivery tag the broker counts for it

@@ -175,7 +175,8 @@ class BeatFence:
             (r,) = requests
             return [store.claim_run(ns, lead.token, lead.term, r.entry_name, r.expected,
                                     r.last_run_us, total_run_count=int(r.total_run_count or 0),
-                                    identity=r.identity or "", pending=r.pending)]  # fmt: skip
+                                    identity=r.identity or "", pending=r.pending,
+                                    task_name=r.task_name)]  # fmt: skip
 
         claims, retried = self._retrying(lead, call, what)
         if claims is None:
@@ -268,16 +269,22 @@ class BeatFence:
     # -- the run ledger ---------------------------------------------------------------------
 
     def pending_runs(self) -> dict[str, PendingRun]:
-        """The runs claimed and not marked sent in this namespace (by any term)."""
+        """The runs claimed and not confirmed in this namespace (by any term)."""
         election = self.election
         assert election is not None
         return election.store.pending_runs(election.namespace)
 
-    def mark_sent(self, term: int, names: list[str]) -> int:
-        """Mark the runs ``term`` claimed of ``names`` as sent (the broker took them)."""
+    def confirm(self, task_ids: list[str]) -> int:
+        """The broker took these runs: their rows are sent (whichever term claimed them)."""
         election = self.election
         assert election is not None
-        return election.store.mark_sent(election.namespace, term, names)
+        return election.backend.runs.confirm(election.namespace, task_ids)
+
+    def drop(self, task_ids: list[str], why: str) -> int:
+        """Give these claimed runs up unsent: their rows are dropped."""
+        election = self.election
+        assert election is not None
+        return election.backend.runs.drop(election.namespace, task_ids, why)
 
     # -- the clock --------------------------------------------------------------------------
 

@@ -1,22 +1,23 @@
-"""The run ledger, the beat's side: a claimed run is marked sent once the broker took it.
+"""The run ledger, the beat's side: a claimed run is confirmed once the broker took it.
 
-A run the leader claims is pending in the election database (``beat_run.pending_run``)
-from its claim until this ledger marks it sent, after the broker accepted its message;
-the entry's next run cannot be claimed before. So "claimed, not sent" is a state a run is
-seen in, not a window it disappears in:
+A run the leader claims is a row in the election database (``task_start``, written by the
+claim's transaction), claimed from its claim until this ledger confirms it, after the broker
+accepted its message; the entry's next run cannot be claimed before. So "claimed, not
+sent" is a state a run is seen in, not a window it disappears in:
 
 * a send that failed (the broker unreachable, a publisher lost) is **owed**: sent again
   with back-off while this process leads (:meth:`RunLedger.owed_now`), and the entry is
   not due meanwhile (:meth:`RunLedger.hold`);
 * a run left pending by an earlier term (its leader died or was paused between claim and
   send) is sent by the next leader when it is promoted (:meth:`RunLedger.recover`);
-* a run this term lost track of (a claim that committed and lost its answer, a mark that
-  changed nothing, a publisher's reply that never came) is still pending in the store:
+* a run this term lost track of (a claim that committed and lost its answer, a confirm
+  that failed, a publisher's reply that never came) is still claimed in the store:
   the leader reads the store again every :data:`RECHECK_EVERY` seconds and sends what has
   been pending for :data:`RECHECK_AGE` seconds and is neither owed nor waiting for its
   mark here (``recover(..., older_than=...)``), instead of leaving the entry stalled until
   the next failover (window 3 of issue 52);
-* the marks of a burst go in one statement per term and 500 entries (:meth:`flush`).
+* the confirms of a burst go in one statement per 500 runs (:meth:`flush`); a run given up
+  (expired, its entry removed) is dropped the same way.
 
 Every send of one run carries the same task id, :func:`run_task_id` of (namespace, entry,
 the run's stored time): a run sent twice (re-sent after an answer lost, or by a deposed
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery.schedules import schedstate
 
-from .. import metrics, tracing
+from .. import metrics, runonce, tracing
 from ..clock import boottime
 from ..errors import ElectionError
+from ..runstate import run_task_id
 from .election import BeatTerm
 from .fence import BeatFence
 from .runs import Claim
@@ -46,18 +47,11 @@ __all__ = ["Owed", "RunLedger", "run_task_id"]
 
 log = logging.getLogger("celery_election.beat")
 
-#: uuid5 namespace of the runs' task ids (a fixed random UUID: ids of no other scheme)
-_RUNS = uuid.UUID("8f1d0b62-4a36-4d1c-9d57-3c3c1b1a7e65")
 #: back-off of an owed send: first retry after this, doubling up to RETRY_MAX
 RETRY_FIRST, RETRY_MAX = 0.5, 10.0
 #: while leading, the store's pending runs are read again this often (seconds); one pending
 #: this long that this ledger does not know is sent again (longer than a batch's confirms)
 RECHECK_EVERY, RECHECK_AGE = 10.0, 30.0
-
-
-def run_task_id(namespace: str, entry: str, at: int) -> str:
-    """The task id of every send of the run of ``entry`` stored at ``at`` (epoch us)."""
-    return str(uuid.uuid5(_RUNS, f"{namespace}\0{entry}\0{at}"))
 
 
 @dataclass
@@ -75,9 +69,11 @@ class RunLedger:
 
     def __init__(self, fence: BeatFence) -> None:
         self.fence = fence
-        self._unmarked: dict[int, list[str]] = {}  # by the term that claimed the run
+        self._unconfirmed: dict[str, str] = {}  # task id -> entry name: the broker took it
+        self._dropped: dict[str, str] = {}  # task id -> why it was given up
         self._owed: dict[str, Owed] = {}
         self._claimed_by: dict[str, int] = {}  # a recovered run's term in the store
+        self._next_prune = 0.0  # boot-time clock
 
     @property
     def owing(self) -> int:
@@ -94,13 +90,12 @@ class RunLedger:
 
     # -- after a send -----------------------------------------------------------------------
 
-    def sent(self, name: str, term: int) -> None:
-        """The broker took the run of ``name`` sent under ``term``: mark it at the flush.
-
-        A recovered run is marked under the term that claimed it in the store.
-        """
+    def sent(self, entry: Any, claim: Claim) -> None:
+        """The broker took the run ``claim`` of ``entry``: confirm its row at the flush."""
+        name = str(entry.name)
         self._owed.pop(name, None)
-        self._unmarked.setdefault(self._claimed_by.pop(name, term), []).append(name)
+        self._claimed_by.pop(name, None)
+        self._unconfirmed[self.task_id(entry, claim)] = name
 
     def failed(self, entry: Any, claim: Claim) -> None:
         """The run's send failed: owed, and sent again after a back-off."""
@@ -132,15 +127,31 @@ class RunLedger:
         return [owed for owed in self._owed.values() if owed.next_try <= now]
 
     def flush(self) -> None:
-        """Mark the runs the broker took since the last flush: a statement per term."""
+        """Confirm the runs the broker took since the last flush, drop those given up."""
         fence = self.fence
-        for term, names in list(self._unmarked.items()):
-            try:
-                fence.mark_sent(term, names)
-            except ElectionError as exc:  # kept: marked at the next flush
-                log.warning("beat election: could not mark %d sent runs (%s)", len(names), exc)
-                return
-            del self._unmarked[term]
+        try:
+            if self._unconfirmed:
+                fence.confirm(list(self._unconfirmed))
+                self._unconfirmed.clear()
+            for why in sorted(set(self._dropped.values())):
+                fence.drop([t for t, w in self._dropped.items() if w == why], why)
+                self._dropped = {t: w for t, w in self._dropped.items() if w != why}
+        except ElectionError as exc:  # kept: written at the next flush
+            log.warning("beat election: could not confirm %d sent runs (%s)",
+                        len(self._unconfirmed) + len(self._dropped), exc)  # fmt: skip
+
+    def prune(self) -> None:
+        """Delete a batch of this namespace's run rows older than the retention.
+
+        The leader's, every ``PRUNE_EVERY`` s: its claims write the rows, and the workers
+        that end them prune only their own namespace (a standalone beat's is another).
+        """
+        now, election = boottime(), self.fence.election
+        if now < self._next_prune or election is None:
+            return
+        retention = election.settings.run_once_retention
+        runs, ns = election.backend.runs, election.namespace
+        self._next_prune = now + runonce.prune(runs, ns, retention, "beat election")
 
     # -- at promotion -----------------------------------------------------------------------
 
@@ -157,12 +168,11 @@ class RunLedger:
         """
         pending = self.fence.pending_runs()
         if older_than is not None:
-            known = set(self._owed).union(*self._unmarked.values())
+            known = set(self._owed).union(self._unconfirmed.values())
             now_db = time.time_ns() // 1000 + self.fence.offset_us
             cut = now_db - round(older_than * 1_000_000)
             pending = {n: r for n, r in pending.items() if n not in known and r.claimed_us < cut}
         out: list[tuple[Any, Claim]] = []
-        done: dict[int, list[str]] = {}
         for name, run in pending.items():
             entry = schedule.get(name)
             at = run.state.last_run_us
@@ -172,19 +182,17 @@ class RunLedger:
                             name, run.state.term, why)  # fmt: skip
                 # counted as a run dropped (celery_election_beat_runs_missed_total)
                 metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "missed"))
+                task_id = run_task_id(self.fence.namespace, name, at)
                 if entry is not None:
                     claim = Claim(True, run.state.term, run.run, at)
-                    task_id = self.task_id(entry, claim)
                     tracing.beat_run_not_sent(self.fence, self, entry, claim, "expired", task_id)
-                done.setdefault(run.state.term, []).append(name)
+                self._dropped[task_id] = "removed" if entry is None else "expired"
                 continue
             self._claimed_by[name] = run.state.term
             out.append((entry, Claim(True, lead.term, run.run, at)))
-        for term, names in done.items():
-            self._unmarked.setdefault(term, []).extend(names)
         if out:
             whose = "an earlier term" if older_than is None else "a term (this one included)"
-            log.warning("beat election: sending %d runs %s claimed and did not mark sent",
+            log.warning("beat election: sending %d runs %s claimed and did not confirm",
                         len(out), whose)  # fmt: skip
         return out
 

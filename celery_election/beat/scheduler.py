@@ -362,7 +362,7 @@ class LeaderSchedulerMixin(_Scheduler):
         count = int(next_entry.total_run_count or 0)
         identity = self.run_state_identity(next_entry)
         request = RunRequest(str(entry.name), fence.runs.get(entry.name), at, count, identity,
-                             pending=True)  # fmt: skip
+                             pending=True, task_name=str(entry.task))  # fmt: skip
         return Run(entry, next_entry, was, lead, request)
 
     def _claim(self, runs: list[Run]) -> list[Run]:

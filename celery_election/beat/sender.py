@@ -26,7 +26,7 @@ from celery.beat import logger as _celery_log
 from .. import metrics, shared_state, tracing
 from ..clock import boottime
 from ..errors import ElectionError
-from ..once import HEADER, RESENT
+from ..once import HEADER, RESENT, ROWS
 from ..settings import ElectionSettings
 from ..shared_state import SharedLeadership
 from .confirms import Confirms, applies
@@ -122,6 +122,7 @@ class Sender:
             options["expires"] = self._expires_at(float(expires))
         if claim is not None:
             headers[HEADER] = claim.run
+            headers[ROWS] = fence.namespace  # its row: where the claim wrote it
             options["task_id"] = self.ledger.task_id(entry, claim)  # each send of the run
             attempt, recovered = self.ledger.resend_of(str(entry.name))
             if attempt > 1 or recovered is not None:  # may have gone out: not a redelivery
@@ -218,7 +219,7 @@ class Sender:
         tracing.beat_run_ended(send.span, "sent")  # the broker accepted it
         claim, term = send.claim, send.lead.term
         if claim is not None:
-            self.ledger.sent(str(entry.name), term)
+            self.ledger.sent(entry, claim)
         self.policy.sent(entry, result, term, None if claim is None else claim.run, send.run_now)
         election = self.fence.election
         if election is not None and election.recorder is not None and claim is not None:
@@ -269,6 +270,7 @@ class Sender:
                     lost = []
                 for entry, claim in lost:
                     self._send_one(entry, claim, producer())
+                self.ledger.prune()
         self.ledger.flush()
 
     def _send_one(

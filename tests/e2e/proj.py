@@ -225,34 +225,20 @@ if _HANG:
 
 
 if os.environ.get("E2E_FIRST_MARK_CHANGES_NOTHING"):
-    # The beat's first mark of sent runs changes nothing and says so, as one that met a
+    # The beat's first confirm of sent runs changes nothing and says so, as one that met a
     # lock timeout did (window 3 of issue 52); the leader's recheck of the store comes
     # after 2 s here, not 30 s.
-    from celery_election.backends.sql_beat import SQLBeatStore
+    from celery_election.backends.sql_runs import SQLRunStore
     from celery_election.beat import sender as _sender
 
     _sender.RECHECK_EVERY, _sender.RECHECK_AGE = 1.0, 2.0
-    _real_mark, _marks = SQLBeatStore.mark_sent, []
+    _real_confirm, _marks = SQLRunStore.confirm, []
 
-    def _mark_sent(self: Any, *args: Any, **kwargs: Any) -> int:
+    def _confirm(self: Any, *args: Any, **kwargs: Any) -> int:
         _marks.append(1)
-        return 0 if len(_marks) == 1 else _real_mark(self, *args, **kwargs)
+        return 0 if len(_marks) == 1 else _real_confirm(self, *args, **kwargs)
 
-    SQLBeatStore.mark_sent = _mark_sent  # type: ignore[method-assign]
-
-
-_HANG_AFTER = os.environ.get("E2E_HANG_AFTER_FILE")
-if _HANG_AFTER:
-    from celery.signals import after_task_publish
-
-    @after_task_publish.connect(weak=False)
-    def _hang_once_out(sender: str | None = None, **kw: object) -> None:
-        """A send that hangs while the test's file exists, its message already out: the
-        beat has not read the broker's confirm, nor marked the run sent."""
-        import time
-
-        while sender == "tests.e2e.proj.tick" and os.path.exists(_HANG_AFTER):
-            time.sleep(0.05)
+    SQLRunStore.confirm = _confirm  # type: ignore[method-assign]
 
 
 @singleton_task(bind=True, unique_on=["key"], requeue_delay=0.2)

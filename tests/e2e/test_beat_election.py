@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from celery_election.beat.ledger import run_task_id
+from celery_election.once import HEADER, ROWS
+from celery_election.runstate import ENDED, run_key
 from celery_election.schedule.store import schedule_store
 from harness.cluster import Cluster, wait_until
 
@@ -94,6 +96,17 @@ def check_history(
                 )
         late += sum(1 for a, b in itertools.pairwise(keys) if b - a > 1_900_000)
     assert links >= 2 * len(ENTRIES), f"only {links} runs followed others: too few to check"
+    # one record per run: the row its claim wrote (in the beats' namespace), which the
+    # worker that ran it started and ended; none beside it in the workers' namespace
+    ran = {r.task_id for r in rows}
+
+    def ended() -> set[str]:
+        runs = c.backend.runs.newest(namespace, limit=1_000_000)
+        return {r.row.task_id for r in runs if r.row.state == ENDED}
+
+    wait_until(lambda: ran <= ended(), 30, "every run executed ends the row its claim wrote")
+    if namespace != c.namespace:
+        assert not ran & {r.row.task_id for r in c.backend.runs.newest(c.namespace, limit=10**6)}
     terms = {r.term for r in rows}
     assert None not in terms
     return {"executions": len(rows), "runs_checked": links, "late_ticks": late,
@@ -193,21 +206,23 @@ def test_a_beat_run_whose_singleton_key_is_busy_runs_once_after_its_requeue(
     assert set(ends().values()) == {"SUCCESS"}, ends()
 
 
-def test_runs_whose_mark_changed_nothing_are_sent_again_by_the_same_leader(
+def test_runs_whose_confirm_changed_nothing_are_sent_again_by_the_same_leader(
     cluster: Cluster,
 ) -> None:
-    """The leading beat's first mark changes nothing (window 3 of issue 52; proj.py's
-    E2E_FIRST_MARK_CHANGES_NOTHING): its runs stay pending in the store and the ledger
-    forgets them. At 50bbd93 both entries then stalled until the next failover; here the
-    leader's recheck sends them again (the worker runs each once) and they go on."""
+    """The leading beat's first confirm changes nothing (window 3 of issue 52; proj.py's
+    E2E_FIRST_MARK_CHANGES_NOTHING): its runs stay claimed in the store and the ledger
+    forgets them. A worker that starts a run ends its claim too, so the worker starts only
+    once the leader found them: at 50bbd93 both entries stalled until the next failover;
+    here the leader's recheck sends them again (the worker runs each once) and they go on."""
     c = cluster
-    c.start("w")
     c.start_beat("b1", env={"E2E_FIRST_MARK_CHANGES_NOTHING": "1"})
     leader = c.wait_beat_leader(30)
+    log = c.tmp / "b1.log"
+    wait_until(lambda: "did not confirm" in log.read_text(), 60, "the recheck's resend")
+    c.start("w")
     wait_ticks(c, 4)
     stats = check_history(c, [], f"{c.namespace}-beat")
     assert stats["terms"] == 1 and c.beat_leader() == leader  # no failover
-    assert "did not mark sent" in (c.tmp / "b1.log").read_text()
 
 
 def test_three_workers_with_embedded_beat(cluster: Cluster) -> None:
@@ -285,40 +300,36 @@ def test_an_embedded_beat_forks_its_publisher_and_sends_each_run_once(cluster: C
 
 
 def test_a_run_sent_again_while_its_first_copy_runs_is_run_once(cluster: Cluster) -> None:
-    """b1 publishes a run and is SIGKILLed before it marks it sent (it hangs in Celery's
-    ``after_task_publish``, the message out: proj.py's E2E_HANG_AFTER_FILE); b2 sends it
-    again under its task id at its promotion while the first copy still runs (each run
-    lasts 10 s, ``acks_late``, free pool slots): that copy is put off while the first
-    copy's worker lives, then skipped once the run ended; the run runs once, and its
-    history row ends with the first copy's end."""
+    """A second copy of a run comes while the first runs (each run lasts 10 s,
+    ``acks_late``, free pool slots): kombu's publish retry, a redelivery, a copy a
+    deposed leader sent; here the test's own publish of the run's message. It is put off
+    while the first copy's worker lives, then skipped once the run ended; the run runs
+    once, and both its row and its history row end with the first copy's end (window 10
+    of issue 52: at 50bbd93 the skipped copy closed the history row IGNORED while the
+    first copy ran). A new leader would not send it again: the worker's start ended its
+    claim (tests/integration/test_run_ledger.py)."""
     c = cluster
-    hang = c.tmp / "hang"
-    hang.touch()
-    slow = {"E2E_TICK_SECONDS": "10"}
     c.start("w", c=6)
-    c.start_beat("b1", env={**slow, "E2E_HANG_AFTER_FILE": str(hang)})
-    assert c.wait_beat_leader(30) == "b1"
-    c.start_beat("b2", env=slow)  # a follower: it takes over as soon as b1 dies
-    first = wait_until(lambda: c.rows(c.ticks) or None, 30, "b1's first run started")
-    assert len(first) == 1 and first[0].ended_at is None  # running, b1 hangs unmarked
-    task_id = first[0].task_id
-    beat_ns = f"{c.namespace}-beat"
-    assert first[0].entry in c.backend.beat.pending_runs(beat_ns)
-    c.signal("b1", signal.SIGKILL)
-    assert c.wait_beat_leader(30, other_than="b1") == "b2"
+    c.start_beat("b1", env={"E2E_TICK_SECONDS": "10"})
+    c.wait_beat_leader(30)
+    first = wait_until(lambda: c.rows(c.ticks) or None, 30, "the first run started")[0]
+    task_id, beat_ns = first.task_id, f"{c.namespace}-beat"
+    headers = {HEADER: first.run, ROWS: beat_ns, "election_term": first.term}
+    c.app.send_task("tests.e2e.proj.tick", [first.entry, 10.0], task_id=task_id, headers=headers)
     log = c.tmp / "w.log"
     wait_until(lambda: f"[{task_id}] delayed" in log.read_text() or None, 30,
-               "the copy b2 sent again, put off by the worker")  # fmt: skip
+               "the second copy, put off by the worker")  # fmt: skip
     assert c.rows(c.ticks)[0].ended_at is None  # judged while the first copy ran
     wait_until(lambda: c.rows(c.ticks)[0].ended_at or None, 30, "the first copy's end")
     wait_until(lambda: f"[{task_id}] skipped" in log.read_text() or None, 30,
                "the copy back after the end, skipped")  # fmt: skip
     assert [r.task_id for r in c.rows(c.ticks)].count(task_id) == 1
-    # the skipped copy did not close the run's history row: the first copy's end did
-    # (window 10 of issue 52: at 50bbd93 it ended IGNORED while the first copy ran)
+    stored = c.backend.runs.load(beat_ns, run_key(task_id))
+    assert stored is not None and stored.row.state == ENDED, stored
+    assert stored.row.outcome == "SUCCESS" and stored.row.attempt == 1, stored
     store = schedule_store(c.backend)  # type: ignore[arg-type]
     row = wait_until(
-        lambda: next((h for h in store.history(beat_ns, first[0].entry, limit=50)
+        lambda: next((h for h in store.history(beat_ns, first.entry, limit=50)
                       if h.task_id == task_id and h.outcome), None),
         30, "the run's history row ends",
     )  # fmt: skip

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from celery_election import Elector, RevokeReason
 from celery_election.backends import backend_from_url
 from celery_election.cli import election
+from celery_election.runstate import run_task_id
 
 from ..conftest import unique_prefix
 
@@ -301,7 +302,7 @@ def test_status_shows_the_beat_runs_claimed_and_not_yet_sent(target: tuple[str, 
         assert "report" in shown.output
         info = json.loads(cli(url, prefix, "status", "-N", "jobs-beat", "--json").output)
         assert [(p["entry"], p["term"]) for p in info["pending_runs"]] == [("report", lease.term)]
-        assert backend.beat.mark_sent("jobs-beat", lease.term, ["report"]) == 1
+        assert backend.runs.confirm("jobs-beat", [run_task_id("jobs-beat", "report", 5)]) == 1
         shown = cli(url, prefix, "status", "-N", "jobs-beat")
         assert "pending" not in shown.output
         assert (

@@ -1,10 +1,11 @@
-"""The run ledger on every backend: a claimed run is pending until the broker took it.
+"""The run ledger on every backend: a claimed run is a row, claimed until the broker took it.
 
-A run a leader claims to send stays pending in the store until ``mark_sent``; while it is,
-the entry's next run cannot be claimed (by this leader or the next), so a run that was
-claimed and never sent is found by whoever leads next (``pending_runs``) instead of being
-skipped. A state stored with no send (a run skipped by a catch-up policy, an operator's
-edit adopted) is never pending.
+A claim of a run to send writes the run's row in its own transaction (state ``claimed``,
+the claiming term, task id ``run_task_id`` of the new state). Until the row is confirmed
+(the broker accepted a copy), started by a worker or dropped, the entry's next run cannot
+be claimed (by this leader or the next), so a run claimed and never sent is found by
+whoever leads next (``pending_runs``) instead of being skipped. A state stored with no send
+(a run skipped by a catch-up policy, an operator's edit adopted) has no row.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from celery_election.backends.base import PendingRun, RunRequest, RunState
+from celery_election.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 
 from ..conftest import EVERY_KIND, expire, make_backend, token
 
@@ -33,36 +35,66 @@ def _lead(backend: Any) -> tuple[str, int]:
     return me, backend.elect(NS, me, "beat", 30.0).lease.term
 
 
-def test_a_claimed_run_is_pending_until_marked_sent_and_blocks_the_next(backend: Any) -> None:
+def _id(name: str, at: int) -> str:
+    return run_task_id(NS, name, at)
+
+
+def _row(backend: Any, name: str, at: int) -> Any:
+    stored = backend.runs.load(NS, run_key(_id(name, at)))
+    return None if stored is None else stored.row
+
+
+def test_a_claimed_run_is_a_row_until_confirmed_and_blocks_the_next(backend: Any) -> None:
     store = backend.beat
     me, term = _lead(backend)
-    first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+    first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True, task_name="t.job")
     assert first.won
+    row = _row(backend, "job", 1_000)
+    assert (row.state, row.term, row.entry, row.due) == (CLAIMED, term, "job", 0)
+    assert backend.runs.load(NS, run_key(_id("job", 1_000))).task_name == "t.job"
     assert store.pending_runs(NS) == {
         "job": PendingRun("job", 0, first.state, store.pending_runs(NS)["job"].claimed_us)
     }
     # the next run waits for this one: refused, the stored state reported as it is
     blocked = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
     assert not blocked.won and blocked.leading and blocked.state == first.state
-    assert store.mark_sent(NS, term, ["job"]) == 1
+    assert _row(backend, "job", 2_000) is None  # a refused claim writes no row
+    assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 1
+    assert _row(backend, "job", 1_000).state == SENT
     assert store.pending_runs(NS) == {}
-    assert store.mark_sent(NS, term, ["job"]) == 0  # once
+    assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # once
     second = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
     assert second.won
     assert store.pending_runs(NS)["job"].run == 1_000  # the key: the run it follows
+    assert _row(backend, "job", 2_000).due == 1_000
 
 
-def test_a_state_stored_without_a_send_is_not_pending(backend: Any) -> None:
+def test_a_state_stored_without_a_send_has_no_row(backend: Any) -> None:
     store = backend.beat
     me, term = _lead(backend)
     stored = store.claim_run(NS, me, term, "skipped", None, 1_000)
     batch = store.claim_runs(NS, me, term, [RunRequest(f"s{i}", None, 5) for i in range(3)])
     assert stored.won and all(c.won for c in batch)
     assert store.pending_runs(NS) == {}
+    assert _row(backend, "skipped", 1_000) is None and _row(backend, "s0", 5) is None
     assert store.claim_run(NS, me, term, "skipped", stored.state, 2_000).won
 
 
-def test_only_the_claiming_term_marks_its_runs_sent(backend: Any) -> None:
+def test_a_worker_that_starts_the_run_before_its_confirm_ends_the_hold(backend: Any) -> None:
+    """A fast worker takes the claimed row: the run is on its way, the entry is free."""
+    store = backend.beat
+    me, term = _lead(backend)
+    first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+    d = Delivery("t.job", 0, _id("job", 1_000), "tok", None, False)
+    assert backend.runs.start(NS, d, lambda w: True).run
+    assert store.pending_runs(NS) == {}
+    assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # started: not claimed
+    assert store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True).won
+
+
+def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropped(
+    backend: Any,
+) -> None:
     store = backend.beat
     a, old = _lead(backend)
     claimed = store.claim_run(NS, a, old, "job", None, 1_000, pending=True)
@@ -70,31 +102,34 @@ def test_only_the_claiming_term_marks_its_runs_sent(backend: Any) -> None:
     expire(backend, NS)
     b = token()
     new = backend.elect(NS, b, "beat-b", 30.0).lease.term
-    assert store.mark_sent(NS, new, ["job"]) == 0  # not its run: still pending
     found = store.pending_runs(NS)["job"]
     assert found.state.term == old and found.run == 0
-    # the new leader cannot claim past it: it must send it first
+    # the new leader cannot claim past it: it must send it (or drop it) first
     assert not store.claim_run(NS, b, new, "job", claimed.state, 2_000, pending=True).won
-    assert store.mark_sent(NS, found.state.term, ["job"]) == 1
+    assert backend.runs.drop(NS, [_id("job", 1_000)], "expired") == 1
+    row = _row(backend, "job", 1_000)
+    assert (row.state, row.outcome) == (DROPPED, "expired")
+    assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # dropped stays dropped
     assert store.claim_run(NS, b, new, "job", claimed.state, 2_000, pending=True).won
 
 
-def test_a_batch_claims_pending_runs_and_skips_an_entry_still_pending(backend: Any) -> None:
-    """Each request as alone: one pending entry refuses only its own run (on MySQL the
-    batch's winners are told from the rows it locked, pending ones included)."""
+def test_a_batch_claims_runs_and_skips_an_entry_still_claimed(backend: Any) -> None:
+    """Each request as alone: one claimed entry refuses only its own run (on MySQL the
+    batch's winners are told from the rows it locked, the claimed runs' rows included)."""
     store = backend.beat
     me, term = _lead(backend)
     names = [f"e{i}" for i in range(6)]
     firsts = store.claim_runs(NS, me, term, [RunRequest(n, None, 10, pending=True) for n in names])
     assert all(c.won for c in firsts)
     assert set(store.pending_runs(NS)) == set(names)
-    assert store.mark_sent(NS, term, names[1:]) == 5  # e0 stays pending
+    assert backend.runs.confirm(NS, [_id(n, 10) for n in names[1:]]) == 5  # e0 stays
     states = {n: c.state for n, c in zip(names, firsts, strict=True)}
     again = store.claim_runs(
         NS, me, term, [RunRequest(n, states[n], 20, pending=True) for n in names]
     )
     assert [c.won for c in again] == [False, True, True, True, True, True]
     assert again[0].state == states["e0"] and again[0].leading
+    assert _row(backend, "e0", 20) is None and _row(backend, "e1", 20).state == CLAIMED
     pending = store.pending_runs(NS)
     assert {n: p.run for n, p in pending.items()} == {"e0": 0, **{n: 10 for n in names[1:]}}
     assert pending["e3"].state == RunState(20, 2, term)
@@ -108,11 +143,23 @@ def test_a_batch_mixing_sends_and_stores_is_refused(backend: Any) -> None:
         store.claim_runs(NS, me, term, mixed)
 
 
-def test_marks_of_a_large_burst_go_in_batches(backend: Any) -> None:
+def test_a_large_burst_writes_its_rows_and_confirms_them_in_batches(backend: Any) -> None:
     store = backend.beat
     me, term = _lead(backend)
     names = [f"burst-{i}" for i in range(1_200)]
     claims = store.claim_runs(NS, me, term, [RunRequest(n, None, 7, pending=True) for n in names])
     assert all(c.won for c in claims)
-    assert store.mark_sent(NS, term, names) == 1_200
+    assert len(store.pending_runs(NS)) == 1_200
+    assert backend.runs.confirm(NS, [_id(n, 7) for n in names]) == 1_200
     assert store.pending_runs(NS) == {}
+
+
+def test_a_claimed_run_outlives_the_retention_until_it_is_sent(backend: Any) -> None:
+    """The prune keeps a claimed row: it holds its entry until a leader sends it."""
+    me, term = _lead(backend)
+    requests = [RunRequest(n, None, 7, pending=True) for n in ("a", "b")]
+    assert all(c.won for c in backend.beat.claim_runs(NS, me, term, requests))
+    assert backend.runs.confirm(NS, [_id("a", 7)]) == 1
+    assert backend.runs.prune(NS, -3600) == 1  # older than an hour from now: "a" only
+    assert _row(backend, "a", 7) is None and _row(backend, "b", 7).state == CLAIMED
+    assert set(backend.beat.pending_runs(NS)) == {"b"}

@@ -1,9 +1,9 @@
 """The run ledger in the beat (in process, the memory backend): owed, recovered, one id.
 
-A run a leader claimed is pending in the store until its send returned; a send that
+A run a leader claimed is a claimed row in the store until the broker took it; a send that
 raised is owed and sent again, under the same task id, once its back-off passed; a run
 an earlier term left pending is sent by the next leader before its own claims; the tick
-marks what went out. The store's side, on every backend: tests/integration/test_run_ledger.py.
+confirms what went out. The store's side, on every backend: tests/integration/test_run_ledger.py.
 """
 
 from __future__ import annotations
@@ -128,33 +128,33 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     assert len(s.sent) == 2  # nothing claimed twice
 
 
-def test_a_run_whose_mark_changed_nothing_is_sent_again_by_the_same_term(
+def test_a_run_whose_confirm_changed_nothing_is_sent_again_by_the_same_term(
     shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mark that met a lock timeout and changed nothing (window 3 of issue 52): the run
-    stays pending in the store, the ledger forgot it. The leader's recheck of the store
-    sends it again under its task id, then marks it; at 50bbd93 only a failover did."""
+    """A confirm that met a lock timeout and changed nothing (window 3 of issue 52): the
+    run stays claimed in the store, the ledger forgot it. The leader's recheck of the store
+    sends it again under its task id, then confirms it; at 50bbd93 only a failover did."""
     from celery_election.beat import sender
 
     monkeypatch.setattr(sender, "RECHECK_AGE", 0.0)  # here: the next settle's recheck
     monkeypatch.setattr(sender, "RECHECK_EVERY", 0.0)
-    real = shared.beat.mark_sent
+    real = shared.runs.confirm
     calls: list[int] = []
 
     def first_changes_nothing(*args: Any, **kwargs: Any) -> int:
         calls.append(1)
         return 0 if len(calls) == 1 else real(*args, **kwargs)
 
-    monkeypatch.setattr(shared.beat, "mark_sent", first_changes_nothing)
+    monkeypatch.setattr(shared.runs, "confirm", first_changes_nothing)
     s = flaky(started, fail=0)
-    s.tick()  # claimed, sent, and the mark changed nothing
+    s.tick()  # claimed, sent, and the confirm changed nothing
     assert len(s.sent) == 1 and set(shared.beat.pending_runs(NS)) == {"job"}
     election = s._fence.election
     assert election is not None and election.elector is not None
     term = election.elector.term
     s.tick()  # the recheck: pending in the store, unknown to the ledger: sent again
     assert s.ids[1] == s.ids[0] and s.headers[1][RESENT] == 1
-    assert shared.beat.pending_runs(NS) == {}  # and marked
+    assert shared.beat.pending_runs(NS) == {}  # and confirmed
     assert election.elector.term == term  # by the same term: no failover needed
 
 
@@ -219,3 +219,30 @@ def test_expires_is_counted_on_the_database_clock(
     assert isinstance(when, datetime) and when.tzinfo is not None
     assert db_now + 290 < when.timestamp() < db_now + 310
     assert s.schedule["job"].options["expires"] == 300  # the entry itself unchanged
+
+
+def test_the_leader_prunes_its_namespaces_old_runs_and_keeps_the_claimed(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claims write the rows in the beats' namespace, where no worker prunes: the
+    leader's recheck does, a batch at a time, and never a run still claimed."""
+    from dataclasses import replace
+
+    from celery_election import runonce
+    from celery_election.beat import sender
+    from celery_election.runstate import run_key
+
+    monkeypatch.setattr(sender, "RECHECK_EVERY", 0.0)  # here: every settle rechecks
+    monkeypatch.setattr(runonce, "PRUNE_EVERY", 0.0)  # and prunes
+    s = flaky(started, fail=0)
+    s.tick()  # claimed, sent, confirmed: a sent row
+    first = s.ids[0]
+    assert first is not None and shared.runs.load(NS, run_key(first)) is not None
+    election = s._fence.election
+    assert election is not None and election.elector is not None
+    claimed = run_task_id(NS, "gone", 1)  # a run claimed and not sent yet
+    assert shared.runs.claim(NS, election.elector.term, [("gone", 0, claimed)]) == [True]
+    election.settings = replace(election.settings, run_once_retention=-3600.0)  # all old
+    s.tick()
+    assert shared.runs.load(NS, run_key(first)) is None  # pruned
+    assert shared.runs.load(NS, run_key(claimed)) is not None  # kept: it holds its entry

@@ -11,11 +11,20 @@ from typing import Any
 import pytest
 from celery import Celery, states
 
-from celery_election import MemoryBackend, init_app, leader_task, metrics, once, once_task, runonce
+from celery_election import (
+    MemoryBackend,
+    init_app,
+    leader_task,
+    metrics,
+    once,
+    once_task,
+    runonce,
+    runstate,
+)
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.metrics.counters import LocalCounters
-from celery_election.once import HEADER, RESENT, OnceTask, guard_registered
+from celery_election.once import HEADER, RESENT, ROWS, OnceTask, guard_registered
 from celery_election.runonce import RunGuard, run_key
 from celery_election.runstate import Delivery
 from celery_election.shared_state import SharedLeadership
@@ -165,6 +174,29 @@ def test_the_worker_check_guards_only_beat_runs(app: Celery, backend: MemoryBack
     plain.apply(("c",), task_id=tid, headers=run)
     assert plain.apply(("d",), task_id=tid, headers=run).state == states.IGNORED
     assert ran == ["a", "b", "c"] and counted(plain, "duplicate") == 1
+
+
+def test_a_beat_run_starts_and_ends_the_row_its_beat_claimed(
+    app: Celery, backend: MemoryBackend
+) -> None:
+    """A standalone beat claims in its own namespace, not the workers': the message names
+    it (``ROWS``), so the worker starts and ends that row, the run's one record."""
+    ran: list[str] = []
+
+    @app.task(shared=False)
+    def job(tag: str) -> None:
+        ran.append(tag)
+
+    guard_registered(app)
+    term = backend.elect("unit-beat", "me", "beat", 30.0).lease.term
+    tid = runstate.run_task_id("unit-beat", "job", 5)
+    backend.runs.claim("unit-beat", term, [("job", 0, tid)])
+    run = {HEADER: 0, ROWS: "unit-beat"}
+    job.apply(("a",), task_id=tid, headers=run)
+    assert job.apply(("b",), task_id=tid, headers=run).state == states.IGNORED
+    stored = backend.runs.load("unit-beat", runstate.run_key(tid))
+    assert ran == ["a"] and stored is not None and stored.row.state == runstate.ENDED
+    assert backend.runs.load(NS, runstate.run_key(tid)) is None  # no second record
 
 
 def test_a_beat_run_that_nothing_checks_is_warned_of_once(
