@@ -161,12 +161,11 @@ def _status(t: Target) -> dict[str, Any]:
 
 def _pending(t: Target, now_us: int) -> list[dict[str, Any]]:
     """The namespace's beat runs claimed and not yet sent, the oldest first."""
-    runs = t.backend.beat.pending_runs(t.namespace).values()
-    out = [
-        {"entry": p.entry_name, "term": p.state.term, "age": max(0, now_us - p.claimed_us) / 1e6}
-        for p in runs
-    ]
-    return sorted(out, key=lambda p: -p["age"])
+    return [
+        {"entry": p.entry_name, "term": p.state.term, "age": max(0, now_us - p.claimed_us) / 1e6,
+         "run_now": p.run_now}
+        for p in t.backend.beat.pending_runs(t.namespace)
+    ]  # fmt: skip
 
 
 # -- the group ------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ __all__ = [
     "reap",
     "release",
     "run_key",
+    "run_now_task_id",
     "run_task_id",
     "start",
 ]
@@ -75,6 +76,11 @@ def run_task_id(namespace: str, entry: str, at: int) -> str:
     copy of the run, whoever sends it, names that one row.
     """
     return str(uuid.uuid5(_RUNS, f"{namespace}\0{entry}\0{at}"))
+
+
+def run_now_task_id(namespace: str, entry: str, requested_at: int) -> str:
+    """The task id of every send of the "run now" of ``entry`` requested at ``requested_at``."""
+    return str(uuid.uuid5(_RUNS, f"{namespace}\0{entry}\0now\0{requested_at}"))
 
 
 def run_key(task_id: str, retries: int = 0) -> str:

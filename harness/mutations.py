@@ -125,6 +125,10 @@ ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipp
 WINDOW4_E2E = (
     "tests/e2e/test_run_once.py::test_acks_late_a_run_killed_mid_task_runs_exactly_once_more"
 )
+RUN_NOW_ROW = (
+    "tests/integration/test_schedule_beat.py::"
+    "test_a_run_now_whose_term_ended_before_its_send_is_sent_once_from_its_row"
+)
 VERSIONS = ["tests/integration/test_versions.py"]
 TRACING_PY = "celery_election/tracing.py"
 TRACING = ["tests/e2e/test_tracing.py"]
@@ -351,7 +355,8 @@ MUTATIONS = [
     M("ledger-claim-writes-row", SQL_BEAT, "                if pending:\n", "                if False:\n", LEDGER),
     M("ledger-mem-claim-writes-row", MEM_BEAT, "            b.runs.claim(namespace, term,", "            (namespace, term,", LEDGER),
     M("ledger-confirm-claimed-only", SQL_RUNS, "t.c.run_key.in_(keys), t.c.state == CLAIMED)", "t.c.run_key.in_(keys))", LEDGER),
-    M("ledger-pending-claimed-only", SQL_BEAT, "r.c.namespace == namespace, r.c.state == CLAIMED\n", "r.c.namespace == namespace\n", LEDGER),
+    M("ledger-pending-claimed-only", SQL_BEAT, ".where(r.c.namespace == namespace, r.c.state == CLAIMED)",
+      ".where(r.c.namespace == namespace)", LEDGER),
     M("ledger-prune-keeps-claimed", SQL_RUNS, "t.c.started_at < cut, kept)", "t.c.started_at < cut)", LEDGER),
     M("ledger-mem-prune-keeps-claimed", MEM_RUNS, "s.created_us < cut\n                   and s.row.state != runstate.CLAIMED]",
       "s.created_us < cut]", LEDGER),
@@ -419,8 +424,11 @@ MUTATIONS = [
     M("sched-run-now-unexpired", SQL_SCHED, "                lease.c.expires_at > db_now_us(),\n", "", SCHED),
     M("sched-run-now-entry", SQL_SCHED, 't.c.entry_key == sa.bindparam("p_key", type_=key_type(40)),',
       'sa.bindparam("p_key", type_=key_type(40)).is_not(None),', SCHED),
-    M("sched-run-now-given-back", SENDER, "                self.policy.not_sent_now(entry, run_now)\n",
-      "                pass\n", ["tests/integration/test_schedule_beat.py::test_a_run_now_whose_term_ended_before_its_send_is_asked_again_and_runs_once"]),
+    M("sched-run-now-row", SQL_SCHED, "            self.backend.runs.write_claimed(conn, lease_ns, term, [run])\n", "",
+      [RUN_NOW_ROW, WINDOW_E2E + "test_a_run_now_whose_leader_dies_before_its_send_runs_once"]),
+    M("ledger-recovers-run-now", LEDGER_PY, "            if run.run_now:\n                out.append((entry, None, run.run))\n                continue\n",
+      "            if run.run_now:\n                continue\n",
+      [RUN_NOW_ROW, WINDOW_E2E + "test_a_run_now_whose_leader_dies_before_its_send_runs_once"]),
     M("sched-request-once", "celery_election/schedule/api.py",
       'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
     M("sched-store-lost-round", SQL_SCHED, "        except LostRound as exc:", "        except ZeroDivisionError as exc:",
@@ -547,7 +555,7 @@ MUTATIONS = [
     # -- windows of issue 52 closed in the mechanisms of 0.2 (until the run is one row) -------
     M("ledger-recheck", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
       "            if False:", LEDGER_BEAT),
-    M("ledger-recheck-known", LEDGER_PY, "if n not in known and r.claimed_us < cut}", "if r.claimed_us < cut}", LEDGER_BEAT),
+    M("ledger-recheck-known", LEDGER_PY, "if r.claimed_us < cut and not self._knows(r)]", "if r.claimed_us < cut]", LEDGER_BEAT),
     M("ledger-recheck-e2e", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
       "            if False:", [WINDOW_E2E + "test_runs_whose_confirm_changed_nothing_are_sent_again_by_the_same_leader"]),
     M("once-singleton-after-key", ONCE, ' or getattr(cls, "election_check_in_call", False):', ":",
@@ -620,17 +628,22 @@ def run(m: Mutation, python: str) -> tuple[str, float]:
     if source.count(m.old) != 1:
         return "NOT FOUND", 0.0
     path.write_text(source.replace(m.old, m.new))
+    start = time.monotonic()
     try:
-        start = time.monotonic()
         done = subprocess.run(
             # -m "": the second tier's tests count too (pyproject deselects them)
             [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *m.tests],
-            cwd=ROOT, capture_output=True, text=True, timeout=1800,
+            cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
         )  # fmt: skip
-        took = time.monotonic() - start
+    except subprocess.TimeoutExpired:  # a hang is no failing assertion: said, not counted
+        return "TIMEOUT", time.monotonic() - start
     finally:
         path.write_text(source)
-    return VERDICTS.get(done.returncode, f"ERROR {done.returncode}"), took
+    return VERDICTS.get(done.returncode, f"ERROR {done.returncode}"), time.monotonic() - start
+
+
+#: Seconds a mutation's tests may take (the slowest take under 2 minutes).
+TIMEOUT = 600
 
 
 #: pytest's exit codes: 1 is a test that failed. Any other (2 interrupted, a collection
@@ -643,8 +656,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="", help="Run the mutations whose id starts so.")
     parser.add_argument("--json", help="Also write the results here.")
+    parser.add_argument("--after", default="", help="Resume: the mutations after this id.")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if m.id.startswith(args.only)]
+    if args.after:
+        chosen = chosen[[m.id for m in chosen].index(args.after) + 1 :]
     files = sorted({m.file for m in chosen})
     dirty = subprocess.run(["git", "status", "--porcelain", *files], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()  # fmt: skip

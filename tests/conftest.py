@@ -374,3 +374,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 def failed(request: pytest.FixtureRequest) -> bool:
     report = getattr(request.node, "rep_call", None)
     return report is None or report.failed
+
+
+def by_entry(pending: list[Any]) -> dict[str, Any]:
+    """Pending runs (``BeatStore.pending_runs``) by entry name: the scheduled ones."""
+    return {p.entry_name: p for p in pending if not p.run_now}

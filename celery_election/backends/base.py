@@ -9,9 +9,10 @@ are given, so a late call from an old term cannot touch a newer one.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .. import runstate
 from ..keys import KeyHold, KeyResult
 from ..lease import CandidateInfo, ElectResult, Lease
 from ..runstate import Delivery, Row, Start
@@ -124,15 +125,34 @@ class RunRequest:
 class PendingRun:
     """A run a leader claimed and the broker has not accepted yet: its row, claimed.
 
-    ``run`` is the run's key, the stored last run it follows (0: the entry's first run);
-    ``state`` is the entry's state with that run stored; ``claimed_us`` when it was
-    claimed (database clock, epoch us).
+    ``run`` is the run's key, the stored last run it follows (0: the entry's first run),
+    or a "run now"'s request time (``run_now``); ``state`` is the entry's state (with that
+    run stored) and the term that owes the run; ``claimed_us`` when it was claimed
+    (database clock, epoch us).
     """
 
     entry_name: str
     run: int
     state: RunState
     claimed_us: int
+    task_id: str = ""
+    run_now: bool = False
+
+
+def pending_run(
+    namespace: str, entry: str, due: int, term: int, claimed_us: int, task_id: str,
+    state: RunState | None,
+) -> PendingRun | None:  # fmt: skip
+    """A claimed row as a pending run: a "run now" (its id says so) or the entry's next.
+
+    None: a run of an entry with no stored state, which no claim of a run writes.
+    """
+    now = task_id == runstate.run_now_task_id(namespace, entry, due)
+    if state is None:
+        if not now:
+            return None
+        state = RunState(0, 0, term)
+    return PendingRun(entry, due, replace(state, term=term), claimed_us, task_id, now)
 
 
 def check_batch(requests: Sequence[RunRequest]) -> None:
@@ -203,13 +223,11 @@ class BeatStore(Protocol):
         burst of due runs costs a round trip per batch, not per entry.
         """
 
-    def pending_runs(
-        self, namespace: str, *, timeout: float | None = None
-    ) -> dict[str, PendingRun]:
-        """The runs whose rows are claimed and not confirmed, by entry name (any term).
+    def pending_runs(self, namespace: str, *, timeout: float | None = None) -> list[PendingRun]:
+        """The runs whose rows are claimed and not confirmed (any term), oldest first.
 
-        At most one per entry: the entry's next run is not claimed before its last one is
-        confirmed (``RunStore.confirm``) or dropped.
+        At most one scheduled run per entry (the entry's next run is not claimed before its
+        last one is confirmed, started or dropped), and any "run now"s.
         """
 
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from ..clock import Clock
 from ..runstate import CLAIMED, run_key, run_task_id
-from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
+from .base import (
+    PendingRun,
+    RunClaim,
+    RunRequest,
+    RunState,
+    check_batch,
+    next_run_count,
+    pending_run,
+)
 from .memory_runs import MemoryRuns
 
 __all__ = ["MemoryBeatStore"]
@@ -102,21 +109,15 @@ class MemoryBeatStore:
         with b._lock:
             return [self._claim(namespace, token, term, r) for r in requests]
 
-    def pending_runs(
-        self, namespace: str, *, timeout: float | None = None
-    ) -> dict[str, PendingRun]:
-        """The runs claimed and not yet confirmed in ``namespace``, by entry name."""
+    def pending_runs(self, namespace: str, *, timeout: float | None = None) -> list[PendingRun]:
+        """The runs claimed and not yet confirmed in ``namespace``, oldest first."""
         b = self.backend
         b._enter("pending_runs")
-        out: dict[str, PendingRun] = {}
         with b._lock:
-            for stored in b.runs.claimed(namespace):
-                row = stored.row
-                state = b._runs.get((namespace, row.entry))
-                if state is not None:
-                    out[row.entry] = PendingRun(row.entry, row.due, replace(state, term=row.term),
-                                                stored.created_us)  # fmt: skip
-        return out
+            found = [pending_run(namespace, s.row.entry, s.row.due, s.row.term, s.created_us,
+                                 s.row.task_id, b._runs.get((namespace, s.row.entry)))
+                     for s in b.runs.claimed(namespace)]  # fmt: skip
+        return [p for p in found if p is not None]
 
 
 def _leads(b: _Host, namespace: str, token: str, term: int) -> bool:

@@ -92,10 +92,11 @@ class MemoryRuns:
                    for k in keys)  # fmt: skip
 
     def claimed(self, namespace: str) -> list[RunRecord]:
-        """The runs claimed and not confirmed yet, whichever term claimed them."""
+        """The runs claimed and not confirmed yet, whichever term claimed them, oldest first."""
         with self._lock:
-            return [s for (ns, _), s in self._rows.items()
-                    if ns == namespace and s.row.state == runstate.CLAIMED]  # fmt: skip
+            found = [s for (ns, _), s in self._rows.items()
+                     if ns == namespace and s.row.state == runstate.CLAIMED]  # fmt: skip
+        return sorted(found, key=lambda s: s.created_us)
 
     def clear(self) -> None:
         """Forget every run (the backend's uninstall)."""

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -49,7 +48,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from ..runstate import CLAIMED, run_key, run_task_id
-from .base import PendingRun, RunClaim, RunRequest, RunState, check_batch, next_run_count
+from .base import (
+    PendingRun,
+    RunClaim,
+    RunRequest,
+    RunState,
+    check_batch,
+    next_run_count,
+    pending_run,
+)
 from .schema import db_now_us, entry_key, key_type
 
 if TYPE_CHECKING:
@@ -162,54 +169,44 @@ class SQLBeatStore:
             out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
         return out
 
-    def pending_runs(
-        self, namespace: str, *, timeout: float | None = None
-    ) -> dict[str, PendingRun]:
-        """The runs whose rows are claimed and not confirmed, by entry name (any term).
+    def pending_runs(self, namespace: str, *, timeout: float | None = None) -> list[PendingRun]:
+        """The runs whose rows are claimed and not confirmed (any term), oldest first.
 
-        Through the (namespace, state) index; each with its entry's stored state, which
-        is the run's own (the claim past it waits for the confirm).
+        Through the (namespace, state) index; a scheduled run with its entry's stored
+        state, which is its own (the claim past it waits while it is claimed).
         """
         r, t = self.rows, self.table
-        claimed = sa.select(r.c.entry_name, r.c.due, r.c.term, r.c.started_at).where(
-            r.c.namespace == namespace, r.c.state == CLAIMED
+        claimed = (
+            sa.select(r.c.entry_name, r.c.due, r.c.term, r.c.started_at, r.c.task_id)
+            .where(r.c.namespace == namespace, r.c.state == CLAIMED)
+            .order_by(r.c.started_at)
         )
         keys = sa.bindparam("p_keys", expanding=True, type_=key_type(40))
         states = sa.select(
             t.c.entry_name, t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity
         ).where(t.c.namespace == namespace, t.c.entry_key.in_(keys))
 
-        def work(conn: Connection) -> dict[str, PendingRun]:
-            rows = {str(row.entry_name): row for row in conn.execute(claimed)}
-            if not rows:
-                return {}
-            stored = {
-                str(row.entry_name): _state(row)
-                for row in conn.execute(states, {"p_keys": [entry_key(n) for n in rows]})
-            }
-            return {
-                name: PendingRun(name, int(row.due or 0),
-                                 replace(stored[name], term=int(row.term)), int(row.started_at))
-                for name, row in rows.items()
-                if name in stored
-            }  # fmt: skip
+        def work(conn: Connection) -> list[PendingRun]:
+            rows = conn.execute(claimed).all()
+            names = list({str(row.entry_name) for row in rows})
+            stored = {str(s.entry_name): _state(s)
+                      for s in conn.execute(states, {"p_keys": [entry_key(n) for n in names]})
+                      } if names else {}  # fmt: skip
+            found = [pending_run(namespace, str(row.entry_name), int(row.due or 0), int(row.term),
+                                 int(row.started_at), str(row.task_id),
+                                 stored.get(str(row.entry_name))) for row in rows]  # fmt: skip
+            return [p for p in found if p is not None]
 
         return self.backend.call(work, table=t, write=False, timeout=timeout, connection=None)
 
     def _write_rows(
         self, conn: Connection, namespace: str, term: int, won: Sequence[RunRequest]
     ) -> None:
-        """The rows of the runs a claim won, claimed under ``term``, in its transaction.
-
-        Insert-if-absent: a retried claim whose first answer was lost wrote them already.
-        """
-        rows = [_claimed_row(namespace, term, r) for r in won]
-        if rows:
-            conn.execute(self._insert_rows, rows)
-
-    @functools.cached_property
-    def _insert_rows(self) -> sa.Executable:
-        return self.backend.db.insert_ignore(self.rows, {"started_at": db_now_us()})
+        """The rows of the runs a claim won, in its transaction (sql_runs.py)."""
+        runs = [(r.entry_name, 0 if r.expected is None else r.expected.last_run_us,
+                 run_task_id(namespace, r.entry_name, r.last_run_us), r.task_name)
+                for r in won]  # fmt: skip
+        self.backend.runs.write_claimed(conn, namespace, term, runs)
 
     def _claim_chunk(
         self, namespace: str, token: str, term: int, chunk: list[RunRequest], conn: Connection
@@ -545,17 +542,6 @@ def _rows(
             params[f"wc{i}"] = r.expected.total_run_count
             params[f"wk{i}"] = _was_key(namespace, r.entry_name, r.expected)
     return params
-
-
-def _claimed_row(namespace: str, term: int, r: RunRequest) -> dict[str, Any]:
-    """The row of a run ``r``'s claim won: claimed under ``term``, keyed by its task id."""
-    task_id = run_task_id(namespace, r.entry_name, r.last_run_us)
-    return {
-        "namespace": namespace, "run_key": run_key(task_id), "task_id": task_id,
-        "task_name": (r.task_name or r.entry_name)[:255], "hostname": "", "pid": 0,
-        "attempt": 0, "state": CLAIMED, "term": term, "entry_name": r.entry_name[:500],
-        "due": 0 if r.expected is None else r.expected.last_run_us,
-    }  # fmt: skip
 
 
 def _was_key(namespace: str, entry_name: str, expected: RunState | None) -> str:

@@ -9,7 +9,7 @@ transaction of its own, bounded, errors mapped). ``SQLBackend`` is the one imple
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -17,6 +17,9 @@ from sqlalchemy.orm import Session
 
 from .dialect_base import Dialect
 from .sessions import LivenessSession
+
+if TYPE_CHECKING:
+    from .sql_runs import SQLRunStore
 
 __all__ = ["SQLHost"]
 
@@ -38,6 +41,10 @@ class SQLHost(Protocol):
     candidate: sa.Table
     beat_run: sa.Table
     key_hold: sa.Table
+
+    @property
+    def runs(self) -> SQLRunStore:
+        """The run rows (a beat's claim writes them in its transaction)."""
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
         """A liveness lock named by ``namespace`` on a connection of its own."""

@@ -20,7 +20,8 @@ ended, once finished).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -42,6 +43,8 @@ __all__ = ["SQLRunStore"]
 TRIES = 8
 #: Runs per confirm or drop statement.
 BATCH = 500
+#: A run a beat's claim won: (entry, due, task id, task name).
+Claimed = tuple[str, int, str, str]
 
 
 class SQLRunStore:
@@ -73,6 +76,22 @@ class SQLRunStore:
     def release(self, namespace: str, key: str, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""
         return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
+
+    def write_claimed(
+        self, conn: Connection, namespace: str, term: int, runs: Sequence[Claimed]
+    ) -> None:
+        """The rows of the runs a beat's claim won, claimed under ``term``, in its transaction.
+
+        Each (entry, due, task id, task name). Insert-if-absent: a retried claim whose
+        first answer was lost wrote them already.
+        """
+        rows = [_claimed(namespace, term, *run) for run in runs]
+        if rows:
+            conn.execute(self._insert_claimed, rows)
+
+    @functools.cached_property
+    def _insert_claimed(self) -> sa.Executable:
+        return self.backend.db.insert_ignore(self.table, {"started_at": db_now_us()})
 
     def confirm(self, namespace: str, task_ids: Collection[str]) -> int:
         """The broker accepted these beat runs: claimed -> sent (``runstate.confirm``)."""
@@ -244,6 +263,13 @@ class SQLRunStore:
             f"election database {self.backend.description} refused a run's {what} "
             f"(lock contention); try again"
         )
+
+
+def _claimed(namespace: str, term: int, entry: str, due: int, task_id: str, task: str) -> Any:
+    """The row of a run a beat's claim won (``write_claimed``)."""
+    return dict(namespace=namespace, run_key=runstate.run_key(task_id), task_id=task_id,
+                task_name=(task or entry)[:255], hostname="", pid=0, attempt=0, state=CLAIMED,
+                term=term, entry_name=entry[:500], due=due)  # fmt: skip
 
 
 def _row(raw: Any) -> Row:

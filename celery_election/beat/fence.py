@@ -268,7 +268,7 @@ class BeatFence:
 
     # -- the run ledger ---------------------------------------------------------------------
 
-    def pending_runs(self) -> dict[str, PendingRun]:
+    def pending_runs(self) -> list[PendingRun]:
         """The runs claimed and not confirmed in this namespace (by any term)."""
         election = self.election
         assert election is not None

@@ -36,6 +36,7 @@ from typing import Any
 from celery.schedules import schedstate
 
 from .. import metrics, runonce, tracing
+from ..backends.base import PendingRun
 from ..clock import boottime
 from ..errors import ElectionError
 from ..runstate import run_task_id
@@ -52,6 +53,10 @@ RETRY_FIRST, RETRY_MAX = 0.5, 10.0
 #: while leading, the store's pending runs are read again this often (seconds); one pending
 #: this long that this ledger does not know is sent again (longer than a batch's confirms)
 RECHECK_EVERY, RECHECK_AGE = 10.0, 30.0
+
+
+#: A run to send again: (entry, its claim, None) or, a "run now", (entry, None, its key).
+Recovered = tuple[Any, Claim | None, int | None]
 
 
 @dataclass
@@ -96,6 +101,10 @@ class RunLedger:
         self._owed.pop(name, None)
         self._claimed_by.pop(name, None)
         self._unconfirmed[self.task_id(entry, claim)] = name
+
+    def sent_now(self, name: str, task_id: str) -> None:
+        """The broker took a "run now" of ``name``: confirm its row at the flush."""
+        self._unconfirmed[task_id] = name
 
     def failed(self, entry: Any, claim: Claim) -> None:
         """The run's send failed: owed, and sent again after a back-off."""
@@ -157,44 +166,53 @@ class RunLedger:
 
     def recover(
         self, lead: BeatTerm, schedule: dict[str, Any], *, older_than: float | None = None
-    ) -> list[tuple[Any, Claim]]:
+    ) -> list[Recovered]:
         """The runs earlier terms claimed and never sent, to send now under ``lead``.
 
-        Each keeps its key and task id. One whose ``expires`` has passed is marked, not
-        sent (counted and logged as expired); one of an entry no longer in the schedule
-        is marked and logged (its task is not known here). ``older_than`` (a recheck while
-        leading): only the runs pending that many seconds that this ledger does not owe
-        and is not about to mark, whichever term claimed them.
+        Each keeps its key and task id: a scheduled run as a claim of ``lead``, a "run
+        now" with its request time. One whose ``expires`` has passed is dropped, not sent
+        (counted and logged as expired); one of an entry no longer in the schedule is
+        dropped and logged (its task is not known here). ``older_than`` (a recheck while
+        leading): only the runs claimed that many seconds ago that this ledger does not owe
+        and is not about to confirm, whichever term claimed them.
         """
         pending = self.fence.pending_runs()
         if older_than is not None:
-            known = set(self._owed).union(self._unconfirmed.values())
             now_db = time.time_ns() // 1000 + self.fence.offset_us
             cut = now_db - round(older_than * 1_000_000)
-            pending = {n: r for n, r in pending.items() if n not in known and r.claimed_us < cut}
-        out: list[tuple[Any, Claim]] = []
-        for name, run in pending.items():
+            pending = [r for r in pending if r.claimed_us < cut and not self._knows(r)]
+        out: list[Recovered] = []
+        for run in pending:
+            name, at = run.entry_name, run.state.last_run_us
             entry = schedule.get(name)
-            at = run.state.last_run_us
             if entry is None or _expired(entry, run.claimed_us, self.fence.offset_us):
                 why = "is no longer in the schedule" if entry is None else "expired"
                 log.warning("beat election: %s: the run claimed in term %s %s; not sent",
                             name, run.state.term, why)  # fmt: skip
                 # counted as a run dropped (celery_election_beat_runs_missed_total)
                 metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, name, "missed"))
-                task_id = run_task_id(self.fence.namespace, name, at)
-                if entry is not None:
+                if entry is not None and not run.run_now:
                     claim = Claim(True, run.state.term, run.run, at)
-                    tracing.beat_run_not_sent(self.fence, self, entry, claim, "expired", task_id)
-                self._dropped[task_id] = "removed" if entry is None else "expired"
+                    tracing.beat_run_not_sent(self.fence, self, entry, claim, "expired",
+                                              run.task_id)  # fmt: skip
+                self._dropped[run.task_id] = "removed" if entry is None else "expired"
+                continue
+            if run.run_now:
+                out.append((entry, None, run.run))
                 continue
             self._claimed_by[name] = run.state.term
-            out.append((entry, Claim(True, lead.term, run.run, at)))
+            out.append((entry, Claim(True, lead.term, run.run, at), None))
         if out:
             whose = "an earlier term" if older_than is None else "a term (this one included)"
             log.warning("beat election: sending %d runs %s claimed and did not confirm",
                         len(out), whose)  # fmt: skip
         return out
+
+    def _knows(self, run: PendingRun) -> bool:
+        """Whether this ledger owes ``run`` or is about to confirm it."""
+        if run.task_id in self._unconfirmed:
+            return True
+        return not run.run_now and run.entry_name in self._owed
 
 
 def _expired(entry: Any, claimed_us: int, offset_us: int) -> bool:

@@ -41,7 +41,7 @@ from typing import Any
 
 from .. import metrics
 from ..clock import boottime
-from ..errors import ConfigurationError, ElectionError
+from ..errors import ElectionError
 from ..schedule.spec import check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import Answers, shared_answer
@@ -193,7 +193,8 @@ class ScheduleOps(DefaultRunPolicy):
                 continue
             try:
                 won = store.claim_run_now(self.namespace, (election.namespace, lead.token,
-                                          lead.term), name, row.run_now_at)  # fmt: skip
+                                          lead.term), name, row.run_now_at,
+                                          str(entry.task))  # fmt: skip
             except ElectionError as exc:
                 log.warning("beat election: run now of %s not claimed (%s)", name, exc)
                 self.rows[name] = row  # try again at the next tick
@@ -203,36 +204,6 @@ class ScheduleOps(DefaultRunPolicy):
                 log.info("beat election: run now: %s (requested by %s)", name, row.updated_by)
                 runs.append(RunNow(entry, row.run_now_at))
         return runs
-
-    def not_sent_now(self, entry: Any, run_now: int) -> None:
-        """Store again a "run now" that this leader's claim consumed and never sent.
-
-        Its term ended between the claim and the send (leadership lapsed under load; a
-        loaded test run lost the click so): the click is written back as a click is, a
-        new version, so whichever beat leads next sends it once; a click made since stands
-        for both. A leader that dies in between still loses it (window 9 of issue 52:
-        the run's own row is to keep it).
-        """
-        store = self.store()
-        if store is None:
-            return
-
-        def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any] | None, Any]:
-            if current is None:  # removed since: nothing to run
-                return None, {}
-            return {"run_now_at": current.run_now_at or run_now}, {"not_sent": run_now}
-
-        name = str(entry.name)
-        try:
-            store.change(self.namespace, name, "run_now_back", f"beat {os.getpid()}", work)
-        except ConfigurationError:
-            return  # the entry was removed meanwhile
-        except ElectionError as exc:
-            log.warning("beat election: run now of %s not sent, and not stored again (%s)",
-                        name, exc)  # fmt: skip
-            return
-        # the send already warned that this beat does not lead: one line says what follows
-        log.info("beat election: run now of %s stored again for the next leader", name)
 
     def verdict(self, entry: Any, lead_now: Callable[[], BeatTerm | None]) -> Decision | None:
         """The policies' decision on a due entry (catch-up, resume, overlap), if leading."""

@@ -103,10 +103,6 @@ class RunPolicy(Protocol):
         """
         ...
 
-    def not_sent_now(self, entry: Any, run_now: int) -> None:
-        """A "run now" this leader won was not sent: the term ended first, nothing went out."""
-        ...
-
     def bursting(self, going_on: bool) -> None:
         """A burst goes on (``going_on``), or it is over: writes that can wait, wait."""
         ...
@@ -162,9 +158,6 @@ class DefaultRunPolicy:
     def sent(
         self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
     ) -> None:
-        return None
-
-    def not_sent_now(self, entry: Any, run_now: int) -> None:
         return None
 
     def bursting(self, going_on: bool) -> None:

@@ -27,6 +27,7 @@ from .. import metrics, shared_state, tracing
 from ..clock import boottime
 from ..errors import ElectionError
 from ..once import HEADER, RESENT, ROWS
+from ..runstate import run_now_task_id
 from ..settings import ElectionSettings
 from ..shared_state import SharedLeadership
 from .confirms import Confirms, applies
@@ -110,9 +111,7 @@ class Sender:
                 log.warning(_NOT_LEADING_NOW, entry.name)
             held = "refused" if claim is not None and not claim.won else "fenced"
             tracing.beat_run_not_sent(fence, self.ledger, entry, claim, held)
-            if run_now is not None:  # its claim consumed the click: give it back
-                self.policy.not_sent_now(entry, run_now)
-            return None
+            return None  # a claimed run (a "run now" too) stays claimed: the next leader's
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))
         headers["election_term"] = lead.term
@@ -127,6 +126,10 @@ class Sender:
             attempt, recovered = self.ledger.resend_of(str(entry.name))
             if attempt > 1 or recovered is not None:  # may have gone out: not a redelivery
                 headers[RESENT] = attempt
+        elif run_now is not None:  # claimed as a row of its own (schedule/store.py)
+            headers[HEADER], headers[ROWS] = run_now, fence.namespace
+            headers["election_run_now"] = True  # its key is the click's time
+            options["task_id"] = run_now_task_id(fence.namespace, str(entry.name), run_now)
         if self.router is not None and "router" not in entry.options:
             options["router"] = self.router  # send_task(router=...): see BurstRouter
         span = tracing.beat_run(fence, self.ledger, entry, claim, lead.term, options)
@@ -220,6 +223,8 @@ class Sender:
         claim, term = send.claim, send.lead.term
         if claim is not None:
             self.ledger.sent(entry, claim)
+        elif send.run_now is not None:
+            self.ledger.sent_now(str(entry.name), send.options["task_id"])
         self.policy.sent(entry, result, term, None if claim is None else claim.run, send.run_now)
         election = self.fence.election
         if election is not None and election.recorder is not None and claim is not None:
@@ -239,8 +244,8 @@ class Sender:
             log.warning("beat election: could not read the pending runs (%s)", exc)
             return False
         with self.batch():
-            for entry, claim in runs:
-                self._send_one(entry, claim, producer)
+            for entry, claim, run_now in runs:
+                self._send_one(entry, claim, producer, run_now)
         return True
 
     def settle(
@@ -268,8 +273,8 @@ class Sender:
                 except ElectionError as exc:  # read again at the next recheck
                     log.warning("beat election: could not read the pending runs (%s)", exc)
                     lost = []
-                for entry, claim in lost:
-                    self._send_one(entry, claim, producer())
+                for entry, claim, run_now in lost:
+                    self._send_one(entry, claim, producer(), run_now)
                 self.ledger.prune()
         self.ledger.flush()
 

@@ -269,7 +269,8 @@ class Schedule:
         """Entries with a run claimed and not yet sent: since when (the earliest claim)."""
         out: dict[str, int] = {}
         for ns in dict.fromkeys(self.run_namespaces):
-            for name, run in self.backend.beat.pending_runs(ns).items():
+            for run in self.backend.beat.pending_runs(ns):
+                name = run.entry_name
                 out[name] = min(out.get(name, run.claimed_us), run.claimed_us)
         return out
 

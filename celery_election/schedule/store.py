@@ -38,6 +38,7 @@ from ..backends.connection import LostRound
 from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
 from ..errors import BackendUnavailableError, ConfigurationError
+from ..runstate import run_now_task_id
 from .marks import (
     FAILED_OUTCOMES,
     LATE_US,
@@ -262,13 +263,16 @@ class SQLScheduleStore:
     # -- the leader -------------------------------------------------------------------------
 
     def claim_run_now(
-        self, namespace: str, lease: tuple[str, str, int], name: str, requested_at: int
-    ) -> bool:
+        self, namespace: str, lease: tuple[str, str, int], name: str, requested_at: int,
+        task: str = "",
+    ) -> bool:  # fmt: skip
         """Consume the pending "run now" seen at ``requested_at``; True: send it (once).
 
         ``lease`` is the leader's (namespace, token, term) in the election it leads. Lost
         to another writer (SQLite busy under load), it raises: the beat asks again at its
-        next tick. Taken for "not won", the click was dropped (a matrix run saw it).
+        next tick. Taken for "not won", the click was dropped (a matrix run saw it). A won
+        click is a run's row in the same transaction (claimed in the leader's namespace,
+        task id ``run_now_task_id``): sent by this leader, or by the next if it is not.
         """
         lease_ns, token, term = lease
         params = {
@@ -279,12 +283,16 @@ class SQLScheduleStore:
             "p_token": token,
             "p_term": term,
         }
-        return bool(
-            self._do(
-                lambda conn: conn.execute(self._claim_statement, params).rowcount == 1,
-                self.entry,
-            )
-        )
+        task_id = run_now_task_id(lease_ns, name, requested_at)
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(self._claim_statement, params).rowcount != 1:
+                return False
+            run = (name, requested_at, task_id, task)
+            self.backend.runs.write_claimed(conn, lease_ns, term, [run])
+            return True
+
+        return self._do(work, self.entry)
 
     @functools.cached_property
     def _claim_statement(self) -> sa.Executable:

@@ -241,6 +241,23 @@ if os.environ.get("E2E_FIRST_MARK_CHANGES_NOTHING"):
     SQLRunStore.confirm = _confirm  # type: ignore[method-assign]
 
 
+_HANG_RUN_NOW = os.environ.get("E2E_HANG_RUN_NOW_FILE")
+if _HANG_RUN_NOW:
+    from celery_election.beat.sender import Sender
+
+    _send_now = Sender.send_now
+
+    def _hang_run_now(self: Any, *args: Any, **kwargs: Any) -> None:
+        """A "run now" claimed, its send held while the test's file exists (window 9)."""
+        import time
+
+        while os.path.exists(_HANG_RUN_NOW):
+            time.sleep(0.05)
+        _send_now(self, *args, **kwargs)
+
+    Sender.send_now = _hang_run_now  # type: ignore[method-assign]
+
+
 @singleton_task(bind=True, unique_on=["key"], requeue_delay=0.2)
 def exclusive(self, key: str, label: int, seconds: float) -> int | None:
     """One at a time per ``key`` (issue 43): records its start and end on the database clock.

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -334,3 +335,34 @@ def test_a_run_sent_again_while_its_first_copy_runs_is_run_once(cluster: Cluster
         30, "the run's history row ends",
     )  # fmt: skip
     assert row.outcome == "SUCCESS" and row.duration_us > 9_000_000, row
+
+
+@pytest.mark.tier2
+def test_a_run_now_whose_leader_dies_before_its_send_runs_once(cluster: Cluster) -> None:
+    """Window 9 of issue 52: b1 claims an operator's "run now" and is SIGKILLed before it
+    sends it (its send waits: proj.py's E2E_HANG_RUN_NOW_FILE). At 50bbd93 the claim had
+    consumed the click and nothing kept it: the run never ran. Now the claim wrote the
+    run's row: b2 sends it at its promotion, and the worker runs it once."""
+    c = cluster
+    hang = c.tmp / "hang-run-now"
+    hang.touch()
+    c.start("w")
+    c.start_beat("b1", env={"E2E_HANG_RUN_NOW_FILE": str(hang)})
+    assert c.wait_beat_leader(30) == "b1"
+    c.start_beat("b2")
+    wait_ticks(c, 2)
+    c.schedule_cli("run", "every-second-a")
+    log = c.tmp / "b1.log"
+    wait_until(lambda: "run now: every-second-a" in log.read_text() or None, 30,
+               "b1's claim of the run now")  # fmt: skip
+    c.signal("b1", signal.SIGKILL)
+    assert c.wait_beat_leader(30, other_than="b1") == "b2"
+    store = schedule_store(c.backend)  # type: ignore[arg-type]
+    (click,) = [a.at for a in store.audit(f"{c.namespace}-beat") if a.action == "run_now"]
+
+    def runs_now() -> list[Any]:
+        return [r for r in c.rows(c.ticks) if r.entry == "every-second-a" and r.run == click]
+
+    wait_until(lambda: runs_now() or None, 30, "the run now, executed")
+    wait_ticks(c, 3)
+    assert len(runs_now()) == 1

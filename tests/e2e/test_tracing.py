@@ -174,8 +174,8 @@ def test_a_run_the_next_leader_recovers_is_traced_in_the_same_trace(cluster: Clu
     term1 = c.backend.current(beat_ns).term  # type: ignore[union-attr]
     # a burst's claims are one statement, before its sends: the first seen is the whole burst
     pending = wait_until(lambda: c.backend.beat.pending_runs(beat_ns), 30, "b1's runs pending")
-    assert {p.state.term for p in pending.values()} == {term1}
-    keys = {(name, p.run) for name, p in pending.items()}
+    assert {p.state.term for p in pending} == {term1}
+    keys = {(p.entry_name, p.run) for p in pending}
     c.signal("b1", signal.SIGKILL)
     otel.start_beat(c, "b2")
     c.wait_beat_leader(30, other_than="b1")

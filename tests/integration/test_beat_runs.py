@@ -23,7 +23,16 @@ from celery_election.beat.burst_costs import held
 from celery_election.clock import boottime
 from celery_election.errors import BackendUnavailableError
 
-from ..conftest import EVERY_KIND, EVERY_SQL, expire, make_backend, one_driver_each, token, url_for
+from ..conftest import (
+    EVERY_KIND,
+    EVERY_SQL,
+    by_entry,
+    expire,
+    make_backend,
+    one_driver_each,
+    token,
+    url_for,
+)
 
 NS = "beat-runs"
 
@@ -278,10 +287,10 @@ def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -
         assert state == RunState(5, 3, 1, None)
         a = token()
         lease = b.elect(NS, a, "beat-a", 30.0).lease
-        assert b.beat.pending_runs(NS) == {}
+        assert b.beat.pending_runs(NS) == []
         won = b.beat.claim_run(NS, a, lease.term, "job", state, 10, identity="id:1", pending=True)
         assert won.won and b.beat.load_runs(NS)["job"] == RunState(10, 4, lease.term, "id:1")
-        assert b.beat.pending_runs(NS)["job"].run == 5
+        assert by_entry(b.beat.pending_runs(NS))["job"].run == 5
     finally:
         b.uninstall()
         b.close()

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from celery_election.cli import election
 from celery_election.runstate import run_task_id
 
-from ..conftest import unique_prefix
+from ..conftest import by_entry, unique_prefix
 from ..support.celery_cli import REPO
 
 
@@ -142,7 +142,7 @@ def test_a_run_claimed_and_not_sent_is_shown_unsent(tmp_path: Path) -> None:
         row = cli(url, prefix, "list").output.splitlines()[1]
         assert "+unsent since" in row
         shown = json.loads(cli(url, prefix, "show", "r", "--json").output)
-        assert shown["pending_since_us"] == backend.beat.pending_runs(ns)["r"].claimed_us
+        assert shown["pending_since_us"] == by_entry(backend.beat.pending_runs(ns))["r"].claimed_us
         assert backend.runs.confirm(ns, [run_task_id(ns, "r", 1_000)]) == 1
         shown = json.loads(cli(url, prefix, "show", "r", "--json").output)
         assert shown["pending_since_us"] is None

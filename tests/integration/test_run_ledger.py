@@ -19,7 +19,7 @@ import pytest
 from celery_election.backends.base import PendingRun, RunRequest, RunState
 from celery_election.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 
-from ..conftest import EVERY_KIND, expire, make_backend, token
+from ..conftest import EVERY_KIND, by_entry, expire, make_backend, token
 
 NS = "run-ledger"
 
@@ -52,20 +52,19 @@ def test_a_claimed_run_is_a_row_until_confirmed_and_blocks_the_next(backend: Any
     row = _row(backend, "job", 1_000)
     assert (row.state, row.term, row.entry, row.due) == (CLAIMED, term, "job", 0)
     assert backend.runs.load(NS, run_key(_id("job", 1_000))).task_name == "t.job"
-    assert store.pending_runs(NS) == {
-        "job": PendingRun("job", 0, first.state, store.pending_runs(NS)["job"].claimed_us)
-    }
+    (found,) = store.pending_runs(NS)
+    assert found == PendingRun("job", 0, first.state, found.claimed_us, _id("job", 1_000))
     # the next run waits for this one: refused, the stored state reported as it is
     blocked = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
     assert not blocked.won and blocked.leading and blocked.state == first.state
     assert _row(backend, "job", 2_000) is None  # a refused claim writes no row
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 1
     assert _row(backend, "job", 1_000).state == SENT
-    assert store.pending_runs(NS) == {}
+    assert store.pending_runs(NS) == []
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # once
     second = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
     assert second.won
-    assert store.pending_runs(NS)["job"].run == 1_000  # the key: the run it follows
+    assert by_entry(store.pending_runs(NS))["job"].run == 1_000  # the key: the run it follows
     assert _row(backend, "job", 2_000).due == 1_000
 
 
@@ -75,7 +74,7 @@ def test_a_state_stored_without_a_send_has_no_row(backend: Any) -> None:
     stored = store.claim_run(NS, me, term, "skipped", None, 1_000)
     batch = store.claim_runs(NS, me, term, [RunRequest(f"s{i}", None, 5) for i in range(3)])
     assert stored.won and all(c.won for c in batch)
-    assert store.pending_runs(NS) == {}
+    assert store.pending_runs(NS) == []
     assert _row(backend, "skipped", 1_000) is None and _row(backend, "s0", 5) is None
     assert store.claim_run(NS, me, term, "skipped", stored.state, 2_000).won
 
@@ -87,7 +86,7 @@ def test_a_worker_that_starts_the_run_before_its_confirm_ends_the_hold(backend: 
     first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True)
     d = Delivery("t.job", 0, _id("job", 1_000), "tok", None, False)
     assert backend.runs.start(NS, d, lambda w: True).run
-    assert store.pending_runs(NS) == {}
+    assert store.pending_runs(NS) == []
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # started: not claimed
     assert store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True).won
 
@@ -102,7 +101,7 @@ def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropp
     expire(backend, NS)
     b = token()
     new = backend.elect(NS, b, "beat-b", 30.0).lease.term
-    found = store.pending_runs(NS)["job"]
+    found = by_entry(store.pending_runs(NS))["job"]
     assert found.state.term == old and found.run == 0
     # the new leader cannot claim past it: it must send it (or drop it) first
     assert not store.claim_run(NS, b, new, "job", claimed.state, 2_000, pending=True).won
@@ -121,7 +120,7 @@ def test_a_batch_claims_runs_and_skips_an_entry_still_claimed(backend: Any) -> N
     names = [f"e{i}" for i in range(6)]
     firsts = store.claim_runs(NS, me, term, [RunRequest(n, None, 10, pending=True) for n in names])
     assert all(c.won for c in firsts)
-    assert set(store.pending_runs(NS)) == set(names)
+    assert {p.entry_name for p in store.pending_runs(NS)} == set(names)
     assert backend.runs.confirm(NS, [_id(n, 10) for n in names[1:]]) == 5  # e0 stays
     states = {n: c.state for n, c in zip(names, firsts, strict=True)}
     again = store.claim_runs(
@@ -130,7 +129,7 @@ def test_a_batch_claims_runs_and_skips_an_entry_still_claimed(backend: Any) -> N
     assert [c.won for c in again] == [False, True, True, True, True, True]
     assert again[0].state == states["e0"] and again[0].leading
     assert _row(backend, "e0", 20) is None and _row(backend, "e1", 20).state == CLAIMED
-    pending = store.pending_runs(NS)
+    pending = by_entry(store.pending_runs(NS))
     assert {n: p.run for n, p in pending.items()} == {"e0": 0, **{n: 10 for n in names[1:]}}
     assert pending["e3"].state == RunState(20, 2, term)
 
@@ -151,7 +150,7 @@ def test_a_large_burst_writes_its_rows_and_confirms_them_in_batches(backend: Any
     assert all(c.won for c in claims)
     assert len(store.pending_runs(NS)) == 1_200
     assert backend.runs.confirm(NS, [_id(n, 7) for n in names]) == 1_200
-    assert store.pending_runs(NS) == {}
+    assert store.pending_runs(NS) == []
 
 
 def test_a_claimed_run_outlives_the_retention_until_it_is_sent(backend: Any) -> None:
@@ -162,4 +161,4 @@ def test_a_claimed_run_outlives_the_retention_until_it_is_sent(backend: Any) -> 
     assert backend.runs.confirm(NS, [_id("a", 7)]) == 1
     assert backend.runs.prune(NS, -3600) == 1  # older than an hour from now: "a" only
     assert _row(backend, "a", 7) is None and _row(backend, "b", 7).state == CLAIMED
-    assert set(backend.beat.pending_runs(NS)) == {"b"}
+    assert {p.entry_name for p in backend.beat.pending_runs(NS)} == {"b"}

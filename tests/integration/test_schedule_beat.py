@@ -23,6 +23,7 @@ from celery import Celery
 from celery_election import metrics
 from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
+from celery_election.runstate import CLAIMED, run_key, run_now_task_id
 from celery_election.schedule import Schedule
 
 from ..conftest import url_for
@@ -45,7 +46,7 @@ class Counting(LeaderScheduler):
             1
             for _, h, _ in self.sent
             if h.get("election_entry") == entry
-            and (run_now is None or ("election_run" not in h) == run_now)
+            and (run_now is None or bool(h.get("election_run_now")) == run_now)
         )
 
 
@@ -306,13 +307,17 @@ def test_a_pending_run_now_survives_a_change_of_leader(
     assert b.count("job", run_now=True) == 1 and a.count("job") == 0
 
 
-def test_a_run_now_whose_term_ended_before_its_send_is_asked_again_and_runs_once(
-    beats: Callable[[], Counting], ops: Schedule
+def test_a_run_now_whose_term_ended_before_its_send_is_sent_once_from_its_row(
+    beats: Callable[[], Counting], ops: Schedule, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Window 9 of issue 52, the part a live beat closes: the claim consumed the click,
-    then the send found this beat's term over (leadership lapsed under load: a loaded run
-    lost the click so). The click is stored again, and the beat leading next (here the
-    same one) sends it once."""
+    """Window 9 of issue 52: the claim consumed the click and wrote the run's row, then
+    the send found this beat's term over (leadership lapsed under load: a loaded run lost
+    the click so). The row stays claimed, and the beat leading next (here the same one, at
+    its recheck of the store) sends it once, under the run now's task id."""
+    from celery_election.beat import sender as sender_module
+
+    monkeypatch.setattr(sender_module, "RECHECK_EVERY", 0.0)  # here: every settle
+    monkeypatch.setattr(sender_module, "RECHECK_AGE", 0.0)
     s = leading(beats)
     ops.add("job", "ops.job", "every 60s", check_task=False)
     tick_until(s, lambda: "job" in s.schedule)
@@ -333,9 +338,13 @@ def test_a_run_now_whose_term_ended_before_its_send_is_asked_again_and_runs_once
     tick_until(s, lambda: s.count("job", run_now=True) == 1)
     ticks_pass(s, 2)
     assert lapsed == ["job"] and s.count("job", run_now=True) == 1
-    audit = [a for a in ops.store.audit(ops.namespace) if a.name == "job"]  # newest first
-    assert [a.action for a in audit[:2]] == ["run_now_back", "run_now"], audit
-    assert audit[0].detail == {"not_sent": audit[1].at}  # the click's time, stored again
+    clicked = next(
+        a for a in ops.store.audit(ops.namespace) if a.name == "job" and a.action == "run_now"
+    )
+    ns, election = s._fence.namespace, s._fence.election
+    assert election is not None
+    stored = election.backend.runs.load(ns, run_key(run_now_task_id(ns, "job", clicked.at)))
+    assert stored is not None and stored.row.state != CLAIMED, stored  # confirmed: sent
 
 
 def test_a_dynamic_entry_counts_from_when_it_was_added_not_from_a_promotion(

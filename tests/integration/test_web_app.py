@@ -33,6 +33,8 @@ from celery_election.schedule import Schedule
 from celery_election.schedule.store import history_row, schedule_store
 from celery_election.web import Observer, WebApp, make_app, server
 
+from ..conftest import by_entry
+
 SECRET_ARG = "hunter2-arg"
 DB_PASSWORD = "hunter2-db"
 TOKEN = "s3cret-token-value"
@@ -242,7 +244,7 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     me = uuid.uuid4().hex
     term = backend.elect("web-beat", me, "beat", 30.0).lease.term
     assert backend.beat.claim_run("web-beat", me, term, "often", None, 1_000, pending=True).won
-    claimed = backend.beat.pending_runs("web-beat")["often"].claimed_us
+    claimed = by_entry(backend.beat.pending_runs("web-beat"))["often"].claimed_us
     web.observer._entries = None  # read again now, not after the cache's interval
     assert entries(web)["often"]["pending_since_ms"] == claimed // 1000
 

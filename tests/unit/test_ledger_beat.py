@@ -63,7 +63,7 @@ def test_a_failed_send_is_owed_and_sent_again_under_the_same_task_id(
     s = flaky(started, fail=2)
     s.tick()  # the run is claimed; its send raises: owed, still pending in the store
     assert s.sent == [] and s._sender.ledger.owing == 1
-    assert set(shared.beat.pending_runs(NS)) == {"job"}
+    assert {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
     s.tick()
     assert len(s.ids) == 1, "sent again before its back-off"
     tick_until(s, lambda: s.sent)
@@ -72,7 +72,7 @@ def test_a_failed_send_is_owed_and_sent_again_under_the_same_task_id(
     assert len({h["election_run"] for h in s.headers}) == 1  # one run, one key
     # each send after the first says it is one (a worker skips it while the first runs)
     assert [h.get(RESENT) for h in s.headers] == [None, 2, 3]
-    assert shared.beat.pending_runs(NS) == {}  # the tick marked it sent
+    assert shared.beat.pending_runs(NS) == []  # the tick marked it sent
     assert s._sender.ledger.owing == 0
     assert shared.beat.load_runs(NS)["job"].total_run_count == 1
 
@@ -123,7 +123,7 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     keys = {h["election_run"] for h in s.headers}
     assert keys == {job.last_run_us, 0}  # each the key it was claimed with
     assert [h[RESENT] for h in s.headers] == [1, 1]  # the dead leader's may have gone out
-    assert shared.beat.pending_runs(NS) == {}
+    assert shared.beat.pending_runs(NS) == []
     s.tick()
     assert len(s.sent) == 2  # nothing claimed twice
 
@@ -148,13 +148,13 @@ def test_a_run_whose_confirm_changed_nothing_is_sent_again_by_the_same_term(
     monkeypatch.setattr(shared.runs, "confirm", first_changes_nothing)
     s = flaky(started, fail=0)
     s.tick()  # claimed, sent, and the confirm changed nothing
-    assert len(s.sent) == 1 and set(shared.beat.pending_runs(NS)) == {"job"}
+    assert len(s.sent) == 1 and {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
     election = s._fence.election
     assert election is not None and election.elector is not None
     term = election.elector.term
     s.tick()  # the recheck: pending in the store, unknown to the ledger: sent again
     assert s.ids[1] == s.ids[0] and s.headers[1][RESENT] == 1
-    assert shared.beat.pending_runs(NS) == {}  # and confirmed
+    assert shared.beat.pending_runs(NS) == []  # and confirmed
     assert election.elector.term == term  # by the same term: no failover needed
 
 
@@ -171,7 +171,7 @@ def test_a_leader_that_stops_leading_drops_what_it_owes(
     election.elector.resign()
     s._sender.settle(None, lambda: None, dict)
     assert s._sender.ledger.owing == 0
-    assert set(shared.beat.pending_runs(NS)) == {"job"}
+    assert {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
 
 
 def test_a_beat_stopped_cleanly_marks_what_it_sent(
@@ -183,9 +183,9 @@ def test_a_beat_stopped_cleanly_marks_what_it_sent(
     entry = s.schedule["job"]
     s.reserve(entry)  # as Celery's tick: reserve, then send (the tick's end would mark)
     s.apply_async(entry, advance=False)
-    assert s.sent == ["t.job"] and set(shared.beat.pending_runs(NS)) == {"job"}
+    assert s.sent == ["t.job"] and {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
     s.close()
-    assert shared.beat.pending_runs(NS) == {}
+    assert shared.beat.pending_runs(NS) == []
 
 
 def test_a_run_refused_while_the_last_one_is_pending_is_not_sent(
@@ -200,7 +200,7 @@ def test_a_run_refused_while_the_last_one_is_pending_is_not_sent(
     assert s._ledger.take("job") is not None  # ... and never comes
     s.reserve(entry)  # run 2: refused while run 1 is pending
     assert s.apply_async(entry, advance=False) is None  # Celery's tick sends it now
-    assert s.sent == [] and set(shared.beat.pending_runs(NS)) == {"job"}
+    assert s.sent == [] and {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
 
 
 def test_expires_is_counted_on_the_database_clock(

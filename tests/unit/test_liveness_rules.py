@@ -325,13 +325,19 @@ def test_interrupting_a_sqlite3_statement_ends_it_at_once() -> None:
         except sqlite3.OperationalError as exc:
             failed.append(str(exc))
 
-    worker = threading.Thread(target=run)
+    # a daemon, ended in any case: an interrupt that failed left the process running for
+    # ever after the test (the mutation run waited 30 minutes on it)
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    assert started.wait(10)
-    interrupt(conn)
-    worker.join(10)
-    assert not worker.is_alive() and failed == ["interrupted"]
-    conn.close()
+    try:
+        assert started.wait(10)
+        interrupt(conn)
+        worker.join(10)
+        assert not worker.is_alive() and failed == ["interrupted"]
+    finally:
+        conn.interrupt()
+        worker.join(10)
+        conn.close()
 
 
 def test_a_grant_that_arrives_after_the_lock_was_given_up_is_released() -> None:
