@@ -8,8 +8,8 @@ transaction of its own, bounded, errors mapped). ``SQLBackend`` is the one imple
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -18,12 +18,18 @@ from sqlalchemy.orm import Session
 from .dialect_base import Dialect
 from .sessions import LivenessSession
 
-if TYPE_CHECKING:
-    from .sql_runs import SQLRunStore
-
 __all__ = ["SQLHost"]
 
 T = TypeVar("T")
+
+
+class ClaimWriter(Protocol):
+    """What a claim's transaction writes of the run rows (``SQLRunStore.write_claimed``)."""
+
+    def write_claimed(
+        self, conn: Connection, namespace: str, term: int, runs: Sequence[tuple[str, int, str, str]]
+    ) -> None:
+        """The rows of the runs the claim won, each (entry, due, task id, task name)."""
 
 
 class SQLHost(Protocol):
@@ -43,8 +49,8 @@ class SQLHost(Protocol):
     key_hold: sa.Table
 
     @property
-    def runs(self) -> SQLRunStore:
-        """The run rows (a beat's claim writes them in its transaction)."""
+    def runs(self) -> ClaimWriter:
+        """The run rows (a beat's claim writes them in its transaction: sql_runs.py)."""
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
         """A liveness lock named by ``namespace`` on a connection of its own."""

@@ -35,7 +35,7 @@ from ..support.beat import Due, Leading
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 #: Headers the fenced send adds (the task reads them as self.request.election_*).
-FENCE_HEADERS = {"election_term", "election_run"}
+FENCE_HEADERS = {"election_term", "election_run", "election_rows"}
 #: newer Celery marks a beat send with a header of its own (celery.beat's
 #: ``celery_beat_task``, in 5.7); 5.3 does not, and then neither does the burst
 CELERY_MARKS_BEAT_SENDS = "celery_beat_task" in inspect.getsource(celery.beat)
