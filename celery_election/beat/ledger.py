@@ -14,7 +14,7 @@ sent" is a state a run is seen in, not a window it disappears in:
   that failed, a publisher's reply that never came) is still claimed in the store:
   the leader reads the store again every :data:`RECHECK_EVERY` seconds and sends what has
   been pending for :data:`RECHECK_AGE` seconds and is neither owed nor waiting for its
-  mark here (``recover(..., older_than=...)``), instead of leaving the entry stalled until
+  confirm here (``recover(..., older_than=...)``), instead of leaving the entry stalled until
   the next failover (window 3 of issue 52);
 * the confirms of a burst go in one statement per 500 runs (:meth:`flush`); a run given up
   (expired, its entry removed) is dropped the same way.
