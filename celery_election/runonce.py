@@ -163,7 +163,7 @@ class RunGuard:
         """
         _, holder = self._process()
         d = Delivery(task_name, 0, task_id, delivery or uuid.uuid4().hex, holder.identity(),
-                     acks_late, tuple(put_off), retries)  # fmt: skip
+                     acks_late, tuple(put_off), retries, namespace is not None)  # fmt: skip
         ns = namespace or self.namespace
         decided = self._start(ns, d, holder, task_name, hostname)
         attempt = decided.row.attempt if decided.row is not None else 0

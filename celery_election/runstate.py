@@ -122,6 +122,7 @@ class Delivery:
     #: start before the database stopped answering): a row one of them started is its own
     put_off: Collection[str] = ()
     retries: int = 0  # Celery's retry number: a retry is a run of its own
+    claimed: bool = False  # a beat run: its claim wrote the row (the store tries it first)
 
     @property
     def key(self) -> str:

@@ -68,6 +68,44 @@ def test_the_first_start_runs_and_a_second_delivery_is_skipped(backend: Any) -> 
     assert stored.ended_us is None
 
 
+@pytest.mark.parametrize("acks_late", [False, True])
+def test_a_beat_runs_first_delivery_starts_its_claimed_row_in_one_statement(
+    sql_backend: Any, acks_late: bool
+) -> None:
+    """The claim wrote the row: its first delivery moves it to started with one UPDATE
+    (its row read back in the same transaction where RETURNING is missing); a second
+    delivery finds it started and is judged as any (skipped, or put off while its starter
+    lives); a flagged delivery of a run nobody claimed inserts its row as any."""
+    import sqlalchemy as sa
+
+    ns, me = f"fast-{new_id()[:8]}", new_id()
+    term = sql_backend.elect(ns, me, "beat", 30.0).lease.term
+    assert sql_backend.beat.claim_run(ns, me, term, "job", None, 5, pending=True).won
+    tid = runstate.run_task_id(ns, "job", 5)
+    d = replace(delivery(tid, acks_late=acks_late), claimed=True)
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(sql_backend.engine, "before_cursor_execute", seen)
+    try:
+        first = sql_backend.runs.start(ns, d, ALIVE, hostname="h1")
+    finally:
+        sa.event.remove(sql_backend.engine, "before_cursor_execute", seen)
+    assert (first.verdict, first.reason) == ("run", "started") and first.row.attempt == 1
+    writes = [s for s in statements if s.lstrip().upper().startswith(("UPDATE", "INSERT"))]
+    assert len(writes) == 1 and writes[0].lstrip().upper().startswith("UPDATE"), statements
+    again = sql_backend.runs.start(ns, replace(d, token="d2", worker="w2"), ALIVE)
+    expect = ("defer", "running") if acks_late else ("skip", "started")
+    assert (again.verdict, again.reason) == expect
+    stored = sql_backend.runs.load(ns, run_key(tid))
+    assert (stored.row.state, stored.row.delivery, stored.row.attempt) == (STARTED, "d1", 1)
+    assert stored.row.entry == "job" and stored.row.term == term and stored.hostname == "h1"
+    other = new_id()  # flagged, but no claim wrote its row: inserted
+    assert sql_backend.runs.start(ns, replace(delivery(other), claimed=True), ALIVE).run
+
+
 def test_keys_are_per_namespace_and_per_retry(backend: Any) -> None:
     tid = new_id()
     assert backend.runs.start(NS, delivery(tid), ALIVE).run
