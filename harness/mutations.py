@@ -552,7 +552,6 @@ MUTATIONS = [
       RUN_ROWS),
     M("rows-fast-start-unstarted", SQL_RUNS, "sa.update(t).where(*mine, t.c.state.in_((CLAIMED, SENT)))",
       "sa.update(t).where(*mine)", RUN_ROWS),
-    M("rows-fast-start-not-put-off", SQL_RUNS, "if d.claimed and not d.put_off:", "if d.claimed:", RUN_ROWS),
     M("rows-old-row-started", SQL_RUNS, "    state = raw.state or (ENDED if raw.finished_at is not None else STARTED)",
       "    state = raw.state or ENDED", RUN_ROWS),
     # -- windows of issue 52 closed in the mechanisms of 0.2 (until the run is one row) -------

@@ -60,7 +60,7 @@ class SQLRunStore:
         self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
     ) -> Start:
         """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
-        if d.claimed and not d.put_off:  # a beat run's row, claimed or sent: the update alone
+        if d.claimed:  # a beat run's row, claimed or sent (runstate.start): the update alone
             started = self._start_claimed(namespace, d, hostname)
             if started is not None:
                 return started
