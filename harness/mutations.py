@@ -429,6 +429,8 @@ MUTATIONS = [
     M("ledger-recovers-run-now", LEDGER_PY, "            if run.run_now:\n                out.append((entry, None, run.run))\n                continue\n",
       "            if run.run_now:\n                continue\n",
       [RUN_NOW_ROW, WINDOW_E2E + "test_a_run_now_whose_leader_dies_before_its_send_runs_once"]),
+    M("sched-run-now-owed", SENDER, "                self.ledger.failed_now(entry, run_now, self._run_now_id(entry, run_now))\n",
+      "                pass\n", [RUN_NOW_ROW]),
     M("sched-request-once", "celery_election/schedule/api.py",
       'return {"run_now_at": row.run_now_at if pending else now}', 'return {"run_now_at": now}', SCHED),
     M("sched-store-lost-round", SQL_SCHED, "        except LostRound as exc:", "        except ZeroDivisionError as exc:",

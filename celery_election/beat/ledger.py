@@ -61,12 +61,16 @@ Recovered = tuple[Any, Claim | None, int | None]
 
 @dataclass
 class Owed:
-    """A claimed run whose send failed: sent again at ``next_try`` (boot-time clock)."""
+    """A claimed run whose send failed: sent again at ``next_try`` (boot-time clock).
+
+    A scheduled run's ``claim``, or a "run now"'s key (``run_now``).
+    """
 
     entry: Any
-    claim: Claim
+    claim: Claim | None
     attempts: int
     next_try: float
+    run_now: int | None = None
 
 
 class RunLedger:
@@ -76,7 +80,8 @@ class RunLedger:
         self.fence = fence
         self._unconfirmed: dict[str, str] = {}  # task id -> entry name: the broker took it
         self._dropped: dict[str, str] = {}  # task id -> why it was given up
-        self._owed: dict[str, Owed] = {}
+        self._owed: dict[str, Owed] = {}  # by entry name
+        self._owed_now: dict[str, Owed] = {}  # "run now"s, by task id
         self._claimed_by: dict[str, int] = {}  # a recovered run's term in the store
         self._next_prune = 0.0  # boot-time clock
 
@@ -104,17 +109,23 @@ class RunLedger:
 
     def sent_now(self, name: str, task_id: str) -> None:
         """The broker took a "run now" of ``name``: confirm its row at the flush."""
+        self._owed_now.pop(task_id, None)
         self._unconfirmed[task_id] = name
+
+    def failed_now(self, entry: Any, run_now: int, task_id: str) -> None:
+        """A claimed "run now" was not sent: owed as a scheduled run is, while leading.
+
+        Its send failed, or found the term over for a moment; its row stays claimed, so a
+        new leader sends it if this process does not lead again.
+        """
+        self._owed_now[task_id] = _again(self._owed_now.get(task_id), entry, None, run_now)
 
     def failed(self, entry: Any, claim: Claim) -> None:
         """The run's send failed: owed, and sent again after a back-off."""
         name = str(entry.name)
-        was = self._owed.get(name)
-        attempts = 1 if was is None else was.attempts + 1
-        delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
-        self._owed[name] = Owed(entry, claim, attempts, boottime() + delay)
+        owed = self._owed[name] = _again(self._owed.get(name), entry, claim, None)
         log.warning("beat election: %s not sent (attempt %d); again in %.1fs",
-                    name, attempts, delay)  # fmt: skip
+                    name, owed.attempts, owed.next_try - boottime())  # fmt: skip
 
     def hold(self, entry: Any, state: Any) -> Any:
         """Celery's ``is_due`` answer, or "not yet" while the entry's last run is owed."""
@@ -130,10 +141,12 @@ class RunLedger:
         """
         if lead is None:
             self._owed.clear()
+            self._owed_now.clear()
             self._claimed_by.clear()
             return []
         now = boottime()
-        return [owed for owed in self._owed.values() if owed.next_try <= now]
+        owed = [*self._owed.values(), *self._owed_now.values()]
+        return [o for o in owed if o.next_try <= now]
 
     def flush(self) -> None:
         """Confirm the runs the broker took since the last flush, drop those given up."""
@@ -210,9 +223,16 @@ class RunLedger:
 
     def _knows(self, run: PendingRun) -> bool:
         """Whether this ledger owes ``run`` or is about to confirm it."""
-        if run.task_id in self._unconfirmed:
+        if run.task_id in self._unconfirmed or run.task_id in self._owed_now:
             return True
         return not run.run_now and run.entry_name in self._owed
+
+
+def _again(was: Owed | None, entry: Any, claim: Claim | None, run_now: int | None) -> Owed:
+    """The next try of a send that failed: back-off doubling from RETRY_FIRST to RETRY_MAX."""
+    attempts = 1 if was is None else was.attempts + 1
+    delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MAX)
+    return Owed(entry, claim, attempts, boottime() + delay, run_now)
 
 
 def _expired(entry: Any, claimed_us: int, offset_us: int) -> bool:

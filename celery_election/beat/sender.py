@@ -111,7 +111,9 @@ class Sender:
                 log.warning(_NOT_LEADING_NOW, entry.name)
             held = "refused" if claim is not None and not claim.won else "fenced"
             tracing.beat_run_not_sent(fence, self.ledger, entry, claim, held)
-            return None  # a claimed run (a "run now" too) stays claimed: the next leader's
+            if run_now is not None:  # its row stays claimed: this leader's again, or the next's
+                self.ledger.failed_now(entry, run_now, self._run_now_id(entry, run_now))
+            return None
         headers = dict(entry.options.get("headers") or {})
         headers.update(self.policy.send_headers(entry))
         headers["election_term"] = lead.term
@@ -129,11 +131,14 @@ class Sender:
         elif run_now is not None:  # claimed as a row of its own (schedule/store.py)
             headers[HEADER], headers[ROWS] = run_now, fence.namespace
             headers["election_run_now"] = True  # its key is the click's time
-            options["task_id"] = run_now_task_id(fence.namespace, str(entry.name), run_now)
+            options["task_id"] = self._run_now_id(entry, run_now)
         if self.router is not None and "router" not in entry.options:
             options["router"] = self.router  # send_task(router=...): see BurstRouter
         span = tracing.beat_run(fence, self.ledger, entry, claim, lead.term, options)
         return Send(lead, claim, checked, options, run_now, span)
+
+    def _run_now_id(self, entry: Any, run_now: int) -> str:
+        return run_now_task_id(self.fence.namespace, str(entry.name), run_now)
 
     def _expires_at(self, seconds: float) -> datetime:
         """``expires`` seconds from now by the database's clock, as an absolute time.
@@ -212,6 +217,8 @@ class Sender:
         tracing.beat_run_ended(send.span, outcome, error)
         if send.claim is not None:
             self.ledger.failed(entry, send.claim)
+        elif send.run_now is not None:
+            self.ledger.failed_now(entry, send.run_now, send.options["task_id"])
 
     def count(self, entry: Any, what: str) -> None:
         metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, str(entry.name), what))
@@ -265,7 +272,7 @@ class Sender:
         """
         with self.batch():
             for owed in self.ledger.owed_now(lead):
-                self._send_one(owed.entry, owed.claim, producer())
+                self._send_one(owed.entry, owed.claim, producer(), owed.run_now)
             if lead is not None and boottime() >= self._recheck_at:
                 self._recheck_at = boottime() + RECHECK_EVERY
                 try:

@@ -308,16 +308,13 @@ def test_a_pending_run_now_survives_a_change_of_leader(
 
 
 def test_a_run_now_whose_term_ended_before_its_send_is_sent_once_from_its_row(
-    beats: Callable[[], Counting], ops: Schedule, monkeypatch: pytest.MonkeyPatch
+    beats: Callable[[], Counting], ops: Schedule
 ) -> None:
     """Window 9 of issue 52: the claim consumed the click and wrote the run's row, then
     the send found this beat's term over (leadership lapsed under load: a loaded run lost
-    the click so). The row stays claimed, and the beat leading next (here the same one, at
-    its recheck of the store) sends it once, under the run now's task id."""
-    from celery_election.beat import sender as sender_module
-
-    monkeypatch.setattr(sender_module, "RECHECK_EVERY", 0.0)  # here: every settle
-    monkeypatch.setattr(sender_module, "RECHECK_AGE", 0.0)
+    the click so). The row stays claimed and the run is owed: the beat leading again (here
+    the same one, after its back-off, not the store's 30-second recheck) sends it once,
+    under the run now's task id; a new leader would find the row."""
     s = leading(beats)
     ops.add("job", "ops.job", "every 60s", check_task=False)
     tick_until(s, lambda: "job" in s.schedule)
