@@ -22,7 +22,8 @@ The invariants, checked after quiescence (and the second one at every step):
 
 1. every due run and every "run now" ran its body to the end exactly once;
 2. never two bodies of one run at once;
-3. nothing pending forever: no run left claimed, sent or started;
+3. nothing pending forever: no run left claimed, sent or started, and no message still
+   going round (a leader that sends its confirmed runs again for ever never quiesces);
 4. a run's row ends only once its body ended, and says so: a run whose body ended is not
    recorded as lost.
 
@@ -525,6 +526,9 @@ class World:
         return sum(len(ds) for ds in self.dues.values()) + len(self.asked)
 
     def judge(self) -> None:
+        if self.queue or self.requests or self.pending_requests:
+            raise Failure(f"still going round after {QUIET_STEPS} quiet steps: "
+                          f"{len(self.queue)} messages queued")  # fmt: skip
         runs = [(e, d) for e, ds in self.dues.items() for d in ds]
         runs += [("now", -r) for r in self.asked]
         for key in runs:
