@@ -236,10 +236,13 @@ class Run:
         rows = wait_until(finished, every, "the boundary's runs to finish")
         c = self.cluster
         before = self.skips()
+        # the headers a redelivery brings: the run's key, its term, where its row is
+        rows_ns = f"{c.namespace}-beat"
         for r in rows:
+            headers = {"election_run": r.run, "election_term": r.term, "election_rows": rows_ns}
             c.app.send_task("tests.e2e.proj.tick", [r.entry, self.args.seconds],
                             task_id=r.task_id, queue=f"q.{c.namespace}",
-                            headers={"election_run": r.run, "election_term": r.term})  # fmt: skip
+                            headers=headers)  # fmt: skip
         wait_until(lambda: self.skips() >= before + len(rows), 3 * every, "every copy skipped")
         return f"{len(rows)} finished runs delivered again (same task ids and run headers)"
 
