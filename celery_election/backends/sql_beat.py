@@ -268,9 +268,10 @@ class SQLBeatStore:
         not claimed, is changed unless the lease refuses the whole statement.
         """
         held: set[str] = set()
-        was = {k: _was_key(namespace, r.entry_name, r.expected) for k, r in updates}
+        was: dict[str, str] = {}
         returning = self.backend.engine.dialect.update_returning
         if not returning:
+            was = {k: _was_key(namespace, r.entry_name, r.expected) for k, r in updates}
             rows = conn.execute(self._held, {**fence, "p_keys": [*was.values(), PAD]})
             held = {str(row.run_key) for row in rows}
         size = 0 if self.arrays else _padded(len(updates))

@@ -21,8 +21,8 @@ ended, once finished).
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -41,6 +41,7 @@ __all__ = ["SQLRunStore"]
 
 #: Writes lost to another writer of the same row before a call gives up (contention).
 TRIES = 8
+T = TypeVar("T")
 #: Runs per confirm or drop statement.
 BATCH = 500
 #: A run a beat's claim won: (entry, due, task id, task name).
@@ -104,10 +105,7 @@ class SQLRunStore:
                 return None
             return conn.execute(sa.select(t).where(*mine)).first()  # the same transaction
 
-        try:
-            raw = self.backend.call(work, table=t, write=True, timeout=None, connection=None)
-        except LostRound as exc:
-            raise self._contention("start") from exc
+        raw = self._in_write(work, "start")
         return None if raw is None else Start("run", "started", _row(raw))
 
     def write_claimed(
@@ -128,14 +126,14 @@ class SQLRunStore:
 
     def confirm(self, namespace: str, task_ids: Collection[str]) -> int:
         """The broker accepted these beat runs: claimed -> sent (``runstate.confirm``)."""
-        return self._settle(namespace, task_ids, state=SENT)
+        return self._settle(namespace, task_ids, "confirm", state=SENT)
 
     def drop(self, namespace: str, task_ids: Collection[str], why: str) -> int:
         """Claimed runs given up unsent (``runstate.drop``): dropped, finished."""
-        return self._settle(namespace, task_ids, state=DROPPED, outcome=why[:16],
+        return self._settle(namespace, task_ids, "drop", state=DROPPED, outcome=why[:16],
                             finished_at=db_now_us())  # fmt: skip
 
-    def _settle(self, namespace: str, task_ids: Collection[str], **values: Any) -> int:
+    def _settle(self, namespace: str, task_ids: Collection[str], what: str, **values: Any) -> int:
         """Move claimed runs on: one UPDATE per ``BATCH`` runs; how many changed."""
         t, ids, changed = self.table, list(task_ids), 0
         for i in range(0, len(ids), BATCH):
@@ -149,11 +147,7 @@ class SQLRunStore:
             def work(conn: Connection, stmt: Any = stmt) -> int:
                 return int(conn.execute(stmt).rowcount)
 
-            try:
-                changed += self.backend.call(work, table=t, write=True, timeout=None,
-                                             connection=None)  # fmt: skip
-            except LostRound as exc:
-                raise self._contention("confirm") from exc
+            changed += self._in_write(work, what)
         return changed
 
     def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
@@ -219,11 +213,8 @@ class SQLRunStore:
         stmt = self.backend.db.delete_at_most(t.c.run_key, where, batch).where(
             t.c.namespace == namespace
         )
-        try:
-            return int(self.backend.call(lambda conn: conn.execute(stmt).rowcount, table=t,
-                                         write=True, timeout=None, connection=None))  # fmt: skip
-        except LostRound as exc:  # a deadlock with the starts: the next prune goes on
-            raise self._contention("prune") from exc
+        # a deadlock with the starts raises: the next prune goes on
+        return int(self._in_write(lambda conn: conn.execute(stmt).rowcount, "prune"))
 
     # -- the statements -------------------------------------------------------------------------
 
@@ -285,11 +276,18 @@ class SQLRunStore:
             result = conn.execute(stmt)
             return (len(result.all()) if rows else int(result.rowcount)) == 1
 
+        return self._in_write(work, "write")
+
+    def _in_write(self, work: Callable[[Connection], T], what: str) -> T:
+        """``work`` in one write transaction; lost to contention, it raises.
+
+        A lock timeout or a deadlock is not "someone else wrote it": nothing is known.
+        """
         try:
             return self.backend.call(work, table=self.table, write=True, timeout=None,
                                      connection=None)  # fmt: skip
-        except LostRound as exc:  # not "someone else wrote it": nothing is known
-            raise self._contention("write") from exc
+        except LostRound as exc:
+            raise self._contention(what) from exc
 
     def _contention(self, what: str) -> BackendUnavailableError:
         return BackendUnavailableError(
