@@ -46,6 +46,7 @@ from celery import Celery
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.beat import LeaderScheduler
+from celery_election.runstate import run_key
 from celery_election.schedule.store import schedule_store
 
 DEFAULT_URL = os.environ.get(
@@ -176,17 +177,15 @@ def history_run(args: argparse.Namespace) -> dict[str, Any]:
         if backend.dialect == "postgresql":
             with backend.engine.connect() as conn:
                 conn.exec_driver_sql(f"ANALYZE {store.run.name}")
-        some = store.history(ns, "e500", limit=per)
-        middle = some[len(some) // 2].id
-        unfinished = f"t-500-{per - 1}"
+        some = store.history([ns], "e500", limit=per)
+        middle = some[len(some) // 2].sent_at
         queries = {
-            "history (latest 20)": lambda: store.history(ns, "e500", limit=20),
+            "history (latest 20)": lambda: store.history([ns], "e500", limit=20),
             "history (a page in the middle)": lambda: store.history(
-                ns, "e500", limit=20, before=middle
+                [ns], "e500", limit=20, before=middle
             ),
-            "last sent (overlap check)": lambda: store.last_sent(ns, "e500"),
-            "finish by task id (worker)": lambda: store.finish(unfinished, "SUCCESS", 1),
-            "prune 5,000 old rows": lambda: store.prune(ns, 1_000_000 + 5_000, batch=5000),
+            "last sent (overlap check)": lambda: store.last_sent([ns], "e500"),
+            "prune 5,000 old rows": lambda: backend.runs.prune(ns, 0, batch=5000, history=True),
         }
         out: dict[str, Any] = {"rows": entries * per, "load_s": round(loaded, 1)}
         for name, query in queries.items():
@@ -209,16 +208,20 @@ def _bulk_history(backend: SQLBackend, ns: str, entries: int, per: int) -> None:
     """``entries`` x ``per`` finished runs, sent_at 1 s apart per entry (a year of hourly
     runs is 8,760 per entry; these are 1,000)."""
     table = schedule_store(backend).run
-    columns = ["namespace", "entry_key", "kind", "run_key", "term", "sent_at", "task_id",
-               "count", "finished_at", "outcome", "duration_us"]  # fmt: skip
+    columns = ["namespace", "run_key", "task_id", "task_name", "hostname", "pid", "attempt",
+               "started_at", "finished_at", "outcome", "state", "term", "entry_name", "due",
+               "entry_key", "kind", "due_at", "count", "began_at"]  # fmt: skip
 
     def rows(e: int) -> list[tuple[Any, ...]]:
-        key = entry_key(f"e{e}")
-        return [
-            (ns, key, "run", i, 1, 1_000_000 + i * 1_000_000, f"t-{e}-{i}", 1,
-             None if i == per - 1 else 1_500_000 + i * 1_000_000, "SUCCESS", 500_000)
-            for i in range(per)
-        ]  # fmt: skip
+        key, name = entry_key(f"e{e}"), f"e{e}"
+        out = []
+        for i in range(per):
+            at, last = 1_000_000 + i * 1_000_000, i == per - 1
+            tid = f"t-{e}-{i}"
+            out.append((ns, run_key(tid), tid, "t.x", "h", 1, 1, at, None if last else at + 500_000,
+                        None if last else "SUCCESS", "started" if last else "ended", 1, name, i,
+                        key, "run", at, 1, at))  # fmt: skip
+        return out
 
     if backend.dialect == "postgresql":
         # a plain engine: the backend's own bounds every statement (statement_timeout)

@@ -40,7 +40,7 @@ def init_app(app: Celery) -> Celery:
     _add_options(app)
     app.steps["worker"].add(ElectionStep)
     _route_leader_tasks(app)
-    _report_runs(app)
+    _warn_unchecked()
     app._celery_election_initialized = True
     return app
 
@@ -105,23 +105,20 @@ def _add_options(app: Celery) -> None:
     )
 
 
-def _report_runs(app: Celery) -> None:
-    """Workers record when a beat-sent run ends (``schedule.run_ended``): the task signals."""
-    from celery.signals import task_postrun, task_prerun
+def _warn_unchecked() -> None:
+    """A beat run reaching a task no run-once check guards says so (``once.warn_unchecked``).
+
+    The check (``--election``) also ends the run's row: without it the run runs twice if
+    sent twice, and the overlap policy and the overdue alarm never see it end.
+    """
+    from celery.signals import task_prerun
 
     from .once import warn_unchecked
-    from .schedule.api import run_ended, run_started
 
-    def started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-        run_started(task, task_id)
+    def started(task: Any = None, **_: Any) -> None:
         warn_unchecked(task)
 
-    def ended(task_id: str | None = None, task: Any = None, state: str | None = None,
-              **_: Any) -> None:  # fmt: skip
-        run_ended(app, task, task_id, state)
-
-    task_prerun.connect(started, weak=False)
-    task_postrun.connect(ended, weak=False)
+    task_prerun.connect(started, weak=False, dispatch_uid="celery_election.unchecked")
 
 
 def bare_app(**conf: Any) -> Celery:

@@ -144,7 +144,8 @@ def warn_unchecked(task: Any) -> None:
     _unchecked_warned.add(task.name)
     log.warning(
         "celery-election: beat runs of %s are not checked for duplicates in this process "
-        "(pid %d): a run sent or delivered twice runs twice. Start the worker with "
+        "(pid %d): a run sent or delivered twice runs twice, and its end is not recorded "
+        "(the overlap policy and the overdue alarm wait for it). Start the worker with "
         "--election, with the default fork pool start method, and its tasks imported "
         "before it starts",
         task.name,

@@ -213,13 +213,16 @@ class RunGuard:
             self._backend, self._holder = None, None
 
 
-def prune(store: RunStore, namespace: str, retention: float, who: str) -> float:
+def prune(
+    store: RunStore, namespace: str, retention: float, who: str, *, history: bool = False
+) -> float:
     """Delete a batch of ``namespace``'s runs older than ``retention`` s (never raises).
 
-    Returns the seconds until the next batch: sooner while a whole batch went.
+    ``history``: the beat's runs (``RunStore.prune``). Returns the seconds until the next
+    batch: sooner while a whole batch went.
     """
     try:
-        gone = store.prune(namespace, retention, batch=PRUNE_BATCH)
+        gone = store.prune(namespace, retention, batch=PRUNE_BATCH, history=history)
     except ElectionError as exc:  # housekeeping: never a task's or a tick's failure
         log.warning("%s: could not prune old runs (%s)", who, exc)
         return PRUNE_EVERY

@@ -146,7 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "election_schedule_retention",
         "`30` (days)",
-        "keep the schedule's run history this long (`election schedule history`)",
+        "keep the beat runs' rows, the schedule's history, this long (`election schedule "
+        "history`); the leading beat prunes them",
     ),
     Setting(
         "election_beat_overdue_grace",
@@ -158,7 +159,8 @@ SETTINGS: tuple[Setting, ...] = (
         "election_run_once_retention",
         "`86400` (s)",
         "keep each task run's row (run once) this long: a delivery of the run later "
-        "than that runs it again; older ones are pruned by the workers, in batches",
+        "than that runs it again; older ones are pruned by the workers, in batches "
+        "(a beat run's row: `election_schedule_retention`)",
     ),
     Setting(
         "election_metrics_port",

@@ -119,6 +119,7 @@ class RunRequest:
     #: skipped by a catch-up policy, has no row
     pending: bool = False
     task_name: str = ""  # the row's task (default: the entry's name)
+    due_at: int | None = None  # when the run fell due (its history shows how late it went)
 
 
 @dataclass(frozen=True)
@@ -363,8 +364,12 @@ class RunStore(Protocol):
     ) -> list[RunRecord]:
         """The newest runs (of one task id if given), newest first: for operators."""
 
-    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
+    def prune(
+        self, namespace: str, older_than: float, *, batch: int = 5000, history: bool = False
+    ) -> int:
         """Delete up to ``batch`` runs written ``older_than`` s ago (database clock).
+
+        ``history``: the runs a beat's claim wrote (its schedule's history), else the others.
 
         Not a claimed run: it holds its entry until it is sent.
         """

@@ -161,13 +161,18 @@ class MemoryRuns:
         rows.sort(key=lambda s: (-s.created_us, s.key))
         return rows[:limit]
 
-    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
-        """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago."""
+    def prune(
+        self, namespace: str, older_than: float, *, batch: int = 5000, history: bool = False
+    ) -> int:
+        """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago.
+
+        ``history``: the runs a beat claimed (they have a term), else the others.
+        """
         self._enter("prune")
         cut = self.now() - int(older_than * 1_000_000)
         with self._lock:
             old = [k for k, s in self._rows.items() if k[0] == namespace and s.created_us < cut
-                   and s.row.state != runstate.CLAIMED]  # fmt: skip
+                   and s.row.state != runstate.CLAIMED and bool(s.row.term) == history]  # fmt: skip
             for key in old[:batch]:
                 del self._rows[key]
             return min(len(old), batch)

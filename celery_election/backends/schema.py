@@ -52,7 +52,7 @@ PROTOCOL = 1
 #: prefix): ``install()`` drops them. An index changes no row, so adding or dropping one
 #: needs no schema version: code of either side reads the same tables.
 RETIRED_INDEXES: dict[str, tuple[str, ...]] = {
-    "schedule_run": ("schedule_run_sent",),  # (namespace, sent_at): schedule_run_window's head
+    "task_start": ("task_start_at",),  # (namespace, started_at): task_start_window's head
 }
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
 TOKEN_LENGTH = 32
@@ -279,41 +279,6 @@ def _schedule_rev(metadata: sa.MetaData, prefix: str) -> sa.Table:
     )
 
 
-def _schedule_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
-    """The run history: one row per run sent, missed or skipped."""
-    return sa.Table(
-        f"{prefix}schedule_run",
-        metadata,
-        sa.Column("id", _serial(), primary_key=True, autoincrement=True),
-        sa.Column("namespace", key_type(190), nullable=False),
-        sa.Column("entry_key", key_type(40), nullable=False),
-        sa.Column("kind", sa.String(16), nullable=False),  # run / run_now / missed / skipped
-        sa.Column("run_key", sa.BigInteger, nullable=False),  # the run state it follows
-        sa.Column("term", sa.BigInteger, nullable=False),
-        sa.Column("due_at", sa.BigInteger, nullable=True),
-        sa.Column("sent_at", sa.BigInteger, nullable=False),
-        sa.Column("task_id", sa.String(64), nullable=True),
-        sa.Column("count", sa.Integer, nullable=False),  # runs a missed/skipped row stands for
-        sa.Column("finished_at", sa.BigInteger, nullable=True),
-        sa.Column("outcome", sa.String(16), nullable=True),
-        sa.Column("duration_us", sa.BigInteger, nullable=True),
-        sa.Index(f"{prefix}schedule_run_entry", "namespace", "entry_key", "id"),
-        sa.Index(f"{prefix}schedule_run_task", "task_id"),
-        # The window's runs, and all the timeline's grouping reads of them (covering: the
-        # query never visits the rows). It replaced (namespace, sent_at): RETIRED_INDEXES.
-        sa.Index(
-            f"{prefix}schedule_run_window",
-            "namespace",
-            "sent_at",
-            "entry_key",
-            "kind",
-            "due_at",
-            "outcome",
-        ),
-        **_MYSQL_OPTIONS,
-    )
-
-
 def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """Who changed which entry, how and when."""
     return sa.Table(
@@ -404,8 +369,27 @@ def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("term", sa.BigInteger, nullable=True),  # the beat term that owes it
         sa.Column("entry_name", sa.String(500), nullable=True),  # a beat run's entry
         sa.Column("due", sa.BigInteger, nullable=True),  # a beat run's key in its entry
-        sa.Index(f"{prefix}task_start_at", "namespace", "started_at"),
+        # a beat run's history (the schedule's page, overlap policy, overdue alarm):
+        sa.Column("entry_key", key_type(40), nullable=True),  # schema.entry_key(entry_name)
+        sa.Column("kind", sa.String(16), nullable=True),  # run / run_now / missed / skipped
+        sa.Column("due_at", sa.BigInteger, nullable=True),  # when it fell due; db clock, us
+        sa.Column("count", sa.Integer, nullable=True),  # runs a missed/skipped row stands for
+        sa.Column("began_at", sa.BigInteger, nullable=True),  # its body's start; db clock, us
         sa.Index(f"{prefix}task_start_task", "task_id"),
+        sa.Index(f"{prefix}task_start_entry", "namespace", "entry_key", "started_at"),
+        # The window's runs, the prune's range, and all the timeline's grouping reads of
+        # them (covering: that query never visits the rows). It replaced (namespace,
+        # started_at): RETIRED_INDEXES.
+        sa.Index(
+            f"{prefix}task_start_window",
+            "namespace",
+            "started_at",
+            "entry_key",
+            "kind",
+            "due_at",
+            "outcome",
+            "state",
+        ),
         # the runs still on their way (claimed, sent, started) are read by state: few of
         # many, whatever the retention keeps
         sa.Index(f"{prefix}task_start_state", "namespace", "state"),
@@ -431,7 +415,6 @@ _TABLES: list[Callable[[sa.MetaData, str], sa.Table]] = [
     _beat_run,
     _schedule_entry,
     _schedule_rev,
-    _schedule_run,
     _schedule_audit,
     _schedule_term,
     _key,

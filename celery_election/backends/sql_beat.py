@@ -204,8 +204,8 @@ class SQLBeatStore:
     ) -> None:
         """The rows of the runs a claim won, in its transaction (sql_runs.py)."""
         runs = [(r.entry_name, 0 if r.expected is None else r.expected.last_run_us,
-                 run_task_id(namespace, r.entry_name, r.last_run_us), r.task_name)
-                for r in won]  # fmt: skip
+                 run_task_id(namespace, r.entry_name, r.last_run_us), r.task_name, "run",
+                 r.due_at) for r in won]  # fmt: skip
         self.backend.runs.write_claimed(conn, namespace, term, runs)
 
     def _claim_chunk(

@@ -27,9 +27,13 @@ class ClaimWriter(Protocol):
     """What a claim's transaction writes of the run rows (``SQLRunStore.write_claimed``)."""
 
     def write_claimed(
-        self, conn: Connection, namespace: str, term: int, runs: Sequence[tuple[str, int, str, str]]
+        self,
+        conn: Connection,
+        namespace: str,
+        term: int,
+        runs: Sequence[tuple[str, int, str, str, str, int | None]],
     ) -> None:
-        """The rows of the runs the claim won, each (entry, due, task id, task name)."""
+        """The rows of the runs the claim won: (entry, due, task id, task, kind, due at)."""
 
 
 class SQLHost(Protocol):

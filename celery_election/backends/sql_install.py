@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
 from ..errors import BackendUnavailableError, IncompatibleSchemaError
+from ..runstate import DROPPED, ENDED, SENT
 from .connection import one_line
 from .schema import PROTOCOL, RETIRED_INDEXES, SCHEMA_VERSION
 
@@ -47,6 +48,8 @@ def install(backend: SQLHost) -> list[str]:
                 backend.metadata.create_all(conn, checkfirst=True)
                 add_missing_columns(backend, conn)
                 add_missing_indexes(backend, conn)
+                if f"{backend.table_prefix}schedule_run" in have:
+                    move_history(backend, conn)
                 _record_versions(backend, conn)
             if created:
                 log.info("created tables %s in %s", ", ".join(created), backend.description)
@@ -116,7 +119,7 @@ def add_missing_indexes(backend: SQLHost, conn: Connection) -> None:
     """Create the indexes that tables made by an older version lack; drop the retired ones.
 
     ``create_all`` skips a table that exists, indexes and all, so an index added to an
-    existing table (``schedule_run_window``, which the timeline's query reads instead of
+    existing table (``task_start_window``, which the timeline's query reads instead of
     the rows) reaches existing installations only here. Idempotent: by name, from what
     the database lists. On a large history, creating it takes a while and (PostgreSQL,
     SQLite) holds writes to that table meanwhile: once, at the upgrade's install.
@@ -136,10 +139,41 @@ def add_missing_indexes(backend: SQLHost, conn: Connection) -> None:
                 log.info("dropped index %s (replaced) in %s", retired, backend.description)
 
 
+def move_history(backend: SQLHost, conn: Connection) -> None:
+    """Move 0.2's and 0.3's run history (``schedule_run``) into the run rows; drop it.
+
+    One INSERT ... SELECT, insert-if-absent (a row keyed ``history-<id>``: an install
+    interrupted between it and the DROP moves nothing twice). A run that finished is
+    ended, a missed or skipped one dropped, one still open is sent, as the rows of runs
+    claimed now are; no worker's start matches these keys.
+    """
+    old = sa.Table(f"{backend.table_prefix}schedule_run", sa.MetaData(), autoload_with=conn)
+    runs = backend.metadata.tables[f"{backend.table_prefix}task_start"]
+    o = old.c
+    state = sa.case((o.kind.in_(("missed", "skipped")), DROPPED),
+                    (o.finished_at.is_not(None), ENDED), else_=SENT)  # fmt: skip
+    columns = {
+        "namespace": o.namespace, "run_key": sa.literal("history-") + sa.cast(o.id, sa.String(20)),
+        "task_id": sa.func.coalesce(o.task_id, ""), "task_name": o.entry_key, "hostname": "",
+        "pid": 0, "attempt": 0, "started_at": o.sent_at, "outcome": o.outcome,
+        "finished_at": sa.case((o.kind.in_(("missed", "skipped")), o.sent_at),
+                               else_=o.finished_at),
+        "state": state, "term": o.term, "due": o.run_key, "entry_key": o.entry_key,
+        "kind": o.kind, "due_at": o.due_at, "count": o.count,
+        "began_at": o.finished_at - o.duration_us,
+    }  # fmt: skip
+    values = [v if isinstance(v, sa.ColumnElement) else sa.literal(v) for v in columns.values()]
+    moved = sa.select(*values).where(o.id.is_not(None))  # SQLite: a WHERE before ON CONFLICT
+    conn.execute(backend.db.insert_ignore(runs, from_select=(list(columns), moved)))
+    old.drop(conn)
+    log.info("moved the run history into %s in %s", runs.name, backend.description)
+
+
 def _legacy(backend: SQLHost) -> list[sa.Table]:
-    """The beat ledger of 0.1 (replaced by beat_run): uninstall drops it too."""
+    """0.1's beat ledger (now beat_run), 0.3's run history: uninstall drops them too."""
     legacy = sa.MetaData()
-    return [sa.Table(f"{backend.table_prefix}{n}", legacy) for n in ("beat_state", "beat_ledger")]
+    names = ("beat_state", "beat_ledger", "schedule_run")
+    return [sa.Table(f"{backend.table_prefix}{n}", legacy) for n in names]
 
 
 def uninstall(backend: SQLHost) -> None:

@@ -32,7 +32,7 @@ from ..errors import BackendUnavailableError
 from ..runstate import CLAIMED, DROPPED, ENDED, SENT, STARTED, Delivery, Row, Start
 from .base import Alive, RunRecord
 from .connection import LostRound
-from .schema import db_now_us
+from .schema import db_now_us, entry_key
 
 if TYPE_CHECKING:
     from .sql_host import SQLHost
@@ -44,8 +44,8 @@ TRIES = 8
 T = TypeVar("T")
 #: Runs per confirm or drop statement.
 BATCH = 500
-#: A run a beat's claim won: (entry, due, task id, task name).
-Claimed = tuple[str, int, str, str]
+#: A run a beat's claim won: (entry, due, task id, task name, kind, due at).
+Claimed = tuple[str, int, str, str, str, int | None]
 
 
 class SQLRunStore:
@@ -91,7 +91,7 @@ class SQLRunStore:
         t = self.table
         values: dict[str, Any] = {"state": STARTED, "attempt": t.c.attempt + 1,
                                   "delivery": d.token, "worker": d.worker,
-                                  "acks_late": d.acks_late}  # fmt: skip
+                                  "acks_late": d.acks_late, "began_at": db_now_us()}  # fmt: skip
         if hostname:
             values["hostname"] = hostname[:255]
         mine = (t.c.namespace == namespace, t.c.run_key == d.key)
@@ -113,8 +113,9 @@ class SQLRunStore:
     ) -> None:
         """The rows of the runs a beat's claim won, claimed under ``term``, in its transaction.
 
-        Each (entry, due, task id, task name). Insert-if-absent: a retried claim whose
-        first answer was lost wrote them already.
+        Each (entry, due, task id, task name, kind, due at): the row is also the run's
+        history (kind "run" or "run_now"; when it fell due). Insert-if-absent: a retried
+        claim whose first answer was lost wrote them already.
         """
         rows = [_claimed(namespace, term, *run) for run in runs]
         if rows:
@@ -200,16 +201,20 @@ class SQLRunStore:
             table=t, write=False, timeout=None, connection=None,
         )  # fmt: skip
 
-    def prune(self, namespace: str, older_than: float, *, batch: int = 5000) -> int:
+    def prune(
+        self, namespace: str, older_than: float, *, batch: int = 5000, history: bool = False
+    ) -> int:
         """Delete up to ``batch`` runs of ``namespace`` written ``older_than`` s ago.
 
-        One statement, through the (namespace, started_at) index. A run still claimed
+        ``history``: the beat's runs (the schedule's history, kept longer), else the others.
+        One statement, through the (namespace, started_at, ...) index. A run still claimed
         stays: it holds its entry until a leader sends it (sql_beat.py).
         """
         t = self.table
         cut = db_now_us() - int(older_than * 1_000_000)
         kept = sa.or_(t.c.state.is_(None), t.c.state != CLAIMED)
-        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut, kept)
+        beat = t.c.kind.is_not(None) if history else t.c.kind.is_(None)
+        where = sa.and_(t.c.namespace == namespace, t.c.started_at < cut, kept, beat)
         stmt = self.backend.db.delete_at_most(t.c.run_key, where, batch).where(
             t.c.namespace == namespace
         )
@@ -235,6 +240,8 @@ class SQLRunStore:
             "worker": row.worker, "acks_late": row.acks_late, "term": row.term,
             "outcome": row.outcome,
         }  # fmt: skip
+        if row.state == STARTED:
+            values["began_at"] = db_now_us()
         if hostname:
             values["hostname"] = hostname[:255]
         # ended or dropped: finished, so 0.2 workers skip it; open (a release, a run its
@@ -296,11 +303,15 @@ class SQLRunStore:
         )
 
 
-def _claimed(namespace: str, term: int, entry: str, due: int, task_id: str, task: str) -> Any:
+def _claimed(
+    namespace: str, term: int, entry: str, due: int, task_id: str, task: str, kind: str,
+    due_at: int | None,
+) -> Any:  # fmt: skip
     """The row of a run a beat's claim won (``write_claimed``)."""
     return dict(namespace=namespace, run_key=runstate.run_key(task_id), task_id=task_id,
                 task_name=(task or entry)[:255], hostname="", pid=0, attempt=0, state=CLAIMED,
-                term=term, entry_name=entry[:500], due=due)  # fmt: skip
+                term=term, entry_name=entry[:500], due=due, entry_key=entry_key(entry),
+                kind=kind, due_at=due_at, count=1)  # fmt: skip
 
 
 def _row(raw: Any) -> Row:

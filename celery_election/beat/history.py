@@ -1,7 +1,8 @@
-"""The run history and the leadership history, written off the tick thread.
+"""The leadership history and the rows of runs not sent, written off the tick thread.
 
-What the leading beat sent, skipped or missed (``schedule history``, the page) and which
-terms it led (the timeline) are queued by the tick and written by a thread of their own.
+A run sent is its own row, written by its claim (backends/sql_runs.py). What the leading
+beat skipped or missed (``schedule history``, the page) and which terms it led (the
+timeline) are queued by the tick and written by a thread of their own.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ log = logging.getLogger("celery_election.beat")
 class HistoryWriter:
     """History rows written by a thread of their own, a batch every ``every`` seconds.
 
-    A send then costs the tick loop its claim only: with the history written inline, each
-    send was two round trips and one leader kept up with about 170 sends a second on
-    PostgreSQL (benchmarks/beat_dynamic.py). A batch that fails is kept for the next one
-    (up to ``limit`` rows: history is best effort, the runs themselves went out).
+    A policy's decision then costs the tick loop nothing more. A batch that fails is
+    kept for the next one (up to ``limit`` rows: these rows are best effort; the runs'
+    own rows are written by their claims).
 
     While a burst goes on (:meth:`hold`) the batches wait for its end: building them took
     the interpreter from the tick thread, and a burst of 10,000 went out 0.7 s later

@@ -163,17 +163,18 @@ class RunLedger:
                         len(self._unconfirmed) + len(self._dropped), exc)  # fmt: skip
 
     def prune(self) -> None:
-        """Delete a batch of this namespace's run rows older than the retention.
+        """Delete a batch of this namespace's beat runs older than the history's retention.
 
-        The leader's, every ``PRUNE_EVERY`` s: its claims write the rows, and the workers
-        that end them prune only their own namespace (a standalone beat's is another).
+        The leader's: its claims write the rows, which are the schedule's history
+        (``election_schedule_retention`` days); the workers that end them prune only
+        their own runs, not the beat's.
         """
         now, election = boottime(), self.fence.election
         if now < self._next_prune or election is None:
             return
-        retention = election.settings.run_once_retention
+        retention = float(election.settings.schedule_retention) * 86_400
         runs, ns = election.backend.runs, election.namespace
-        self._next_prune = now + runonce.prune(runs, ns, retention, "beat election")
+        self._next_prune = now + runonce.prune(runs, ns, retention, "beat election", history=True)
 
     # -- at promotion -----------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import metrics
+from ..backends.base import RunState
 from ..clock import boottime
 from ..errors import ElectionError
 from ..schedule.spec import check_policies, from_spec
@@ -147,13 +148,9 @@ class ScheduleOps(DefaultRunPolicy):
     def sent(
         self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
     ) -> None:
-        kind = "run" if run is not None or run_now is None else "run_now"
-        key = run if run is not None else (run_now or 0)
-        if kind == "run_now":
+        """The run's row is its history (its claim wrote it): a "run now" is counted."""
+        if run is None and run_now is not None:
             metrics.count(self.metric(entry.name, "run_now"))
-        now = self.app.now()  # one reading for both: Celery's now is a tenth of a send
-        due = self._due_us(entry, run, now) if kind == "run" else None
-        self.history(entry.name, kind, term, key, getattr(result, "id", None), 1, due, now)
 
     def before_tick(self, lead: BeatTerm | None) -> list[RunNow]:
         """The pending "run now"s this leader won; first, the stored schedule's changes.
@@ -235,7 +232,7 @@ class ScheduleOps(DefaultRunPolicy):
         policy = "overlap" if decision.kind == "skipped" else "catch-up"
         log.info("beat election: %s: %d run(s) %s (%s policy)", name, decision.count,
                  decision.kind, policy)  # fmt: skip
-        self.history(name, decision.kind, lead.term, run_key, None, decision.count)
+        self.history(name, decision.kind, lead.term, run_key, decision.count)
 
     def reserved(self, entry: Any, next_entry: Any) -> None:
         """The view and the shelve hold the reserved entry's successor."""
@@ -351,10 +348,8 @@ class ScheduleOps(DefaultRunPolicy):
         store = self.store()
         if store is None:
             return False
-        if self._writer is not None:
-            self._writer.flush()  # this leader's last send must be in the table first
-        try:
-            last = store.last_sent(self.namespace, name)
+        try:  # the runs' rows, which their claims wrote: this leader's last is there
+            last = store.last_sent([self.fence.namespace], name)
             if last is None or last.finished_at is not None:
                 return False
             age = (store.db_now() - last.sent_at) / 1e6
@@ -364,6 +359,7 @@ class ScheduleOps(DefaultRunPolicy):
         return age < float(policies["overlap_timeout"])
 
     def prune(self, store: SQLScheduleStore) -> None:
+        """Forget the terms past the history's retention (the runs' rows: ledger.prune)."""
         if boottime() < self._next_prune:
             return
         self._next_prune = boottime() + PRUNE_EVERY
@@ -371,14 +367,9 @@ class ScheduleOps(DefaultRunPolicy):
         assert election is not None
         days = float(election.settings.schedule_retention)
         try:
-            cut = store.db_now() - int(days * 86_400_000_000)
-            gone = store.prune(self.namespace, cut)
-            store.prune_terms(election.namespace, cut)
+            store.prune_terms(election.namespace, store.db_now() - int(days * 86_400_000_000))
         except ElectionError as exc:
-            log.warning("beat election: could not prune the run history (%s)", exc)
-            return
-        if gone:
-            log.info("beat election: pruned %d history rows older than %g days", gone, days)
+            log.warning("beat election: could not prune the leadership history (%s)", exc)
 
     # -- history ----------------------------------------------------------------------------
 
@@ -396,17 +387,17 @@ class ScheduleOps(DefaultRunPolicy):
         elector = getattr(self.fence.election, "elector", None)
         return str(elector.candidate_id) if elector is not None else f"beat pid {os.getpid()}"
 
-    def _due_us(self, entry: Any, run: int | None, now: datetime | None = None) -> int | None:
-        """When the run sent now fell due (database clock): its schedule after ``run``.
+    def due_at(self, entry: Any, run: RunState | None) -> int | None:
+        """When the run claimed now fell due (database clock): its schedule after ``run``.
 
         The page shows how late a run went out; None when unknown (an entry's first run,
-        a schedule Celery cannot estimate).
+        a schedule Celery cannot estimate, no stored schedule).
         """
-        if not run:
+        if run is None or not run.last_run_us or self.store() is None:
             return None
         try:
-            now = self.app.now() if now is None else now
-            due = self._due_after(entry.schedule, run, now)
+            now = self.app.now()
+            due = self._due_after(entry.schedule, run.last_run_us, now)
             return self.fence.to_db(min(due, now))
         except Exception as exc:  # informational only: the run went out
             log.debug("beat election: due time of %s: %s", entry.name, exc)
@@ -426,27 +417,16 @@ class ScheduleOps(DefaultRunPolicy):
 
         return shared_answer(self._answers, "due", sched, last, now, ask)
 
-    def history(
-        self,
-        name: str,
-        kind: str,
-        term: int,
-        run_key: int,
-        task_id: str | None,
-        count: int,
-        due_at: int | None = None,
-        now: datetime | None = None,
-    ) -> None:
-        """Queue a history row: written off the tick thread, so a send costs one claim."""
+    def history(self, name: str, kind: str, term: int, run_key: int, count: int) -> None:
+        """Queue the row of runs a policy did not send (written off the tick thread)."""
         store = self.store()
         if store is None:
             return
         if self._writer is None:
             self._writer = HistoryWriter(store)
-        sent_at = self.fence.to_db(self.app.now() if now is None else now)
-        row = history_row(self.namespace, str(name), kind, run_key=run_key, term=term,
-                          task_id=task_id, count=count, sent_at=sent_at,
-                          due_at=due_at)  # fmt: skip
+        sent_at = self.fence.to_db(self.app.now())
+        row = history_row(self.fence.namespace, str(name), kind, run_key=run_key, term=term,
+                          count=count, sent_at=sent_at)  # fmt: skip
         self._writer.add(row)
 
     def metric(self, name: str, what: str) -> str:

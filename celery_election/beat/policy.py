@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+from ..backends.base import RunState
 from .catchup import Decision
 from .election import BeatTerm
 
@@ -93,6 +94,13 @@ class RunPolicy(Protocol):
         """Headers added to a send beside the term and the run."""
         ...
 
+    def due_at(self, entry: Any, run: RunState | None) -> int | None:
+        """When the run claimed after ``run`` fell due (database clock), or None: unknown.
+
+        Its row keeps it, and the history shows how late the run went out.
+        """
+        ...
+
     def sent(
         self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
     ) -> None:
@@ -154,6 +162,9 @@ class DefaultRunPolicy:
 
     def send_headers(self, entry: Any) -> dict[str, Any]:
         return {}
+
+    def due_at(self, entry: Any, run: RunState | None) -> int | None:
+        return None
 
     def sent(
         self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None

@@ -356,13 +356,13 @@ class LeaderSchedulerMixin(_Scheduler):
         if lead is None:
             self.adopt_run_state(next_entry, *was)
             return Run(entry, next_entry, was, None, None).claimed(NOT_LEADING)
-        fence = self._fence
         next_entry.last_run_at = self._policy.next_run_at(entry, next_entry)
-        at = fence.to_db(next_entry.last_run_at or next_entry.default_now())
-        count = int(next_entry.total_run_count or 0)
-        identity = self.run_state_identity(next_entry)
-        request = RunRequest(str(entry.name), fence.runs.get(entry.name), at, count, identity,
-                             pending=True, task_name=str(entry.task))  # fmt: skip
+        at = self._fence.to_db(next_entry.last_run_at or next_entry.default_now())
+        count, identity = int(next_entry.total_run_count or 0), self.run_state_identity(next_entry)
+        expected = self._fence.runs.get(entry.name)
+        due_at = self._policy.due_at(entry, expected)  # its row keeps when the run fell due
+        request = RunRequest(str(entry.name), expected, at, count, identity, pending=True,
+                             task_name=str(entry.task), due_at=due_at)  # fmt: skip
         return Run(entry, next_entry, was, lead, request)
 
     def _claim(self, runs: list[Run]) -> list[Run]:

@@ -16,6 +16,6 @@ The leading beat serves it: ``celery_election/beat/ops.py``.
 
 from __future__ import annotations
 
-from .api import Entry, Schedule, run_ended, run_started
+from .api import Entry, Schedule
 
-__all__ = ["Entry", "Schedule", "run_ended", "run_started"]
+__all__ = ["Entry", "Schedule"]

@@ -29,7 +29,7 @@ Policies, per entry:
   missed, not sent (as ``beat_cron_starting_deadline``, per entry; ``skip`` uses 1 s when
   unset).
 * ``overlap``: ``allow`` (default) or ``skip``: a due run is skipped while the entry's
-  previous run has not finished (workers report finished runs, see ``init_app``), unless
+  previous run has not finished (its row ended: workers with ``--election`` end it), unless
   that run was sent more than ``overlap_timeout`` seconds ago (default 3600: its worker
   may have died).
 """
@@ -41,19 +41,15 @@ import contextlib
 import getpass
 import json
 import logging
-import os
 import socket
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import runonce
 from ..backends import SQLBackend, backend_from_url
 from ..backends.base import RunState
-from ..errors import ConfigurationError, ElectionError
+from ..errors import ConfigurationError
 from ..settings import ElectionSettings
 from .records import EntryRow, RunRecord
 from .spec import POLICY_DEFAULTS, RESUME, check_policies, describe, instant, to_spec
@@ -62,7 +58,7 @@ from .store import SQLScheduleStore, schedule_store
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
 
-__all__ = ["Entry", "Schedule", "run_ended", "run_started"]
+__all__ = ["Entry", "Schedule"]
 
 log = logging.getLogger("celery_election.schedule")
 
@@ -196,7 +192,7 @@ class Schedule:
         settings = ElectionSettings.from_app(app)
         self.namespace = namespace or settings.beat_namespace
         #: Election namespaces whose beats may hold the run state (standalone, embedded).
-        self.run_namespaces = (settings.beat_namespace, settings.namespace)
+        self.run_namespaces = (self.namespace, settings.namespace)
         self.actor = actor or default_actor()
         self._owned = backend is None
         if backend is None:
@@ -250,8 +246,8 @@ class Schedule:
     def history(
         self, name: str, *, limit: int = 20, before: int | None = None
     ) -> builtins.list[RunRecord]:
-        """The entry's runs, newest first."""
-        return self.store.history(self.namespace, name, limit=limit, before=before)
+        """The entry's runs, newest first (``before``: a run's ``sent_at``, the next page)."""
+        return self.store.history(self.run_namespaces, name, limit=limit, before=before)
 
     def _static(self) -> dict[str, Mapping[str, Any]]:
         return dict(self.app.conf.beat_schedule or {})
@@ -492,72 +488,3 @@ def _jsonable(value: Any, what: str) -> Any:
 
 def _json(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True)
-
-
-# -- workers report finished runs --------------------------------------------------------------
-
-_STARTED: dict[str, float] = {}
-_STORES: dict[tuple[int, int], SQLScheduleStore | None] = {}
-
-
-def run_ended(app: Celery, task: Any, task_id: str | None, state: str | None) -> None:
-    """Record that a beat-sent run ended (``init_app`` connects it to ``task_postrun``).
-
-    One UPDATE by task id when a run sent by a LeaderScheduler ends (its headers name the
-    entry), in the process that ran it, on the election database: the overlap policy and
-    the history know finished runs from the workers, without polling the result backend.
-    A retry is not an end: the run goes on.
-    """
-    began = _STARTED.pop(task_id or "", None)
-    if not task_id or state == "RETRY" or not getattr(task.request, "election_entry", None):
-        return
-    if not runonce.ran(task.request):  # a copy skipped or put off: the run goes on elsewhere
-        return
-    if task.app is not app:
-        return
-    store = _store_of(app)
-    if store is None:
-        return
-    duration = None if began is None else round((time.monotonic() - began) * 1e6)
-    _finish(store, task_id, str(state or "?"), duration, RETRIES)
-
-
-def run_started(task: Any, task_id: str | None) -> None:
-    """Note when a beat-sent run starts (``task_prerun``), for its duration."""
-    if task_id and getattr(task.request, "election_entry", None):
-        _STARTED[task_id] = time.monotonic()
-
-
-#: Seconds to wait before each new try when a run's history row is not there yet: the
-#: leader writes its rows in batches (beat/history.py, HistoryWriter), a fast task can end first.
-RETRIES = (0.5, 1.0, 2.0, 4.0)
-
-
-def _finish(
-    store: SQLScheduleStore, task_id: str, outcome: str, duration: int | None, waits: Any
-) -> None:
-    try:
-        if store.finish(task_id, outcome, duration) or not waits:
-            return
-    except ElectionError as exc:  # the task ran: its history row stays open
-        log.warning("celery-election: could not record the end of %s (%s)", task_id, exc)
-        return
-    later = threading.Timer(waits[0], _finish, (store, task_id, outcome, duration, waits[1:]))
-    later.daemon = True
-    later.start()
-
-
-def _store_of(app: Celery) -> SQLScheduleStore | None:
-    """The schedule store of ``app`` in this process (a pool child opens its own)."""
-    key = (id(app), os.getpid())
-    if key not in _STORES:
-        _STORES[key] = None
-        try:
-            settings = ElectionSettings.from_app(app)
-            backend = backend_from_url(settings.url, **settings.backend_options(listen=False))
-        except ElectionError as exc:  # a worker without election settings that work
-            log.warning("celery-election: beat runs' ends are not recorded (%s)", exc)
-            return None
-        if isinstance(backend, SQLBackend):
-            _STORES[key] = schedule_store(backend)
-    return _STORES[key]

@@ -167,7 +167,7 @@ def history(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
             r.kind if r.count == 1 else f"{r.kind} x{r.count}",
             str(r.term),
             r.task_id or "-",
-            r.outcome or ("running" if r.task_id else "-"),
+            r.status or "-",
             "-" if r.duration_us is None else f"{r.duration_us / 1e6:.3f}s",
         ]
         for r in runs

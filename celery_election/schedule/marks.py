@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import sqlalchemy as sa
 
 from ..backends.schema import ordered_concat
+from ..runstate import DROPPED
 
 if TYPE_CHECKING:
     from .records import RunRecord
@@ -64,16 +65,16 @@ class EntryMarks(NamedTuple):
 
 
 def late(r: sa.Table) -> sa.ColumnElement[bool]:
-    """A history row (of ``schedule_run`` table ``r``) was sent late (SQL, per row)."""
-    return sa.and_(r.c.due_at.is_not(None), r.c.sent_at - r.c.due_at > LATE_US)
+    """A run (of the run rows ``r``, ``task_start``) was sent late (SQL, per row)."""
+    return sa.and_(r.c.due_at.is_not(None), r.c.started_at - r.c.due_at > LATE_US)
 
 
 def mark_of(r: sa.Table) -> sa.ColumnElement[int]:
     """A history row's mark, as an index of :data:`MARKS` (SQL, per row)."""
     return sa.case(
         (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed")),
-        (r.c.kind == "missed", MARKS.index("missed")),
         (r.c.kind == "skipped", MARKS.index("skipped")),
+        (sa.or_(r.c.kind == "missed", r.c.state == DROPPED), MARKS.index("missed")),
         (r.c.kind == "run_now", MARKS.index("run-now")),
         (late(r), MARKS.index("late")),
         else_=MARKS.index("on-time"),
@@ -88,23 +89,23 @@ def rank_of(r: sa.Table) -> sa.ColumnElement[int]:
     """
     return sa.case(
         (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
-        (r.c.kind == "missed", MARKS.index("missed") * _RANK),
         (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
+        (sa.or_(r.c.kind == "missed", r.c.state == DROPPED), MARKS.index("missed") * _RANK),
         (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
-        (late(r), MARKS.index("late") * _RANK + (r.c.sent_at - r.c.due_at)),
+        (late(r), MARKS.index("late") * _RANK + (r.c.started_at - r.c.due_at)),
         else_=MARKS.index("on-time") * _RANK,
     )
 
 
 def marks_statement(
-    r: sa.Table, namespace: str, from_us: int, to_us: int, column_us: int
+    r: sa.Table, namespaces: sa.ColumnElement[bool], from_us: int, to_us: int, column_us: int
 ) -> sa.Select[Any]:
     """The query of ``SQLScheduleStore.marks``: per entry, its columns, marks, runs, lateness.
 
-    ``r`` is the ``schedule_run`` table. Its plan is checked on each database
-    (tests/integration/test_schedule_store.py).
+    ``r`` is the run rows' table, ``namespaces`` which of its rows. Its plan is checked on
+    each database (tests/integration/test_schedule_store.py).
     """
-    column = ((r.c.sent_at - from_us) // max(1, column_us)).label("col")
+    column = ((r.c.started_at - from_us) // max(1, column_us)).label("col")
     per_column = (
         sa.select(
             r.c.entry_key,
@@ -112,7 +113,8 @@ def marks_statement(
             sa.func.max(rank_of(r)).label("rank"),
             sa.func.count().label("runs"),
         )
-        .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at < to_us)
+        .where(namespaces, r.c.kind.is_not(None))
+        .where(r.c.started_at >= from_us, r.c.started_at < to_us)
         .group_by(r.c.entry_key, column)
         .order_by(r.c.entry_key, column)  # SQLite's concatenation keeps this order
         .subquery("per_column")
@@ -133,47 +135,46 @@ def marks_statement(
     )
 
 
-def open_runs_statement(r: sa.Table, namespace: str) -> sa.Select[Any]:
+def open_runs_statement(r: sa.Table, namespaces: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """Per entry, the oldest run sent and not finished since its latest run that finished.
 
     What ``schedule/overdue.py`` holds to the grace; entries none of whose runs reported
-    a finish (workers without ``init_app``) have none. Runs before that finish are left
-    out: one lost run (its worker killed mid-run) does not keep an entry overdue once
-    later runs finish. ``r``: the ``schedule_run`` table.
+    a finish (workers without the run-once check) have none. Runs before that finish are
+    left out: one lost run (its worker killed mid-run) does not keep an entry overdue once
+    later runs finish. ``r``: the run rows' table, ``namespaces`` which of its rows.
     """
-    sent = r.c.kind.in_(("run", "run_now"))
+    sent = sa.and_(namespaces, r.c.kind.in_(("run", "run_now")), r.c.state != DROPPED)
     finished = (
-        sa.select(r.c.entry_key, sa.func.max(r.c.id).label("last_id"))
-        .where(r.c.namespace == namespace, sent, r.c.finished_at.is_not(None))
+        sa.select(r.c.entry_key, sa.func.max(r.c.started_at).label("last_at"))
+        .where(sent, r.c.finished_at.is_not(None))
         .group_by(r.c.entry_key)
         .subquery("finished")
     )
-    after = sa.and_(r.c.entry_key == finished.c.entry_key, r.c.id > finished.c.last_id)
+    after = sa.and_(r.c.entry_key == finished.c.entry_key, r.c.started_at > finished.c.last_at)
     oldest = (
-        sa.select(sa.func.min(r.c.id))
+        sa.select(r.c.entry_key, sa.func.min(r.c.started_at).label("first_at"))
         .join(finished, after)
-        .where(r.c.namespace == namespace, sent, r.c.finished_at.is_(None))
+        .where(sent, r.c.finished_at.is_(None))
         .group_by(r.c.entry_key)
+        .subquery("oldest")
     )
-    return sa.select(r).where(r.c.id.in_(oldest.scalar_subquery()))
+    on = sa.and_(r.c.entry_key == oldest.c.entry_key, r.c.started_at == oldest.c.first_at)
+    return sa.select(r).join(oldest, on).where(sent)
 
 
 def runs_in_statements(
-    r: sa.Table, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
-) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    r: sa.Table, namespaces: sa.ColumnElement[bool], key: str, from_us: int, to_us: int, *,
+    limit: int = 20,
+) -> tuple[sa.Select[Any], sa.Select[Any]]:  # fmt: skip
     """The queries of ``SQLScheduleStore.runs_in``: the runs, and how many of each mark.
 
-    ``r`` is the ``schedule_run`` table.
+    ``r`` is the run rows' table, ``namespaces`` which of its rows.
     """
     mark = mark_of(r)
-    where = (
-        r.c.namespace == namespace,
-        r.c.entry_key == key,
-        r.c.sent_at >= from_us,
-        r.c.sent_at < to_us,
-    )
-    runs = sa.select(r).where(*where).order_by(mark.desc(), r.c.sent_at, r.c.id).limit(limit)
-    per = sa.select(mark.label("mark"), r.c.id).where(*where).subquery("per_run")
+    where = (namespaces, r.c.entry_key == key, r.c.started_at >= from_us, r.c.started_at < to_us)
+    order = (mark.desc(), r.c.started_at, r.c.run_key)
+    runs = sa.select(r).where(*where).order_by(*order).limit(limit)
+    per = sa.select(mark.label("mark"), r.c.run_key).where(*where).subquery("per_run")
     return runs, sa.select(per.c.mark, sa.func.count()).group_by(per.c.mark)
 
 
@@ -207,8 +208,10 @@ def run_mark(r: RunRecord) -> str:
     """A history row's mark (one of :data:`MARKS`): what the SQL of ``marks`` computes."""
     if r.outcome in FAILED_OUTCOMES:
         return "failed"
-    if r.kind in ("missed", "skipped"):
+    if r.kind == "skipped":
         return r.kind
+    if r.kind == "missed" or r.state == DROPPED:  # a run given up unsent
+        return "missed"
     if r.kind == "run_now":
         return "run-now"
     if r.due_at is not None and r.sent_at - r.due_at > LATE_US:

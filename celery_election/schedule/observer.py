@@ -227,7 +227,9 @@ class Observer:
     def entries(self) -> list[dict[str, Any]]:
         listed = self.schedule.list()
         self._names = {entry_key(e.name): e.name for e in listed}
-        last = self.schedule.store.last_sent_many(self.namespace, [e.name for e in listed])
+        last = self.schedule.store.last_sent_many(
+            self.schedule.run_namespaces, [e.name for e in listed]
+        )
         now = datetime.now(timezone.utc)
         late = overdue_by_entry(self.schedule, self.overdue_grace, listed)
         return [self.entry_json(e, last.get(e.name), now, late.get(e.name, 0.0)) for e in listed]
@@ -408,7 +410,7 @@ class Observer:
         rows: list[list[Any]] = []
         total = 0
         for key, cols, marks, runs, late_us in self.schedule.store.marks(
-            self.namespace, window.from_us, window.to_us + 1, window.column_ms * 1000
+            self.schedule.run_namespaces, window.from_us, window.to_us + 1, window.column_ms * 1000
         ):
             steps = list(map(operator.sub, cols, (0, *cols[:-1])))
             many = [x for i, n in enumerate(runs) if n > 1 for x in (i, n)]
@@ -447,7 +449,7 @@ class Observer:
         if not self._names:
             self.entries_body()
         runs, counts = self.schedule.store.runs_in(
-            self.namespace, key, int(from_ms) * 1000, int(to_ms) * 1000
+            self.schedule.run_namespaces, key, int(from_ms) * 1000, int(to_ms) * 1000
         )
         shown = [{**_run_json(r), "mark": run_mark(r)} for r in runs]
         return {
@@ -547,7 +549,7 @@ def _run_json(r: RunRecord) -> dict[str, Any]:
         "sent_ms": _ms(r.sent_at),
         "task_id": r.task_id,
         "finished_ms": _ms(r.finished_at),
-        "outcome": r.outcome or ("running" if r.task_id and r.finished_at is None else None),
+        "outcome": r.status,
         "duration": None if r.duration_us is None else r.duration_us / 1e6,
     }
 

@@ -1,17 +1,19 @@
 """The operable schedule's rows as plain data: entries, runs, operator changes, terms.
 
 What ``store.py`` reads from its tables and hands out (times: the database's clock, epoch
-microseconds); ``history_row`` the columns of a run it writes. Frozen dataclasses, no SQL
+microseconds); ``history_row`` the row of runs a policy did not send. Frozen dataclasses, no SQL
 beyond the key of an entry (``backends/schema.entry_key``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.schema import entry_key
+from ..runstate import CLAIMED, DROPPED, SENT, STARTED
 
 __all__ = [
     "AuditRecord",
@@ -49,9 +51,14 @@ class EntryRow:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One row of an entry's run history."""
+    """One run in an entry's history: its run row (``task_start``, runstate.py's states).
 
-    id: int
+    ``id`` is the row's key; ``run_key`` the entry's stored run it follows (its due time's
+    key, or a "run now"'s request time); ``sent_at`` when the beat claimed it (a missed or
+    skipped row: when the policy decided); ``duration_us`` from its body's start to its end.
+    """
+
+    id: str
     entry_key: str
     kind: str  # run / run_now / missed (catch-up policy) / skipped (overlap policy)
     run_key: int
@@ -63,6 +70,16 @@ class RunRecord:
     finished_at: int | None
     outcome: str | None
     duration_us: int | None
+    state: str | None = None
+
+    @property
+    def status(self) -> str | None:
+        """How it ended (its outcome), or where it is: claimed, queued or running."""
+        return self.outcome or _ON_ITS_WAY.get(self.state or "")
+
+
+#: What an open run's state says on the page and in ``schedule history``.
+_ON_ITS_WAY = {CLAIMED: "claimed", SENT: "queued", STARTED: "running"}
 
 
 @dataclass(frozen=True)
@@ -99,23 +116,22 @@ def history_row(
     *,
     run_key: int,
     term: int,
-    due_at: int | None = None,
-    task_id: str | None = None,
     count: int = 1,
-    sent_at: int | None = None,
+    sent_at: int,
 ) -> dict[str, Any]:
-    """The columns of one history row."""
+    """The run row of runs a policy did not send (kind missed or skipped), ``count`` of them.
+
+    Dropped when written; keyed by what it stands for (the entry's stored run it follows),
+    so a batch written twice (its first answer lost) is one row.
+    """
+    key = hashlib.sha1(f"{kind}\0{namespace}\0{name}\0{run_key}".encode()).hexdigest()
     return {
-        "namespace": namespace,
-        "entry_key": entry_key(name),
-        "kind": kind,
-        "run_key": run_key,
-        "term": term,
-        "due_at": due_at,
-        "sent_at": sent_at,
-        "task_id": task_id,
-        "count": count,
-    }
+        "namespace": namespace, "run_key": key, "task_id": "", "task_name": name[:255],
+        "hostname": "", "pid": 0, "attempt": 0, "started_at": sent_at, "finished_at": sent_at,
+        "state": DROPPED, "term": term, "entry_name": name[:500], "due": run_key,
+        "entry_key": entry_key(name), "kind": kind, "count": count, "outcome": None,
+        "due_at": None, "began_at": None,
+    }  # fmt: skip
 
 
 def opt_int(value: Any) -> int | None:
@@ -141,18 +157,20 @@ def entry_from_row(row: Any) -> EntryRow:
 
 
 def record_from_row(row: Any) -> RunRecord:
-    """A ``schedule_run`` row as a :class:`RunRecord`."""
+    """A run row (``task_start``) as a :class:`RunRecord`."""
+    began, ended = opt_int(row.began_at), opt_int(row.finished_at)
     return RunRecord(
-        id=int(row.id),
+        id=row.run_key,
         entry_key=row.entry_key,
         kind=row.kind,
-        run_key=int(row.run_key),
-        term=int(row.term),
+        run_key=int(row.due or 0),
+        term=int(row.term or 0),
         due_at=opt_int(row.due_at),
-        sent_at=int(row.sent_at),
-        task_id=row.task_id,
-        count=int(row.count),
-        finished_at=opt_int(row.finished_at),
+        sent_at=int(row.started_at),
+        task_id=row.task_id or None,
+        count=int(row.count or 1),
+        finished_at=ended,
         outcome=row.outcome,
-        duration_us=opt_int(row.duration_us),
+        duration_us=None if began is None or ended is None else max(0, ended - began),
+        state=row.state,
     )

@@ -2,9 +2,11 @@
 
 Four tables (backends/schema.py): ``schedule_entry`` holds one row per entry changed at
 runtime (a dynamic entry, or an operator's overlay on a static ``beat_schedule`` entry);
-``schedule_rev`` one change counter per namespace; ``schedule_run`` the run history;
-``schedule_audit`` who changed what, when; ``schedule_term`` who led the beats when (the
-leader's history thread writes it, beat/history.py; the schedule page draws it).
+``schedule_rev`` one change counter per namespace; ``schedule_audit`` who changed what,
+when; ``schedule_term`` who led the beats when (the leader's history thread writes it,
+beat/history.py; the schedule page draws it). The run history is the runs' own rows
+(``task_start``, backends/sql_runs.py): a run's claim, send, start and end are its one
+row, which the page, the overlap policy and the overdue alarm read.
 
 * **Changes reach the leader by version.** Every change takes the namespace's counter row
   lock, increments it and stamps the entry with the new version, in one transaction. The
@@ -28,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
@@ -38,7 +40,7 @@ from ..backends.connection import LostRound
 from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
 from ..errors import BackendUnavailableError, ConfigurationError
-from ..runstate import run_now_task_id
+from ..runstate import DROPPED, run_now_task_id
 from .marks import (
     FAILED_OUTCOMES,
     LATE_US,
@@ -81,6 +83,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: The namespaces whose run rows a read covers (a standalone beat's, an embedded one's).
+Namespaces = str | Sequence[str]
 
 #: What a change function returns: the columns to write (None: delete nothing, write
 #: nothing) and the audit detail.
@@ -113,7 +117,7 @@ class SQLScheduleStore:
         tables = backend.metadata.tables
         self.entry = tables[f"{prefix}schedule_entry"]
         self.rev = tables[f"{prefix}schedule_rev"]
-        self.run = tables[f"{prefix}schedule_run"]
+        self.run = tables[f"{prefix}task_start"]  # the run rows are the history
         self.audit_table = tables[f"{prefix}schedule_audit"]
         self.term_table = tables[f"{prefix}schedule_term"]
 
@@ -288,7 +292,7 @@ class SQLScheduleStore:
         def work(conn: Connection) -> bool:
             if conn.execute(self._claim_statement, params).rowcount != 1:
                 return False
-            run = (name, requested_at, task_id, task)
+            run = (name, requested_at, task_id, task, "run_now", None)
             self.backend.runs.write_claimed(conn, lease_ns, term, [run])
             return True
 
@@ -320,82 +324,64 @@ class SQLScheduleStore:
             .values(run_now_at=None)
         )
 
-    def record(self, namespace: str, name: str, kind: str, **fields: Any) -> None:
-        """Add a history row (``fields`` as :func:`history_row`; sent_at default: now).
-
-        The default is the database's clock at the insert.
-        """
-        row = history_row(namespace, name, kind, **fields)
-        if row["sent_at"] is None:
-            row["sent_at"] = db_now_us()
-        stmt = sa.insert(self.run).values(**row)
-        self._do(lambda conn: conn.execute(stmt), self.run)
-
     def record_many(self, rows: list[dict[str, Any]]) -> None:
-        """Add history rows made by :func:`history_row` (with their sent_at), in one call."""
+        """Add the rows of runs a policy did not send (:func:`history_row`), in one call.
+
+        Insert-if-absent: a batch written again after a lost answer is not doubled.
+        """
         if rows:
-            self._do(lambda conn: conn.execute(sa.insert(self.run), rows), self.run)
+            stmt = self.backend.db.insert_ignore(self.run)
+            self._do(lambda conn: conn.execute(stmt, rows), self.run)
 
-    def finish(self, task_id: str, outcome: str, duration_us: int | None) -> bool:
-        """A worker's word that a run finished (one UPDATE by task id); True if it was ours."""
-        r = self.run
-        stmt = (
-            sa.update(r)
-            .where(r.c.task_id == task_id, r.c.finished_at.is_(None))
-            .values(finished_at=db_now_us(), outcome=outcome[:16], duration_us=duration_us)
-        )
-        return bool(self._do(lambda conn: conn.execute(stmt).rowcount, r))
-
-    def last_sent(self, namespace: str, name: str) -> RunRecord | None:
-        """The entry's latest sent run (for the overlap policy)."""
+    def last_sent(self, namespaces: Namespaces, name: str) -> RunRecord | None:
+        """The entry's latest run on its way or done (for the overlap policy)."""
         r = self.run
         stmt = (
             sa.select(r)
-            .where(
-                r.c.namespace == namespace,
-                r.c.entry_key == entry_key(name),
-                r.c.kind.in_(("run", "run_now")),
-            )
-            .order_by(r.c.id.desc())
+            .where(_in(r, namespaces), r.c.entry_key == entry_key(name), _sent(r))
+            .order_by(r.c.started_at.desc(), r.c.run_key.desc())
             .limit(1)
         )
         row = self._read(lambda conn: conn.execute(stmt).first(), r)
         return None if row is None else record_from_row(row)
 
-    def last_sent_many(self, namespace: str, names: list[str]) -> dict[str, RunRecord]:
-        """Each named entry's latest sent run, in one query (a page of many entries)."""
+    def last_sent_many(self, namespaces: Namespaces, names: list[str]) -> dict[str, RunRecord]:
+        """Each named entry's latest run, in one query (a page of many entries)."""
         r = self.run
         keys = {entry_key(n): n for n in names}
         if not keys:
             return {}
         latest = (
-            sa.select(sa.func.max(r.c.id))
-            .where(
-                r.c.namespace == namespace,
-                r.c.entry_key.in_(list(keys)),
-                r.c.kind.in_(("run", "run_now")),
-            )
+            sa.select(r.c.entry_key, sa.func.max(r.c.started_at).label("at"))
+            .where(_in(r, namespaces), r.c.entry_key.in_(list(keys)), _sent(r))
             .group_by(r.c.entry_key)
+            .subquery("latest")
         )
-        stmt = sa.select(r).where(r.c.id.in_(latest.scalar_subquery()))
+        on = sa.and_(r.c.entry_key == latest.c.entry_key, r.c.started_at == latest.c.at)
+        stmt = sa.select(r).join(latest, on).where(_in(r, namespaces), _sent(r))
         rows = self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
-        return {keys[x.entry_key]: x for x in rows}
+        return {keys[x.entry_key]: x for x in sorted(rows, key=lambda x: (x.sent_at, x.id))}
 
-    def open_runs(self, namespace: str) -> dict[str, RunRecord]:
+    def open_runs(self, namespaces: Namespaces) -> dict[str, RunRecord]:
         """By entry key: the run each entry owes a finish for (``marks.open_runs_statement``)."""
-        stmt = open_runs_statement(self.run, namespace)
+        stmt = open_runs_statement(self.run, _in(self.run, namespaces))
         rows = self._read(lambda conn: [record_from_row(x) for x in conn.execute(stmt)], self.run)
-        return {x.entry_key: x for x in rows}
+        return {x.entry_key: x for x in sorted(rows, key=lambda x: (x.sent_at, x.id), reverse=True)}
 
     def history(
-        self, namespace: str, name: str, *, limit: int = 20, before: int | None = None
+        self,
+        namespaces: Namespaces,
+        name: str,
+        *,
+        limit: int = 20,
+        before: int | None = None,
     ) -> list[RunRecord]:
-        """The entry's runs, newest first (``before``: an id, for the next page)."""
+        """The entry's runs, newest first (``before``: a ``sent_at``, for the next page)."""
         r = self.run
-        stmt = sa.select(r).where(r.c.namespace == namespace, r.c.entry_key == entry_key(name))
+        stmt = sa.select(r).where(_in(r, namespaces), r.c.entry_key == entry_key(name))
         if before is not None:
-            stmt = stmt.where(r.c.id < before)
-        stmt = stmt.order_by(r.c.id.desc()).limit(limit)
+            stmt = stmt.where(r.c.started_at < before)
+        stmt = stmt.order_by(r.c.started_at.desc(), r.c.run_key.desc()).limit(limit)
         return self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
 
     def audit(self, namespace: str, *, limit: int = 50) -> list[AuditRecord]:
@@ -407,13 +393,6 @@ class SQLScheduleStore:
             AuditRecord(int(r.id), r.name, r.action, r.actor, int(r.at), json.loads(r.detail))
             for r in rows
         ]
-
-    def prune(self, namespace: str, older_than_us: int, *, batch: int = 5000) -> int:
-        """Delete up to ``batch`` history rows sent before ``older_than_us``; how many."""
-        r = self.run
-        where = sa.and_(r.c.namespace == namespace, r.c.sent_at < older_than_us)
-        stmt = self.backend.db.delete_at_most(r.c.id, where, batch)
-        return int(self._do(lambda conn: conn.execute(stmt).rowcount, r))
 
     # -- leadership history -----------------------------------------------------------------
 
@@ -479,29 +458,18 @@ class SQLScheduleStore:
             for r in rows
         ]
 
-    def runs_between(
-        self, namespace: str, from_us: int, to_us: int, *, limit: int = 200_000
-    ) -> list[RunRecord]:
-        """The history rows of ``namespace`` sent in [from_us, to_us], oldest first."""
-        r = self.run
-        stmt = (
-            sa.select(r)
-            .where(r.c.namespace == namespace, r.c.sent_at >= from_us, r.c.sent_at <= to_us)
-            .order_by(r.c.sent_at, r.c.id)
-            .limit(limit)
-        )
-        return self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
-
-    def marks(self, namespace: str, from_us: int, to_us: int, column_us: int) -> list[EntryMarks]:
+    def marks(
+        self, namespaces: Namespaces, from_us: int, to_us: int, column_us: int
+    ) -> list[EntryMarks]:
         """The history of ``namespace`` sent in [from_us, to_us), as the timeline shows it.
 
         Per entry (by key), its columns (``column_us`` wide, from ``from_us``) that have runs:
         the worst mark of their runs, how many there are and the most late of the late ones.
-        The database groups a range of the covering ``schedule_run_window`` index (no row
+        The database groups a range of the covering ``task_start_window`` index (no row
         read) and answers one row per entry: a day of a thousand entries is ~100,000 marks,
         and as many rows cost more to fetch and convert in Python than to group.
         """
-        stmt = self.marks_statement(namespace, from_us, to_us, column_us)
+        stmt = self.marks_statement(namespaces, from_us, to_us, column_us)
 
         def read(conn: Connection) -> list[EntryMarks]:
             return [entry_marks(*row) for row in conn.execute(stmt)]
@@ -509,20 +477,26 @@ class SQLScheduleStore:
         return self._read(read, self.run)
 
     def marks_statement(
-        self, namespace: str, from_us: int, to_us: int, column_us: int
+        self, namespaces: Namespaces, from_us: int, to_us: int, column_us: int
     ) -> sa.Select[Any]:
         """The query of :meth:`marks` (``marks.marks_statement``)."""
-        return marks_statement(self.run, namespace, from_us, to_us, column_us)
+        return marks_statement(self.run, _in(self.run, namespaces), from_us, to_us, column_us)
 
     def runs_in(
-        self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
+        self,
+        namespaces: Namespaces,
+        key: str,
+        from_us: int,
+        to_us: int,
+        *,
+        limit: int = 20,
     ) -> tuple[list[RunRecord], dict[str, int]]:
         """An entry's runs sent in [from_us, to_us): the worst first, and how many of each mark.
 
         ``key`` is the entry's key (``entry_key(name)``): a removed entry has no name. What
         the timeline fetches when a column of it is pointed at.
         """
-        runs, counts = self.runs_in_statements(namespace, key, from_us, to_us, limit=limit)
+        runs, counts = self.runs_in_statements(namespaces, key, from_us, to_us, limit=limit)
 
         def read(conn: Connection) -> tuple[list[RunRecord], dict[str, int]]:
             found = [record_from_row(row) for row in conn.execute(runs)]
@@ -531,10 +505,17 @@ class SQLScheduleStore:
         return self._read(read, self.run)
 
     def runs_in_statements(
-        self, namespace: str, key: str, from_us: int, to_us: int, *, limit: int = 20
+        self,
+        namespaces: Namespaces,
+        key: str,
+        from_us: int,
+        to_us: int,
+        *,
+        limit: int = 20,
     ) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The queries of :meth:`runs_in` (``marks.runs_in_statements``)."""
-        return runs_in_statements(self.run, namespace, key, from_us, to_us, limit=limit)
+        where = _in(self.run, namespaces)
+        return runs_in_statements(self.run, where, key, from_us, to_us, limit=limit)
 
     def prune_terms(self, namespace: str, older_than_us: int) -> int:
         """Forget the terms of election ``namespace`` that ended before ``older_than_us``."""
@@ -543,6 +524,17 @@ class SQLScheduleStore:
             t.c.namespace == namespace, sa.func.coalesce(t.c.ended_at, t.c.seen_at) < older_than_us
         )
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
+
+
+def _in(t: sa.Table, namespaces: Namespaces) -> sa.ColumnElement[bool]:
+    """The run rows of these namespaces (a standalone beat's, and an embedded one's)."""
+    names = [namespaces] if isinstance(namespaces, str) else list(dict.fromkeys(namespaces))
+    return t.c.namespace == names[0] if len(names) == 1 else t.c.namespace.in_(names)
+
+
+def _sent(r: sa.Table) -> sa.ColumnElement[bool]:
+    """A run a beat claimed to send (on its way, or done), not a dropped one."""
+    return sa.and_(r.c.kind.in_(("run", "run_now")), r.c.state != DROPPED)
 
 
 def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:

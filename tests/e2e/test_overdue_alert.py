@@ -41,7 +41,7 @@ def with_short_for(rules: str) -> str:
 def finished_runs(c: Cluster) -> int:
     store = schedule_store(c.backend)
     assert store is not None
-    runs = store.history(f"{c.namespace}-beat", ENTRY, limit=50)
+    runs = store.history([f"{c.namespace}-beat"], ENTRY, limit=50)
     return sum(r.finished_at is not None for r in runs)
 
 

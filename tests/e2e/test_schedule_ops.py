@@ -48,7 +48,7 @@ def executions(c: Cluster, entry: str) -> list[Any]:
 def history(c: Cluster, entry: str) -> list[Any]:
     backend = c.backend
     assert isinstance(backend, SQLBackend)
-    return schedule_store(backend).history(f"{c.namespace}-beat", entry, limit=1000)
+    return schedule_store(backend).history([f"{c.namespace}-beat"], entry, limit=1000)
 
 
 def recorded(c: Cluster, entry: str, pick: Any, what: str) -> list[Any]:

@@ -35,12 +35,13 @@ from celery import Celery
 
 from celery_election.backends import SQLBackend
 from celery_election.schedule import Schedule
-from celery_election.schedule.store import history_row, schedule_store
+from celery_election.schedule.store import schedule_store
 from celery_election.web import make_app, server
 from harness.cluster import Cluster, wait_until
 from harness.processes import Proc
 
 from ..conftest import tool
+from ..support.history import run_row
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -394,19 +395,19 @@ def test_a_thousand_entries_render_and_stay_usable(
             s.add(f"entry-{i:04d}", f"proj.task{i % 17}", when, check_task=False,
                   tz="Europe/Paris" if i % 3 == 0 else None, enabled=i % 10 != 0,
                   overlap="skip" if i % 7 == 0 else "allow")  # fmt: skip
-        for i in range(0, 999, 3):
-            s.store.record(s.namespace, f"entry-{i:04d}", "run", run_key=i, term=1,
-                           task_id=f"task-{i}")  # fmt: skip
+        now = s.store.db_now()
+        s.store.record_many([
+            run_row(s.namespace, f"entry-{i:04d}", due=i, task_id=f"task-{i}",
+                    sent_at=now - 40_000_000 + i) for i in range(0, 999, 3)
+        ])  # fmt: skip
         # 300 runs on time over the last 30 s, one failed among them: on a timeline of the
         # last hour (a column is ~3 s) its column still shows failed, and pointing at it
         # gives that run
-        now = s.store.db_now()
         s.store.record_many([
-            history_row(s.namespace, "entry-0001", "run", run_key=k, term=1, due_at=t,
-                        sent_at=t, task_id=f"busy-{k}")
+            run_row(s.namespace, "entry-0001", due=k, due_at=t, sent_at=t, task_id=f"busy-{k}",
+                    outcome="FAILURE" if k == 150 else None, duration_us=2_500_000)
             for k, t in enumerate(range(now - 30_000_000, now, 100_000))
         ])  # fmt: skip
-        assert s.store.finish("busy-150", "FAILURE", 2_500_000)
         with s.backend.engine.begin() as conn:
             conn.execute(sa.insert(s.store.term_table).values(
                 namespace=s.namespace, term=1, leader_id="beat@here", started_at=now - 60_000_000,

@@ -233,13 +233,13 @@ def test_dry_run_prints_the_ddl_of_the_dialect(kind: str, expected: list[str]) -
     for fragment in expected:
         assert fragment.format(p=prefix) in out.output
     tables = ["meta", "lease", "candidate", "beat_run"]
-    tables += [f"schedule_{t}" for t in ("entry", "rev", "run", "audit", "term")]
+    tables += [f"schedule_{t}" for t in ("entry", "rev", "audit", "term")]
     for table in tables:
         assert f"CREATE TABLE {prefix}{table}" in out.output
     drop = cli(urls[kind], prefix, "uninstall", "--dry-run")
     assert drop.exit_code == 0
-    # every table uninstall drops, the 0.1 beat ledger's included
-    for table in [*tables, "beat_state", "beat_ledger"]:
+    # every table uninstall drops, the 0.1 beat ledger's and 0.3's run history included
+    for table in [*tables, "task_start", "beat_state", "beat_ledger", "schedule_run"]:
         assert f"DROP TABLE IF EXISTS {prefix}{table};" in drop.output, table
     assert not Path("/tmp/never-created.db").exists()  # a dry run touches nothing
 

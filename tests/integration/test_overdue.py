@@ -21,9 +21,10 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.schedule import Schedule
 from celery_election.schedule.overdue import OverdueWatch
-from celery_election.schedule.store import SQLScheduleStore, schedule_store
+from celery_election.schedule.store import SQLScheduleStore, history_row, schedule_store
 
 from ..conftest import token, unique_prefix
+from ..support.history import claimed, ended, run_row
 
 NS = "od-beat"
 S = 1_000_000
@@ -41,41 +42,45 @@ def store(sql_url: str) -> Iterator[SQLScheduleStore]:
     b.close()
 
 
-def sent(
-    store: SQLScheduleStore, name: str, task_id: str, *, kind: str = "run", ns: str = NS
-) -> None:
-    store.record(ns, name, kind, run_key=1, term=1, task_id=task_id, due_at=store.db_now())
-
-
 def test_open_runs_are_the_oldest_unfinished_after_the_latest_finish(
     store: SQLScheduleStore,
 ) -> None:
+    base, rows = store.db_now() - 100 * S, []
+
+    def sent(name: str, task_id: str, outcome: str | None = None, *, kind: str = "run",
+             ns: str = NS) -> None:  # fmt: skip
+        at = base + len(rows) * S  # in this order
+        if kind in ("missed", "skipped"):
+            rows.append(history_row(ns, name, kind, run_key=len(rows), term=1, sent_at=at))
+        else:
+            rows.append(run_row(ns, name, kind, due=len(rows), sent_at=at, task_id=task_id,
+                                due_at=at, outcome=outcome))  # fmt: skip
+
     # a: finished, then two unfinished: the first of them is owed
-    for t in ("a1", "a2", "a3"):
-        sent(store, "a", t)
-    store.finish("a1", "SUCCESS", 1000)
-    # b: no run ever reported a finish (workers without init_app): owes nothing
-    sent(store, "b", "b1")
+    sent("a", "a1", "SUCCESS")
+    sent("a", "a2")
+    sent("a", "a3")
+    # b: no run ever reported a finish (workers without the run-once check): owes nothing
+    sent("b", "b1")
     # c: a lost run, then a finished one: owes nothing
-    sent(store, "c", "c1")
-    sent(store, "c", "c2")
-    store.finish("c2", "SUCCESS", 1000)
+    sent("c", "c1")
+    sent("c", "c2", "SUCCESS")
     # d: finished, then runs the policies dropped: not runs
-    sent(store, "d", "d1")
-    store.finish("d1", "FAILURE", 1000)
-    sent(store, "d", "", kind="missed")
-    sent(store, "d", "", kind="skipped")
+    sent("d", "d1", "FAILURE")
+    sent("d", "", kind="missed")
+    sent("d", "", kind="skipped")
     # a run now counts; another namespace does not
-    sent(store, "e", "e1")
-    store.finish("e1", "SUCCESS", 1000)
-    sent(store, "e", "e2", kind="run_now")
-    sent(store, "a", "other", ns="elsewhere")
-    opened = store.open_runs(NS)
+    sent("e", "e1", "SUCCESS")
+    sent("e", "e2", kind="run_now")
+    sent("a", "other", ns="elsewhere")
+    store.record_many(rows)
+    opened = store.open_runs([NS])
     assert {k: r.task_id for k, r in opened.items()} == {
         entry_key("a"): "a2",
         entry_key("e"): "e2",
     }
-    assert store.open_runs("nobody") == {}
+    assert store.open_runs(["nobody"]) == {}
+    assert set(store.open_runs([NS, "elsewhere"])) == {entry_key("a"), entry_key("e")}
 
 
 @pytest.fixture
@@ -117,11 +122,9 @@ def test_the_watch_reads_each_entry_and_metrics_export_it(app: Celery) -> None:
             ran(b, name, 1)
         ran(b, "stale", 100)  # due 90 s ago: overdue by 90 - min(10, 30)
         ran(b, "paused", 500)
-        store.record(NS, "unfinished", "run", run_key=1, term=1, task_id="u1",
-                     due_at=store.db_now() - 60 * S)  # fmt: skip
-        store.finish("u1", "SUCCESS", 1)
-        store.record(NS, "unfinished", "run", run_key=2, term=1, task_id="u2",
-                     due_at=store.db_now() - 50 * S)  # fmt: skip
+        claimed(b, NS, "unfinished", "u1", due_at=store.db_now() - 60 * S)
+        ended(b, NS, "unfinished", "u1")
+        claimed(b, NS, "unfinished", "u2", due_at=store.db_now() - 50 * S)
     old = metrics.use_counters(metrics.LocalCounters())
     watch = OverdueWatch(app).start()
     try:

@@ -154,11 +154,13 @@ def test_a_large_burst_writes_its_rows_and_confirms_them_in_batches(backend: Any
 
 
 def test_a_claimed_run_outlives_the_retention_until_it_is_sent(backend: Any) -> None:
-    """The prune keeps a claimed row: it holds its entry until a leader sends it."""
+    """The prune keeps a claimed row: it holds its entry until a leader sends it. A
+    beat's rows are its schedule's history: only the history's prune deletes them."""
     me, term = _lead(backend)
     requests = [RunRequest(n, None, 7, pending=True) for n in ("a", "b")]
     assert all(c.won for c in backend.beat.claim_runs(NS, me, term, requests))
     assert backend.runs.confirm(NS, [_id("a", 7)]) == 1
-    assert backend.runs.prune(NS, -3600) == 1  # older than an hour from now: "a" only
+    assert backend.runs.prune(NS, -3600) == 0  # a worker's prune: not the beat's runs
+    assert backend.runs.prune(NS, -3600, history=True) == 1  # "a" only (all are old)
     assert _row(backend, "a", 7) is None and _row(backend, "b", 7).state == CLAIMED
     assert {p.entry_name for p in backend.beat.pending_runs(NS)} == {"b"}

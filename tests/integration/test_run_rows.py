@@ -220,6 +220,7 @@ def test_old_runs_are_pruned_in_batches_per_namespace(backend: Any) -> None:
         backend.runs.start(ns, delivery(tid), ALIVE)
     backend.runs.start("other", delivery(old[0]), ALIVE)
     assert backend.runs.prune(ns, 3600) == 0  # none is an hour old
+    assert backend.runs.prune(ns, -3600, history=True) == 0  # a beat's prune: not these
     # older than an hour from now: all of them (no wait for the database's clock to move)
     assert backend.runs.prune(ns, -3600, batch=2) == 2
     assert backend.runs.prune(ns, -3600, batch=2) == 1

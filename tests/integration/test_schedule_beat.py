@@ -25,8 +25,10 @@ from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
 from celery_election.runstate import CLAIMED, run_key, run_now_task_id
 from celery_election.schedule import Schedule
+from celery_election.schedule.store import history_row
 
 from ..conftest import url_for
+from ..support.history import ended, run_row
 
 TICK = "beat.tick"  # the static entry that shows time passing
 
@@ -37,7 +39,7 @@ class Counting(LeaderScheduler):
     sent: list[tuple[str, dict[str, Any], str]]
 
     def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        task_id = uuid.uuid4().hex
+        task_id = kwargs.get("task_id") or uuid.uuid4().hex  # a beat run's: its row's
         self.sent.append((name, dict(kwargs.get("headers") or {}), task_id))
         return type("Result", (), {"id": task_id})()
 
@@ -276,7 +278,7 @@ def test_overlap_skip_waits_for_the_previous_run_to_finish(
 
     tick_until(s, lambda: skipped() >= 2)
     task_id = next(t for _, h, t in s.sent if h.get("election_entry") == "slow")
-    assert ops.store.finish(task_id, "SUCCESS", 3_000_000)  # what the worker reports
+    ended(ops.backend, s._fence.namespace, "slow", task_id)  # what the worker's check writes
     tick_until(s, lambda: s.count("slow") == 2)
     # per-entry metrics, as /metrics exports them
     key = metrics.key(metrics.BEAT, ops.namespace, "slow", "skipped_overlap")
@@ -366,10 +368,12 @@ def test_the_api_without_a_beat_policies_zones_and_last_runs(ops: Schedule) -> N
     ops.update("cron", tz="UTC")  # a new zone for the stored crontab
     assert ops.get("cron").spec == {"cron": "0 9 * * *", "tz": "UTC"}
     store = ops.store
-    for key in (1, 2):
-        store.record(ops.namespace, "cron", "run", run_key=key, term=1, task_id=f"t{key}")
-    store.record(ops.namespace, "cron", "missed", run_key=3, term=1, count=4)
-    last = store.last_sent_many(ops.namespace, ["cron", "tick", "nobody"])
+    now = store.db_now()
+    store.record_many([run_row(ops.namespace, "cron", due=k, sent_at=now + k, task_id=f"t{k}")
+                       for k in (1, 2)])  # fmt: skip
+    store.record_many([history_row(ops.namespace, "cron", "missed", run_key=3, term=1, count=4,
+                                   sent_at=now + 3)])  # fmt: skip
+    last = store.last_sent_many([ops.namespace], ["cron", "tick", "nobody"])
     assert set(last) == {"cron"} and last["cron"].task_id == "t2"  # a sent run, the latest
 
 

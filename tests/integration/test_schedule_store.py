@@ -28,6 +28,7 @@ from celery_election.schedule.store import (
 )
 
 from ..conftest import EVERY_SQL, SQL_KINDS, expire, token, url_for
+from ..support.history import claimed, ended, run_row
 
 NS = "sched-beat"
 LEASE_NS = "sched-lease"
@@ -158,25 +159,34 @@ def test_a_run_now_claim_lost_to_another_writer_is_asked_again_not_dropped(
     assert store.claim_run_now(NS, (LEASE_NS, a, lease.term), "job", 1234)
 
 
-def test_history_finishes_by_task_id_once_and_prunes_by_age(backend: SQLBackend) -> None:
+def test_the_history_is_the_runs_rows_newest_first(backend: SQLBackend) -> None:
+    """A run's claim, confirm, start and end are its one row; a policy's missed or skipped
+    runs are rows of their own; the overlap policy reads the latest run claimed to send."""
     store = schedule_store(backend)
-    store.record(NS, "job", "run", run_key=1, term=7, task_id="t-1")
-    store.record(NS, "job", "missed", run_key=2, term=7, count=30)
-    store.record(NS, "other", "run", run_key=1, term=7, task_id="t-2")
-    assert store.finish("t-1", "SUCCESS", 1500)
-    assert not store.finish("t-1", "FAILURE", 1)  # once: the first report stands
-    assert not store.finish("t-unknown", "SUCCESS", 1)
-    runs = store.history(NS, "job")
-    assert [(r.kind, r.count, r.outcome, r.duration_us) for r in runs] == [
+    assert store is not None
+    claimed(backend, NS, "job", "t-1", due_at=store.db_now() - 5)
+    assert store.last_sent([NS], "job").status == "queued"  # type: ignore[union-attr]
+    ended(backend, NS, "job", "t-1")
+    now = store.db_now() + 1  # after the claim: the newest
+    missed = history_row(NS, "job", "missed", run_key=2, term=7, count=30, sent_at=now)
+    store.record_many([missed])
+    store.record_many([missed])  # written again (its first answer lost): one row
+    claimed(backend, NS, "other", "t-2")
+    runs = store.history([NS], "job")
+    assert [(r.kind, r.count, r.status, r.task_id) for r in runs] == [
         ("missed", 30, None, None),
-        ("run", 1, "SUCCESS", 1500),
+        ("run", 1, "SUCCESS", "t-1"),
     ]
-    assert store.history(NS, "job", before=runs[0].id) == runs[1:]
-    last = store.last_sent(NS, "job")
+    assert runs[1].duration_us is not None and runs[1].finished_at is not None
+    assert runs[1].due_at is not None and runs[1].sent_at > runs[1].due_at
+    assert store.history([NS], "job", before=runs[0].sent_at) == runs[1:]
+    assert store.history(["elsewhere"], "job") == []
+    last = store.last_sent([NS], "job")  # the missed row is not a run sent
     assert last is not None and last.task_id == "t-1" and last.finished_at is not None
-    assert store.prune(NS, runs[1].sent_at) == 0  # nothing older than the oldest
-    assert store.prune(NS, store.db_now() + 1) == 3
-    assert store.history(NS, "job") == []
+    claimed(backend, NS, "job", "t-3", due=3, sent=False)
+    assert backend.runs.drop(NS, ["t-3"], "expired") == 1  # given up unsent: not a run
+    assert store.last_sent([NS], "job") == last
+    assert run_mark(store.history([NS], "job", limit=1)[0]) == "missed"
 
 
 def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
@@ -214,21 +224,6 @@ def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
     assert [t.term for t in store.terms(0, store.db_now())] == [second.term]
 
 
-def test_runs_between_reads_a_window_of_the_history_oldest_first(backend: SQLBackend) -> None:
-    store = schedule_store(backend)
-    now = store.db_now()
-    store.record_many([
-        history_row(NS, f"e{i}", "run", run_key=i, term=1, sent_at=now - i * 1000, due_at=now)
-        for i in range(5)
-    ])  # fmt: skip
-    store.record(NS, "x", "run", run_key=1, term=1)
-    got = store.runs_between(NS, now - 3000, now)
-    assert [r.run_key for r in got] == [3, 2, 1, 0]
-    assert got[0].due_at == now
-    assert len(store.runs_between(NS, now - 10_000, now + 10_000_000)) == 6
-    assert store.runs_between("other", 0, now + 10_000_000) == []
-
-
 def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     backend: SQLBackend,
 ) -> None:
@@ -237,13 +232,16 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     now = store.db_now()
     start, col = now - 100_000_000, 10_000_000  # ten columns of 10 s
 
-    def at(name: str, kind: str, sent: int, late: int = 0, ns: str = NS) -> dict[str, Any]:
-        task = f"t-{name}-{kind}-{sent}"
-        return history_row(ns, name, kind, run_key=sent, term=7, sent_at=start + sent,
-                           due_at=start + sent - late, task_id=task)  # fmt: skip
+    def at(name: str, kind: str, sent: int, late: int = 0, ns: str = NS,
+           outcome: str | None = None) -> dict[str, Any]:  # fmt: skip
+        if kind in ("missed", "skipped"):
+            return history_row(ns, name, kind, run_key=sent, term=7, sent_at=start + sent)
+        return run_row(ns, name, kind, due=sent, term=7, sent_at=start + sent,
+                       due_at=start + sent - late, task_id=f"t-{name}-{kind}-{sent}",
+                       outcome=outcome, duration_us=1500 if outcome else 0)  # fmt: skip
 
     rows = [at("busy", "run", k * 400_000) for k in range(20)]  # column 0: twenty on time
-    rows += [at("busy", "run", 3_000_100)]  # ... and one that fails
+    rows += [at("busy", "run", 3_000_100, outcome="FAILURE")]  # ... and one that failed
     rows += [at("busy", "run", col + 1), at("busy", "run_now", col + 2)]  # column 1: late wins
     rows += [at("busy", "run", col + 3, late=2_000_000), at("busy", "run", col + 4, late=700_000)]
     rows += [at("busy", "skipped", 2 * col), at("busy", "missed", 2 * col + 5)]  # 2: missed
@@ -252,8 +250,7 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     rows += [at("busy", "run", 1, ns="elsewhere")]  # another namespace: not shown
     rows += [at("quiet", "run", 10 * col)]  # at the window's end: outside [from, to)
     store.record_many(rows)
-    assert store.finish(f"t-busy-run-{3_000_100}", "FAILURE", 1500)
-    got = store.marks(NS, start, start + 10 * col, col)
+    got = store.marks([NS], start, start + 10 * col, col)
     busy, quiet = entry_key("busy"), entry_key("quiet")
     expected = [
         EntryMarks(
@@ -267,7 +264,7 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     ]
     assert got == sorted(expected)
     # the runs behind a mark: the worst first, and how many of each
-    runs, counts = store.runs_in(NS, busy, start, start + col)
+    runs, counts = store.runs_in([NS], busy, start, start + col)
     assert counts == {"on-time": 20, "failed": 1}
     worst = runs[0]
     assert (worst.task_id, worst.outcome, worst.duration_us, worst.term) == (
@@ -277,11 +274,12 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
         7,
     )
     assert [run_mark(r) for r in runs] == ["failed"] + ["on-time"] * 19  # 20 at most
-    runs, counts = store.runs_in(NS, busy, start + col, start + 2 * col)
+    runs, counts = store.runs_in([NS], busy, start + col, start + 2 * col)
     assert [run_mark(r) for r in runs] == ["late", "late", "run-now", "on-time"]
     assert counts == {"late": 2, "run-now": 1, "on-time": 1}
-    assert store.runs_in(NS, quiet, start, start + col) == ([], {})
-    assert store.marks(NS, start + 6 * col, start + 9 * col, col) == []
+    assert store.runs_in([NS], quiet, start, start + col) == ([], {})
+    assert store.marks([NS], start + 6 * col, start + 9 * col, col) == []
+    assert store.marks([NS, "elsewhere"], start, start + col, col)[0].runs == (22,)
 
 
 @pytest.mark.parametrize("kind", SQL_KINDS)
@@ -303,7 +301,7 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
         now = store.db_now()
         day = 86_400_000_000
         rows = [
-            history_row(ns, f"e{i}", "run", run_key=t, term=1, sent_at=t, due_at=t)
+            run_row(ns, f"e{i}", due=t, sent_at=t, due_at=t)
             for ns in (NS, "other")
             for i in range(20)
             for t in range(now - 30 * day + i * 1000, now, 1_800_000_000)
@@ -316,15 +314,15 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
                                   "mysql": f"ANALYZE TABLE {table}"}[kind])  # fmt: skip
         hour = 3_600_000_000
         plans = {
-            "marks": store.marks_statement(NS, now - hour, now, 3_000_000),
-            "runs_in": store.runs_in_statements(NS, entry_key("e3"), now - hour, now)[0],
+            "marks": store.marks_statement([NS], now - hour, now, 3_000_000),
+            "runs_in": store.runs_in_statements([NS], entry_key("e3"), now - hour, now)[0],
         }
         for what, stmt in plans.items():
             plan = explain(b, stmt)
             print(f"{kind} {what}:\n{plan}")
             assert f"{table}_window" in plan or f"{table}_entry" in plan, plan
             # no scan of the history table (MariaDB scans the per-column rows it derived)
-            table_scan = r"SCAN [^ ]*schedule_run(?! USING)|Seq Scan|schedule_run type=ALL\b"
+            table_scan = r"SCAN [^ ]*task_start(?! USING)|Seq Scan|task_start type=ALL\b"
             assert not re.search(table_scan, plan), plan
         only_index = {"sqlite": f"USING COVERING INDEX {table}_window",
                       "postgresql": f"Index Only Scan using {table}_window",
@@ -333,7 +331,7 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
         assert only_index in plan, plan
         if kind == "mysql":
             assert re.search(r"Extra=.*Using index(;|$)", plan), plan  # not "index condition"
-        got = store.marks(NS, now - hour, now, 3_000_000)
+        got = store.marks([NS], now - hour, now, 3_000_000)
         assert len(got) == 20 and all(len(m.columns) == 2 for m in got)
     finally:
         b.uninstall()
@@ -368,9 +366,9 @@ def test_a_write_lost_to_another_writer_is_an_election_error(tmp_path: Any) -> N
     try:
         other.execute("BEGIN EXCLUSIVE")
         with pytest.raises(ElectionError, match="busy with another writer"):
-            store.prune("ns", 0)
+            store.prune_terms("ns", 0)
         other.execute("ROLLBACK")
-        assert store.prune("ns", 0) == 0  # free again: written
+        assert store.prune_terms("ns", 0) == 0  # free again: written
     finally:
         other.close()
         backend.close()

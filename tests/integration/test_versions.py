@@ -17,11 +17,12 @@ import sqlalchemy as sa
 
 from celery_election import backend_from_url
 from celery_election.backends import SQLBackend
-from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION
+from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION, entry_key
 from celery_election.errors import IncompatibleSchemaError
-from celery_election.schedule.store import history_row, schedule_store
+from celery_election.schedule.store import run_mark, schedule_store
 
 from ..conftest import unique_prefix, url_for
+from ..support.history import run_row
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mysql"])
@@ -90,28 +91,77 @@ def test_install_adds_the_eligible_column_and_older_rows_read_as_eligible(
     assert (listed.candidate_id, listed.eligible) == ("old", True)
 
 
-def test_install_gives_an_older_history_table_the_timelines_index(backend: SQLBackend) -> None:
-    """A run history made before ``schedule_run_window``: install() creates the index, drops
-    the (namespace, sent_at) one it replaced, keeps the rows, and does it once."""
+def test_install_gives_older_run_rows_the_timelines_index(backend: SQLBackend) -> None:
+    """Run rows made before ``task_start_window``: install() creates the index, drops the
+    (namespace, started_at) one it replaced, keeps the rows, and does it once."""
     backend.install()
     run, prefix = schedule_store(backend).run, backend.table_prefix
     on = f" ON {run.name}" if backend.engine.dialect.name in ("mysql", "mariadb") else ""
-    with backend.engine.begin() as conn:  # the history table as the earlier build made it
-        conn.exec_driver_sql(f"DROP INDEX {prefix}schedule_run_window{on}")
-        conn.exec_driver_sql(f"CREATE INDEX {prefix}schedule_run_sent ON {run.name} "
-                             f"(namespace, sent_at)")  # fmt: skip
-        conn.execute(sa.insert(run), [history_row("ns", "job", "run", run_key=1, term=1,
-                                                  sent_at=10, due_at=10)])  # fmt: skip
+    with backend.engine.begin() as conn:  # the run rows as the earlier build made them
+        conn.exec_driver_sql(f"DROP INDEX {prefix}task_start_window{on}")
+        conn.exec_driver_sql(f"CREATE INDEX {prefix}task_start_at ON {run.name} "
+                             f"(namespace, started_at)")  # fmt: skip
+        conn.execute(sa.insert(run), [run_row("ns", "job", due=1, sent_at=10, due_at=10)])
 
     def indexes() -> set[str]:
         return {i["name"] for i in sa.inspect(backend.engine).get_indexes(run.name)}
 
-    assert f"{prefix}schedule_run_window" not in indexes()
+    now = {f"{prefix}task_start_{n}" for n in ("task", "entry", "window", "state")}
+    assert f"{prefix}task_start_window" not in indexes()
     assert backend.install() == []  # no table created: an index added, one dropped
-    assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
+    assert indexes() == now
     assert backend.install() == []  # idempotent
-    assert indexes() == {f"{prefix}schedule_run_{n}" for n in ("entry", "task", "window")}
-    assert [r.sent_at for r in schedule_store(backend).runs_between("ns", 0, 100)] == [10]
+    assert indexes() == now
+    assert [r.sent_at for r in schedule_store(backend).history(["ns"], "job")] == [10]
+
+
+def test_install_moves_0_3s_run_history_into_the_run_rows(backend: SQLBackend) -> None:
+    """0.3's ``schedule_run``: its runs become run rows (ended, open or dropped, as they
+    were), the table goes, and a second install moves nothing again."""
+    backend.install()
+    old = sa.Table(
+        f"{backend.table_prefix}schedule_run", sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("namespace", sa.String(190), nullable=False),
+        sa.Column("entry_key", sa.String(40), nullable=False),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("run_key", sa.BigInteger, nullable=False),
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("due_at", sa.BigInteger, nullable=True),
+        sa.Column("sent_at", sa.BigInteger, nullable=False),
+        sa.Column("task_id", sa.String(64), nullable=True),
+        sa.Column("count", sa.Integer, nullable=False),
+        sa.Column("finished_at", sa.BigInteger, nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("duration_us", sa.BigInteger, nullable=True),
+    )  # fmt: skip
+    key = entry_key("job")
+    row = {"namespace": "ns", "entry_key": key, "term": 4, "due_at": None, "task_id": None,
+           "count": 1, "finished_at": None, "outcome": None, "duration_us": None}  # fmt: skip
+    with backend.engine.begin() as conn:
+        old.create(conn)
+        conn.execute(sa.insert(old), [
+            {**row, "kind": "run", "run_key": 1, "sent_at": 10, "due_at": 9, "task_id": "a",
+             "finished_at": 30, "outcome": "FAILURE", "duration_us": 15},
+            {**row, "kind": "missed", "run_key": 2, "sent_at": 40, "count": 3},
+            {**row, "kind": "run_now", "run_key": 3, "sent_at": 50, "task_id": "b"},
+        ])  # fmt: skip
+    assert backend.install() == []
+    runs = schedule_store(backend).history(["ns"], "job")
+    assert [(r.kind, r.sent_at, r.task_id, r.status, r.count, run_mark(r)) for r in runs] == [
+        ("run_now", 50, "b", "queued", 1, "run-now"),
+        ("missed", 40, None, None, 3, "missed"),
+        ("run", 10, "a", "FAILURE", 1, "failed"),
+    ]
+    assert (runs[2].due_at, runs[2].finished_at, runs[2].duration_us, runs[2].term) == (
+        9,
+        30,
+        15,
+        4,
+    )
+    assert old.name not in sa.inspect(backend.engine).get_table_names()
+    assert backend.install() == []  # nothing to move: the same rows
+    assert schedule_store(backend).history(["ns"], "job") == runs
 
 
 @pytest.mark.parametrize(

@@ -224,8 +224,9 @@ def test_expires_is_counted_on_the_database_clock(
 def test_the_leader_prunes_its_namespaces_old_runs_and_keeps_the_claimed(
     shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The claims write the rows in the beats' namespace, where no worker prunes: the
-    leader's recheck does, a batch at a time, and never a run still claimed."""
+    """The claims write the rows in the beats' namespace; they are the schedule's history,
+    which no worker prunes: the leader's recheck does, past the history's retention, a
+    batch at a time, and never a run still claimed."""
     from dataclasses import replace
 
     from celery_election import runonce
@@ -242,7 +243,10 @@ def test_the_leader_prunes_its_namespaces_old_runs_and_keeps_the_claimed(
     assert election is not None and election.elector is not None
     claimed = run_task_id(NS, "gone", 1)  # a run claimed and not sent yet
     assert shared.runs.claim(NS, election.elector.term, [("gone", 0, claimed)]) == [True]
-    election.settings = replace(election.settings, run_once_retention=-3600.0)  # all old
+    election.settings = replace(election.settings, run_once_retention=-3600.0)  # not these
+    s.tick()
+    assert shared.runs.load(NS, run_key(first)) is not None  # a worker's retention: kept
+    election.settings = replace(election.settings, schedule_retention=-1.0)  # all old
     s.tick()
     assert shared.runs.load(NS, run_key(first)) is None  # pruned
     assert shared.runs.load(NS, run_key(claimed)) is not None  # kept: it holds its entry

@@ -270,7 +270,7 @@ def test_good_table_prefix_names_the_tables(
         f"{prefix}lease",
         f"{prefix}candidate",
         f"{prefix}beat_run",
-        *(f"{prefix}schedule_{t}" for t in ("entry", "rev", "run", "audit", "term")),
+        *(f"{prefix}schedule_{t}" for t in ("entry", "rev", "audit", "term")),
         f"{prefix}key",
         f"{prefix}task_start",
     }
