@@ -100,6 +100,10 @@ class Dialect:
         """A real transaction (the engine autocommits its one-statement calls)."""
         return engine.execution_options(isolation_level="READ COMMITTED").begin()
 
+    def atomic(self, conn: Connection) -> None:
+        """Make ``conn``'s next ``begin()`` a real transaction (until it goes back)."""
+        conn.execution_options(isolation_level="READ COMMITTED")
+
     # -- errors -----------------------------------------------------------------------------
 
     def classify(self, exc: DBAPIError) -> str:

@@ -88,6 +88,9 @@ class SQLite(Dialect):
     def transaction(self, engine: Engine) -> Any:
         return engine.begin()
 
+    def atomic(self, conn: Connection) -> None:
+        return None  # pysqlite's begin() is one already
+
     def driver_error(self, orig: BaseException | None) -> str | None:
         if not type(orig).__module__.startswith("sqlite3"):
             return None

@@ -147,7 +147,9 @@ class SQLBeatStore:
             return RunClaim(False, None if row is None else _state(row), holds)
 
         lost = RunClaim(False, expected, True)  # lost to contention: nothing decided
-        return self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
+        # a run to send: its state and its row commit together, or neither does
+        return self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout,
+                                       atomic=pending)  # fmt: skip
 
     def claim_runs(
         self,
@@ -166,7 +168,8 @@ class SQLBeatStore:
             chunk = list(requests[start : start + batch])
             lost = [RunClaim(False, r.expected, True) for r in chunk]
             work = functools.partial(self._claim_chunk, namespace, token, term, chunk)
-            out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout)
+            out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout,
+                                           atomic=chunk[0].pending)  # fmt: skip
         return out
 
     def pending_runs(self, namespace: str, *, timeout: float | None = None) -> list[PendingRun]:

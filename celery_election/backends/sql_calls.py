@@ -81,11 +81,14 @@ class SQLCalls:
         write: bool,
         timeout: float | None,
         connection: Caller | None,
+        atomic: bool = False,
     ) -> T:
         """Run ``work`` in one short transaction of its own, bounded by ``timeout``.
 
-        Before this backend's first write, the tables' versions are checked once: tables
-        or peers newer than this code are refused before anything is written.
+        Its statements commit each as it runs (autocommit: a step holds no row while the
+        client's COMMIT is on its way), or all together (``atomic``: a claim and its runs'
+        rows). Before this backend's first write, the tables' versions are checked once:
+        tables or peers newer than this code are refused before anything is written.
         """
         if write and not self._versions_checked:
             self._check_versions(timeout)
@@ -95,7 +98,7 @@ class SQLCalls:
             with self._errors(table, write=write):
                 return work(conn)
         with self._fork_guard:
-            return self._run_bounded(work, table=table, write=write, timeout=timeout)
+            return self._run_bounded(work, table=table, write=write, timeout=timeout, atomic=atomic)
 
     def _check_versions(self, timeout: float | None) -> None:
         try:
@@ -118,6 +121,7 @@ class SQLCalls:
         table: sa.Table,
         write: bool,
         timeout: float | None,
+        atomic: bool = False,
     ) -> T:
         started = time.monotonic()
         for attempt in (1, 2):
@@ -127,6 +131,8 @@ class SQLCalls:
                 with self._errors(table, write=write), self.engine.connect() as conn:
                     if not write:
                         conn.execution_options(_election_read=True)
+                    elif atomic:
+                        self.db.atomic(conn)
                     deadline = WATCHDOG.arm(conn.connection.dbapi_connection, left)
                     try:
                         with conn.begin():
@@ -158,10 +164,12 @@ class SQLCalls:
         lost: T,
         timeout: float | None,
         connection: Caller | None = None,
+        atomic: bool = False,
     ) -> T:
         """A write whose loss to contention means ``lost``, not an error."""
         try:
-            return self.call(work, table=table, write=True, timeout=timeout, connection=connection)
+            return self.call(work, table=table, write=True, timeout=timeout,
+                             connection=connection, atomic=atomic)  # fmt: skip
         except LostRound:
             return lost
 

@@ -70,8 +70,9 @@ class SQLHost(Protocol):
         write: bool,
         timeout: float | None,
         connection: Connection | Session | None,
+        atomic: bool = False,
     ) -> T:
-        """Run ``work`` in one short transaction of its own, bounded by ``timeout``."""
+        """Run ``work`` bounded by ``timeout``: autocommit, or one transaction (``atomic``)."""
 
     def call_write(
         self,
@@ -81,6 +82,7 @@ class SQLHost(Protocol):
         lost: T,
         timeout: float | None,
         connection: Connection | Session | None = None,
+        atomic: bool = False,
     ) -> T:
         """A write whose loss to contention means ``lost``, not an error."""
 

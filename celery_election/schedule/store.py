@@ -124,14 +124,15 @@ class SQLScheduleStore:
     def _read(self, work: Callable[[Connection], T], table: sa.Table) -> T:
         return self.backend.call(work, table=table, write=False, timeout=None, connection=None)
 
-    def _do(self, work: Callable[[Connection], T], table: sa.Table) -> T:
+    def _do(self, work: Callable[[Connection], T], table: sa.Table, *, atomic: bool = False) -> T:
         """A write; lost to another writer (SQLite busy, a deadlock), an ``ElectionError``.
 
         Its callers on the beat retry what fails with one (the history, the pruning, a
         "run now"): a lost round that escaped as itself stopped the beat (a chaos run).
         """
         try:
-            return self.backend.call(work, table=table, write=True, timeout=None, connection=None)
+            return self.backend.call(work, table=table, write=True, timeout=None,
+                                     connection=None, atomic=atomic)  # fmt: skip
         except LostRound as exc:
             raise BackendUnavailableError(
                 f"{table.name}: the election database was busy with another writer; "
@@ -296,7 +297,7 @@ class SQLScheduleStore:
             self.backend.runs.write_claimed(conn, lease_ns, term, [run])
             return True
 
-        return self._do(work, self.entry)
+        return self._do(work, self.entry, atomic=True)  # the click taken, and its run's row
 
     @functools.cached_property
     def _claim_statement(self) -> sa.Executable:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from celery_election.backends import MemoryBackend
 from celery_election.backends.base import PendingRun, RunRequest, RunState
 from celery_election.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 
@@ -164,3 +165,40 @@ def test_a_claimed_run_outlives_the_retention_until_it_is_sent(backend: Any) -> 
     assert backend.runs.prune(NS, -3600, history=True) == 1  # "a" only (all are old)
     assert _row(backend, "a", 7) is None and _row(backend, "b", 7).state == CLAIMED
     assert {p.entry_name for p in backend.beat.pending_runs(NS)} == {"b"}
+
+
+class _Cut(Exception):
+    """The connection lost after the claim's state was written, before its run's row."""
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_claim_cut_before_its_row_is_written_claims_nothing(
+    backend: Any, batch: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry's new state and its run's row commit together or not at all: a claim
+    whose state committed without its row had moved the entry past a run nobody could
+    find (no claimed row: no leader sends it, issue 52). Cut between the two, the claim
+    fails, the state stays where it was, and the next claim wins and writes the row."""
+    if isinstance(backend, MemoryBackend):
+        pytest.skip("the memory store changes both under one lock")
+    me, term = _lead(backend)
+    first = backend.beat.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+    assert first.won and backend.runs.confirm(NS, [_id("job", 1_000)]) == 1
+
+    def cut(*args: Any) -> None:
+        raise _Cut()
+
+    def claim() -> Any:
+        if batch:
+            request = RunRequest("job", first.state, 2_000, pending=True)
+            return backend.beat.claim_runs(NS, me, term, [request])[0]
+        return backend.beat.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backend.runs, "write_claimed", cut)
+        with pytest.raises(_Cut):
+            claim()
+    assert backend.beat.load_runs(NS)["job"] == first.state  # nothing moved
+    assert _row(backend, "job", 2_000) is None
+    again = claim()
+    assert again.won and _row(backend, "job", 2_000).state == CLAIMED

@@ -135,6 +135,28 @@ def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBa
     assert not store.claim_run_now(NS, mine, "job", 5678)
 
 
+def test_a_run_now_cut_before_its_row_is_written_stays_pending(
+    backend: SQLBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The click taken and its run's row commit together: cut between the two (the
+    connection lost), the click is still pending and the next claim sends it. Taken
+    alone, the click was gone with no row for any leader to find (window 9)."""
+    store = schedule_store(backend)
+    lease = backend.elect(LEASE_NS, a := token(), "beat-a", 30.0).lease
+    put(store, "job", run_now_at=1234)
+
+    def cut(*args: Any) -> None:
+        raise RuntimeError("cut")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backend.runs, "write_claimed", cut)
+        with pytest.raises(RuntimeError, match="cut"):
+            store.claim_run_now(NS, (LEASE_NS, a, lease.term), "job", 1234)
+    assert store.get(NS, "job").run_now_at == 1234  # type: ignore[union-attr]
+    assert store.claim_run_now(NS, (LEASE_NS, a, lease.term), "job", 1234)
+    assert backend.beat.pending_runs(LEASE_NS)[0].entry_name == "job"
+
+
 def test_a_run_now_claim_lost_to_another_writer_is_asked_again_not_dropped(
     backend: SQLBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
