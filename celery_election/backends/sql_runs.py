@@ -103,7 +103,7 @@ class SQLRunStore:
                 return conn.execute(stmt.returning(*t.c)).first()
             if conn.execute(stmt).rowcount != 1:
                 return None
-            return conn.execute(sa.select(t).where(*mine)).first()  # the same transaction
+            return conn.execute(sa.select(t).where(*mine)).first()  # the row it just wrote
 
         raw = self._in_write(work, "start")
         return None if raw is None else Start("run", "started", _row(raw))

@@ -143,7 +143,7 @@ def open_runs_statement(r: sa.Table, namespaces: sa.ColumnElement[bool]) -> sa.S
     left out: one lost run (its worker killed mid-run) does not keep an entry overdue once
     later runs finish. ``r``: the run rows' table, ``namespaces`` which of its rows.
     """
-    sent = sa.and_(namespaces, r.c.kind.in_(("run", "run_now")), r.c.state != DROPPED)
+    sent = sa.and_(namespaces, r.c.state != DROPPED)  # a policy's rows are dropped
     finished = (
         sa.select(r.c.entry_key, sa.func.max(r.c.started_at).label("last_at"))
         .where(sent, r.c.finished_at.is_not(None))

@@ -534,8 +534,11 @@ def _in(t: sa.Table, namespaces: Namespaces) -> sa.ColumnElement[bool]:
 
 
 def _sent(r: sa.Table) -> sa.ColumnElement[bool]:
-    """A run a beat claimed to send (on its way, or done), not a dropped one."""
-    return sa.and_(r.c.kind.in_(("run", "run_now")), r.c.state != DROPPED)
+    """A run a beat claimed to send (on its way, or done), not a dropped one.
+
+    With an entry's key: only a beat's rows have one, and a policy's rows are dropped.
+    """
+    return r.c.state != DROPPED
 
 
 def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:

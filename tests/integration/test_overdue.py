@@ -69,6 +69,10 @@ def test_open_runs_are_the_oldest_unfinished_after_the_latest_finish(
     sent("d", "d1", "FAILURE")
     sent("d", "", kind="missed")
     sent("d", "", kind="skipped")
+    # f: a run owed, then runs a policy dropped after it: still owed (they are no finish)
+    sent("f", "f0", "SUCCESS")
+    sent("f", "f1")
+    sent("f", "", kind="missed")
     # a run now counts; another namespace does not
     sent("e", "e1", "SUCCESS")
     sent("e", "e2", kind="run_now")
@@ -78,9 +82,10 @@ def test_open_runs_are_the_oldest_unfinished_after_the_latest_finish(
     assert {k: r.task_id for k, r in opened.items()} == {
         entry_key("a"): "a2",
         entry_key("e"): "e2",
+        entry_key("f"): "f1",
     }
     assert store.open_runs(["nobody"]) == {}
-    assert set(store.open_runs([NS, "elsewhere"])) == {entry_key("a"), entry_key("e")}
+    assert set(store.open_runs([NS, "elsewhere"])) == {entry_key(n) for n in "aef"}
 
 
 @pytest.fixture

@@ -270,6 +270,8 @@ def test_marks_keep_the_worst_run_of_each_column_with_how_many_it_stands_for(
     rows += [at("busy", "run_now", 3 * col, late=9_000_000)]  # 3: a run now is never late
     rows += [at("quiet", "run", 5 * col + 1)]
     rows += [at("busy", "run", 1, ns="elsewhere")]  # another namespace: not shown
+    worker_only = {**at("busy", "run", 2), "kind": None, "entry_key": None, "run_key": "w"}
+    rows += [worker_only]  # a task's run the once-check keeps, not a beat's: not shown
     rows += [at("quiet", "run", 10 * col)]  # at the window's end: outside [from, to)
     store.record_many(rows)
     got = store.marks([NS], start, start + 10 * col, col)
