@@ -25,12 +25,13 @@ import logging
 import os
 import socket
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore
-from celery.signals import task_postrun
+from celery.signals import task_postrun, worker_process_shutdown
 
 from . import metrics, runonce
 from .errors import BackendUnavailableError, SchemaMissingError
@@ -194,7 +195,19 @@ def _finished(sender: Any = None, task: Any = None, state: str | None = None, **
     verdict = getattr(request, _MARK, None) if request is not None else None
     if isinstance(verdict, Verdict) and state in _ENDS:
         setattr(request, _MARK, None)
-        guard_for(task.app).finish(verdict, str(state))
+        ending = guard_for(task.app)
+        _ending.add(ending)
+        ending.finish(verdict, str(state))
+
+
+#: The guards that ended runs in this process: their waiting ends are written at its exit.
+_ending: weakref.WeakSet[RunGuard] = weakref.WeakSet()
+
+
+def _exiting(**_: Any) -> None:
+    """A pool process exits (``worker_process_shutdown``): write the ends still waiting."""
+    for ending in list(_ending):
+        ending.flush()
 
 
 _listening = False
@@ -204,6 +217,7 @@ def _listen() -> None:
     """Hear runs end from the first recorded start on (no cost to a process without one)."""
     global _listening
     task_postrun.connect(_finished, weak=False, dispatch_uid="celery_election.once")
+    worker_process_shutdown.connect(_exiting, weak=False, dispatch_uid="celery_election.once")
     _listening = True
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from .backends import backend_from_url
-from .backends.base import Backend, RunStore
+from .backends.base import Backend, End, RunStore
 from .errors import BackendUnavailableError, ElectionError, SchemaMissingError
 from .key_holder import KeyHolder
 from .runstate import Delivery, Start, run_key
@@ -44,6 +44,9 @@ log = logging.getLogger("celery_election.runonce")
 
 #: A process deletes run rows past the retention this often (seconds), this many at most.
 PRUNE_EVERY, PRUNE_BATCH = 600.0, 5000
+#: Seconds an early-acknowledged run's end waits for the process's next start to ride on
+#: (one commit for both); then it is written alone.
+END_WAIT = 1.0
 
 
 #: A request attribute: this delivery did not run the run (a duplicate skipped, or put off
@@ -76,6 +79,7 @@ class Verdict:
     delivery: str
     attempt: int = 1
     namespace: str = ""  # where its row is (the beat's namespace for a beat run)
+    acks_late: bool = False
 
     @property
     def run(self) -> bool:
@@ -111,6 +115,10 @@ class RunGuard:
         self._pid = 0
         self._lock = threading.Lock()
         self._next_prune = 0.0
+        self._ends: list[End] = []  # early-acknowledged runs' ends not written yet
+        self._waiting = threading.Lock()  # guards them and their timer
+        self._timer: threading.Timer | None = None
+        self._timer_pid = 0
 
     @classmethod
     def from_settings(cls, settings: ElectionSettings) -> RunGuard:
@@ -165,19 +173,26 @@ class RunGuard:
         d = Delivery(task_name, 0, task_id, delivery or uuid.uuid4().hex, holder.identity(),
                      acks_late, tuple(put_off), retries, namespace is not None)  # fmt: skip
         ns = namespace or self.namespace
-        decided = self._start(ns, d, holder, task_name, hostname)
+        ends = self._take()  # the ends waiting ride on this start: one commit for all
+        try:
+            decided = self._start(ns, d, holder, task_name, hostname, ends)
+        except BaseException:
+            with self._waiting:
+                self._ends[:0] = ends  # not written: they wait for the next
+            raise
         attempt = decided.row.attempt if decided.row is not None else 0
         if decided.run:
             self._prune()
-        return Verdict(decided.verdict, decided.reason, d.key, d.token, attempt, ns)
+        return Verdict(decided.verdict, decided.reason, d.key, d.token, attempt, ns, acks_late)
 
     def _start(
-        self, namespace: str, d: Delivery, holder: KeyHolder, task_name: str, hostname: str
-    ) -> Start:
+        self, namespace: str, d: Delivery, holder: KeyHolder, task_name: str, hostname: str,
+        ends: list[End],
+    ) -> Start:  # fmt: skip
         for first in (True, False):
             try:
                 return self.store().start(namespace, d, holder.alive, task_name=task_name,
-                                          hostname=hostname)  # fmt: skip
+                                          hostname=hostname, ends=ends)  # fmt: skip
             except SchemaMissingError:
                 if not (first and self.install):
                     raise
@@ -193,18 +208,50 @@ class RunGuard:
         self._next_prune = now + prune(self.store(), self.namespace, self.retention, "run once")
 
     def finish(self, verdict: Verdict, outcome: str) -> None:
-        """Close the run; a failure is logged, never raised (the body is over)."""
-        try:
-            self.store().finish(verdict.namespace or self.namespace, verdict.key,
-                                verdict.delivery, outcome)  # fmt: skip
-        except (BackendUnavailableError, SchemaMissingError) as exc:
-            log.warning(
-                "run once: could not close run %s (%s): under acks_late a redelivery of "
-                "it would run it again", verdict.key, exc,
-            )  # fmt: skip
+        """Close the run; a failure is logged, never raised (the body is over).
+
+        Acknowledged early, the run's end rides on this process's next start (one
+        commit for both), or is written alone after :data:`END_WAIT` seconds: no copy of
+        it can run meanwhile (its start already skips them), and the history, the overlap
+        policy and the overdue alarm see it end that much later. Under ``acks_late`` a
+        redelivery would take a dead worker's run over: its end is written at once.
+        """
+        end = (verdict.namespace or self.namespace, verdict.key, verdict.delivery, outcome)
+        if verdict.acks_late:
+            self._write([end])
+            return
+        with self._waiting:
+            self._ends.append(end)
+            if self._timer is None or self._timer_pid != os.getpid():
+                self._timer, self._timer_pid = threading.Timer(END_WAIT, self.flush), os.getpid()
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        """Write the ends waiting for a start, now (the timer's, and at the process's exit)."""
+        with self._waiting:
+            self._timer = None
+        self._write(self._take())
+
+    def _take(self) -> list[End]:
+        with self._waiting:
+            ends, self._ends = self._ends, []
+        return ends
+
+    def _write(self, ends: list[End]) -> None:
+        for ns, key, delivery, outcome in ends:
+            try:
+                self.store().finish(ns, key, delivery, outcome)
+            except (BackendUnavailableError, SchemaMissingError) as exc:
+                log.warning(
+                    "run once: could not close run %s (%s): under acks_late a redelivery of "
+                    "it would run it again", key, exc,
+                )  # fmt: skip
 
     def close(self) -> None:
-        """Close this process's backend and liveness session (idempotent)."""
+        """Write the ends waiting; close this process's backend and liveness session."""
+        if self._ends and self._pid == os.getpid():
+            self.flush()
         with self._lock:
             if self._backend is not None and self._pid == os.getpid():
                 if self._holder is not None:

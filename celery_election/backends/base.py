@@ -315,6 +315,8 @@ class KeyStore(Protocol):
 
 #: ``alive(worker)``: whether the worker process named in a run row still lives.
 Alive = Callable[[str], bool]
+#: A run's end as ``RunStore.finish`` takes it: (namespace, key, delivery, outcome).
+End = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -337,9 +339,15 @@ class RunStore(Protocol):
     """One row per run (runstate.py): each call one transition, atomic (docs/workers.md)."""
 
     def start(
-        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
-    ) -> Start:
-        """Delivery ``d`` is about to run the body: run, skip or put off; its row written."""
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = "",
+        ends: Sequence[End] = (),
+    ) -> Start:  # fmt: skip
+        """Delivery ``d`` is about to run the body: run, skip or put off; its row written.
+
+        ``ends``: earlier runs' ends (as :meth:`finish`'s arguments), written with this
+        start, in its transaction: a worker's run then costs one commit. Written once
+        this returns; not if it raises.
+        """
 
     def release(self, namespace: str, key: str, delivery: str) -> bool:
         """A started delivery gives its run back before the body (it was put off)."""

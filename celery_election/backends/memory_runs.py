@@ -7,13 +7,14 @@ each; this one is the memory backend's, and what the seeded simulation
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from .. import runstate
 from ..runstate import Delivery, Row, Start, run_key
-from .base import Alive, RunRecord
+from .base import Alive, End, RunRecord
 
 __all__ = ["MemoryRuns"]
 
@@ -104,11 +105,19 @@ class MemoryRuns:
             self._rows.clear()
 
     def start(
-        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
-    ) -> Start:
-        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = "",
+        ends: Sequence[End] = (),
+    ) -> Start:  # fmt: skip
+        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written.
+
+        ``ends``: earlier runs' ends, written first, under the same lock.
+        """
         self._enter("start")
         with self._lock:
+            for ns, run, token, outcome in ends:
+                self._step(
+                    ns, run, functools.partial(runstate.finish, delivery=token, outcome=outcome)
+                )
             key = (namespace, d.key)
             old = self._rows.get(key)
             decided = runstate.start(old.row if old else None, d, alive)
@@ -179,6 +188,9 @@ class MemoryRuns:
 
     def _apply(self, namespace: str, key: str, step: Callable[[Row], Row | None]) -> bool:
         self._enter("change")
+        return self._step(namespace, key, step)
+
+    def _step(self, namespace: str, key: str, step: Callable[[Row], Row | None]) -> bool:
         with self._lock:
             stored = self._rows.get((namespace, key))
             new = None if stored is None else step(stored.row)

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from .. import runstate
 from ..errors import BackendUnavailableError
 from ..runstate import CLAIMED, DROPPED, ENDED, SENT, STARTED, Delivery, Row, Start
-from .base import Alive, RunRecord
+from .base import Alive, End, RunRecord
 from .connection import LostRound
 from .schema import db_now_us, entry_key
 
@@ -58,16 +58,22 @@ class SQLRunStore:
     # -- transitions --------------------------------------------------------------------------
 
     def start(
-        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = ""
-    ) -> Start:
-        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written."""
+        self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = "",
+        ends: Sequence[End] = (),
+    ) -> Start:  # fmt: skip
+        """Delivery ``d``'s start: run, skip or put off (runstate.start), its row written.
+
+        ``ends`` (earlier runs' ends) go in its first write's transaction.
+        """
         if d.claimed:  # a beat run's row, claimed or sent (runstate.start): the update alone
-            started = self._start_claimed(namespace, d, hostname)
+            started = self._start_claimed(namespace, d, hostname, ends)
+            ends = ()  # written, whichever row it found
             if started is not None:
                 return started
         first = runstate.start(None, d, alive)  # a run nobody started: the insert alone
         assert first.row is not None
-        if self._write(namespace, d.key, None, first.row, task_name=task_name, hostname=hostname):
+        if self._write(namespace, d.key, None, first.row, task_name=task_name, hostname=hostname,
+                       ends=ends):  # fmt: skip
             return first
         for _ in range(TRIES):
             raw = self._read(namespace, d.key)
@@ -82,7 +88,9 @@ class SQLRunStore:
         """A started delivery gives its run back before the body (it was put off)."""
         return self._apply(namespace, key, lambda r: runstate.release(r, delivery))
 
-    def _start_claimed(self, namespace: str, d: Delivery, hostname: str) -> Start | None:
+    def _start_claimed(
+        self, namespace: str, d: Delivery, hostname: str, ends: Sequence[End]
+    ) -> Start | None:
         """``runstate.start`` of a claimed or sent row in one UPDATE; None: not such a row.
 
         A beat run's first delivery, the common case: one statement, where the general
@@ -105,7 +113,7 @@ class SQLRunStore:
                 return None
             return conn.execute(sa.select(t).where(*mine)).first()  # the row it just wrote
 
-        raw = self._in_write(work, "start")
+        raw = self._in_write(work, "start", ends)
         return None if raw is None else Start("run", "started", _row(raw))
 
     def write_claimed(
@@ -157,8 +165,11 @@ class SQLRunStore:
         One UPDATE: its WHERE is ``runstate.finish``'s guard (started by this delivery, or
         reaped as lost while it ran).
         """
+        return self._changed(self._finish(namespace, key, delivery, outcome))
+
+    def _finish(self, namespace: str, key: str, delivery: str, outcome: str) -> sa.Update:
         t = self.table
-        stmt = (
+        return (
             sa.update(t)
             .where(
                 t.c.namespace == namespace,
@@ -168,7 +179,6 @@ class SQLRunStore:
             )
             .values(state=ENDED, outcome=outcome[:16], finished_at=db_now_us())
         )
-        return self._changed(stmt)
 
     def _apply(self, namespace: str, key: str, step: Any) -> bool:
         for _ in range(TRIES):
@@ -231,7 +241,7 @@ class SQLRunStore:
 
     def _write(
         self, namespace: str, key: str, raw: Any, row: Row, *, task_name: str = "",
-        hostname: str = "",
+        hostname: str = "", ends: Sequence[End] = (),
     ) -> bool:  # fmt: skip
         """Write ``row`` if the stored one is still ``raw`` (None: absent); True if written."""
         t = self.table
@@ -255,8 +265,8 @@ class SQLRunStore:
             )  # fmt: skip
             stmt: Any = self.backend.db.insert_ignore(t, values)
             if self.backend.engine.dialect.insert_returning:
-                return self._changed(stmt.returning(t.c.run_key), rows=True)
-            return self._changed(stmt)
+                return self._changed(stmt.returning(t.c.run_key), rows=True, ends=ends)
+            return self._changed(stmt, ends=ends)
         stmt = (
             sa.update(t)
             .where(
@@ -273,7 +283,7 @@ class SQLRunStore:
         )
         return self._changed(stmt)
 
-    def _changed(self, stmt: Any, *, rows: bool = False) -> bool:
+    def _changed(self, stmt: Any, *, rows: bool = False, ends: Sequence[End] = ()) -> bool:
         """Run one write; True if it changed exactly one row. Contention raises.
 
         ``rows``: count the rows RETURNING gives (an INSERT's rowcount is -1 through psycopg).
@@ -283,16 +293,24 @@ class SQLRunStore:
             result = conn.execute(stmt)
             return (len(result.all()) if rows else int(result.rowcount)) == 1
 
-        return self._in_write(work, "write")
+        return self._in_write(work, "write", ends)
 
-    def _in_write(self, work: Callable[[Connection], T], what: str) -> T:
-        """``work`` in one write transaction; lost to contention, it raises.
+    def _in_write(self, work: Callable[[Connection], T], what: str, ends: Sequence[End] = ()) -> T:
+        """``work`` in one write; lost to contention, it raises. ``ends`` first, atomically.
 
         A lock timeout or a deadlock is not "someone else wrote it": nothing is known.
         """
+        run = work
+        if ends:
+
+            def run(conn: Connection) -> T:
+                for end in ends:
+                    conn.execute(self._finish(*end))
+                return work(conn)
+
         try:
-            return self.backend.call(work, table=self.table, write=True, timeout=None,
-                                     connection=None)  # fmt: skip
+            return self.backend.call(run, table=self.table, write=True, timeout=None,
+                                     connection=None, atomic=bool(ends))  # fmt: skip
         except LostRound as exc:
             raise self._contention(what) from exc
 

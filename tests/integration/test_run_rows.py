@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from celery_election import runstate
 from celery_election.backends import MemoryBackend
 from celery_election.clock import FakeClock
+from celery_election.errors import BackendUnavailableError
 from celery_election.runonce import RunGuard
 from celery_election.runstate import ENDED, SENT, STARTED, Delivery, run_key
 
@@ -265,7 +266,11 @@ def test_the_guard_runs_a_delivered_run_once(backend: Any, acks_late: bool) -> N
         second = two.enter(tid, 0, "proj.job", "celery@h2", acks_late=acks_late)
         assert (second.verdict, second.reason) == (
             ("defer", "running") if acks_late else ("skip", "started"))  # fmt: skip
-        one.finish(first, "SUCCESS")
+        one.finish(first, "SUCCESS")  # acknowledged early: the end waits for a start
+        if not acks_late:
+            third = two.enter(tid, 0, "proj.job", "celery@h3", acks_late=acks_late)
+            assert (third.verdict, third.reason) == ("skip", "started")  # skipped all the same
+            assert one.enter(new_id(), 0, "proj.job", "celery@h1", acks_late=False).run
         third = two.enter(tid, 0, "proj.job", "celery@h3", acks_late=acks_late)
         assert (third.verdict, third.reason) == ("skip", "finished")
         # a retry of the task is a run of its own
@@ -273,6 +278,47 @@ def test_the_guard_runs_a_delivered_run_once(backend: Any, acks_late: bool) -> N
     finally:
         one.close()
         two.close()
+
+
+def test_an_early_acknowledged_runs_end_rides_on_the_next_start_or_is_written_alone(
+    backend: Any,
+) -> None:
+    """A run acknowledged early ends with the process's next start (one commit for both),
+    or alone when the timer (or the process's exit) flushes it; a start that fails keeps
+    the ends for the next. Under acks_late the end is written at once (a redelivery
+    would take a dead worker's run over)."""
+    one, other = guards(backend)
+    try:
+        runs = [new_id() for _ in range(4)]
+
+        def state(tid: str) -> str:
+            stored = backend.runs.load(NS, run_key(tid))
+            return stored.row.state
+
+        first = one.enter(runs[0], 0, "proj.job", "h1", acks_late=False)
+        one.finish(first, "SUCCESS")
+        assert state(runs[0]) == STARTED and one._timer is not None  # waits, timer armed
+        one.enter(runs[1], 0, "proj.job", "h1", acks_late=False)
+        assert state(runs[0]) == ENDED  # it rode on that start
+        one.finish(one.enter(runs[2], 0, "proj.job", "h1", acks_late=False), "SUCCESS")
+        real = backend.runs.start
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            backend.runs.start = real  # the next start gets through
+            raise BackendUnavailableError("the database did not answer")
+
+        backend.runs.start = refused
+        with pytest.raises(BackendUnavailableError):
+            one.enter(new_id(), 0, "proj.job", "h1", acks_late=False)
+        assert state(runs[2]) == STARTED  # the end was not written: it waits still
+        one.flush()  # what the timer does
+        assert state(runs[2]) == ENDED
+        late = one.enter(runs[3], 0, "proj.job", "h1", acks_late=True)
+        one.finish(late, "FAILURE")
+        assert state(runs[3]) == ENDED  # at once
+    finally:
+        one.close()
+        other.close()
 
 
 def test_the_guard_takes_over_a_dead_processs_run_under_acks_late(backend: Any) -> None:
