@@ -261,19 +261,20 @@ class RunGuard:
 
 
 def prune(
-    store: RunStore, namespace: str, retention: float, who: str, *, history: bool = False
-) -> float:
+    store: RunStore, namespace: str, retention: float, who: str, *, history: bool = False,
+    again: float = PRUNE_EVERY / 10,
+) -> float:  # fmt: skip
     """Delete a batch of ``namespace``'s runs older than ``retention`` s (never raises).
 
     ``history``: the beat's runs (``RunStore.prune``). Returns the seconds until the next
-    batch: sooner while a whole batch went.
+    batch: ``again`` while a whole batch went.
     """
     try:
         gone = store.prune(namespace, retention, batch=PRUNE_BATCH, history=history)
     except ElectionError as exc:  # housekeeping: never a task's or a tick's failure
         log.warning("%s: could not prune old runs (%s)", who, exc)
         return PRUNE_EVERY
-    return PRUNE_EVERY / 10 if gone >= PRUNE_BATCH else PRUNE_EVERY
+    return again if gone >= PRUNE_BATCH else PRUNE_EVERY
 
 
 _current: RunGuard | None = None

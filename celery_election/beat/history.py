@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ..clock import boottime
@@ -37,8 +38,16 @@ class HistoryWriter:
     #: Seconds between two marks of the led term's ``seen_at`` (its end after a crash).
     SEEN_EVERY = 1.0
 
-    def __init__(self, store: SQLScheduleStore, every: float = 0.25, limit: int = 50_000):
+    def __init__(
+        self, store: SQLScheduleStore, every: float = 0.25, limit: int = 50_000,
+        prune: Callable[[], float] | None = None,
+    ) -> None:  # fmt: skip
+        """``prune``: the leader's retention, on this thread while a term is led.
+
+        It returns the seconds until its next call (0: a whole batch went, again at once).
+        """
         self.store, self.every, self.limit = store, every, limit
+        self._prune, self._next_prune = prune, 0.0
         self._rows: list[dict[str, Any]] = []
         # leadership history: the term led now (namespace, term, label), whether its row is
         # written, when it was last marked seen, and terms that ended but are not marked so
@@ -121,6 +130,16 @@ class HistoryWriter:
         while not self._stop.wait(self.every):
             if not self._held():
                 self.flush()
+                self._pruning()
+
+    def _pruning(self) -> None:
+        """A batch of the retention's deletes, if this beat leads and one is due.
+
+        Between two batches of history, never on the tick thread.
+        """
+        if self._prune is None or self._term is None or boottime() < self._next_prune:
+            return
+        self._next_prune = boottime() + self._prune()
 
     def close(self) -> None:
         self._stop.set()

@@ -35,7 +35,7 @@ from typing import Any
 
 from celery.schedules import schedstate
 
-from .. import metrics, runonce, tracing
+from .. import metrics, tracing
 from ..backends.base import PendingRun
 from ..clock import boottime
 from ..errors import ElectionError
@@ -83,7 +83,6 @@ class RunLedger:
         self._owed: dict[str, Owed] = {}  # by entry name
         self._owed_now: dict[str, Owed] = {}  # "run now"s, by task id
         self._claimed_by: dict[str, int] = {}  # a recovered run's term in the store
-        self._next_prune = 0.0  # boot-time clock
 
     @property
     def owing(self) -> int:
@@ -161,20 +160,6 @@ class RunLedger:
         except ElectionError as exc:  # kept: written at the next flush
             log.warning("beat election: could not confirm %d sent runs (%s)",
                         len(self._unconfirmed) + len(self._dropped), exc)  # fmt: skip
-
-    def prune(self) -> None:
-        """Delete a batch of this namespace's beat runs older than the history's retention.
-
-        The leader's: its claims write the rows, which are the schedule's history
-        (``election_schedule_retention`` days); the workers that end them prune only
-        their own runs, not the beat's.
-        """
-        now, election = boottime(), self.fence.election
-        if now < self._next_prune or election is None:
-            return
-        retention = float(election.settings.schedule_retention) * 86_400
-        runs, ns = election.backend.runs, election.namespace
-        self._next_prune = now + runonce.prune(runs, ns, retention, "beat election", history=True)
 
     # -- at promotion -----------------------------------------------------------------------
 

@@ -282,7 +282,6 @@ class Sender:
                     lost = []
                 for entry, claim, run_now in lost:
                     self._send_one(entry, claim, producer(), run_now)
-                self.ledger.prune()
         self.ledger.flush()
 
     def _send_one(

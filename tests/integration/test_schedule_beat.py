@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery
 
-from celery_election import metrics
+from celery_election import metrics, runstate
 from celery_election.beat import LeaderScheduler
 from celery_election.clock import boottime
 from celery_election.runstate import CLAIMED, run_key, run_now_task_id
@@ -396,3 +396,35 @@ def test_disabled_and_outside_its_window_an_entry_is_not_sent(
     assert s.count("over") == done and s.count("off") == 0
     ops.enable("off")
     tick_until(s, lambda: s.count("off") >= 1)
+
+
+def test_the_leader_prunes_its_runs_past_the_retention_off_the_tick(
+    beats: Callable[[], Counting], ops: Schedule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The beats' rows are the schedule's history: the leader's history thread deletes
+    those past ``election_schedule_retention``, batch after batch while whole batches go
+    (here 2 rows a batch), never a run still claimed, a worker's own run (workers prune
+    theirs) or another namespace's."""
+    from celery_election import runonce
+
+    monkeypatch.setattr(runonce, "PRUNE_BATCH", 2)
+    s = leading(beats)
+    ns, store = s._fence.namespace, ops.store
+    now = store.db_now()
+    old = now - 31 * 86_400_000_000  # past the 30 days
+
+    def row(name: str, **changes: Any) -> dict[str, Any]:
+        return {**run_row(ns, name, due=1, sent_at=old, task_id=f"t-{name}",
+                          outcome="SUCCESS"), **changes}  # fmt: skip
+
+    store.record_many([
+        row("old"), *(row(f"old{i}") for i in range(4)), row("young", started_at=now),
+        row("claimed", state="claimed"),
+        row("own", kind=None, entry_key=None), row("elsewhere", namespace="other-ns"),
+    ])  # fmt: skip
+
+    def there(name: str, where: str = ns) -> bool:
+        return ops.backend.runs.load(where, runstate.run_key(f"t-{name}")) is not None
+
+    tick_until(s, lambda: not any(there(n) for n in ("old", "old0", "old1", "old2", "old3")))
+    assert there("young") and there("claimed") and there("own") and there("elsewhere", "other-ns")

@@ -67,3 +67,32 @@ def test_a_hold_lasts_pause_max_at_most_or_until_half_the_limit_is_queued(
         assert not writer._held()  # half the limit queued: written, not dropped later
     finally:
         writer.close()
+
+
+def test_the_retention_runs_on_this_thread_while_a_term_is_led_and_at_once_while_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The leader's prune (``prune``) runs between batches of history, only while this
+    beat leads; a whole batch gone (0 s) runs the next at once, else at the time it says."""
+    now = [100.0]
+    monkeypatch.setattr(history, "boottime", lambda: now[0])
+    calls: list[float] = []
+    answers = [0.0, 0.0, 600.0, 600.0]
+
+    def prune() -> float:
+        calls.append(now[0])
+        return answers[len(calls) - 1]
+
+    writer = HistoryWriter(Store(), every=3600, prune=prune)  # type: ignore[arg-type]
+    try:
+        writer._pruning()
+        assert calls == []  # not leading: the leader prunes
+        writer.lead("ns", 7, "me")
+        for _ in range(4):
+            writer._pruning()
+        assert calls == [100.0, 100.0, 100.0]  # behind twice, then due in 600 s
+        now[0] += 600
+        writer._pruning()
+        assert len(calls) == 4
+    finally:
+        writer.close()

@@ -219,34 +219,3 @@ def test_expires_is_counted_on_the_database_clock(
     assert isinstance(when, datetime) and when.tzinfo is not None
     assert db_now + 290 < when.timestamp() < db_now + 310
     assert s.schedule["job"].options["expires"] == 300  # the entry itself unchanged
-
-
-def test_the_leader_prunes_its_namespaces_old_runs_and_keeps_the_claimed(
-    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The claims write the rows in the beats' namespace; they are the schedule's history,
-    which no worker prunes: the leader's recheck does, past the history's retention, a
-    batch at a time, and never a run still claimed."""
-    from dataclasses import replace
-
-    from celery_election import runonce
-    from celery_election.beat import sender
-    from celery_election.runstate import run_key
-
-    monkeypatch.setattr(sender, "RECHECK_EVERY", 0.0)  # here: every settle rechecks
-    monkeypatch.setattr(runonce, "PRUNE_EVERY", 0.0)  # and prunes
-    s = flaky(started, fail=0)
-    s.tick()  # claimed, sent, confirmed: a sent row
-    first = s.ids[0]
-    assert first is not None and shared.runs.load(NS, run_key(first)) is not None
-    election = s._fence.election
-    assert election is not None and election.elector is not None
-    claimed = run_task_id(NS, "gone", 1)  # a run claimed and not sent yet
-    assert shared.runs.claim(NS, election.elector.term, [("gone", 0, claimed)]) == [True]
-    election.settings = replace(election.settings, run_once_retention=-3600.0)  # not these
-    s.tick()
-    assert shared.runs.load(NS, run_key(first)) is not None  # a worker's retention: kept
-    election.settings = replace(election.settings, schedule_retention=-1.0)  # all old
-    s.tick()
-    assert shared.runs.load(NS, run_key(first)) is None  # pruned
-    assert shared.runs.load(NS, run_key(claimed)) is not None  # kept: it holds its entry
