@@ -69,12 +69,15 @@ class PostgreSQL(Dialect):
             # Session settings, set once per connection in one statement (a SET LOCAL per
             # transaction would double the statement count, and a standby reconnects for
             # each look). Behind PgBouncer in transaction mode these may not stick; the
-            # client-side call deadline still bounds every call.
+            # client-side call deadline still bounds every call. No JIT: the page's reads
+            # (a UNION of 200 one-row index walks) cost nothing to run and 2.8 s to compile
+            # (benchmarks/retention.py).
             with dbapi_conn.cursor() as cur:
                 cur.execute(
                     "SELECT set_config('statement_timeout', %s, false),"
                     " set_config('lock_timeout', %s, false),"
-                    " set_config('idle_in_transaction_session_timeout', %s, false)",
+                    " set_config('idle_in_transaction_session_timeout', %s, false),"
+                    " set_config('jit', 'off', false)",
                     (str(ms), str(ms), str(ms * 2)),
                 )
             dbapi_conn.commit()

@@ -28,7 +28,7 @@ __all__ = [
     "late",
     "mark_of",
     "marks_statement",
-    "open_runs_statement",
+    "open_run_statement",
     "rank_of",
     "run_mark",
     "runs_in_statements",
@@ -135,31 +135,35 @@ def marks_statement(
     )
 
 
-def open_runs_statement(r: sa.Table, namespaces: sa.ColumnElement[bool]) -> sa.Select[Any]:
-    """Per entry, the oldest run sent and not finished since its latest run that finished.
+def open_run_statement(r: sa.Table, namespace: str, key: Any) -> sa.Select[Any]:
+    """Entry ``key``'s oldest run sent and not finished since its latest run that finished.
 
-    What ``schedule/overdue.py`` holds to the grace; entries none of whose runs reported
-    a finish (workers without the run-once check) have none. Runs before that finish are
+    What ``schedule/overdue.py`` holds to the grace; an entry none of whose runs reported
+    a finish (workers without the run-once check) has none. Runs before that finish are
     left out: one lost run (its worker killed mid-run) does not keep an entry overdue once
-    later runs finish. ``r``: the run rows' table, ``namespaces`` which of its rows.
+    later runs finish. Two walks of the (namespace, entry key, started_at) index, one from
+    each end, whatever the history's size; the latest finish comes along (``last_finish``).
+    ``r``: the run rows' table.
     """
-    sent = sa.and_(namespaces, r.c.state != DROPPED)  # a policy's rows are dropped
-    finished = (
-        sa.select(r.c.entry_key, sa.func.max(r.c.started_at).label("last_at"))
-        .where(sent, r.c.finished_at.is_not(None))
-        .group_by(r.c.entry_key)
-        .subquery("finished")
+
+    def this(t: Any) -> sa.ColumnElement[bool]:
+        return sa.and_(t.c.namespace == namespace, t.c.entry_key == key, t.c.state != DROPPED)
+
+    f = r.alias("finished")  # its own walk, never correlated with the row sought
+    last = (
+        sa.select(f.c.started_at)
+        .where(this(f), f.c.finished_at.is_not(None))
+        .order_by(f.c.started_at.desc())
+        .limit(1)
+        .correlate_except(f)
+        .scalar_subquery()
     )
-    after = sa.and_(r.c.entry_key == finished.c.entry_key, r.c.started_at > finished.c.last_at)
-    oldest = (
-        sa.select(r.c.entry_key, sa.func.min(r.c.started_at).label("first_at"))
-        .join(finished, after)
-        .where(sent, r.c.finished_at.is_(None))
-        .group_by(r.c.entry_key)
-        .subquery("oldest")
+    return (
+        sa.select(r, last.label("last_finish"))
+        .where(this(r), r.c.finished_at.is_(None), r.c.started_at > last)
+        .order_by(r.c.started_at, r.c.run_key)
+        .limit(1)
     )
-    on = sa.and_(r.c.entry_key == oldest.c.entry_key, r.c.started_at == oldest.c.first_at)
-    return sa.select(r).join(oldest, on).where(sent)
 
 
 def runs_in_statements(

@@ -108,7 +108,7 @@ def overdue_by_entry(
     """
     if entries is None:
         entries = schedule.list()
-    opened = schedule.store.open_runs(schedule.run_namespaces)
+    opened = schedule.store.open_runs(schedule.run_namespaces, [e.name for e in entries])
     now_us = schedule.store.db_now()
     return {
         e.name: entry_overdue(e, opened.get(entry_key(e.name)), now_us, cap, schedule.app)

@@ -48,7 +48,7 @@ from .marks import (
     EntryMarks,
     entry_marks,
     marks_statement,
-    open_runs_statement,
+    open_run_statement,
     run_mark,
     runs_in_statements,
 )
@@ -85,6 +85,8 @@ __all__ = [
 T = TypeVar("T")
 #: The namespaces whose run rows a read covers (a standalone beat's, an embedded one's).
 Namespaces = str | Sequence[str]
+#: Index walks (one entry's row each) to a statement: SQLite takes 500 at most in a UNION.
+PER_STATEMENT = 200
 
 #: What a change function returns: the columns to write (None: delete nothing, write
 #: nothing) and the audit detail.
@@ -347,27 +349,65 @@ class SQLScheduleStore:
         return None if row is None else record_from_row(row)
 
     def last_sent_many(self, namespaces: Namespaces, names: list[str]) -> dict[str, RunRecord]:
-        """Each named entry's latest run, in one query (a page of many entries)."""
+        """Each named entry's latest run (a page of many entries), by name.
+
+        One walk of the entry index per entry and namespace, from its newest end: the
+        page's cost does not grow with the history (a grouping of every row did).
+        """
         r = self.run
+
+        def latest(ns: str, key: Any) -> sa.Select[Any]:
+            return (
+                sa.select(r)
+                .where(r.c.namespace == ns, r.c.entry_key == key, _sent(r))
+                .order_by(r.c.started_at.desc(), r.c.run_key.desc())
+                .limit(1)
+            )
+
+        rows = [record_from_row(x) for x in self._per_entry(namespaces, names, latest)]
         keys = {entry_key(n): n for n in names}
-        if not keys:
-            return {}
-        latest = (
-            sa.select(r.c.entry_key, sa.func.max(r.c.started_at).label("at"))
-            .where(_in(r, namespaces), r.c.entry_key.in_(list(keys)), _sent(r))
-            .group_by(r.c.entry_key)
-            .subquery("latest")
-        )
-        on = sa.and_(r.c.entry_key == latest.c.entry_key, r.c.started_at == latest.c.at)
-        stmt = sa.select(r).join(latest, on).where(_in(r, namespaces), _sent(r))
-        rows = self._read(lambda conn: [record_from_row(row) for row in conn.execute(stmt)], r)
         return {keys[x.entry_key]: x for x in sorted(rows, key=lambda x: (x.sent_at, x.id))}
 
-    def open_runs(self, namespaces: Namespaces) -> dict[str, RunRecord]:
-        """By entry key: the run each entry owes a finish for (``marks.open_runs_statement``)."""
-        stmt = open_runs_statement(self.run, _in(self.run, namespaces))
-        rows = self._read(lambda conn: [record_from_row(x) for x in conn.execute(stmt)], self.run)
-        return {x.entry_key: x for x in sorted(rows, key=lambda x: (x.sent_at, x.id), reverse=True)}
+    def open_runs(self, namespaces: Namespaces, names: list[str]) -> dict[str, RunRecord]:
+        """By entry key: the run each named entry owes a finish for (``marks.open_run_statement``).
+
+        Where two namespaces hold an entry's runs, the one with its latest finish says.
+        """
+        found = self._per_entry(namespaces, names, functools.partial(open_run_statement, self.run))
+        out: dict[str, tuple[int, RunRecord]] = {}
+        for row in found:
+            if out.get(row.entry_key, (-1,))[0] < int(row.last_finish):
+                out[row.entry_key] = (int(row.last_finish), record_from_row(row))
+        return {k: run for k, (_, run) in out.items()}
+
+    def _per_entry(
+        self, namespaces: Namespaces, names: list[str], one: Callable[[str, Any], sa.Select[Any]]
+    ) -> list[Any]:
+        """The rows of ``one(namespace, key)``, an index walk of one row, for each entry.
+
+        PostgreSQL: one statement per namespace, a LATERAL walk per key of a VALUES list
+        (1,000 entries in about 0.1 s). Elsewhere: :data:`PER_STATEMENT` walks to a
+        UNION ALL (PostgreSQL planned each walk of one of those for 0.5 ms).
+        """
+        keys = [entry_key(n) for n in dict.fromkeys(names)]
+        if not keys:
+            return []
+        out: list[Any] = []
+        if self.backend.engine.dialect.name == "postgresql":
+            listed = sa.values(sa.column("key", key_type(40)), name="listed").data(
+                [(k,) for k in keys]
+            )
+            for ns in _names(namespaces):
+                walk = one(ns, listed.c.key).lateral("walk")
+                stmt = sa.select(walk).select_from(listed).join(walk, sa.true())
+                out += self._read(functools.partial(_all, stmt), self.run)
+            return out
+        pairs = [(ns, key) for ns in _names(namespaces) for key in keys]
+        for i in range(0, len(pairs), PER_STATEMENT):
+            parts = [one(ns, key).subquery().select() for ns, key in pairs[i : i + PER_STATEMENT]]
+            union = sa.union_all(*parts) if len(parts) > 1 else parts[0]
+            out += self._read(functools.partial(_all, union), self.run)
+        return out
 
     def history(
         self,
@@ -527,9 +567,17 @@ class SQLScheduleStore:
         return int(self._do(lambda conn: conn.execute(stmt).rowcount, t))
 
 
+def _all(stmt: Any, conn: Connection) -> list[Any]:
+    return list(conn.execute(stmt).all())
+
+
+def _names(namespaces: Namespaces) -> list[str]:
+    return [namespaces] if isinstance(namespaces, str) else list(dict.fromkeys(namespaces))
+
+
 def _in(t: sa.Table, namespaces: Namespaces) -> sa.ColumnElement[bool]:
     """The run rows of these namespaces (a standalone beat's, and an embedded one's)."""
-    names = [namespaces] if isinstance(namespaces, str) else list(dict.fromkeys(namespaces))
+    names = _names(namespaces)
     return t.c.namespace == names[0] if len(names) == 1 else t.c.namespace.in_(names)
 
 

@@ -78,14 +78,16 @@ def test_open_runs_are_the_oldest_unfinished_after_the_latest_finish(
     sent("e", "e2", kind="run_now")
     sent("a", "other", ns="elsewhere")
     store.record_many(rows)
-    opened = store.open_runs([NS])
+    names = list("abcdef")
+    opened = store.open_runs([NS], names)
     assert {k: r.task_id for k, r in opened.items()} == {
         entry_key("a"): "a2",
         entry_key("e"): "e2",
         entry_key("f"): "f1",
     }
-    assert store.open_runs(["nobody"]) == {}
-    assert set(store.open_runs([NS, "elsewhere"])) == {entry_key(n) for n in "aef"}
+    assert store.open_runs(["nobody"], names) == {}
+    assert store.open_runs([NS], ["b", "c"]) == {}  # only the entries named
+    assert set(store.open_runs([NS, "elsewhere"], names)) == {entry_key(n) for n in "aef"}
 
 
 @pytest.fixture

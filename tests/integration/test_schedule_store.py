@@ -209,6 +209,8 @@ def test_the_history_is_the_runs_rows_newest_first(backend: SQLBackend) -> None:
     assert backend.runs.drop(NS, ["t-3"], "expired") == 1  # given up unsent: not a run
     assert store.last_sent([NS], "job") == last
     assert run_mark(store.history([NS], "job", limit=1)[0]) == "missed"
+    many = store.last_sent_many([NS, "elsewhere"], ["job", "other", "nobody"])
+    assert {n: r.task_id for n, r in many.items()} == {"job": "t-1", "other": "t-2"}
 
 
 def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
