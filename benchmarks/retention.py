@@ -71,7 +71,7 @@ def load(backend: SQLBackend, rows: int) -> int:
                     {first} + g * 1000, {first} + g * 1000 + 400, 'SUCCESS', 'ended', 1,
                     'e' || mod(g, {ENTRIES}), g, k.key, 'run', {first} + g * 1000, 1,
                     {first} + g * 1000 + 100
-                FROM generate_series({start}, {stop - 1}) AS g
+                FROM generate_series({start}::bigint, {stop - 1}) AS g
                 JOIN (VALUES {keys}) AS k(i, key) ON k.i = mod(g, {ENTRIES})
             """)
             log(f"loaded {stop:,} rows")

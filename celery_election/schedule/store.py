@@ -524,13 +524,7 @@ class SQLScheduleStore:
         return marks_statement(self.run, _in(self.run, namespaces), from_us, to_us, column_us)
 
     def runs_in(
-        self,
-        namespaces: Namespaces,
-        key: str,
-        from_us: int,
-        to_us: int,
-        *,
-        limit: int = 20,
+        self, namespaces: Namespaces, key: str, from_us: int, to_us: int, *, limit: int = 20
     ) -> tuple[list[RunRecord], dict[str, int]]:
         """An entry's runs sent in [from_us, to_us): the worst first, and how many of each mark.
 
@@ -546,13 +540,7 @@ class SQLScheduleStore:
         return self._read(read, self.run)
 
     def runs_in_statements(
-        self,
-        namespaces: Namespaces,
-        key: str,
-        from_us: int,
-        to_us: int,
-        *,
-        limit: int = 20,
+        self, namespaces: Namespaces, key: str, from_us: int, to_us: int, *, limit: int = 20
     ) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The queries of :meth:`runs_in` (``marks.runs_in_statements``)."""
         where = _in(self.run, namespaces)
