@@ -101,8 +101,20 @@ class Dialect:
         return engine.execution_options(isolation_level="READ COMMITTED").begin()
 
     def atomic(self, conn: Connection) -> None:
-        """Make ``conn``'s next ``begin()`` a real transaction (until it goes back)."""
-        conn.execution_options(isolation_level="READ COMMITTED")
+        """Make ``conn``'s next ``begin()`` a real transaction (until it goes back).
+
+        Setting the level talks to the server outside a statement: a connection lost
+        there raises the driver's own error, wrapped here as a statement's would be (raw,
+        it stopped a beat: the chaos sample's MariaDB cut).
+        """
+        dbapi = conn.dialect.loaded_dbapi
+        try:
+            conn.execution_options(isolation_level="READ COMMITTED")
+        except dbapi.Error as exc:
+            conn.invalidate()
+            raise DBAPIError.instance(
+                None, None, exc, dbapi.Error, connection_invalidated=True, dialect=conn.dialect
+            ) from exc
 
     # -- errors -----------------------------------------------------------------------------
 
