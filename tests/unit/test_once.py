@@ -334,5 +334,6 @@ def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
         while not ran and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ran == ["first"] and counted(beat_job, "deferred") == 1
+    once.guard_for(app).flush()  # an early-acknowledged end waits for a start: the timer's
     row = store.load(NS, run_key(tid)).row
     assert (row.attempt, row.outcome) == (1, "SUCCESS")  # its own row: one body, ended
