@@ -365,12 +365,14 @@ class ScheduleOps(DefaultRunPolicy):
         election, store = self.fence.election, self.store()
         assert election is not None and store is not None
         days = float(election.settings.schedule_retention)
-        try:
-            store.prune_terms(election.namespace, store.db_now() - int(days * 86_400_000_000))
-        except ElectionError as exc:
-            log.warning("beat election: could not prune the leadership history (%s)", exc)
         runs, ns = election.backend.runs, election.namespace
-        return runonce.prune(runs, ns, days * 86_400, "beat election", history=True, again=0.0)
+        wait = runonce.prune(runs, ns, days * 86_400, "beat election", history=True, again=0.0)
+        if wait:  # caught up: the terms too (not again with every batch while behind)
+            try:
+                store.prune_terms(ns, store.db_now() - int(days * 86_400_000_000))
+            except ElectionError as exc:
+                log.warning("beat election: could not prune the leadership history (%s)", exc)
+        return wait
 
     # -- history ----------------------------------------------------------------------------
 
