@@ -238,14 +238,24 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_real_worker_and_bea
         c.schedule_cli("add", "broken", tick, "every 2s", *setup, '["broken"]', "--options",
                        '{"serializer": "no-such-serializer"}', actor="e2e")  # fmt: skip
         c.schedule_cli("add", "rare", tick, "every 1h", *setup, '["rare"]', actor="e2e")
-        # missed whatever the tick's precision: paused across due times, resumed skipping
-        # them (a run 1 ms late, strict's grace, needs a tick that late)
-        c.schedule_cli("add", "paused", tick, "every 1s", *setup, '["paused"]', actor="e2e")
+        # missed whatever the tick's precision (a run 1 ms late, strict's grace, needs a tick
+        # that late): added disabled, the beat never sends it; paused across a due time on
+        # the database's clock, resumed skipping it
+        def db_now() -> int:
+            lease = c.backend.current(c.namespace)
+            assert lease is not None
+            return lease.db_now_us
+
+        c.schedule_cli("add", "paused", tick, "every 1s", *setup, '["paused"]', "--disabled",
+                       actor="e2e")  # fmt: skip
+        added = db_now()
         c.schedule_cli("pause", "paused", actor="e2e")
+        c.schedule_cli("enable", "paused", actor="e2e")
         c.schedule_cli("run", "rare", actor="e2e")
         for i in range(3):
             c.send("skip", f"p{i}", queue=c.own_queue(name))
         wait_until(lambda: prom.query('sum(up{job="workers"})') == 2, 60, "both targets up")
+        wait_until(lambda: db_now() > added + 1_500_000, 10, "a due time of paused passed")
         c.schedule_cli("resume", "paused", "--missed", "skip", actor="e2e")
         # a failover for the failover views: the worker's term resigned, elected anew
         leading = f'sum(celery_election_leading{{namespace="{c.namespace}"}})'
