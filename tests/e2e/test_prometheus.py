@@ -238,6 +238,7 @@ def test_every_dashboard_and_alert_query_returns_data_from_a_real_worker_and_bea
         c.schedule_cli("add", "broken", tick, "every 2s", *setup, '["broken"]', "--options",
                        '{"serializer": "no-such-serializer"}', actor="e2e")  # fmt: skip
         c.schedule_cli("add", "rare", tick, "every 1h", *setup, '["rare"]', actor="e2e")
+
         # missed whatever the tick's precision (a run 1 ms late, strict's grace, needs a tick
         # that late): added disabled, the beat never sends it; paused across a due time on
         # the database's clock, resumed skipping it
