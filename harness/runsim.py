@@ -12,11 +12,16 @@ nothing moves. The runs live in :class:`~celery_election.backends.memory_runs.Me
 the transitions in :mod:`celery_election.runstate`: the code the beat and the workers use.
 
 Faults: a statement that fails before it commits, or commits and loses its answer; a
-broker that drops a message it has not confirmed, loses a confirm, delivers a message
-twice or out of order, and redelivers what a dead worker had not acknowledged; a beat or a
+broker that drops a message it has not confirmed, nacks one, loses a confirm, delivers a
+message twice or out of order, and redelivers what a dead worker had not acknowledged; a
+beat or a
 worker killed between any two of its steps, or paused past its lease or its liveness
 (then seen dead: its message given back, its run taken over); a busy singleton key that
-puts a started run off.
+puts a started run off. The beats publish through the sender's own publisher confirms
+(:class:`~celery_election.beat.confirms.Confirms`, on a channel that counts delivery tags
+as RabbitMQ does), read after a batch or, with kombu's ``confirm_publish``, inside each
+publish. A world may have a worker without the run-once check (no ``--election``): it
+runs what it receives, and must say so (``once.warn_unchecked``).
 
 The invariants, checked after quiescence (and the second one at every step):
 
@@ -25,7 +30,9 @@ The invariants, checked after quiescence (and the second one at every step):
 3. nothing pending forever: no run left claimed, sent or started, and no message still
    going round (a leader that sends its confirmed runs again for ever never quiesces);
 4. a run's row ends only once its body ended, and says so: a run whose body ended is not
-   recorded as lost.
+   recorded as lost;
+5. a send the broker confirmed counts as sent, and one it did not confirm is owed (else
+   the leader sends a delivered run again and again, or loses one the broker dropped).
 
 Except where the acknowledgement mode itself gives the run up, counted as *excused*: a
 worker killed after an early acknowledgement and before its body ended (at most once: the
@@ -33,7 +40,9 @@ message is gone), or killed under ``acks_late`` after its body ended and before 
 was recorded (at least once: the broker delivers it again); and a worker paused past its
 liveness while it held the run (seen dead, its run taken over, then it wakes: its body
 and the other may both run, the only two bodies at once allowed; the row still ends by
-the delivery that holds it). docs/beat.md's table says so.
+the delivery that holds it); and a run a worker without the check received, if that
+worker warned (a WARNING naming ``--election``): it runs as often as it is delivered and
+its row is not ended. docs/beat.md's table says so.
 
 ``--revert N`` puts back the behaviour of 50bbd93 behind window N of issue 52 (what
 REVERTS says), to show the simulation finds it.
@@ -44,16 +53,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import logging
 import random
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
-from celery_election import runstate
+from celery_election import once, runstate
 from celery_election.backends.memory_runs import MemoryRuns
+from celery_election.beat.confirms import Confirms
 
 NS = "sim"
 #: virtual milliseconds: a lease, the time a dead worker takes to be seen dead, a put-off
@@ -62,6 +75,8 @@ TTL, LIVENESS, DEFER = 3000, 1500, 500
 QUIET_STEPS = 3000
 
 REVERTS = {
+    1: "the confirm kombu's confirm_publish reads inside the publish is not kept: the send "
+    "counts as unconfirmed and is sent again",
     2: "a busy singleton key's requeue keeps the start (no release): the copy never runs",
     3: "the owed runs are read at promotion only: a claim whose answer was lost is never sent",
     4: "an acks_late copy finding the run started is skipped (no put-off): a dead worker's run "
@@ -73,11 +88,84 @@ REVERTS = {
     "entry moves on",
     9: "a 'run now' is consumed, then sent with no claim",
     10: "a skipped copy closes the run's row",
+    11: "a worker without the run-once check runs beat runs and says nothing",
 }
+
+#: the task a worker without the check runs (``once.warn_unchecked`` reads its name and header)
+TASK = "sim.tick"
 
 
 class DBError(Exception):
     """A statement that failed (before its commit, or after it: the answer was lost)."""
+
+
+class PublishError(Exception):
+    """``confirm_publish``: the publish raised (nacked, or no confirm within its wait)."""
+
+
+class Channel:
+    """A channel as py-amqp gives it to the sender: RabbitMQ counts its publishes (the
+    delivery tags 1, 2, ...) and confirms them, read when the connection is drained, or
+    inside the publish with kombu's ``confirm_publish``."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.connection = world, self
+        self.events: dict[str, set[Callable[[int, bool], None]]] = {
+            "basic_ack": set(), "basic_nack": set()}  # fmt: skip
+        self.tag = 0
+        self.answers: dict[int, bool] = {}  # tag -> acked (True) or nacked: what was sent
+        self.unread: list[tuple[int, bool]] = []
+
+    def confirm_select(self) -> None:
+        pass
+
+    def basic_publish(self, msg: Msg) -> None:
+        self.tag += 1
+        answer = self.world.take(msg)
+        if answer is not None:
+            self.answers[self.tag] = answer
+            if self.world.in_publish:
+                self.confirmed(self.tag, answer)
+            else:
+                self.unread.append((self.tag, answer))
+        if self.world.in_publish and answer is not True:
+            raise PublishError("nacked" if answer is False else "no confirm")
+
+    def drain_events(self, timeout: float | None = None) -> None:
+        if not self.unread:
+            raise TimeoutError  # nothing more will come: the wait's timeout, at once
+        self.confirmed(*self.unread.pop(0))
+
+    def confirmed(self, tag: int, ack: bool) -> None:
+        for callback in list(self.events["basic_ack" if ack else "basic_nack"]):
+            callback(tag, False)
+
+
+class Connection:
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def channel(self) -> Channel:
+        return Channel(self.world)
+
+
+class Producer:
+    """The beat's producer: its channel, and a new one when the sender asks."""
+
+    def __init__(self, world: World) -> None:
+        self.connection = Connection(world)
+        self.channel = Channel(world)
+
+    def revive(self, channel: Channel) -> None:
+        self.channel = channel
+
+
+class KeptNoEarly(Confirms[str]):
+    """Revert 1 (50bbd93): the confirm read inside the publish is not kept."""
+
+    def after(self, mark: int, item: str) -> None:
+        self._early = None
+        super().after(mark, item)
 
 
 @dataclass
@@ -98,6 +186,8 @@ class Beat:
     known: set[tuple[str, int]] = field(default_factory=set)  # runs it knows are claimed
     sent: list[str] = field(default_factory=list)  # task ids confirmed, mark pending
     read_owed: bool = False  # revert 3: the owed runs were read once, at promotion
+    producer: Producer | None = None  # its connection to the broker, made at its first send
+    confirms: Confirms[str] | None = None  # the sender's, over that producer's channel
 
 
 @dataclass
@@ -111,10 +201,31 @@ class Worker:
     paused_at: int = 0
     paused_until: int = 0  # paused (SIGSTOP) until then
     lapsed: bool = False  # paused past its liveness: seen dead, its message given back
+    checked: bool = True  # started with --election: each delivery asks the run's row
 
     @property
     def name(self) -> str:
         return f"w{self.index}.{self.gen}"
+
+
+class UncheckedTask:
+    """What ``once.warn_unchecked`` reads of a task: its name, its request's beat header."""
+
+    name = TASK
+
+    def __init__(self, run: str) -> None:
+        self.request = SimpleNamespace(**{once.HEADER: run})
+
+
+class Said(logging.Handler):
+    """The warnings a worker process logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 class Failure(AssertionError):
@@ -146,6 +257,8 @@ class World:
         self.lease_term, self.lease_holder, self.lease_until = 0, "", 0
         self.beats = [Beat("b0"), Beat("b1")]
         self.workers = [Worker(i) for i in range(rng.randint(1, 3))]
+        self.workers[0].checked = rng.random() >= 0.1  # at times, one without --election
+        self.in_publish = rng.random() < 0.5  # kombu's confirm_publish
         self.dead_at: dict[str, int] = {}
         self.queue: list[Msg] = []
         self.unacked: dict[str, Msg] = {}  # worker name -> the message it holds
@@ -159,6 +272,11 @@ class World:
         self.bodies: dict[tuple[str, int], set[str]] = {}  # the deliveries running a body
         self.lapsed: set[str] = set()  # deliveries of workers paused past their liveness
         self.unrecorded: set[tuple[str, int]] = set()  # runs whose body's end was lost
+        # runs a worker without the check received: whether each such process said so
+        self.unguarded: dict[tuple[str, int], bool] = {}
+        self.said: set[str] = set()  # the worker processes that warned
+        self.warned: defaultdict[str, set[str]] = defaultdict(set)  # once's, per process
+        self.said_deliveries: set[str] = set()  # their deliveries
         self.seen: Counter[str] = Counter()  # what happened: the faults and each verdict
 
     # -- the database's view ----------------------------------------------------------------
@@ -271,9 +389,10 @@ class World:
         """Revert 9: consume the requests, then publish them with no claim (50bbd93)."""
         requests, self.pending_requests = self.pending_requests, []
         for r in requests:
-            self.publish(Msg("now", -r, f"now@{-r}"))  # lost if the broker drops it
+            self.take(Msg("now", -r, f"now@{-r}"))  # lost if the broker drops it
 
     def beat_send(self, beat: Beat) -> None:
+        """Publish the owed runs as the sender does, and read the broker's confirms."""
         if 3 in self.revert and beat.read_owed:
             owed = [r for r in self.store.rows(NS) if runstate.owes(r, beat.term)
                     and (r.entry, r.due) in beat.known]  # fmt: skip
@@ -283,11 +402,31 @@ class World:
             except DBError:
                 return
             beat.read_owed = True
+        if not owed:
+            return
+        if beat.producer is None or beat.confirms is None:
+            beat.producer = Producer(self)
+            beat.confirms = KeptNoEarly() if 1 in self.revert else Confirms()
+        producer, confirms = beat.producer, beat.confirms
+        out: list[tuple[str, Channel, int]] = []  # what the channel took: its tag
         for row in owed:
-            if self.publish(Msg(row.entry, row.due, row.task_id)):
-                beat.sent.append(row.task_id)
-        if owed:
-            self.log(beat.name, "sent", [(r.entry, r.due) for r in owed])
+            mark = confirms.before(producer)
+            channel = producer.channel
+            try:
+                channel.basic_publish(Msg(row.entry, row.due, row.task_id))
+            except PublishError:
+                continue  # failed: the run is still owed
+            confirms.after(mark, row.task_id)
+            out.append((row.task_id, channel, channel.tag))
+        acked, _ = confirms.wait()
+        for task_id, channel, tag in out:  # invariant 5
+            if channel.answers.get(tag) is True and task_id not in acked:
+                raise Failure(f"{task_id}: the broker confirmed it, the beat counts it "
+                              "unconfirmed (and sends it again)")  # fmt: skip
+            if channel.answers.get(tag) is not True and task_id in acked:
+                raise Failure(f"{task_id}: counted as sent, the broker never confirmed it")
+        beat.sent += acked
+        self.log(beat.name, "sent", [(r.entry, r.due) for r in owed], "confirmed", acked)
 
     def beat_mark(self, beat: Beat) -> None:
         if not beat.sent:
@@ -299,17 +438,20 @@ class World:
             return
         del beat.sent[: len(sent)]
 
-    def publish(self, msg: Msg) -> bool:
-        """The broker takes ``msg``: whether its confirm came back."""
+    def take(self, msg: Msg) -> bool | None:
+        """The broker takes ``msg``: its confirm (acked, nacked), or None if none comes."""
         rng = self.rng
         if self.faults and rng.random() < self.p_broker:
-            fault = rng.randrange(3)
-            self.seen[("message dropped", "confirm lost", "message twice")[fault]] += 1
+            fault = rng.randrange(4)
+            what = ("message dropped", "message nacked", "confirm lost", "message twice")[fault]
+            self.seen[what] += 1
             if fault == 0:
-                return False  # dropped before it was confirmed
-            self.queue.append(msg)
+                return None  # lost before it was confirmed
             if fault == 1:
-                return False  # in the queue; the confirm was lost
+                return False
+            self.queue.append(msg)
+            if fault == 2:
+                return None  # in the queue; the confirm was lost
             self.queue.append(Msg(msg.entry, msg.due, msg.task_id, msg.put_off, msg.at))
             return True
         self.queue.append(msg)
@@ -348,14 +490,18 @@ class World:
             if self.acks_late:
                 self.unacked[w.name] = w.msg
         elif w.stage == "received":
-            self.worker_start(w)
+            if w.checked:
+                self.worker_start(w)
+            else:
+                self.worker_unchecked(w)
         elif w.stage == "busy":
             self.worker_put_off(w)
         elif w.stage == "started":
             key = (w.msg.entry, w.msg.due)  # type: ignore[union-attr]
             self.running[key] += 1
             others = self.bodies.setdefault(key, set())
-            if others and not (w.delivery in self.lapsed or others <= self.lapsed):
+            free = self.lapsed | self.said_deliveries
+            if others and not (w.delivery in free or others <= free):
                 raise Failure(f"two bodies of {key} at once")
             others.add(w.delivery)
             w.stage = "body"
@@ -366,7 +512,10 @@ class World:
             self.completions[key] += 1
             w.stage = "ended"
         elif w.stage == "ended":
-            self.worker_finish(w)
+            if w.checked:
+                self.worker_finish(w)
+            else:
+                self.done(w)  # nothing records its end
 
     def worker_start(self, w: Worker) -> None:
         m = w.msg
@@ -395,6 +544,28 @@ class World:
                     self.store.finish(NS, d.key, row.delivery, "IGNORED")
                     self.check_closed((m.entry, m.due))
             self.done(w)
+
+    def worker_unchecked(self, w: Worker) -> None:
+        """No --election: the run is not asked for; the warning is the process's to give."""
+        m = w.msg
+        assert m is not None
+        self.seen["ran unchecked"] += 1
+        if 11 not in self.revert:
+            said = Said()
+            once.log.addHandler(said)
+            try:
+                with mock.patch.object(once, "_unchecked_warned", self.warned[w.name]):
+                    once.warn_unchecked(UncheckedTask(m.task_id))
+            finally:
+                once.log.removeHandler(said)
+            if any("--election" in line for line in said.lines):
+                self.said.add(w.name)
+        key, warned = (m.entry, m.due), w.name in self.said
+        self.unguarded[key] = self.unguarded.get(key, True) and warned
+        if warned:
+            self.said_deliveries.add(w.delivery)
+            self.excused[key] = "run by a worker without the check, which said so"
+        w.stage = "started"
 
     def worker_put_off(self, w: Worker) -> None:
         """A busy singleton key: give the run back, and come back later."""
@@ -531,14 +702,23 @@ class World:
                           f"{len(self.queue)} messages queued")  # fmt: skip
         runs = [(e, d) for e, ds in self.dues.items() for d in ds]
         runs += [("now", -r) for r in self.asked]
+        rows = {(r.entry, r.due): r for r in self.store.rows(NS)}
         for key in runs:
             n, why = self.completions[key], self.excused.get(key)
+            if key in self.unguarded:  # invariant 1 does not hold: it must have been said
+                row = rows.get(key)
+                if not self.unguarded[key] and (n != 1 or row is None
+                                                or row.state in runstate.OPEN):  # fmt: skip
+                    raise Failure(f"{key} ran {n} times, its row {row and row.state}, on a "
+                                  "worker without the check that said nothing")  # fmt: skip
+                continue
             if n == 1 or (why and (n == 0 if not self.acks_late else n >= 1)):
                 continue
             raise Failure(f"{key} ran {n} times" + (f" ({why})" if why else ""))
-        rows = {(r.entry, r.due): r for r in self.store.rows(NS)}
         for key in runs:
             row = rows.get(key)
+            if key in self.unguarded:
+                continue  # judged above
             if row is None or (row.state in runstate.OPEN and key not in self.excused):
                 raise Failure(f"{key} pending forever: {row}")
             if (

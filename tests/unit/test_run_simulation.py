@@ -23,7 +23,8 @@ SCHEDULES, CHUNKS = 100_000, 10
 #: what 100,000 schedules must have met at least once: else the simulation proves less
 #: than it says (a fault never drawn, a verdict never reached)
 MET = [
-    "statement failed", "answer lost", "message dropped", "confirm lost", "message twice",
+    "statement failed", "answer lost", "message dropped", "message nacked", "confirm lost",
+    "message twice", "ran unchecked",
     "beat killed", "beat paused", "worker killed (body)", "worker killed (ended)",
     "worker killed (received)", "worker paused", "worker lapsed (body)",
     "worker lapsed (busy)", "busy key", "excused",
