@@ -397,6 +397,12 @@ MUTATIONS = [
     M("confirms-own-tag", CONFIRMS, "        if self._published != mark + 1:", "        if False:", CONFIRMS_UNIT),
     M("confirms-inside-publish", CONFIRMS, "            self._early = ack  # the publish in progress: after() settles it",
       "            pass", CONFIRMS_UNIT),
+    # the seeded simulation publishes through Confirms: windows 1 and 11 of issue 52
+    M("sim-confirms-inside-publish", CONFIRMS, "            self._early = ack  # the publish in progress: after() settles it",
+      "            pass", SIM),
+    M("sim-confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
+      "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", SIM),
+    M("sim-warn-unchecked", "celery_election/once.py", "    _unchecked_warned.add(task.name)\n", "    return\n", SIM),
     M("confirms-uncertain", CONFIRMS, "                self._uncertain = True\n                raise", "                raise", CONFIRMS_UNIT),
     M("confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
       "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", CONFIRMS_UNIT),
