@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ __all__ = [
     "Deadline",
     "EngineSetup",
     "LostRound",
+    "Timeouts",
     "fork_lock",
     "interrupt",
     "one_line",
@@ -268,18 +270,22 @@ def pg_connect_args(
     return args
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """A backend's timeouts in seconds; each dialect's engine reads those it needs."""
+
+    statement: float
+    connect: float
+    sqlite_busy: float
+
+
 class EngineSetup(Protocol):
     """What ``private_engine`` needs of a database's dialect (``dialects.Dialect``)."""
 
     def engine_url(self, url: URL, *, allow_network_filesystem: bool) -> URL: ...
 
     def engine_options(
-        self,
-        *,
-        driver: str,
-        statement_timeout: float,
-        connect_timeout: float,
-        sqlite_busy_timeout: float,
+        self, driver: str, timeouts: Timeouts
     ) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
     def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None: ...
@@ -289,9 +295,7 @@ def private_engine(
     url: URL,
     dialect: EngineSetup,
     *,
-    statement_timeout: float,
-    connect_timeout: float,
-    sqlite_busy_timeout: float,
+    timeouts: Timeouts,
     allow_network_filesystem: bool,
     engine_options: dict[str, Any],
 ) -> Engine:
@@ -302,18 +306,13 @@ def private_engine(
     """
     url = dialect.engine_url(url, allow_network_filesystem=allow_network_filesystem)
     options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
-    own, connect_args = dialect.engine_options(
-        driver=url.get_driver_name(),
-        statement_timeout=statement_timeout,
-        connect_timeout=connect_timeout,
-        sqlite_busy_timeout=sqlite_busy_timeout,
-    )
+    own, connect_args = dialect.engine_options(url.get_driver_name(), timeouts)
     options.update(own)
     options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
     options.update(engine_options)
     engine = sa.create_engine(url, **options)
     green.cooperate(engine)
-    dialect.set_up_sessions(engine, statement_timeout)
+    dialect.set_up_sessions(engine, timeouts.statement)
     os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
     return engine
 

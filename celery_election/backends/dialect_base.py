@@ -17,9 +17,25 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from .connection import Timeouts
 from .locks import LivenessSession
 
-__all__ = ["RETURNING", "ROWCOUNT", "Dialect", "StepStyle", "filled_insert"]
+__all__ = ["RETURNING", "ROWCOUNT", "Dialect", "LockRequest", "StepStyle", "filled_insert"]
+
+
+@dataclass(frozen=True)
+class LockRequest:
+    """A liveness lock to hold on a connection of its own to ``url`` (``engine``'s driver).
+
+    ``max_wait`` bounds one ``acquire``: the connection's read timeout allows for it.
+    """
+
+    engine: Engine
+    url: URL
+    key: bytes
+    delta: float
+    max_wait: float
+    connect_timeout: float
 
 
 @dataclass(frozen=True)
@@ -73,12 +89,7 @@ class Dialect:
         return url
 
     def engine_options(
-        self,
-        *,
-        driver: str,
-        statement_timeout: float,
-        connect_timeout: float,
-        sqlite_busy_timeout: float,
+        self, driver: str, timeouts: Timeouts
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """``create_engine`` options and the connect arguments of ``driver`` (the URL's)."""
         # Each call is one statement (or a few whose order, not atomicity, matters): run
@@ -91,7 +102,7 @@ class Dialect:
         # longer than a statement may run (QueuePool's default, 30 s, outlived the
         # call's deadline when many electors shared one backend).
         options = {"pool_size": 2, "max_overflow": 4, "isolation_level": "AUTOCOMMIT"}
-        return {**options, "pool_timeout": statement_timeout}, {}
+        return {**options, "pool_timeout": timeouts.statement}, {}
 
     def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None:
         """Listen for the engine's new connections and set each session up."""
@@ -197,19 +208,11 @@ class Dialect:
     def install_lock(self, conn: Connection, table_prefix: str, read_only: str) -> None:
         """Serialise concurrent installers in ``conn``'s transaction (rule 10)."""
 
-    def liveness_session(
-        self,
-        engine: Engine,
-        url: URL,
-        key: bytes,
-        delta: float,
-        max_wait: float,
-        connect_timeout: float,
-    ) -> LivenessSession:
-        """The liveness lock ``key`` on a connection of its own to ``url`` (locks.py).
+    def liveness_session(self, lock: LockRequest) -> LivenessSession:
+        """``lock`` on a connection of its own (locks.py).
 
         Never from the engine's pool: a pooled connection is shared, and a session lock
-        must die with this candidate alone. ``max_wait`` bounds one ``acquire``.
+        must die with this candidate alone.
         """
         raise NotImplementedError
 

@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import Engine
 
 from . import connection, green
-from .dialect_base import Dialect, filled_insert
+from .connection import Timeouts
+from .dialect_base import Dialect, LockRequest, filled_insert
 from .locks import LivenessSession, MySQLSession
 
 __all__ = ["FOUND_ROWS", "MySQL", "without_found_rows"]
@@ -28,25 +29,14 @@ class MySQL(Dialect):
     missing: ClassVar[frozenset[int]] = frozenset({1146})
 
     def engine_options(
-        self,
-        *,
-        driver: str,
-        statement_timeout: float,
-        connect_timeout: float,
-        sqlite_busy_timeout: float,
+        self, driver: str, timeouts: Timeouts
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        options, connect_args = super().engine_options(
-            driver=driver,
-            statement_timeout=statement_timeout,
-            connect_timeout=connect_timeout,
-            sqlite_busy_timeout=sqlite_busy_timeout,
-        )
+        options, connect_args = super().engine_options(driver, timeouts)
         # mysqlclient takes whole seconds (libmariadb's options are unsigned ints)
-        io_timeout = (
-            statement_timeout if driver == "pymysql" else max(1, math.ceil(statement_timeout))
-        )
+        secs = timeouts.statement
+        io_timeout = secs if driver == "pymysql" else max(1, math.ceil(secs))
         connect_args.update(
-            connect_timeout=max(1, round(connect_timeout)),
+            connect_timeout=max(1, round(timeouts.connect)),
             read_timeout=io_timeout,
             write_timeout=io_timeout,
         )
@@ -128,24 +118,16 @@ class MySQL(Dialect):
             ids = sa.select(key).where(where).limit(limit).subquery()
             return sa.delete(key.table).where(key.in_(sa.select(ids.c[key.name])))
 
-    def liveness_session(
-        self,
-        engine: Engine,
-        url: URL,
-        key: bytes,
-        delta: float,
-        max_wait: float,
-        connect_timeout: float,
-    ) -> LivenessSession:
-        dialect = engine.dialect
-        cargs, cparams = dialect.create_connect_args(url)
+    def liveness_session(self, lock: LockRequest) -> LivenessSession:
+        dialect, connect_timeout = lock.engine.dialect, lock.connect_timeout
+        cargs, cparams = dialect.create_connect_args(lock.url)
         cparams.update(
             connect_timeout=max(1, round(connect_timeout)),
             # whole seconds: mysqlclient takes no fractions
-            read_timeout=math.ceil(max_wait + connect_timeout + 5),
+            read_timeout=math.ceil(lock.max_wait + connect_timeout + 5),
             write_timeout=math.ceil(connect_timeout + 5),
         )
-        description = url.render_as_string(hide_password=True)
+        description = lock.url.render_as_string(hide_password=True)
         raw = green.connector(dialect, *cargs, **cparams)
 
         def connect() -> Any:
@@ -153,7 +135,7 @@ class MySQL(Dialect):
             connection.remember_socket(conn)  # mysqlclient: for interrupt()
             return conn
 
-        return MySQLSession(connect, delta, description, key)
+        return MySQLSession(connect, lock.delta, description, lock.key)
 
 
 #: MySQL's CLIENT_FOUND_ROWS capability flag (the same bit in PyMySQL and mysqlclient).

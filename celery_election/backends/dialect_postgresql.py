@@ -10,7 +10,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from ..errors import BackendUnavailableError
 from . import connection
-from .dialect_base import Dialect
+from .connection import Timeouts
+from .dialect_base import Dialect, LockRequest
 from .locks import LivenessSession, PostgresSession, pg_connector
 
 __all__ = ["PostgreSQL"]
@@ -42,22 +43,12 @@ class PostgreSQL(Dialect):
         return url.update_query_dict({"host": tuple(h.strip() for h in host.split(","))})
 
     def engine_options(
-        self,
-        *,
-        driver: str,
-        statement_timeout: float,
-        connect_timeout: float,
-        sqlite_busy_timeout: float,
+        self, driver: str, timeouts: Timeouts
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        options, connect_args = super().engine_options(
-            driver=driver,
-            statement_timeout=statement_timeout,
-            connect_timeout=connect_timeout,
-            sqlite_busy_timeout=sqlite_busy_timeout,
-        )
+        options, connect_args = super().engine_options(driver, timeouts)
         connect_args.update(
-            connection.pg_connect_args(connect_timeout, "celery-election", driver),
-            tcp_user_timeout=int(statement_timeout * 1000),
+            connection.pg_connect_args(timeouts.connect, "celery-election", driver),
+            tcp_user_timeout=int(timeouts.statement * 1000),
         )
         return options, connect_args
 
@@ -104,14 +95,9 @@ class PostgreSQL(Dialect):
         key = sa.func.hashtext(f"celery_election:{table_prefix}")
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
 
-    def liveness_session(
-        self,
-        engine: Engine,
-        url: URL,
-        key: bytes,
-        delta: float,
-        max_wait: float,
-        connect_timeout: float,
-    ) -> LivenessSession:
-        connect = pg_connector(engine, url, connect_timeout, "celery-election-liveness")
-        return PostgresSession(connect, delta, url.render_as_string(hide_password=True), key)
+    def liveness_session(self, lock: LockRequest) -> LivenessSession:
+        url = lock.url
+        connect = pg_connector(lock.engine, url, lock.connect_timeout, "celery-election-liveness")
+        return PostgresSession(
+            connect, lock.delta, url.render_as_string(hide_password=True), lock.key
+        )

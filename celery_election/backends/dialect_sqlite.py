@@ -11,7 +11,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from ..errors import ConfigurationError
 from . import connection
-from .dialect_base import Dialect
+from .connection import Timeouts
+from .dialect_base import Dialect, LockRequest
 from .locks import FileSession, LivenessSession
 
 __all__ = ["SQLite"]
@@ -60,14 +61,9 @@ class SQLite(Dialect):
         return url.set(database=str(path))
 
     def engine_options(
-        self,
-        *,
-        driver: str,
-        statement_timeout: float,
-        connect_timeout: float,
-        sqlite_busy_timeout: float,
+        self, driver: str, timeouts: Timeouts
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        return {}, {"timeout": sqlite_busy_timeout, "check_same_thread": False}
+        return {}, {"timeout": timeouts.sqlite_busy, "check_same_thread": False}
 
     def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None:
         @sa.event.listens_for(engine, "connect")
@@ -106,14 +102,6 @@ class SQLite(Dialect):
     def insert(self, table: sa.Table) -> Any:
         return sqlite.insert(table)
 
-    def liveness_session(
-        self,
-        engine: Engine,
-        url: URL,
-        key: bytes,
-        delta: float,
-        max_wait: float,
-        connect_timeout: float,
-    ) -> LivenessSession:
-        db = Path(str(engine.url.database))
-        return FileSession(db.with_name(f"{db.name}.{key.hex()[:16]}.lock"), delta)
+    def liveness_session(self, lock: LockRequest) -> LivenessSession:
+        db = Path(str(lock.engine.url.database))
+        return FileSession(db.with_name(f"{db.name}.{lock.key.hex()[:16]}.lock"), lock.delta)

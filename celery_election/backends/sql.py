@@ -46,8 +46,8 @@ from ..errors import BackendUnavailableError, ConfigurationError
 from ..lease import CandidateInfo, ElectResult, Lease
 from . import sql_install
 from .base import Wakeup, WakeupHandle
-from .connection import LostRound, fork_lock, private_engine
-from .dialect_base import StepStyle
+from .connection import LostRound, Timeouts, fork_lock, private_engine
+from .dialect_base import LockRequest, StepStyle
 from .dialects import dialect_for
 from .locks import LivenessSession, lock_key
 from .schema import (
@@ -124,9 +124,7 @@ class SQLBackend(SQLCandidates):
         self.engine = private_engine(
             self.db.normalise_url(url),
             self.db,
-            statement_timeout=statement_timeout,
-            connect_timeout=connect_timeout,
-            sqlite_busy_timeout=sqlite_busy_timeout,
+            timeouts=Timeouts(statement_timeout, connect_timeout, sqlite_busy_timeout),
             allow_network_filesystem=allow_network_filesystem,
             engine_options=dict(engine_options or {}),
         )
@@ -461,17 +459,10 @@ class SQLBackend(SQLCandidates):
         return result is not None and result.won
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
-        """A liveness lock for ``namespace`` on a connection of its own (locks.py).
-
-        ``max_wait`` bounds one ``acquire``; the connection's read timeout allows for it.
-        """
+        """A liveness lock for ``namespace`` on a connection of its own (locks.py)."""
+        key = lock_key(self.table_prefix, namespace)
         return self.db.liveness_session(
-            self.engine,
-            self.direct_url,
-            lock_key(self.table_prefix, namespace),
-            delta,
-            max_wait,
-            self._connect_timeout,
+            LockRequest(self.engine, self.direct_url, key, delta, max_wait, self._connect_timeout)
         )
 
     def current(
