@@ -26,7 +26,7 @@ import os
 import socket
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
@@ -34,7 +34,7 @@ from celery.exceptions import Ignore
 from celery.signals import task_postrun, worker_process_shutdown
 
 from . import metrics, runonce
-from .errors import BackendUnavailableError, SchemaMissingError
+from .errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 from .runonce import RunGuard, Verdict, not_run
 from .settings import ElectionSettings
 
@@ -268,6 +268,14 @@ def once_task(*args: Any, **options: Any) -> Any:
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app).
     """
     options.setdefault("base", OnceTask)
+    return task_decorator("once_task", args, options)
+
+
+def task_decorator(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+    """``@kind`` or ``@kind(...)``: ``@shared_task(**options)``, or ``app=``'s ``app.task``.
+
+    How each of the package's task decorators (once, leader, singleton) declares a task.
+    """
     app = options.pop("app", None)
 
     def decorate(fun: Callable[..., Any]) -> Any:
@@ -277,5 +285,12 @@ def once_task(*args: Any, **options: Any) -> Any:
     if len(args) == 1 and callable(args[0]) and not options.get("name"):
         return decorate(args[0])
     if args:
-        raise TypeError("once_task takes keyword options only")
+        raise TypeError(f"{kind} takes keyword options only")
     return decorate
+
+
+def check_choice(what: str, value: object, choices: Sequence[str]) -> str:
+    """``value`` if one of ``choices``, else one line naming them (a task's option)."""
+    if value not in choices:
+        raise ConfigurationError(f"{what} must be one of {', '.join(choices)}: got {value!r}")
+    return str(value)

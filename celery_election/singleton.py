@@ -29,13 +29,14 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task
 from celery.exceptions import Ignore
 
 from . import metrics, once, runonce
 from .backends import backend_from_url
 from .errors import BackendUnavailableError, ConfigurationError, ElectionError
 from .key_holder import Held, KeyHolder
+from .once import check_choice, task_decorator
 from .settings import ElectionSettings
 
 __all__ = [
@@ -63,12 +64,6 @@ _HOLDERS_LOCK = threading.Lock()
 
 class KeyBusyError(ElectionError):
     """Another worker runs this singleton task's key now (``on_busy="raise"``)."""
-
-
-def _check_mode(mode: object) -> str:
-    if mode not in ON_BUSY:
-        raise ConfigurationError(f"on_busy must be one of {', '.join(ON_BUSY)}: got {mode!r}")
-    return str(mode)
 
 
 def _count(task: str, what: str, n: int = 1) -> None:
@@ -155,7 +150,7 @@ class SingletonTask(Task):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        mode = _check_mode(cls.__dict__.get("on_busy", cls.on_busy))
+        mode = check_choice("on_busy", cls.__dict__.get("on_busy", cls.on_busy), ON_BUSY)
         if cls.__dict__.get("one_waiting", cls.one_waiting) and mode != "requeue":
             raise ConfigurationError(f"one_waiting needs on_busy='requeue': got {mode!r}")
 
@@ -208,7 +203,7 @@ class SingletonTask(Task):
             _count(self.name, "ended")
 
     def _busy(self, key: str) -> Any:
-        mode = _check_mode(self.on_busy)
+        mode = check_choice("on_busy", self.on_busy, ON_BUSY)
         task_id = self.request.id
         if mode != "requeue":
             _count(self.name, _OUTCOME[mode])
@@ -278,18 +273,9 @@ def singleton_task(
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
     ``unique_on``, ``on_busy`` and ``requeue_delay``.
     """
-    _check_mode(on_busy)
+    check_choice("on_busy", on_busy, ON_BUSY)
     if isinstance(unique_on, str):
         unique_on = (unique_on,)
     options.setdefault("base", SingletonTask)
-    app = options.pop("app", None)
-
-    def decorate(fun: Callable[..., Any]) -> Any:
-        factory = app.task if app is not None else shared_task
-        return factory(unique_on=unique_on, on_busy=on_busy, **options)(fun)
-
-    if len(args) == 1 and callable(args[0]) and not options.get("name"):
-        return decorate(args[0])
-    if args:
-        raise TypeError("singleton_task takes keyword options only")
-    return decorate
+    return task_decorator("singleton_task", args, {**options, "unique_on": unique_on,
+                                                   "on_busy": on_busy})  # fmt: skip

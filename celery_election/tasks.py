@@ -26,16 +26,16 @@ write and refuse writes with an older one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task
 from celery.exceptions import Ignore
 
 from . import metrics, shared_state, tracing
-from .errors import ConfigurationError, NotLeaderError
+from .errors import NotLeaderError
 from .metrics import counters
+from .once import check_choice, task_decorator
 from .once import guard as guard_once
 from .settings import ElectionSettings
 
@@ -65,14 +65,6 @@ def current_term() -> int | None:
     return record.leader_term() if record is not None else None
 
 
-def _check_mode(mode: object) -> str:
-    if mode not in ON_FOLLOWER:
-        raise ConfigurationError(
-            f"on_follower must be one of {', '.join(ON_FOLLOWER)}: got {mode!r}"
-        )
-    return str(mode)
-
-
 class LeaderTask(Task):
     """Base class of tasks that only the leader runs (see the module docstring)."""
 
@@ -86,7 +78,7 @@ class LeaderTask(Task):
         # `@app.task(base=LeaderTask, on_follower=...)` creates a subclass: check it now,
         # not when the first message arrives on a follower.
         super().__init_subclass__(**kwargs)
-        _check_mode(cls.__dict__.get("on_follower", cls.on_follower))
+        check_choice("on_follower", cls.__dict__.get("on_follower", cls.on_follower), ON_FOLLOWER)
 
     #: Route to this queue instead of the namespace's leader queue (``leader_task(queue=)``).
     election_queue: str | None = None
@@ -145,7 +137,7 @@ class LeaderTask(Task):
                 guard_once(self, task_id, always=True)
             return
         _TERM.set(None)
-        mode = _check_mode(self.on_follower)
+        mode = check_choice("on_follower", self.on_follower, ON_FOLLOWER)
         tracing.task_not_leader(_OUTCOME[mode])
         if counters.in_use() is not None:
             metrics.count(_count_key(self.name, _OUTCOME[mode]))
@@ -190,23 +182,13 @@ def leader_task(
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
     ``on_follower``, ``requeue_delay`` and ``once`` (run once per task id: once.py).
     """
-    _check_mode(on_follower)
+    check_choice("on_follower", on_follower, ON_FOLLOWER)
     options.setdefault("base", LeaderTask)
     if once:
         options["election_once"] = True
     if "queue" in options:  # Celery 5.7 deprecates the task attribute: ours routes
         options["election_queue"] = options.pop("queue")
-    app = options.pop("app", None)
-
-    def decorate(fun: Callable[..., Any]) -> Any:
-        factory = app.task if app is not None else shared_task
-        return factory(on_follower=on_follower, **options)(fun)
-
-    if len(args) == 1 and callable(args[0]) and not options.get("name"):
-        return decorate(args[0])
-    if args:
-        raise TypeError("leader_task takes keyword options only")
-    return decorate
+    return task_decorator("leader_task", args, {**options, "on_follower": on_follower})
 
 
 class LeaderRouter:
