@@ -19,7 +19,8 @@ from sqlalchemy.engine import Connection
 from ..keys import KeyHold, KeyResult, check_key, holder_lock_name, key_hash
 from .connection import LostRound
 from .locks import lock_key
-from .schema import db_now_us, greatest
+from .schema import db_now_us
+from .sql_lease import hold_updates, vacant_values
 
 if TYPE_CHECKING:
     from .sessions import KeySession
@@ -29,57 +30,36 @@ __all__ = ["SQLKeyStore", "key_updates"]
 
 
 def key_updates(t: sa.Table) -> dict[str, sa.Update]:
-    """Each step's conditional UPDATE of a key row, with bound parameters."""
+    """Each step's conditional UPDATE of a key row: the lease's on the key's row, and two.
+
+    Taken, taken over and released as the lease is (``sql_lease.hold_updates``); renewed
+    all at once per holder; and an operator's release.
+    """
     now = db_now_us()
     ns = sa.bindparam("p_ns", type_=sa.String())
     kh = sa.bindparam("p_kh", type_=sa.String())
     token = sa.bindparam("p_token", type_=sa.String())
-    term = sa.bindparam("p_term", type_=sa.BigInteger)
     ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
-    live = sa.bindparam("p_live", type_=sa.BigInteger)
-    taken = {
-        "term": greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger)),
-        "token": token,
-        "holder_id": sa.bindparam("p_holder", type_=sa.String()),
-        "acquired_at": now,
-        "renewed_at": now,
-        "expires_at": now + ttl,
-        "liveness_us": live,
-    }
-    vacate = {"token": None, "holder_id": None, "expires_at": now, "liveness_us": None}
+    steps = hold_updates(t, (t.c.namespace == ns, t.c.key_hash == kh), "holder_id")
     return {
-        # vacant or expired -> a new, strictly greater term for this token
-        "held": sa.update(t)
-        .where(
-            t.c.namespace == ns,
-            t.c.key_hash == kh,
-            sa.or_(t.c.token.is_(None), t.c.expires_at <= now),
-        )
-        .values(taken),
-        # exactly the hold a prober saw, whose holder's session ended, tagged with a
-        # delta the prober has waited out since: taken even before it expires
-        "taken": sa.update(t)
-        .where(
-            t.c.namespace == ns,
-            t.c.key_hash == kh,
-            t.c.term == term,
-            t.c.token == sa.bindparam("p_seen_token", type_=sa.String()),
-            t.c.liveness_us.is_not(None),
-            t.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),
-        )
-        .values(taken),
+        **steps,
         # every unexpired hold of this token (a token is one holder session)
         "renewed": sa.update(t)
         .where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)
-        .values(renewed_at=now, expires_at=now + ttl, liveness_us=live),
-        # only the exact (token, term)
-        "released": sa.update(t)
-        .where(t.c.namespace == ns, t.c.key_hash == kh, t.c.token == token, t.c.term == term)
-        .values(vacate),
+        .values(
+            renewed_at=now,
+            expires_at=now + ttl,
+            liveness_us=sa.bindparam("p_live", type_=sa.BigInteger),
+        ),
         # an operator's: only the term they saw, only while held
         "forced": sa.update(t)
-        .where(t.c.namespace == ns, t.c.key_hash == kh, t.c.term == term, t.c.token.is_not(None))
-        .values(vacate),
+        .where(
+            t.c.namespace == ns,
+            t.c.key_hash == kh,
+            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),
+            t.c.token.is_not(None),
+        )
+        .values(vacant_values("holder_id")),
     }
 
 
@@ -182,7 +162,7 @@ class SQLKeyStore:
             "p_ns": namespace,
             "p_kh": key_hash(key),
             "p_token": token,
-            "p_holder": holder_id[:255],
+            "p_cid": holder_id[:255],
             "p_ttl": _us(ttl),
             "p_live": _us(liveness),
             "p_floor": floor,
@@ -190,7 +170,7 @@ class SQLKeyStore:
         lost = KeyResult(False, None)
         for _attempt in range(3):
             try:
-                result = self._step("held", params, key, timeout)
+                result = self._step("elected", params, key, timeout)
             except LostRound:
                 return self._lost(namespace, key, timeout)
             if result.won:
@@ -238,7 +218,7 @@ class SQLKeyStore:
             "p_ns": namespace,
             "p_kh": key_hash(key),
             "p_token": token,
-            "p_holder": holder_id[:255],
+            "p_cid": holder_id[:255],
             "p_ttl": _us(ttl),
             "p_live": _us(liveness),
             "p_floor": floor,
@@ -286,7 +266,7 @@ class SQLKeyStore:
     ) -> bool:
         """Vacate the hold of exactly (token, term)."""
         params = {"p_ns": namespace, "p_kh": key_hash(key)}
-        return self._vacate("released", {**params, "p_token": token, "p_term": term}, timeout)
+        return self._vacate("resigned", {**params, "p_token": token, "p_term": term}, timeout)
 
     def force_release(
         self, namespace: str, key: str, term: int, *, timeout: float | None = None

@@ -17,7 +17,16 @@ from ..lease import Lease
 from .dialect_base import StepStyle
 from .schema import db_now_us, greatest
 
-__all__ = ["EVENTS", "lease_columns", "lease_from_row", "lease_statements", "lease_updates"]
+__all__ = [
+    "EVENTS",
+    "hold_updates",
+    "lease_columns",
+    "lease_from_row",
+    "lease_statements",
+    "lease_updates",
+    "taken_values",
+    "vacant_values",
+]
 
 #: What NOTIFY tells listeners each step did (a take-over or a transfer is an election; a
 #: transfer asked for says the leader lives).
@@ -82,35 +91,57 @@ def lease_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
 
     ``c``: the candidates table, which a transfer's target must be live and eligible in.
     """
+    row = (t.c.namespace == sa.bindparam("p_ns", type_=sa.String()),)
+    steps = hold_updates(t, row, "leader_id", transfer_to=None)
+    return {**steps, **_transfer_updates(t, c)}
+
+
+def taken_values(t: sa.Table, holder: str, **also: Any) -> dict[str, Any]:
+    """The row as a take leaves it: a new, strictly greater term for ``p_token``."""
     now = db_now_us()
-    ns = sa.bindparam("p_ns", type_=sa.String())
-    token = sa.bindparam("p_token", type_=sa.String())
-    term = sa.bindparam("p_term", type_=sa.BigInteger)
-    ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
-    live = sa.bindparam("p_live", type_=sa.BigInteger)  # None: trust not session-bound
-    taken = {
+    return {
         # the floor: the greatest term the candidate saw + 1, and its host's clock, so
         # a term lost with a failed-over primary is never reused (whatever the
         # promoted standby's clock says)
         "term": greatest(t.c.term + 1, now, sa.bindparam("p_floor", type_=sa.BigInteger)),
-        "token": token,
-        "leader_id": sa.bindparam("p_cid"),
+        "token": sa.bindparam("p_token", type_=sa.String()),
+        holder: sa.bindparam("p_cid"),
         "acquired_at": now,
         "renewed_at": now,
-        "expires_at": now + ttl,
-        "liveness_us": live,
-        "transfer_to": None,
+        "expires_at": now + sa.bindparam("p_ttl", type_=sa.BigInteger),
+        "liveness_us": sa.bindparam("p_live", type_=sa.BigInteger),  # None: not session-bound
+        **also,
     }
-    steps: dict[str, sa.Update] = {
+
+
+def vacant_values(holder: str, **also: Any) -> dict[str, Any]:
+    """The row as a resign leaves it: no holder, expired now; its term stays."""
+    return {"token": None, holder: None, "expires_at": db_now_us(), "liveness_us": None, **also}
+
+
+def hold_updates(
+    t: sa.Table, row: tuple[sa.ColumnElement[bool], ...], holder: str, **also: Any
+) -> dict[str, sa.Update]:
+    """The steps of a hold of the row ``row`` names in ``t``: the lease's, and each key's.
+
+    ``holder``: the column naming the holder; ``also``: columns a take and a resign reset.
+    """
+    now = db_now_us()
+    token = sa.bindparam("p_token", type_=sa.String())
+    term = sa.bindparam("p_term", type_=sa.BigInteger)
+    ttl = sa.bindparam("p_ttl", type_=sa.BigInteger)
+    live = sa.bindparam("p_live", type_=sa.BigInteger)
+    taken = taken_values(t, holder, **also)
+    return {
         # vacant or expired -> a new, strictly greater term for this token
         "elected": sa.update(t)
-        .where(t.c.namespace == ns, sa.or_(t.c.token.is_(None), t.c.expires_at <= now))
+        .where(*row, sa.or_(t.c.token.is_(None), t.c.expires_at <= now))
         .values(taken),
-        # the exact term a liveness-lock holder saw, held by a leader whose trust is
+        # the exact term a liveness-lock holder saw, held by a holder whose trust is
         # bound by a session delta it has waited out: taken even before it expires
         "taken": sa.update(t)
         .where(
-            t.c.namespace == ns,
+            *row,
             t.c.term == term,
             t.c.token == sa.bindparam("p_seen_token", type_=sa.String()),
             t.c.liveness_us.is_not(None),
@@ -119,18 +150,16 @@ def lease_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
         .values(taken),
         # only the exact (token, term), only before it expired
         "renewed": sa.update(t)
-        .where(t.c.namespace == ns, t.c.token == token, t.c.term == term, t.c.expires_at > now)
+        .where(*row, t.c.token == token, t.c.term == term, t.c.expires_at > now)
         .values(renewed_at=now, expires_at=now + ttl, liveness_us=live),
         # only the exact (token, term); the term stays: it never goes back
         "resigned": sa.update(t)
-        .where(t.c.namespace == ns, t.c.token == token, t.c.term == term)
-        .values(token=None, leader_id=None, expires_at=now, liveness_us=None, transfer_to=None),
-        **_transfer_updates(t, c, taken),
+        .where(*row, t.c.token == token, t.c.term == term)
+        .values(vacant_values(holder, **also)),
     }
-    return steps
 
 
-def _transfer_updates(t: sa.Table, c: sa.Table, taken: dict[str, Any]) -> dict[str, sa.Update]:
+def _transfer_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
     """A transfer asked for (by an operator) and made (by the leader): the target named.
 
     Both need the exact (token, term) of an unexpired lease and a target that is a live,
@@ -158,8 +187,8 @@ def _transfer_updates(t: sa.Table, c: sa.Table, taken: dict[str, Any]) -> dict[s
             sa.or_(c.c.eligible.is_(None), c.c.eligible.is_(True)),
         )
     )
-    moved = {**taken, "token": target, "leader_id": sa.bindparam("p_target_cid"),
-             "liveness_us": None}  # fmt: skip
+    moved = {**taken_values(t, "leader_id", transfer_to=None), "token": target,
+             "leader_id": sa.bindparam("p_target_cid"), "liveness_us": None}  # fmt: skip
     return {
         # an operator's request, for the leader to act on at its next renewal
         "asked": sa.update(t).where(*holder, live_target).values(transfer_to=target),
