@@ -50,6 +50,7 @@ M = Mutation
 SQL_LEASE = "celery_election/backends/sql_lease.py"
 SQL_CALLS = "celery_election/backends/sql_calls.py"
 MEM = "celery_election/backends/memory.py"
+MEM_HOLD = "celery_election/backends/memory_hold.py"
 SQL_BEAT = "celery_election/backends/sql_beat.py"
 MEM_BEAT = "celery_election/backends/memory_beat.py"
 SCHEDULER = "celery_election/beat/scheduler.py"
@@ -165,11 +166,13 @@ MUTATIONS = [
     M("fork-guard", SQL_CALLS, "        with self._fork_guard:\n            return self._run_bounded(",
       "        if True:\n            return self._run_bounded(", ["tests/integration/test_fork_guard.py"]),
     # -- the lease steps (memory: the model every other test trusts) -----------------------
-    M("memory-take-term", MEM, "row.term == seen.term\n", "True\n", [*LEASE, *STATEFUL]),
-    M("memory-take-token", MEM, "and row.token == seen.token\n", "and True\n", [*LEASE, *STATEFUL]),
-    M("memory-take-tagged", MEM, "and row.liveness_us is not None\n                and row.liveness_us <=",
-      "and True\n                and (row.liveness_us or 0) <=", [*LEASE, *STATEFUL]),
-    M("memory-take-waited", MEM, "and row.liveness_us <= round(waited * 1_000_000)",
+    M("memory-elect-vacant", MEM_HOLD, "return row.token is None or row.expires_at <= now", "return True",
+      [*LEASE, *STATEFUL]),
+    M("memory-take-term", MEM_HOLD, "row.term == seen_term\n", "True\n", [*LEASE, *STATEFUL]),
+    M("memory-take-token", MEM_HOLD, "and row.token == seen_token\n", "and True\n", [*LEASE, *STATEFUL]),
+    M("memory-take-tagged", MEM_HOLD, "and row.liveness_us is not None\n            and row.liveness_us <=",
+      "and True\n            and (row.liveness_us or 0) <=", [*LEASE, *STATEFUL]),
+    M("memory-take-waited", MEM_HOLD, "and row.liveness_us <= round(waited * 1_000_000)",
       "and True", [*LEASE, *STATEFUL]),
     # -- trust and configuration --------------------------------------------------------------
     M("trust-margin", "celery_election/lease.py", "return attempt_started + ttl - safety_margin",
@@ -507,12 +510,13 @@ MUTATIONS = [
       "            t.c.token.is_not(None),", KEY_SUITE),
     M("keys-forced-held", SQL_KEYS, '            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n            t.c.token.is_not(None),',
       '            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),', KEY_SUITE),
-    M("keys-mem-hold-vacant", MEM_KEYS, "return row.token is None or row.expires_at <= now", "return True", KEY_SUITE),
-    M("keys-mem-take-term", MEM_KEYS, "row.term == seen.term\n", "True\n", KEY_SUITE),
-    M("keys-mem-take-token", MEM_KEYS, "and row.token == seen.token\n", "and True\n", KEY_SUITE),
-    M("keys-mem-take-tagged", MEM_KEYS, "and row.liveness_us is not None\n                and row.liveness_us <=",
-      "and True\n                and (row.liveness_us or 0) <=", KEY_SUITE),
-    M("keys-mem-take-waited", MEM_KEYS, "and row.liveness_us <= round(waited * 1_000_000)", "and True", KEY_SUITE),
+    # the lease's steps in memory (memory_hold.py) on a key's row: the key suite kills each
+    M("keys-mem-hold-vacant", MEM_HOLD, "return row.token is None or row.expires_at <= now", "return True", KEY_SUITE),
+    M("keys-mem-take-term", MEM_HOLD, "row.term == seen_term\n", "True\n", KEY_SUITE),
+    M("keys-mem-take-token", MEM_HOLD, "and row.token == seen_token\n", "and True\n", KEY_SUITE),
+    M("keys-mem-take-tagged", MEM_HOLD, "and row.liveness_us is not None\n            and row.liveness_us <=",
+      "and True\n            and (row.liveness_us or 0) <=", KEY_SUITE),
+    M("keys-mem-take-waited", MEM_HOLD, "and row.liveness_us <= round(waited * 1_000_000)", "and True", KEY_SUITE),
     M("keys-mem-renew-token", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",
       "if ns == namespace and row.expires_at > now:", KEY_SUITE),
     M("keys-mem-renew-unexpired", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",

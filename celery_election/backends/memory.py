@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..clock import Clock, RealClock
 from ..config import validate_candidate_id, validate_namespace
@@ -21,22 +21,11 @@ from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
 from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
+from .memory_hold import HoldRow, extend, seen_waited, take, vacant, vacate
 from .memory_keys import MemoryKeyStore
 from .memory_runs import MemoryRuns
 
 __all__ = ["MemoryBackend", "MemoryBeatStore"]
-
-
-@dataclass
-class _Row:
-    term: int = 0
-    token: str | None = None
-    leader_id: str | None = None
-    acquired_at: int | None = None
-    renewed_at: int | None = None
-    expires_at: int = 0
-    liveness_us: int | None = None
-    transfer_to: str | None = None
 
 
 class _Wakeup:
@@ -77,7 +66,7 @@ class MemoryBackend:
         self.liveness = liveness
         self._locks = _Locks(self.clock, silent_holders_lose)
         self._lock = threading.RLock()  # re-entered: a beat claim writes its run rows
-        self._leases: dict[str, _Row] = {}
+        self._leases: dict[str, HoldRow] = {}
         self._candidates: dict[tuple[str, str], CandidateInfo] = {}
         #: beat: (namespace, entry) -> the entry's run state (its runs: ``runs``)
         self._runs: dict[tuple[str, str], RunState] = {}
@@ -151,11 +140,11 @@ class MemoryBackend:
 
     # -- the lease --------------------------------------------------------------------------
 
-    def _lease(self, namespace: str, row: _Row, now: int) -> Lease:
+    def _lease(self, namespace: str, row: HoldRow, now: int) -> Lease:
         return Lease(
             namespace=namespace,
             term=row.term,
-            leader_id=row.leader_id,
+            leader_id=row.holder,
             expires_at_us=row.expires_at,
             db_now_us=now,
             acquired_at_us=row.acquired_at,
@@ -182,11 +171,7 @@ class MemoryBackend:
         validate_namespace(namespace)
         validate_candidate_id(candidate_id)
         self._enter("elect")
-
-        def can(row: _Row, now: int) -> bool:
-            return row.token is None or row.expires_at <= now
-
-        return self._take(namespace, token, candidate_id, ttl, liveness, floor, can)
+        return self._take(namespace, token, candidate_id, ttl, liveness, floor, vacant)
 
     def take_over(
         self,
@@ -203,15 +188,7 @@ class MemoryBackend:
     ) -> ElectResult:
         """Take exactly the term ``seen`` if its trust is session-bound within ``waited``."""
         self._enter("take_over")
-
-        def can(row: _Row, now: int) -> bool:
-            return (
-                row.term == seen.term
-                and row.token == seen.token
-                and row.liveness_us is not None
-                and row.liveness_us <= round(waited * 1_000_000)
-            )
-
+        can = seen_waited(seen.term, seen.token, waited)
         return self._take(namespace, token, candidate_id, ttl, liveness, floor, can)
 
     def _take(
@@ -222,18 +199,14 @@ class MemoryBackend:
         ttl: float,
         tag: float | None,
         floor: int,
-        can: Callable[[_Row, int], bool],
+        can: Callable[[HoldRow, int], bool],
     ) -> ElectResult:
         with self._lock:
             now = self.clock.wall_us()
-            row = self._leases.setdefault(namespace, _Row())
+            row = self._leases.setdefault(namespace, HoldRow())
             won = can(row, now)
             if won:
-                row.term = max(row.term + 1, now, floor)
-                row.token, row.leader_id = token, candidate_id
-                row.acquired_at = row.renewed_at = now
-                row.expires_at = now + round(ttl * 1_000_000)
-                row.liveness_us, row.transfer_to = _live_us(tag), None
+                take(row, now, token, candidate_id, ttl, tag, floor)
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
@@ -255,11 +228,9 @@ class MemoryBackend:
             row = self._leases.get(namespace)
             if row is None:
                 return ElectResult(False, None)
-            won = row.token == token and row.term == term and row.expires_at > now
+            won = self._holds(row, now, token, term)
             if won:
-                row.renewed_at = now
-                row.expires_at = now + round(ttl * 1_000_000)
-                row.liveness_us = _live_us(liveness)
+                extend(row, now, ttl, liveness)
             lease = self._lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("renewed", term))
@@ -274,9 +245,7 @@ class MemoryBackend:
             row = self._leases.get(namespace)
             if row is None or row.token != token or row.term != term:
                 return False
-            row.token = row.leader_id = row.transfer_to = None
-            row.expires_at = now
-            row.liveness_us = None
+            vacate(row, now)
         self._wake(namespace, Wakeup("resigned", term))
         return True
 
@@ -294,7 +263,7 @@ class MemoryBackend:
         """Hand (token, term) to ``target`` if it is a live, eligible candidate."""
         self._enter("transfer")
 
-        def can(row: _Row, now: int) -> bool:
+        def can(row: HoldRow, now: int) -> bool:
             return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)
 
         result = self._take(namespace, target.token, target.candidate_id, ttl, None, floor, can)
@@ -318,7 +287,7 @@ class MemoryBackend:
         return won
 
     @staticmethod
-    def _holds(row: _Row, now: int, token: str, term: int) -> bool:
+    def _holds(row: HoldRow, now: int, token: str, term: int) -> bool:
         return row.token == token and row.term == term and row.expires_at > now
 
     def _may_lead(self, namespace: str, target: CandidateInfo, now: int) -> bool:
@@ -469,11 +438,6 @@ class MemoryBackend:
     def close(self) -> None:
         with self._lock:
             self._wakeups.clear()
-
-
-def _live_us(delta: float | None) -> int | None:
-    """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
-    return None if delta is None else round(delta * 1_000_000)
 
 
 class _Locks:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..clock import Clock
 from ..keys import KeyHold, KeyResult, check_key, holder_lock_name
+from .memory_hold import HoldRow, extend, seen_waited, take, vacant, vacate
 
 if TYPE_CHECKING:
     from .sessions import LivenessSession
@@ -23,22 +23,6 @@ if TYPE_CHECKING:
 SessionMaker = Callable[[str, float], "LivenessSession"]
 
 __all__ = ["MemoryKeySession", "MemoryKeyStore"]
-
-
-@dataclass
-class _KeyRow:
-    key: str
-    term: int = 0
-    token: str | None = None
-    holder_id: str | None = None
-    acquired_at: int | None = None
-    renewed_at: int | None = None
-    expires_at: int = 0
-    liveness_us: int | None = None
-
-
-def _us(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds * 1_000_000)
 
 
 class MemoryKeyStore:
@@ -53,14 +37,14 @@ class MemoryKeyStore:
     ) -> None:
         self.clock, self._enter, self._session, self._free = clock, enter, session, free
         self._lock = threading.Lock()
-        self._rows: dict[tuple[str, str], _KeyRow] = {}
+        self._rows: dict[tuple[str, str], HoldRow] = {}
 
-    def _hold(self, namespace: str, row: _KeyRow, now: int) -> KeyHold:
+    def _hold(self, namespace: str, key: str, row: HoldRow, now: int) -> KeyHold:
         return KeyHold(
             namespace=namespace,
-            key=row.key,
+            key=key,
             term=row.term,
-            holder_id=row.holder_id,
+            holder_id=row.holder,
             expires_at_us=row.expires_at,
             db_now_us=now,
             acquired_at_us=row.acquired_at,
@@ -78,20 +62,16 @@ class MemoryKeyStore:
         ttl: float,
         liveness: float | None,
         floor: int,
-        can: Callable[[_KeyRow, int], bool],
+        can: Callable[[HoldRow, int], bool],
     ) -> KeyResult:
         check_key(namespace, key, token)
         with self._lock:
             now = self.clock.wall_us()
-            row = self._rows.setdefault((namespace, key), _KeyRow(key))
+            row = self._rows.setdefault((namespace, key), HoldRow())
             won = can(row, now)
             if won:
-                row.term = max(row.term + 1, now, floor)
-                row.token, row.holder_id = token, holder_id[:255]
-                row.acquired_at = row.renewed_at = now
-                row.expires_at = now + round(ttl * 1_000_000)
-                row.liveness_us = _us(liveness)
-            return KeyResult(won, self._hold(namespace, row, now))
+                take(row, now, token, holder_id[:255], ttl, liveness, floor)
+            return KeyResult(won, self._hold(namespace, key, row, now))
 
     def hold(
         self,
@@ -107,11 +87,7 @@ class MemoryKeyStore:
     ) -> KeyResult:
         """Take ``key`` if vacant or expired."""
         self._enter("keys.hold")
-
-        def can(row: _KeyRow, now: int) -> bool:
-            return row.token is None or row.expires_at <= now
-
-        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, can)
+        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, vacant)
 
     def take_over(
         self,
@@ -129,15 +105,7 @@ class MemoryKeyStore:
     ) -> KeyResult:
         """Take exactly the hold ``seen``, tagged with a delta no longer than ``waited``."""
         self._enter("keys.take_over")
-
-        def can(row: _KeyRow, now: int) -> bool:
-            return (
-                row.term == seen.term
-                and row.token == seen.token
-                and row.liveness_us is not None
-                and row.liveness_us <= round(waited * 1_000_000)
-            )
-
+        can = seen_waited(seen.term, seen.token, waited)
         return self._take(namespace, key, token, holder_id, ttl, liveness, floor, can)
 
     def renew(
@@ -154,21 +122,18 @@ class MemoryKeyStore:
         out = []
         with self._lock:
             now = self.clock.wall_us()
-            for (ns, _key), row in sorted(self._rows.items()):
+            for (ns, key), row in sorted(self._rows.items()):
                 if ns == namespace and row.token == token and row.expires_at > now:
-                    row.renewed_at = now
-                    row.expires_at = now + round(ttl * 1_000_000)
-                    row.liveness_us = _us(liveness)
-                    out.append(self._hold(ns, row, now))
+                    extend(row, now, ttl, liveness)
+                    out.append(self._hold(ns, key, row, now))
         return out
 
-    def _vacate(self, namespace: str, key: str, fits: Callable[[_KeyRow], bool]) -> bool:
+    def _vacate(self, namespace: str, key: str, fits: Callable[[HoldRow], bool]) -> bool:
         with self._lock:
             row = self._rows.get((namespace, key))
             if row is None or not fits(row):
                 return False
-            row.token = row.holder_id = row.liveness_us = None
-            row.expires_at = self.clock.wall_us()
+            vacate(row, self.clock.wall_us())
             return True
 
     def release(
@@ -190,14 +155,14 @@ class MemoryKeyStore:
         self._enter("keys.get")
         with self._lock:
             row = self._rows.get((namespace, key))
-            return None if row is None else self._hold(namespace, row, self.clock.wall_us())
+            return None if row is None else self._hold(namespace, key, row, self.clock.wall_us())
 
     def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
         """The unexpired holds of ``namespace``, by key."""
         self._enter("keys.held")
         with self._lock:
             now = self.clock.wall_us()
-            rows = [self._hold(ns, r, now) for (ns, _k), r in sorted(self._rows.items())]
+            rows = [self._hold(ns, k, r, now) for (ns, k), r in sorted(self._rows.items())]
         return [h for h in rows if h.namespace == namespace and h.held]
 
     def holder_key(self, token: str) -> bytes:

@@ -1,0 +1,71 @@
+"""A hold's row in memory and its steps: the lease's and each key's, as Python.
+
+Each condition is the WHERE clause of the SQL step it models (``sql_lease.hold_updates``),
+checked under the owning store's lock with its clock as the database clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["HoldRow", "extend", "seen_waited", "take", "us", "vacant", "vacate"]
+
+
+@dataclass
+class HoldRow:
+    term: int = 0
+    token: str | None = None
+    holder: str | None = None
+    acquired_at: int | None = None
+    renewed_at: int | None = None
+    expires_at: int = 0
+    liveness_us: int | None = None
+    transfer_to: str | None = None  # the lease's alone
+
+
+def us(seconds: float | None) -> int | None:
+    """Seconds (a ttl, a liveness tag; None: untagged) in microseconds."""
+    return None if seconds is None else round(seconds * 1_000_000)
+
+
+def vacant(row: HoldRow, now: int) -> bool:
+    """The ``elected`` step's condition: nobody holds the row, or the hold expired."""
+    return row.token is None or row.expires_at <= now
+
+
+def seen_waited(seen_term: int, seen_token: str | None, waited: float) -> Callable[..., bool]:
+    """The ``taken`` step's: exactly the hold seen, tagged with a delta within ``waited``."""
+
+    def can(row: HoldRow, now: int) -> bool:
+        return (
+            row.term == seen_term
+            and row.token == seen_token
+            and row.liveness_us is not None
+            and row.liveness_us <= round(waited * 1_000_000)
+        )
+
+    return can
+
+
+def take(row: HoldRow, now: int, token: str, holder: str, ttl: float, tag: float | None,
+         floor: int) -> None:  # fmt: skip
+    """A new, strictly greater term for ``token`` (at least ``floor``)."""
+    row.term = max(row.term + 1, now, floor)
+    row.token, row.holder = token, holder
+    row.acquired_at = row.renewed_at = now
+    row.expires_at = now + round(ttl * 1_000_000)
+    row.liveness_us, row.transfer_to = us(tag), None
+
+
+def extend(row: HoldRow, now: int, ttl: float, tag: float | None) -> None:
+    row.renewed_at = now
+    row.expires_at = now + round(ttl * 1_000_000)
+    row.liveness_us = us(tag)
+
+
+def vacate(row: HoldRow, now: int) -> None:
+    """Nobody holds it, expired now; its term stays (it never goes back)."""
+    row.token = row.holder = row.transfer_to = None
+    row.expires_at = now
+    row.liveness_us = None
