@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import click
 
 from .backends.base import Backend
-from .keys import KeyHold
+from .lease import Lease
 
 __all__ = ["held_keys", "key_commands"]
 
@@ -36,11 +36,11 @@ class Target(Protocol):
 Using = Callable[[click.Context, "str | None"], AbstractContextManager[Target]]
 
 
-def _hold_json(h: KeyHold) -> dict[str, Any]:
+def _hold_json(h: Lease) -> dict[str, Any]:
     since = h.acquired_at
     return {
         "key": h.key,
-        "holder": h.holder_id,
+        "holder": h.leader_id,
         "since": since.isoformat() if since is not None else None,
         "held_for": None
         if h.acquired_at_us is None
@@ -78,7 +78,7 @@ def show_keys(t: Target, as_json: bool) -> None:
         click.echo(f"{key:<{widths[0]}}  {holder:<{widths[1]}}  {since:<{widths[2]}}  {term}")
 
 
-def release_key(t: Target, key: str, term: int | None) -> KeyHold:
+def release_key(t: Target, key: str, term: int | None) -> Lease:
     """Free ``key``'s hold of the term read (or ``term``); the hold freed, else one line."""
     hold = t.backend.keys.get(t.namespace, key)
     if hold is None or not hold.held:
@@ -123,6 +123,6 @@ def key_commands(using: Using, namespace_option: Callable[[Any], Any]) -> list[c
         """
         with using(ctx, namespace) as t:
             hold = release_key(t, key, term)
-        click.echo(f"released key {key!r}: term {hold.term} of {hold.holder_id}")
+        click.echo(f"released key {key!r}: term {hold.term} of {hold.leader_id}")
 
     return [keys, release]

@@ -33,8 +33,8 @@ from .clock import Clock, RealClock, Sleeper
 from .config import validate_namespace
 from .decisions import Proof, extend, granted
 from .errors import BackendUnavailableError, ConfigurationError
-from .keys import KeyHold, hold_trust_end
-from .lease import trusted_until
+from .keys import hold_trust_end
+from .lease import Lease, trusted_until
 
 __all__ = ["Held", "KeyHolder"]
 
@@ -132,10 +132,10 @@ class KeyHolder:
             self.namespace, key, inc.token, self.holder_id, self.ttl,
             liveness=self.delta if tagged else None,
         )  # fmt: skip
-        if result.won and result.hold is not None:
-            return self._adopt(inc, key, result.hold, started, tagged)
-        if wait and result.hold is not None:
-            taken = self._take_over(inc, key, result.hold, tagged)
+        if result.won and result.lease is not None:
+            return self._adopt(inc, key, result.lease, started, tagged)
+        if wait and result.lease is not None:
+            taken = self._take_over(inc, key, result.lease, tagged)
             if taken is not None:
                 held = self._adopt(inc, key, taken[0], taken[1], tagged)
                 if held is not None:
@@ -144,8 +144,8 @@ class KeyHolder:
         return None
 
     def _take_over(
-        self, inc: _Session, key: str, seen: KeyHold, tagged: bool
-    ) -> tuple[KeyHold, float] | None:
+        self, inc: _Session, key: str, seen: Lease, tagged: bool
+    ) -> tuple[Lease, float] | None:
         """Take ``seen`` once its holder's session is known ended and its delta waited.
 
         The hold won and when the winning step started; None if not taken.
@@ -174,10 +174,10 @@ class KeyHolder:
             self.namespace, key, inc.token, self.holder_id, self.ttl, seen,
             started - answered, liveness=self.delta if tagged else None,
         )  # fmt: skip
-        return (result.hold, started) if result.won and result.hold is not None else None
+        return (result.lease, started) if result.won and result.lease is not None else None
 
     def _adopt(
-        self, inc: _Session, key: str, hold: KeyHold, started: float, tagged: bool
+        self, inc: _Session, key: str, hold: Lease, started: float, tagged: bool
     ) -> Held | None:
         held = Held(key, hold.term, trusted_until(started, self.ttl, self.margin), tagged, inc)
         if not self.trusted(held):  # won, but too late to believe it: give it back

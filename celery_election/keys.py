@@ -1,24 +1,20 @@
-"""Key holds as the database stores them, and the trust rule of a hold.
+"""Keys as the database stores them, and the trust rule of a hold.
 
-A key hold is leadership of one key: one row per (namespace, key) with a term that grows
-at every change of hands (the fencing token), the holder's per-session token, and the
-same liveness tag as the lease. Times are epoch microseconds on the database's clock.
+A key hold is a lease of one key (``lease.Lease`` with its ``key``): one row per
+(namespace, key) with a term that grows at every change of hands (the fencing token),
+the holder's per-session token, and the same liveness tag as the lease. Times are epoch
+microseconds on the database's clock.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from datetime import datetime
 
 from .config import validate_namespace
 from .errors import ConfigurationError
-from .lease import _dt
 
 __all__ = [
     "KEY_LENGTH",
-    "KeyHold",
-    "KeyResult",
     "check_key",
     "hold_trust_end",
     "holder_lock_name",
@@ -49,50 +45,6 @@ def check_key(namespace: str, key: object, token: object) -> str:
     if not isinstance(key, str) or not key or len(key) > KEY_LENGTH:
         raise ConfigurationError(f"a key must be 1-{KEY_LENGTH} characters: got {key!r}")
     return key
-
-
-@dataclass(frozen=True)
-class KeyHold:
-    """One key's row, read at ``db_now_us`` on the database clock."""
-
-    namespace: str
-    key: str
-    term: int
-    holder_id: str | None
-    expires_at_us: int
-    db_now_us: int
-    acquired_at_us: int | None = None
-    renewed_at_us: int | None = None
-    #: The holder's per-session secret; renew and release require it.
-    token: str | None = field(default=None, repr=False)
-    #: The holder's liveness delta (us) when its trust is bound by its session; else None.
-    liveness_us: int | None = None
-
-    @property
-    def held(self) -> bool:
-        """Someone holds the key and the hold has not expired on the database clock."""
-        return self.token is not None and self.expires_at_us > self.db_now_us
-
-    def held_by(self, token: str) -> bool:
-        """Whether ``token`` holds the unexpired key."""
-        return self.held and self.token == token
-
-    @property
-    def remaining(self) -> float:
-        """Seconds until the hold expires, on the database clock (0 when not held)."""
-        return max(0.0, (self.expires_at_us - self.db_now_us) / 1_000_000) if self.held else 0.0
-
-    @property
-    def acquired_at(self) -> datetime | None:
-        return _dt(self.acquired_at_us)
-
-
-@dataclass(frozen=True)
-class KeyResult:
-    """One hold step's outcome: did it win, and the row after it (None: not readable)."""
-
-    won: bool
-    hold: KeyHold | None
 
 
 def hold_trust_end(lease_until: float, tagged: bool, proof_until: float) -> float:

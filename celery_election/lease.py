@@ -21,7 +21,7 @@ def _dt(us: int | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Lease:
-    """One namespace's lease row, read at ``db_now_us`` on the database clock.
+    """One namespace's lease row, or one key's hold, read at ``db_now_us`` on the database clock.
 
     ``term`` is the fencing token: it strictly increases every time the lease changes
     hands, so a write tagged with an old term can be refused by whoever checks it.
@@ -42,6 +42,8 @@ class Lease:
     #: An operator asked the holder of this term to hand it to the candidate with this
     #: token (``celery election transfer``); None: nobody asked.
     transfer_to: str | None = field(default=None, repr=False)
+    #: The key a singleton task holds (its holder: ``leader_id``); "": the election's lease
+    key: str = ""
 
     @property
     def held(self) -> bool:

@@ -31,7 +31,7 @@ from .backends.base import Backend
 from .backends.memory import MemoryBackend
 from .errors import ElectionError
 from .key_holder import Held, KeyHolder
-from .keys import KeyHold
+from .lease import Lease
 from .singleton import set_key_holder
 
 __all__ = ["SingletonKeys"]
@@ -141,7 +141,7 @@ class SingletonKeys:
         self._holds.clear()
         self.other = self._other()
 
-    def held(self) -> list[KeyHold]:
+    def held(self) -> list[Lease]:
         """Every key held now, as the database says (either worker's)."""
         return self.backend.keys.held(self.namespace)
 

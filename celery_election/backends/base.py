@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .. import runstate
-from ..keys import KeyHold, KeyResult
 from ..lease import CandidateInfo, ElectResult, Lease
 from ..runstate import Delivery, Row, Start
 
@@ -252,7 +251,7 @@ class KeyStore(Protocol):
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take ``key`` if vacant or expired, with a strictly greater term.
 
         ``liveness`` tags the hold with the holder's session delta (others may then take
@@ -266,13 +265,13 @@ class KeyStore(Protocol):
         token: str,
         holder_id: str,
         ttl: float,
-        seen: KeyHold,
+        seen: Lease,
         waited: float,
         *,
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take exactly the hold ``seen`` (term and token), tagged with a delta <= ``waited``.
 
         Only a caller whose own session found ``seen``'s holder session ended
@@ -287,7 +286,7 @@ class KeyStore(Protocol):
         *,
         liveness: float | None = None,
         timeout: float | None = None,
-    ) -> list[KeyHold]:
+    ) -> list[Lease]:
         """Extend every unexpired hold of ``token`` in one statement; the holds after it."""
 
     def release(
@@ -300,10 +299,10 @@ class KeyStore(Protocol):
     ) -> bool:
         """An operator's release of exactly the term they saw (never a newer hold)."""
 
-    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> Lease | None:
         """The key's row as stored now, or None if it was never held."""
 
-    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[Lease]:
         """The unexpired holds of ``namespace``, by key."""
 
     def holder_session(self, token: str, delta: float) -> KeySession | None:

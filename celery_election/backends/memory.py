@@ -21,7 +21,7 @@ from ..errors import BackendUnavailableError, SchemaMissingError
 from ..lease import CandidateInfo, ElectResult, Lease
 from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
-from .memory_hold import HoldRow, extend, seen_waited, take, vacant, vacate
+from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate
 from .memory_keys import MemoryKeyStore
 from .memory_runs import MemoryRuns
 
@@ -140,20 +140,6 @@ class MemoryBackend:
 
     # -- the lease --------------------------------------------------------------------------
 
-    def _lease(self, namespace: str, row: HoldRow, now: int) -> Lease:
-        return Lease(
-            namespace=namespace,
-            term=row.term,
-            leader_id=row.holder,
-            expires_at_us=row.expires_at,
-            db_now_us=now,
-            acquired_at_us=row.acquired_at,
-            renewed_at_us=row.renewed_at,
-            token=row.token,
-            liveness_us=row.liveness_us,
-            transfer_to=row.transfer_to,
-        )
-
     def elect(
         self,
         namespace: str,
@@ -207,7 +193,7 @@ class MemoryBackend:
             won = can(row, now)
             if won:
                 take(row, now, token, candidate_id, ttl, tag, floor)
-            lease = self._lease(namespace, row, now)
+            lease = as_lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
         return ElectResult(won, lease)
@@ -231,7 +217,7 @@ class MemoryBackend:
             won = self._holds(row, now, token, term)
             if won:
                 extend(row, now, ttl, liveness)
-            lease = self._lease(namespace, row, now)
+            lease = as_lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("renewed", term))
         return ElectResult(won, lease)
@@ -299,9 +285,7 @@ class MemoryBackend:
         self._enter("current")
         with self._lock:
             row = self._leases.get(namespace)
-            return (
-                None if row is None else self._lease(namespace, replace(row), self.clock.wall_us())
-            )
+            return None if row is None else as_lease(namespace, replace(row), self.clock.wall_us())
 
     def namespaces(self, *, timeout: float | None = None) -> list[str]:
         self._enter("namespaces")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HoldRow", "extend", "seen_waited", "take", "us", "vacant", "vacate"]
+from ..lease import Lease
+
+__all__ = ["HoldRow", "as_lease", "extend", "seen_waited", "take", "us", "vacant", "vacate"]
 
 
 @dataclass
@@ -22,6 +24,23 @@ class HoldRow:
     expires_at: int = 0
     liveness_us: int | None = None
     transfer_to: str | None = None  # the lease's alone
+
+
+def as_lease(namespace: str, row: HoldRow, now: int, key: str = "") -> Lease:
+    """The row as a read at ``now`` returns it (``key``: a key's; "": the lease)."""
+    return Lease(
+        namespace=namespace,
+        term=row.term,
+        leader_id=row.holder,
+        expires_at_us=row.expires_at,
+        db_now_us=now,
+        acquired_at_us=row.acquired_at,
+        renewed_at_us=row.renewed_at,
+        token=row.token,
+        liveness_us=row.liveness_us,
+        transfer_to=row.transfer_to,
+        key=key,
+    )
 
 
 def us(seconds: float | None) -> int | None:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..clock import Clock
-from ..keys import KeyHold, KeyResult, check_key, holder_lock_name
-from .memory_hold import HoldRow, extend, seen_waited, take, vacant, vacate
+from ..keys import check_key, holder_lock_name
+from ..lease import ElectResult, Lease
+from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate
 
 if TYPE_CHECKING:
     from .sessions import LivenessSession
@@ -39,20 +40,6 @@ class MemoryKeyStore:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], HoldRow] = {}
 
-    def _hold(self, namespace: str, key: str, row: HoldRow, now: int) -> KeyHold:
-        return KeyHold(
-            namespace=namespace,
-            key=key,
-            term=row.term,
-            holder_id=row.holder,
-            expires_at_us=row.expires_at,
-            db_now_us=now,
-            acquired_at_us=row.acquired_at,
-            renewed_at_us=row.renewed_at,
-            token=row.token,
-            liveness_us=row.liveness_us,
-        )
-
     def _take(
         self,
         namespace: str,
@@ -63,7 +50,7 @@ class MemoryKeyStore:
         liveness: float | None,
         floor: int,
         can: Callable[[HoldRow, int], bool],
-    ) -> KeyResult:
+    ) -> ElectResult:
         check_key(namespace, key, token)
         with self._lock:
             now = self.clock.wall_us()
@@ -71,7 +58,7 @@ class MemoryKeyStore:
             won = can(row, now)
             if won:
                 take(row, now, token, holder_id[:255], ttl, liveness, floor)
-            return KeyResult(won, self._hold(namespace, key, row, now))
+            return ElectResult(won, as_lease(namespace, row, now, key))
 
     def hold(
         self,
@@ -84,7 +71,7 @@ class MemoryKeyStore:
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take ``key`` if vacant or expired."""
         self._enter("keys.hold")
         return self._take(namespace, key, token, holder_id, ttl, liveness, floor, vacant)
@@ -96,13 +83,13 @@ class MemoryKeyStore:
         token: str,
         holder_id: str,
         ttl: float,
-        seen: KeyHold,
+        seen: Lease,
         waited: float,
         *,
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take exactly the hold ``seen``, tagged with a delta no longer than ``waited``."""
         self._enter("keys.take_over")
         can = seen_waited(seen.term, seen.token, waited)
@@ -116,7 +103,7 @@ class MemoryKeyStore:
         *,
         liveness: float | None = None,
         timeout: float | None = None,
-    ) -> list[KeyHold]:
+    ) -> list[Lease]:
         """Extend every unexpired hold of ``token``."""
         self._enter("keys.renew")
         out = []
@@ -125,7 +112,7 @@ class MemoryKeyStore:
             for (ns, key), row in sorted(self._rows.items()):
                 if ns == namespace and row.token == token and row.expires_at > now:
                     extend(row, now, ttl, liveness)
-                    out.append(self._hold(ns, key, row, now))
+                    out.append(as_lease(ns, row, now, key))
         return out
 
     def _vacate(self, namespace: str, key: str, fits: Callable[[HoldRow], bool]) -> bool:
@@ -150,19 +137,19 @@ class MemoryKeyStore:
         self._enter("keys.force_release")
         return self._vacate(namespace, key, lambda r: r.term == term and r.token is not None)
 
-    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> Lease | None:
         """The key's row as stored now (None: never held)."""
         self._enter("keys.get")
         with self._lock:
             row = self._rows.get((namespace, key))
-            return None if row is None else self._hold(namespace, key, row, self.clock.wall_us())
+            return None if row is None else as_lease(namespace, row, self.clock.wall_us(), key)
 
-    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[Lease]:
         """The unexpired holds of ``namespace``, by key."""
         self._enter("keys.held")
         with self._lock:
             now = self.clock.wall_us()
-            rows = [self._hold(ns, k, r, now) for (ns, k), r in sorted(self._rows.items())]
+            rows = [as_lease(ns, r, now, k) for (ns, k), r in sorted(self._rows.items())]
         return [h for h in rows if h.namespace == namespace and h.held]
 
     def holder_key(self, token: str) -> bytes:

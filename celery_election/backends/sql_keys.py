@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import KeyHold, KeyResult, check_key, holder_lock_name, key_hash
+from ..keys import check_key, holder_lock_name, key_hash
+from ..lease import ElectResult, Lease
 from .connection import LostRound
 from .locks import lock_key
 from .schema import db_now_us
-from .sql_lease import hold_updates, vacant_values
+from .sql_lease import hold_updates, lease_from_row, vacant_values
 
 if TYPE_CHECKING:
     from .sessions import KeySession
@@ -64,35 +65,20 @@ def key_updates(t: sa.Table) -> dict[str, sa.Update]:
 
 
 def _columns(t: sa.Table) -> list[sa.ColumnElement[Any]]:
+    """What ``lease_from_row`` reads, of a key's row."""
     return [
         t.c.namespace,
         t.c.key,
         t.c.term,
-        t.c.holder_id,
+        t.c.holder_id.label("leader_id"),
         t.c.expires_at,
         db_now_us().label("db_now"),
         t.c.acquired_at,
         t.c.renewed_at,
         t.c.token,
         t.c.liveness_us,
+        sa.null().label("transfer_to"),
     ]
-
-
-def _hold(row: Any) -> KeyHold | None:
-    if row is None:
-        return None
-    return KeyHold(
-        namespace=row.namespace,
-        key=row.key,
-        term=int(row.term),
-        holder_id=row.holder_id,
-        expires_at_us=int(row.expires_at),
-        db_now_us=int(row.db_now),
-        acquired_at_us=None if row.acquired_at is None else int(row.acquired_at),
-        renewed_at_us=None if row.renewed_at is None else int(row.renewed_at),
-        token=row.token,
-        liveness_us=None if row.liveness_us is None else int(row.liveness_us),
-    )
 
 
 def _us(seconds: float | None) -> int | None:
@@ -117,7 +103,7 @@ class SQLKeyStore:
 
     def _step(
         self, step: str, params: dict[str, Any], key: str, timeout: float | None
-    ) -> KeyResult:
+    ) -> ElectResult:
         """One conditional UPDATE; won with the row after it, or lost (row unread)."""
         stmt = self._statements[step]
         if self.returning:
@@ -128,7 +114,7 @@ class SQLKeyStore:
                 timeout=timeout,
                 connection=None,
             )
-            return KeyResult(row is not None, _hold(row))
+            return ElectResult(row is not None, lease_from_row(row))
         changed = self.backend.call(
             lambda conn: int(conn.execute(stmt, params).rowcount),
             table=self.table,
@@ -137,12 +123,12 @@ class SQLKeyStore:
             connection=None,
         )
         if changed != 1:
-            return KeyResult(False, None)
+            return ElectResult(False, None)
         # MySQL has no UPDATE ... RETURNING: the row as stored after the step
-        return KeyResult(True, self.get(params["p_ns"], key, timeout=timeout))
+        return ElectResult(True, self.get(params["p_ns"], key, timeout=timeout))
 
-    def _lost(self, namespace: str, key: str, timeout: float | None) -> KeyResult:
-        return KeyResult(False, self.get(namespace, key, timeout=timeout))
+    def _lost(self, namespace: str, key: str, timeout: float | None) -> ElectResult:
+        return ElectResult(False, self.get(namespace, key, timeout=timeout))
 
     def hold(
         self,
@@ -155,7 +141,7 @@ class SQLKeyStore:
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take ``key`` if vacant or expired (see ``KeyStore.hold``)."""
         check_key(namespace, key, token)
         params = {
@@ -167,7 +153,7 @@ class SQLKeyStore:
             "p_live": _us(liveness),
             "p_floor": floor,
         }
-        lost = KeyResult(False, None)
+        lost = ElectResult(False, None)
         for _attempt in range(3):
             try:
                 result = self._step("elected", params, key, timeout)
@@ -176,9 +162,9 @@ class SQLKeyStore:
             if result.won:
                 return result
             lost = self._lost(namespace, key, timeout)
-            if lost.hold is None:  # never held: create the vacant row, then race
+            if lost.lease is None:  # never held: create the vacant row, then race
                 self._create(namespace, key, timeout)
-            elif lost.hold.held:
+            elif lost.lease.held:
                 return lost
         return lost
 
@@ -205,13 +191,13 @@ class SQLKeyStore:
         token: str,
         holder_id: str,
         ttl: float,
-        seen: KeyHold,
+        seen: Lease,
         waited: float,
         *,
         liveness: float | None = None,
         floor: int = 0,
         timeout: float | None = None,
-    ) -> KeyResult:
+    ) -> ElectResult:
         """Take exactly the hold ``seen`` (see ``KeyStore.take_over``)."""
         check_key(namespace, key, token)
         params = {
@@ -229,7 +215,7 @@ class SQLKeyStore:
         try:
             result = self._step("taken", params, key, timeout)
         except LostRound:
-            result = KeyResult(False, None)
+            result = ElectResult(False, None)
         return result if result.won else self._lost(namespace, key, timeout)
 
     def renew(
@@ -240,7 +226,7 @@ class SQLKeyStore:
         *,
         liveness: float | None = None,
         timeout: float | None = None,
-    ) -> list[KeyHold]:
+    ) -> list[Lease]:
         """Extend every unexpired hold of ``token``; the holds it extended."""
         params = {"p_ns": namespace, "p_token": token, "p_ttl": _us(ttl), "p_live": _us(liveness)}
         stmt = self._statements["renewed"]
@@ -249,12 +235,12 @@ class SQLKeyStore:
             t.c.namespace == namespace, t.c.token == token, t.c.expires_at > db_now_us()
         )
 
-        def work(conn: Connection) -> list[KeyHold]:
+        def work(conn: Connection) -> list[Lease]:
             result = conn.execute(stmt, params)
             # Without RETURNING: the token's unexpired rows after the UPDATE are the ones
             # it extended (only this holder writes its token, one step at a time).
             rows = result.all() if self.returning else conn.execute(mine).all()
-            return [h for h in map(_hold, rows) if h is not None]
+            return [h for h in map(lease_from_row, rows) if h is not None]
 
         try:
             return self.backend.call(work, table=t, write=True, timeout=timeout, connection=None)
@@ -286,21 +272,21 @@ class SQLKeyStore:
             )
         )
 
-    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> KeyHold | None:
+    def get(self, namespace: str, key: str, *, timeout: float | None = None) -> Lease | None:
         """The key's row as stored now (None: never held)."""
         t = self.table
         stmt = sa.select(*_columns(t)).where(
             t.c.namespace == namespace, t.c.key_hash == key_hash(key)
         )
         return self.backend.call(
-            lambda conn: _hold(conn.execute(stmt).first()),
+            lambda conn: lease_from_row(conn.execute(stmt).first()),
             table=t,
             write=False,
             timeout=timeout,
             connection=None,
         )
 
-    def held(self, namespace: str, *, timeout: float | None = None) -> list[KeyHold]:
+    def held(self, namespace: str, *, timeout: float | None = None) -> list[Lease]:
         """The unexpired holds of ``namespace``, by key."""
         t = self.table
         stmt = (
@@ -309,7 +295,7 @@ class SQLKeyStore:
             .order_by(t.c.key)
         )
         return self.backend.call(
-            lambda conn: [h for h in map(_hold, conn.execute(stmt)) if h is not None],
+            lambda conn: [h for h in map(lease_from_row, conn.execute(stmt)) if h is not None],
             table=t,
             write=False,
             timeout=timeout,

@@ -72,6 +72,7 @@ def lease_from_row(row: sa.Row[Any] | None) -> Lease | None:
         token=row.token,
         liveness_us=None if row.liveness_us is None else int(row.liveness_us),
         transfer_to=row.transfer_to,
+        key=row._mapping.get("key", ""),
     )
 
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from ..backends import SQLBackend
 from ..backends.schema import entry_key
 from ..errors import SchemaMissingError
-from ..keys import KeyHold
 from ..lease import Lease
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
@@ -469,12 +468,12 @@ class Observer:
             self._entries = None
 
 
-def _key(h: KeyHold) -> dict[str, Any]:
+def _key(h: Lease) -> dict[str, Any]:
     """One held key as the page shows it (times on the database's clock)."""
     since = h.acquired_at_us
     return {
         "key": h.key,
-        "holder": h.holder_id,
+        "holder": h.leader_id,
         "term": h.term,
         "since_ms": _ms(since),
         "held_for": None if since is None else max(0, h.db_now_us - since) / 1e6,

@@ -106,7 +106,7 @@ def test_each_key_runs_alone_every_task_once_and_a_killed_holder_is_replaced(
         )
     except AssertionError:
         ended = sum(1 for r in executions(c) if r.ended_at is not None)
-        held = [(h.key, h.holder_id, h.term) for h in c.backend.keys.held(c.namespace)]
+        held = [(h.key, h.leader_id, h.term) for h in c.backend.keys.held(c.namespace)]
         rows = {r.run: r for r in executions(c)}
         missing = [
             (i, rows.get(i)) for i in range(N) if rows.get(i) is None or not rows[i].ended_at

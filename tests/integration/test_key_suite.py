@@ -48,9 +48,9 @@ def test_first_hold_creates_the_row_and_wins(backend: Any) -> None:
     keys, a = backend.keys, token()
     assert keys.get(NS, "k") is None
     result = keys.hold(NS, "k", a, "host-a", 30.0)
-    assert result.won and result.hold.held_by(a) and result.hold.term > 0
-    assert result.hold.key == "k" and result.hold.holder_id == "host-a"
-    assert 29.0 < result.hold.remaining <= 30.0
+    assert result.won and result.lease.held_by(a) and result.lease.term > 0
+    assert result.lease.key == "k" and result.lease.leader_id == "host-a"
+    assert 29.0 < result.lease.remaining <= 30.0
     assert [h.key for h in keys.held(NS)] == ["k"]
 
 
@@ -59,7 +59,7 @@ def test_a_live_hold_is_never_taken(backend: Any) -> None:
     first = keys.hold(NS, "k", a, "a", 30.0)
     second = keys.hold(NS, "k", b, "b", 30.0)
     assert first.won and not second.won
-    assert second.hold.held_by(a) and second.hold.term == first.hold.term
+    assert second.lease.held_by(a) and second.lease.term == first.lease.term
     # the same holder asking again does not win a new term either
     assert not keys.hold(NS, "k", a, "a", 30.0).won
 
@@ -74,21 +74,21 @@ def test_keys_are_independent_and_exact(backend: Any) -> None:
 
 def test_expired_hold_is_taken_with_a_greater_term(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    first = keys.hold(NS, "k", a, "a", 30.0).hold
+    first = keys.hold(NS, "k", a, "a", 30.0).lease
     expire_key(backend, "k")
     assert keys.held(NS) == []
     second = keys.hold(NS, "k", b, "b", 30.0)
-    assert second.won and second.hold.term > first.term
+    assert second.won and second.lease.term > first.term
     # the old holder can neither renew nor release the new hold
     assert keys.renew(NS, a, 30.0) == []
     assert not keys.release(NS, "k", a, first.term)
-    assert not keys.release(NS, "k", a, second.hold.term)
+    assert not keys.release(NS, "k", a, second.lease.term)
     assert keys.get(NS, "k").held_by(b)
 
 
 def test_release_needs_the_exact_token_and_term(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    held = keys.hold(NS, "k", a, "a", 30.0).hold
+    held = keys.hold(NS, "k", a, "a", 30.0).lease
     assert not keys.release(NS, "k", b, held.term)
     assert not keys.release(NS, "k", a, held.term - 1)
     assert keys.get(NS, "k").held_by(a)
@@ -96,7 +96,7 @@ def test_release_needs_the_exact_token_and_term(backend: Any) -> None:
     after = keys.get(NS, "k")
     assert not after.held and after.term == held.term  # the term stays
     again = keys.hold(NS, "k", b, "b", 30.0)
-    assert again.won and again.hold.term > held.term
+    assert again.won and again.lease.term > held.term
 
 
 def test_renew_extends_only_the_tokens_unexpired_holds(backend: Any) -> None:
@@ -116,7 +116,7 @@ def test_renew_extends_only_the_tokens_unexpired_holds(backend: Any) -> None:
 
 def test_take_over_needs_the_seen_term_token_tag_and_wait(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    seen = keys.hold(NS, "k", a, "a", 30.0, liveness=1.0).hold
+    seen = keys.hold(NS, "k", a, "a", 30.0, liveness=1.0).lease
     assert seen.liveness_us == 1_000_000
     stale = type(seen)(**{**seen.__dict__, "term": seen.term - 1})
     other = type(seen)(**{**seen.__dict__, "token": token()})
@@ -125,7 +125,7 @@ def test_take_over_needs_the_seen_term_token_tag_and_wait(backend: Any) -> None:
     assert not keys.take_over(NS, "k", b, "b", 30.0, seen, 0.5).won  # waited < delta
     assert keys.get(NS, "k").held_by(a)
     taken = keys.take_over(NS, "k", b, "b", 30.0, seen, 1.0)
-    assert taken.won and taken.hold.held_by(b) and taken.hold.term > seen.term
+    assert taken.won and taken.lease.held_by(b) and taken.lease.term > seen.term
     # the old holder's renew and release find nothing of theirs
     assert keys.renew(NS, a, 30.0) == []
     assert not keys.release(NS, "k", a, seen.term)
@@ -133,7 +133,7 @@ def test_take_over_needs_the_seen_term_token_tag_and_wait(backend: Any) -> None:
 
 def test_an_untagged_hold_is_never_taken_over(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    seen = keys.hold(NS, "k", a, "a", 30.0).hold
+    seen = keys.hold(NS, "k", a, "a", 30.0).lease
     assert seen.liveness_us is None
     assert not keys.take_over(NS, "k", b, "b", 30.0, seen, 1000.0).won
     assert keys.get(NS, "k").held_by(a)
@@ -141,11 +141,11 @@ def test_an_untagged_hold_is_never_taken_over(backend: Any) -> None:
 
 def test_force_release_is_fenced_by_the_term_seen(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    first = keys.hold(NS, "k", a, "a", 30.0).hold
+    first = keys.hold(NS, "k", a, "a", 30.0).lease
     assert not keys.force_release(NS, "k", first.term + 1)
     assert keys.force_release(NS, "k", first.term)
     assert not keys.force_release(NS, "k", first.term)  # vacant now: nothing to release
-    second = keys.hold(NS, "k", b, "b", 30.0).hold
+    second = keys.hold(NS, "k", b, "b", 30.0).lease
     assert not keys.force_release(NS, "k", first.term)  # an old view never frees a new hold
     assert keys.get(NS, "k").held_by(b) and second.term > first.term
 
@@ -156,7 +156,7 @@ def test_bad_keys_are_refused(backend: Any) -> None:
     with pytest.raises(ConfigurationError):
         backend.keys.hold(NS, "x" * 501, token(), "a", 30.0)
     long = "é" * 500  # 500 characters fit, whatever their bytes
-    assert backend.keys.hold(NS, long, token(), "a", 30.0).hold.key == long
+    assert backend.keys.hold(NS, long, token(), "a", 30.0).lease.key == long
 
 
 def test_a_holders_lock_tells_others_when_its_session_ended(backend: Any) -> None:
