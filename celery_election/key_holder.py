@@ -8,7 +8,7 @@ Leadership per key, held the way the elector holds the lease (docs/design.md, "L
   ``renew_interval``. A session that is lost is never used again: the next hold draws a
   new token (a token's lock, once free, stays free, so a probe's answer is final).
 * Trust of a hold: ``min(start of the last write that set its expiry + ttl - margin,
-  last good ping + delta x 11/12)`` when tagged (``keys.hold_trust_end``); a success that
+  last good ping + delta x 11/12)`` when tagged (``decisions.trust_end``); a success that
   returns after that counts as a failure (the hold is given back).
 * A key held by another token, tagged with delta d: the holder asks its own session
   whether that token's lock is free (``KeySession.ended``). Free means that session ended
@@ -31,10 +31,10 @@ from .backends.base import Backend
 from .backends.sessions import KeySession
 from .clock import Clock, RealClock, Sleeper
 from .config import validate_namespace
-from .decisions import Proof, extend, granted
+from .decisions import Proof, extend, granted, trust_end
 from .errors import BackendUnavailableError, ConfigurationError
-from .keys import hold_trust_end
 from .lease import Lease, trusted_until
+from .transitions import Lead
 
 __all__ = ["Held", "KeyHolder"]
 
@@ -109,8 +109,15 @@ class KeyHolder:
     # -- trust --------------------------------------------------------------------------------
 
     def trust_end(self, held: Held) -> float:
-        """Until when ``held`` may be believed (boot-time clock)."""
-        return hold_trust_end(held.lease_until, held.tagged, held.incarnation.proof.good_until)
+        """Until when ``held`` may be believed (boot-time clock): the lease's own rule.
+
+        A holder's lock is granted once (a lost session is never used again): a tagged
+        hold is bound by that grant's proof, as a tagged term is (``decisions.trust_end``).
+        """
+        proof = held.incarnation.proof
+        return trust_end(
+            Lead(held.term, held.lease_until, proof.grant if held.tagged else None), proof
+        )
 
     def trusted(self, held: Held) -> bool:
         """Whether this process may still believe it holds ``held`` now."""

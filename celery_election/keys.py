@@ -1,4 +1,4 @@
-"""Keys as the database stores them, and the trust rule of a hold.
+"""Keys as the database stores them.
 
 A key hold is a lease of one key (``lease.Lease`` with its ``key``): one row per
 (namespace, key) with a term that grows at every change of hands (the fencing token),
@@ -16,7 +16,6 @@ from .errors import ConfigurationError
 __all__ = [
     "KEY_LENGTH",
     "check_key",
-    "hold_trust_end",
     "holder_lock_name",
     "key_hash",
 ]
@@ -45,14 +44,3 @@ def check_key(namespace: str, key: object, token: object) -> str:
     if not isinstance(key, str) or not key or len(key) > KEY_LENGTH:
         raise ConfigurationError(f"a key must be 1-{KEY_LENGTH} characters: got {key!r}")
     return key
-
-
-def hold_trust_end(lease_until: float, tagged: bool, proof_until: float) -> float:
-    """Until when a holder may believe it holds a key (the lease's trust rule).
-
-    ``lease_until``: start of the last write that set the hold's expiry + ttl - margin.
-    A tagged hold (its row carries the holder's delta, so others may take it over once
-    its session ended) is also bound by the session's proof: last good ping + delta x
-    11/12 (decisions.granted / extend). Untagged, the lease alone bounds it.
-    """
-    return min(lease_until, proof_until) if tagged else lease_until

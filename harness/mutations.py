@@ -526,8 +526,7 @@ MUTATIONS = [
     M("keys-mem-forced-term", MEM_KEYS, "lambda r: r.term == term and r.token is not None", "lambda r: r.token is not None", KEY_SUITE),
     M("keys-mem-forced-held", MEM_KEYS, "lambda r: r.term == term and r.token is not None", "lambda r: r.term == term", KEY_SUITE),
     # -- key holds: the holder's trust bound and its take-over ---------------------------------
-    M("keys-trust-proof", "celery_election/keys.py", "return min(lease_until, proof_until) if tagged else lease_until",
-      "return lease_until", SINGLETON),
+    M("keys-trust-proof", HOLDER, "proof.grant if held.tagged else None", "None", SINGLETON),
     M("keys-late-success", HOLDER, "        if not self.trusted(held):  # won, but too late", "        if False:  # won, but too late",
       SINGLETON),
     M("keys-probe-ended", HOLDER, "        if not ended:\n            return None\n", "        if False:\n            return None\n",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,9 +17,10 @@ from celery.exceptions import Ignore
 
 from celery_election.backends import MemoryBackend
 from celery_election.clock import FakeClock
+from celery_election.decisions import Proof
 from celery_election.errors import ConfigurationError
-from celery_election.key_holder import KeyHolder
-from celery_election.keys import hold_trust_end, holder_lock_name
+from celery_election.key_holder import Held, KeyHolder
+from celery_election.keys import holder_lock_name
 from celery_election.singleton import (
     KeyBusyError,
     SingletonTask,
@@ -199,10 +201,16 @@ def test_a_hold_won_too_late_to_trust_is_given_back(monkeypatch: pytest.MonkeyPa
         holder.close()
 
 
-def test_hold_trust_end_rule() -> None:
-    assert hold_trust_end(10.0, True, 5.0) == 5.0
-    assert hold_trust_end(10.0, True, 50.0) == 10.0
-    assert hold_trust_end(10.0, False, 5.0) == 10.0
+def test_a_hold_is_trusted_by_the_lease_rule_its_proof_bounds_when_tagged() -> None:
+    """decisions.trust_end: min(lease, the grant's last proof) tagged, the lease alone not."""
+    holder = KeyHolder(MemoryBackend(FakeClock()), "unit", liveness=None)
+    try:
+        for proof_until, tagged, end in [(5.0, True, 5.0), (50.0, True, 10.0), (5.0, False, 10.0)]:
+            session = SimpleNamespace(proof=Proof(1, 0.0, proof_until))
+            held = Held("k", 7, 10.0, tagged, session)  # type: ignore[arg-type]
+            assert holder.trust_end(held) == end
+    finally:
+        holder.close()
 
 
 def test_a_renewal_extends_trust_only_of_the_holds_it_renewed() -> None:
