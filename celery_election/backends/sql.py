@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ..config import validate_candidate_id, validate_namespace, without_celery_prefix
-from ..errors import BackendUnavailableError, ConfigurationError
+from ..errors import ConfigurationError
 from ..lease import CandidateInfo, ElectResult, Lease
 from . import sql_install
 from .base import Wakeup, WakeupHandle
@@ -58,9 +58,9 @@ from .schema import (
 )
 from .sql_beat import SQLBeatStore
 from .sql_calls import Caller
-from .sql_candidates import SQLCandidates, check_token, rowcount, us
+from .sql_candidates import SQLCandidates, check_token, us
 from .sql_keys import SQLKeyStore
-from .sql_lease import lease_columns, lease_from_row, lease_statements
+from .sql_lease import HoldSteps, lease_columns, lease_from_row, lease_statements
 from .sql_runs import SQLRunStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
@@ -161,61 +161,16 @@ class SQLBackend(SQLCandidates):
         return lease_from_row(conn.execute(stmt).first())
 
     @functools.cached_property
-    def _statements(self) -> dict[str, sa.Executable]:
-        """Each step's statement, built once (sql_lease.py)."""
-        return lease_statements(self.lease, self.candidate, self.style)
+    def _steps(self) -> HoldSteps:
+        """The lease's steps (sql_lease.py), each statement built once."""
 
-    def _step(
-        self,
-        event: str,
-        params: dict[str, Any],
-        namespace: str,
-        *,
-        timeout: float | None,
-        connection: Caller | None,
-    ) -> ElectResult | None:
-        """Run one conditional UPDATE of the lease row (``event`` names which).
+        def read(
+            params: dict[str, Any], timeout: float | None, conn: Caller | None
+        ) -> Lease | None:
+            return self.current(params["p_ns"], timeout=timeout, connection=conn)
 
-        Returns the row after the step with ``won=True`` if the UPDATE matched, or (where
-        the dialect can read the row in the same statement) the row as read with
-        ``won=False``; None if it matched nothing and nothing was read.
-        """
-        statement = self._statements[event]
-        params = {"p_ns": namespace, **params}
-        if self.style.returning:
-
-            def work(conn: Connection) -> sa.Row[Any] | None:
-                return conn.execute(statement, params).first()
-
-            row = self.call(
-                work, table=self.lease, write=True, timeout=timeout, connection=connection
-            )
-            lease = lease_from_row(row)
-            if lease is None:
-                return None
-            return ElectResult(bool(getattr(row, "won", True)), lease)
-
-        def work_count(conn: Connection) -> int:
-            return int(conn.execute(statement, params).rowcount)
-
-        changed = self.call(
-            work_count, table=self.lease, write=True, timeout=timeout, connection=connection
-        )
-        if changed != 1:
-            return None
-        # MySQL has no UPDATE ... RETURNING: report the row as stored after the step.
-        lease = self.current(namespace, timeout=timeout, connection=connection)
-        assert lease is not None
-        return ElectResult(True, lease)
-
-    def _lost(
-        self, namespace: str, timeout: float | None, connection: Caller | None
-    ) -> ElectResult:
-        try:
-            lease = self.current(namespace, timeout=timeout, connection=connection)
-        except BackendUnavailableError:
-            lease = None
-        return ElectResult(False, lease)
+        statements = lease_statements(self.lease, self.candidate, self.style)
+        return HoldSteps(self, self.lease, statements, self.style, read)
 
     # -- schema (sql_install.py) ------------------------------------------------------------
 
@@ -270,6 +225,7 @@ class SQLBackend(SQLCandidates):
         validate_candidate_id(candidate_id)
         check_token(token)
         params = {
+            "p_ns": namespace,
             "p_token": token,
             "p_cid": candidate_id,
             "p_ttl": us(ttl),
@@ -284,43 +240,11 @@ class SQLBackend(SQLCandidates):
             seen = self.current(namespace, timeout=timeout, connection=connection)
             if seen is not None and seen.held:
                 return ElectResult(False, seen)
+        vacant = {"namespace": namespace, "term": 0, "expires_at": 0}
         try:
-            return self._take(namespace, params, timeout, connection)
+            return self._steps.take(params, vacant, timeout, connection)
         except LostRound:
-            return self._lost(namespace, timeout, connection)
-
-    def _take(
-        self,
-        namespace: str,
-        params: dict[str, Any],
-        timeout: float | None,
-        connection: Caller | None,
-    ) -> ElectResult:
-        """Up to three rounds of the "elected" step; the first creates the lease row."""
-        lost = ElectResult(False, None)
-        for _attempt in range(3):
-            result = self._step(
-                "elected", params, namespace, timeout=timeout, connection=connection
-            )
-            if result is not None and result.won:
-                return result
-            lost = result or self._lost(namespace, timeout, connection)
-            if lost.lease is None:
-                # First election of this namespace: create the vacant row, then race.
-                values = {"namespace": namespace, "term": 0, "expires_at": 0}
-                vacant = self.db.insert_if_absent(self.lease, values, "term")
-                self.call(
-                    rowcount(vacant),
-                    table=self.lease,
-                    write=True,
-                    timeout=timeout,
-                    connection=connection,
-                )
-            elif lost.lease.held:
-                return lost
-            # else the row was vacant when read (a racer inserted it but has not
-            # taken it yet, or the leader just resigned): try again.
-        return lost
+            return self._steps.lost(params, timeout, connection)
 
     def renew(
         self,
@@ -337,14 +261,9 @@ class SQLBackend(SQLCandidates):
 
         ``liveness`` tags the term as bound by a liveness session from now on (None: not).
         """
-        params = {"p_token": token, "p_term": term, "p_ttl": us(ttl), "p_live": _live_us(liveness)}
-        try:
-            result = self._step(
-                "renewed", params, namespace, timeout=timeout, connection=connection
-            )
-        except LostRound:
-            result = None
-        return result if result is not None else self._lost(namespace, timeout, connection)
+        params = {"p_ns": namespace, "p_token": token, "p_term": term, "p_ttl": us(ttl),
+                  "p_live": _live_us(liveness)}  # fmt: skip
+        return self._steps.run("renewed", params, timeout, connection)
 
     def resign(
         self,
@@ -356,11 +275,9 @@ class SQLBackend(SQLCandidates):
         connection: Caller | None = None,
     ) -> bool:
         """Vacate the lease held by exactly (token, term). The term stays: it never goes back."""
-        params = {"p_token": token, "p_term": term}
+        params = {"p_ns": namespace, "p_token": token, "p_term": term}
         try:
-            result = self._step(
-                "resigned", params, namespace, timeout=timeout, connection=connection
-            )
+            result = self._steps.step("resigned", params, timeout, connection)
         except LostRound:
             return False
         return result is not None and result.won
@@ -388,6 +305,7 @@ class SQLBackend(SQLCandidates):
         """
         check_token(token)
         params = {
+            "p_ns": namespace,
             "p_token": token,
             "p_cid": candidate_id,
             "p_ttl": us(ttl),
@@ -397,13 +315,7 @@ class SQLBackend(SQLCandidates):
             "p_waited": us(waited),
             "p_floor": floor,
         }
-        try:
-            result = self._step("taken", params, namespace, timeout=timeout, connection=None)
-        except LostRound:
-            result = None
-        if result is not None and result.won:
-            return result
-        return result or self._lost(namespace, timeout, None)
+        return self._steps.run("taken", params, timeout, None)
 
     def transfer(
         self,
@@ -425,6 +337,7 @@ class SQLBackend(SQLCandidates):
         check_token(token)
         check_token(target.token)
         params = {
+            "p_ns": namespace,
             "p_token": token,
             "p_term": term,
             "p_target": target.token,
@@ -432,13 +345,7 @@ class SQLBackend(SQLCandidates):
             "p_ttl": us(ttl),
             "p_floor": floor,
         }
-        try:
-            result = self._step("transferred", params, namespace, timeout=timeout, connection=None)
-        except LostRound:
-            result = None
-        if result is not None and result.won:
-            return result
-        return ElectResult(False, self._lost(namespace, timeout, None).lease)
+        return self._steps.run("transferred", params, timeout, None)
 
     def ask_transfer(
         self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None
@@ -451,9 +358,10 @@ class SQLBackend(SQLCandidates):
         if seen.token is None:
             return False
         check_token(target.token)
-        params = {"p_token": seen.token, "p_term": seen.term, "p_target": target.token}
+        params = {"p_ns": namespace, "p_token": seen.token, "p_term": seen.term,
+                  "p_target": target.token}  # fmt: skip
         try:
-            result = self._step("asked", params, namespace, timeout=timeout, connection=None)
+            result = self._steps.step("asked", params, timeout, None)
         except LostRound:
             return False
         return result is not None and result.won

@@ -19,9 +19,10 @@ from sqlalchemy.engine import Connection
 from ..keys import check_key, holder_lock_name, key_hash
 from ..lease import ElectResult, Lease
 from .connection import LostRound
+from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
-from .sql_lease import hold_updates, lease_from_row, vacant_values
+from .sql_lease import HoldSteps, hold_updates, lease_from_row, vacant_values
 
 if TYPE_CHECKING:
     from .sessions import KeySession
@@ -94,41 +95,42 @@ class SQLKeyStore:
         self.returning = bool(backend.engine.dialect.update_returning)
 
     @functools.cached_property
-    def _statements(self) -> dict[str, sa.Executable]:
-        columns = _columns(self.table)
-        steps = key_updates(self.table).items()
-        if self.returning:
-            return {name: stmt.returning(*columns) for name, stmt in steps}
-        return dict(steps)
+    def _updates(self) -> dict[str, sa.Update]:
+        return key_updates(self.table)
 
-    def _step(
-        self, step: str, params: dict[str, Any], key: str, timeout: float | None
-    ) -> ElectResult:
-        """One conditional UPDATE; won with the row after it, or lost (row unread)."""
-        stmt = self._statements[step]
-        if self.returning:
-            row = self.backend.call(
-                lambda conn: conn.execute(stmt, params).first(),
-                table=self.table,
-                write=True,
-                timeout=timeout,
-                connection=None,
-            )
-            return ElectResult(row is not None, lease_from_row(row))
-        changed = self.backend.call(
-            lambda conn: int(conn.execute(stmt, params).rowcount),
-            table=self.table,
-            write=True,
+    @functools.cached_property
+    def _steps(self) -> HoldSteps:
+        """The lease's runner over the key's row (no NOTIFY: nobody waits on a key)."""
+        style = RETURNING if self.returning else ROWCOUNT
+        columns = _columns(self.table)
+        statements = {n: style.statement(u, columns, n) for n, u in self._updates.items()}
+        return HoldSteps(self.backend, self.table, statements, style, self._read)
+
+    def _read(
+        self, params: dict[str, Any], timeout: float | None, connection: Any = None
+    ) -> Lease | None:
+        """The row ``params`` name (``p_ns``, ``p_kh``), as stored now."""
+        t = self.table
+        stmt = sa.select(*_columns(t)).where(
+            t.c.namespace == params["p_ns"], t.c.key_hash == params["p_kh"]
+        )
+        return self.backend.call(
+            lambda conn: lease_from_row(conn.execute(stmt).first()),
+            table=t,
+            write=False,
             timeout=timeout,
             connection=None,
         )
-        if changed != 1:
-            return ElectResult(False, None)
-        # MySQL has no UPDATE ... RETURNING: the row as stored after the step
-        return ElectResult(True, self.get(params["p_ns"], key, timeout=timeout))
 
-    def _lost(self, namespace: str, key: str, timeout: float | None) -> ElectResult:
-        return ElectResult(False, self.get(namespace, key, timeout=timeout))
+    @staticmethod
+    def _params(
+        namespace: str, key: str, token: str, holder_id: str, ttl: float,
+        liveness: float | None, floor: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        check_key(namespace, key, token)
+        return {"p_ns": namespace, "p_kh": key_hash(key), "p_token": token,
+                "p_cid": holder_id[:255], "p_ttl": _us(ttl), "p_live": _us(liveness),
+                "p_floor": floor}  # fmt: skip
 
     def hold(
         self,
@@ -143,46 +145,13 @@ class SQLKeyStore:
         timeout: float | None = None,
     ) -> ElectResult:
         """Take ``key`` if vacant or expired (see ``KeyStore.hold``)."""
-        check_key(namespace, key, token)
-        params = {
-            "p_ns": namespace,
-            "p_kh": key_hash(key),
-            "p_token": token,
-            "p_cid": holder_id[:255],
-            "p_ttl": _us(ttl),
-            "p_live": _us(liveness),
-            "p_floor": floor,
-        }
-        lost = ElectResult(False, None)
-        for _attempt in range(3):
-            try:
-                result = self._step("elected", params, key, timeout)
-            except LostRound:
-                return self._lost(namespace, key, timeout)
-            if result.won:
-                return result
-            lost = self._lost(namespace, key, timeout)
-            if lost.lease is None:  # never held: create the vacant row, then race
-                self._create(namespace, key, timeout)
-            elif lost.lease.held:
-                return lost
-        return lost
-
-    def _create(self, namespace: str, key: str, timeout: float | None) -> None:
-        values = {
-            "namespace": namespace,
-            "key_hash": key_hash(key),
-            "key": key,
-            "term": 0,
-            "expires_at": 0,
-        }
-        stmt = self.backend.db.insert_if_absent(self.table, values, "term")
-        self.backend.call_write(
-            lambda conn: int(conn.execute(stmt).rowcount),
-            table=self.table,
-            lost=0,
-            timeout=timeout,
-        )
+        params = self._params(namespace, key, token, holder_id, ttl, liveness, floor)
+        vacant = {"namespace": namespace, "key_hash": params["p_kh"], "key": key, "term": 0,
+                  "expires_at": 0}  # fmt: skip
+        try:
+            return self._steps.take(params, vacant, timeout, None)
+        except LostRound:
+            return self._steps.lost(params, timeout, None)
 
     def take_over(
         self,
@@ -199,24 +168,9 @@ class SQLKeyStore:
         timeout: float | None = None,
     ) -> ElectResult:
         """Take exactly the hold ``seen`` (see ``KeyStore.take_over``)."""
-        check_key(namespace, key, token)
-        params = {
-            "p_ns": namespace,
-            "p_kh": key_hash(key),
-            "p_token": token,
-            "p_cid": holder_id[:255],
-            "p_ttl": _us(ttl),
-            "p_live": _us(liveness),
-            "p_floor": floor,
-            "p_term": seen.term,
-            "p_seen_token": seen.token,
-            "p_waited": _us(waited),
-        }
-        try:
-            result = self._step("taken", params, key, timeout)
-        except LostRound:
-            result = ElectResult(False, None)
-        return result if result.won else self._lost(namespace, key, timeout)
+        params = self._params(namespace, key, token, holder_id, ttl, liveness, floor)
+        params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=_us(waited))
+        return self._steps.run("taken", params, timeout, None)
 
     def renew(
         self,
@@ -229,7 +183,7 @@ class SQLKeyStore:
     ) -> list[Lease]:
         """Extend every unexpired hold of ``token``; the holds it extended."""
         params = {"p_ns": namespace, "p_token": token, "p_ttl": _us(ttl), "p_live": _us(liveness)}
-        stmt = self._statements["renewed"]
+        stmt = self._steps.statements["renewed"]
         t = self.table
         mine = sa.select(*_columns(t)).where(
             t.c.namespace == namespace, t.c.token == token, t.c.expires_at > db_now_us()
@@ -262,7 +216,7 @@ class SQLKeyStore:
         return self._vacate("forced", params, timeout)
 
     def _vacate(self, step: str, params: dict[str, Any], timeout: float | None) -> bool:
-        stmt = key_updates(self.table)[step]  # no RETURNING: the count says
+        stmt = self._updates[step]  # no RETURNING: the count says
         return bool(
             self.backend.call_write(
                 lambda conn: int(conn.execute(stmt, params).rowcount),
@@ -274,17 +228,7 @@ class SQLKeyStore:
 
     def get(self, namespace: str, key: str, *, timeout: float | None = None) -> Lease | None:
         """The key's row as stored now (None: never held)."""
-        t = self.table
-        stmt = sa.select(*_columns(t)).where(
-            t.c.namespace == namespace, t.c.key_hash == key_hash(key)
-        )
-        return self.backend.call(
-            lambda conn: lease_from_row(conn.execute(stmt).first()),
-            table=t,
-            write=False,
-            timeout=timeout,
-            connection=None,
-        )
+        return self._read({"p_ns": namespace, "p_kh": key_hash(key)}, timeout)
 
     def held(self, namespace: str, *, timeout: float | None = None) -> list[Lease]:
         """The unexpired holds of ``namespace``, by key."""

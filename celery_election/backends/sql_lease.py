@@ -9,16 +9,25 @@ row count, or PostgreSQL's NOTIFY statement).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..lease import Lease
+from ..errors import BackendUnavailableError
+from ..lease import ElectResult, Lease
+from .connection import LostRound
 from .dialect_base import StepStyle
 from .schema import db_now_us, greatest
 
+if TYPE_CHECKING:
+    from .sql_calls import Caller
+    from .sql_host import SQLHost
+
 __all__ = [
     "EVENTS",
+    "HoldSteps",
     "hold_updates",
     "lease_columns",
     "lease_from_row",
@@ -196,3 +205,97 @@ def _transfer_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
         # the leader's hand-over, its belief already ended
         "transferred": sa.update(t).where(*holder, live_target).values(moved),
     }
+
+
+class HoldSteps:
+    """A hold's steps run on its row: the lease's (``SQLBackend``) and each key's.
+
+    ``statements``: each step's, as ``style`` runs it; ``read(params, timeout,
+    connection)``: the row ``params`` name, as stored now (None: no row).
+    """
+
+    def __init__(
+        self,
+        host: SQLHost,
+        table: sa.Table,
+        statements: dict[str, sa.Executable],
+        style: StepStyle,
+        read: Callable[[dict[str, Any], float | None, Caller | None], Lease | None],
+    ) -> None:
+        self.host, self.table, self.statements = host, table, statements
+        self.style, self.read = style, read
+
+    def step(
+        self, event: str, params: dict[str, Any], timeout: float | None, connection: Caller | None
+    ) -> ElectResult | None:
+        """Run one conditional UPDATE (``event`` names which).
+
+        The row after it with ``won=True`` if it matched, or (where the dialect reads the
+        row in the same statement) the row as read with ``won=False``; None if it matched
+        nothing and nothing was read.
+        """
+        statement = self.statements[event]
+        call = functools.partial(
+            self.host.call, table=self.table, write=True, timeout=timeout, connection=connection
+        )
+        if self.style.returning:
+            row = call(lambda conn: conn.execute(statement, params).first())
+            lease = lease_from_row(row)
+            return None if lease is None else ElectResult(bool(getattr(row, "won", True)), lease)
+        if call(lambda conn: int(conn.execute(statement, params).rowcount)) != 1:
+            return None
+        # MySQL has no UPDATE ... RETURNING: report the row as stored after the step
+        lease = self.read(params, timeout, connection)
+        assert lease is not None
+        return ElectResult(True, lease)
+
+    def lost(
+        self, params: dict[str, Any], timeout: float | None, connection: Caller | None
+    ) -> ElectResult:
+        """A step that did not win: the row as it is now (None if it cannot be read)."""
+        try:
+            return ElectResult(False, self.read(params, timeout, connection))
+        except BackendUnavailableError:
+            return ElectResult(False, None)
+
+    def run(
+        self, event: str, params: dict[str, Any], timeout: float | None, connection: Caller | None
+    ) -> ElectResult:
+        """One step, won or lost (a lost round is lost), and the row after it."""
+        try:
+            result = self.step(event, params, timeout, connection)
+        except LostRound:
+            result = None
+        if result is not None and result.won:
+            return result
+        return result or self.lost(params, timeout, connection)
+
+    def take(
+        self,
+        params: dict[str, Any],
+        vacant: dict[str, Any],
+        timeout: float | None,
+        connection: Caller | None,
+    ) -> ElectResult:
+        """Up to three rounds of the ``elected`` step; the first creates the row ``vacant``."""
+        insert = self.host.db.insert_if_absent(self.table, vacant, "term")
+        lost = ElectResult(False, None)
+        for _attempt in range(3):
+            result = self.step("elected", params, timeout, connection)
+            if result is not None and result.won:
+                return result
+            lost = result or self.lost(params, timeout, connection)
+            if lost.lease is None:
+                # never held: create the vacant row, then race
+                self.host.call(
+                    lambda conn: int(conn.execute(insert).rowcount),
+                    table=self.table,
+                    write=True,
+                    timeout=timeout,
+                    connection=connection,
+                )
+            elif lost.lease.held:
+                return lost
+            # else the row was vacant when read (a racer inserted it but has not taken it
+            # yet, or its holder just released it): try again
+        return lost
