@@ -1,10 +1,11 @@
-"""The lease steps as statements: one conditional UPDATE of the lease row each.
+"""A hold's steps as statements, and their runner: the lease's, and each key's.
 
-docs/design.md, rule 1: every condition of a step is in its WHERE clause and the new
-term is computed in SQL, so whoever changed the row won. The statements are built once
-per backend with bound parameters (building one, on PostgreSQL its CTE and UNION, cost
-more than running it); the dialect's ``StepStyle`` wraps each UPDATE (RETURNING, the
-row count, or PostgreSQL's NOTIFY statement).
+One conditional UPDATE of the held row each (``hold_updates``: the lease's row or a
+key's; ``HoldSteps`` runs them). docs/design.md, rule 1: every condition of a step is in
+its WHERE clause and the new term is computed in SQL, so whoever changed the row won. The
+statements are built once per backend with bound parameters (building one, on PostgreSQL
+its CTE and UNION, cost more than running it); the dialect's ``StepStyle`` wraps each
+UPDATE (RETURNING, the row count, or PostgreSQL's NOTIFY statement).
 """
 
 from __future__ import annotations
