@@ -45,6 +45,7 @@ class Proc:
     def start(self, env: Mapping[str, str] | None = None) -> Proc:
         """Start (again); ``env`` adds to the environment of this start only."""
         full = {**(self.env if self.env is not None else os.environ), **(env or {})}
+        full.setdefault("PYTHONFAULTHANDLER", "1")  # wait(): a hung process's stacks
         out: IO[bytes] | int | None = None
         if self.pipes:
             out = subprocess.PIPE
@@ -105,8 +106,21 @@ class Proc:
         self.signal_group(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
+        """Its exit status; past ``timeout``, its threads' stacks go to its log first.
+
+        A process that does not exit is asked where it is: SIGABRT makes Python's fault
+        handler (``PYTHONFAULTHANDLER``, set for every process here) print each thread's
+        stack, and the log the test prints then says what it waited for.
+        """
         assert self.popen is not None, f"{self.name} was never started"
-        return self.popen.wait(timeout)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(5)
+            raise
 
 
 def _die_with_parent() -> None:

@@ -265,6 +265,25 @@ def test_a_burst_goes_out_in_one_tick_with_one_batch_claim(
     assert {r.total_run_count for r in shared.beat.load_runs(NS).values()} == {1}
 
 
+def test_a_scheduler_closed_under_its_tick_ends_the_beat(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """SIGTERM's handler closes the scheduler mid-send and its SystemExit is lost there (a
+    library's cleanup replaced it, and the error was caught): the tick raises it itself,
+    and Celery's service loop stops instead of sleeping on under a closed scheduler."""
+    app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(3)})
+    s = leader(app, started)
+
+    def closed_mid_send(name: str, *args: Any, **kwargs: Any) -> None:
+        s.sent.append(name)
+        s.close()  # the handler ran here; what it raised never left the send
+
+    s.send_task = closed_mid_send  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        s.tick()
+    assert s.sent  # the burst had begun
+
+
 def test_a_stale_leaders_burst_sends_nothing(shared: MemoryBackend, started: list[Any]) -> None:
     """The lease ends under a leader that still trusts it: its whole batch is refused."""
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
