@@ -191,8 +191,8 @@ class LeaderSchedulerMixin(_Scheduler):
         be, promotes a term whose shared state is not loaded yet (:meth:`_promote`), and
         reads the database clock again every minute.
         """
-        if self._closed:
-            return None
+        if self._closed:  # SIGTERM's handler closed it; its SystemExit may have been lost
+            raise SystemExit()  # (py-amqp's cleanup replaced it): the beat must stop
         fence = self._fence
         fence.elect()
         lead = fence.leadership()
@@ -237,12 +237,6 @@ class LeaderSchedulerMixin(_Scheduler):
         for run_now in self._policy.before_tick(lead):
             self._sender.send_now(run_now, self.producer)
         next_in = min(self.max_interval, _FOLLOWER_TICK) if lead is None else self._tick_burst()
-        if self._closed:
-            # Closed under this tick: Celery's SIGTERM handler closes the scheduler, then
-            # raises SystemExit where the tick was. In a confirm wait, py-amqp's cleanup of
-            # the socket the close shut replaced it with an OSError, which the wait took
-            # for a lost connection: the loop slept on, closed, until SIGKILL.
-            raise SystemExit()
         self._sender.settle(lead, lambda: self.producer, lambda: self.old_schedulers)
         if next_in > 0:  # the burst is over: its last replies first, then what it put off
             self._sender.collect()

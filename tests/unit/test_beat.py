@@ -269,8 +269,8 @@ def test_a_scheduler_closed_under_its_tick_ends_the_beat(
     shared: MemoryBackend, started: list[Any]
 ) -> None:
     """SIGTERM's handler closes the scheduler mid-send and its SystemExit is lost there (a
-    library's cleanup replaced it, and the error was caught): the tick raises it itself,
-    and Celery's service loop stops instead of sleeping on under a closed scheduler."""
+    library's cleanup replaced it, and the error was caught): the scheduler raises it
+    itself, and Celery's service loop stops instead of sleeping on, closed."""
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(3)})
     s = leader(app, started)
 
