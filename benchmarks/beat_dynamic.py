@@ -46,7 +46,7 @@ from celery import Celery
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.beat import LeaderScheduler
-from celery_election.runstate import run_key
+from celery_election.core.runstate import run_key
 from celery_election.schedule.store import schedule_store
 
 DEFAULT_URL = os.environ.get(

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/beat_shape.py --tree /work/before # another checkout
 
 Issue 41 (the beat refactor): a before/after view of ``celery_election/beat/*.py`` and of
-``ElectionLoop`` (``celery_election/election_loop.py``), read with ``ast``: the package is
+``ElectionLoop`` (``celery_election/election/loop.py``), read with ``ast``: the package is
 not imported, so any tree can be read, whatever the venv's editable install points at.
 Celery is imported (``celery.beat``) for the names of its schedulers' methods.
 
@@ -185,7 +185,7 @@ def type_ignores(source: str) -> int:
 
 def render(tree_root: Path, long: int) -> str:
     pkg = tree_root / "celery_election"
-    paths = [*sorted((pkg / "beat").glob("*.py")), pkg / "election_loop.py"]
+    paths = [*sorted((pkg / "beat").glob("*.py")), pkg / "election/loop.py"]
     overridable = celery_methods()
     classes: list[ClassShape] = []
     modules: list[ModuleShape] = []
@@ -196,7 +196,7 @@ def render(tree_root: Path, long: int) -> str:
         source = path.read_text()
         tree = ast.parse(source, str(path))
         found = classes_of(tree, module)
-        if path.name == "election_loop.py":
+        if path.name == "loop.py":
             found = [c for c in found if c.name == "ElectionLoop"]
         classes += found
         functions = functions_of(tree)

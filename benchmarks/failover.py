@@ -26,7 +26,7 @@ PostgreSQL with ``listen=False``, ``sqlite``, ``mariadb``) it starts N elector p
     difference. A window in which the leader changed is flagged and left out.
 
 All timestamps that cross processes are CLOCK_BOOTTIME readings
-(``celery_election.clock.boottime``). ``elected``/``revoked`` times are the elector's own
+(``celery_election.core.clock.boottime``). ``elected``/``revoked`` times are the elector's own
 ``Transition.at`` (taken when the belief changed, read from ``elector.subscribe()``), not
 the time a callback happened to run. A killed or stopped process is replaced, and the
 replacement has made its first election step before the next trial starts, so N stays
@@ -96,8 +96,8 @@ from _machine import machine_info
 from failover_child import child_main
 
 from celery_election import backend_from_url
-from celery_election.clock import boottime
-from celery_election.config import ElectionConfig
+from celery_election.core.clock import boottime
+from celery_election.core.config import ElectionConfig
 from harness import events as _events
 from harness.events import BenchError, Child, Collector, log
 from harness.stats import percentile as pct

@@ -18,7 +18,7 @@ import _root  # noqa: F401  (the repository root on sys.path: harness)
 import sqlalchemy as sa
 
 from celery_election import Elector, backend_from_url
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from harness import events as _events
 from harness.events import emit
 

@@ -36,7 +36,7 @@ from typing import Any
 import _root  # noqa: F401  (the repository root on sys.path: harness)
 
 from celery_election import Elector, backend_from_url
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from harness.stats import percentile as pct
 
 HERE = Path(__file__).resolve().parent

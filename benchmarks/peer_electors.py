@@ -22,7 +22,7 @@ import psycopg
 
 from celery_election import Elector, backend_from_url
 from celery_election.backends.base import Backend
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from harness import events as _events
 from harness.events import emit
 

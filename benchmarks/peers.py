@@ -84,8 +84,8 @@ from _machine import machine_info
 from peer_electors import child_main, scale_child_main
 
 from celery_election import backend_from_url
-from celery_election.clock import boottime
-from celery_election.config import ElectionConfig
+from celery_election.core.clock import boottime
+from celery_election.core.config import ElectionConfig
 from harness import events as _events
 from harness.events import BenchError, Child, Collector, log
 from harness.pgwire import Proxy

@@ -51,7 +51,7 @@ from celery import Celery
 
 from celery_election import singleton_task
 from celery_election.backends import backend_from_url
-from celery_election.singleton import key_holder
+from celery_election.keys.singleton import key_holder
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/13")
@@ -152,7 +152,7 @@ sys.path.insert(0, {root!r})
 from celery import Celery
 kind, url, prefix, expiry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 if kind == "election":
-    from celery_election.singleton import key_holder
+    from celery_election.keys.singleton import key_holder
     app = Celery("bench-child", set_as_current=False)
     app.conf.update(election_url=url, election_table_prefix=prefix, election_namespace="bench")
     held = key_holder(app).acquire("crash")

@@ -303,11 +303,12 @@ def time_calls(
 def micro() -> dict[str, dict[str, float]]:
     from celery import Celery
 
-    from celery_election import leader_task, metrics, shared_state
-    from celery_election import tasks as tasks_module
-    from celery_election.clock import boottime
-    from celery_election.shared_state import ENV_VAR, SharedLeadership
-    from celery_election.tasks import current_term
+    from celery_election import leader_task, metrics
+    from celery_election.core.clock import boottime
+    from celery_election.election import shared_state
+    from celery_election.election.shared_state import ENV_VAR, SharedLeadership
+    from celery_election.integration import tasks as tasks_module
+    from celery_election.integration.tasks import current_term
 
     saved = os.environ.get(ENV_VAR)
     app = Celery("micro", broker="memory://", set_as_current=False)

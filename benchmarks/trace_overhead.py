@@ -177,7 +177,7 @@ def main() -> None:
     p.add_argument(
         "--base",
         help="the code before tracing (default: the parent of the "
-        "commit that added celery_election/tracing.py)",
+        "commit that added celery_election/core/tracing.py)",
     )
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--code", help=argparse.SUPPRESS)
@@ -192,7 +192,7 @@ def main() -> None:
         return subprocess.run(["git", *a], cwd=_root.ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()  # fmt: skip
 
-    added = git("log", "--diff-filter=A", "--format=%h", "--", "celery_election/tracing.py")
+    added = git("log", "--diff-filter=A", "--format=%h", "--", "celery_election/core/tracing.py")
     base = git("rev-parse", "--short", args.base or f"{added.splitlines()[-1]}~1")
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,33 +1,20 @@
 """Leader election for Celery, held in the SQL database the application already has.
 
-Where things are (imports point down; ``tests/unit/test_layers.py`` checks the graph)::
+The wings, bottom to top (imports point down; ``tests/unit/test_layers.py`` holds the
+order, docs/design.md draws it; each wing's ``__init__`` names its parts)::
 
-    Celery side  app.py (init_app), bootstep.py (worker step), shared_state.py (record
-                 shared with pool children), beat/ (LeaderScheduler), tasks.py
-                 (leader_task), singleton.py (singleton_task: one run per key, held
-                 by key_holder.py), control.py, signals.py, cli.py   -- import celery;
-                 schedule/ the operable schedule and its page (API, store, spec, CLI,
-                 web), a room the core never imports
-    settings.py  every election_* setting, parsed and validated once per app
-    elector.py   the Elector; its docstring is the protocol (start there). It only
-                 composes: belief.py the one owner of belief; election_loop.py the
-                 election thread, the one writer of the protocol's fields; decisions.py
-                 what that thread does, as pure functions (the liveness rules among
-                 them); lock_thread.py the lock thread; announce.py the dispatcher;
-                 transitions.py what an elector reports; aio.py wraps it for asyncio;
-                 process.py builds a worker's or beat's election parts in one place
-    backends/    base.py (the Backend, BeatStore and KeyStore protocols), memory.py
-                 (memory_keys.py its key holds), and SQL in
-                 dialects.py (what differs between the databases), schema.py (tables,
-                 database clock), connection.py (engines, deadlines), sql_calls.py
-                 (each call's transaction and errors), sql_lease.py (the lease steps),
-                 sql.py (lease, candidates), sql_host.py (what the stores use of
-                 it), sql_install.py (tables), sql_beat.py (beat runs), sql_keys.py
-                 (key holds), locks.py
-                 (the lock sessions and standby slots), postgres.py (NOTIFY + LISTEN)
-    core values  config.py (ElectionConfig), lease.py, keys.py (key holds), clock.py,
-                 errors.py, history.py;
-                 shm.py (the /dev/shm file a worker shares with its pool children)
+    core/         values and pure rules: the lease, config, decisions, a run's row
+    backends/     the Backend protocols; SQL (a Dialect per database) and memory
+    election/     the Elector (its docstring is the protocol), its threads, key holds
+    metrics/      Prometheus and the health probes
+    settings.py   every election_* setting, parsed and validated once per app
+    process.py    one process's election parts, from its settings
+    runs/         a beat run on the workers          -- Celery from here up (once.py)
+    schedule/     the operable schedule and its page
+    beat/         LeaderScheduler
+    keys/         singleton tasks
+    integration/  init_app, the worker bootstep, leader tasks, remote control
+    ops/          the command line
 
 Outside the package: ``harness/`` runs processes for the e2e tests, the chaos matrix and
 the benchmarks (not installed).
@@ -48,8 +35,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .backends import MemoryBackend, backend_from_url
-from .config import ElectionConfig
-from .elector import Elector, RevokeReason, State, Transition
+from .core.config import ElectionConfig
+from .core.lease import Lease
+from .election.elector import Elector, RevokeReason, State, Transition
 from .errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -57,7 +45,6 @@ from .errors import (
     NotLeaderError,
     SchemaMissingError,
 )
-from .lease import Lease
 from .release import RELEASE as __version__
 
 __all__ = [
@@ -87,26 +74,26 @@ __all__ = [
 ]
 
 _CELERY_SIDE = {
-    "init_app": ".app",
-    "leader_task": ".tasks",
-    "LeaderTask": ".tasks",
-    "singleton_task": ".singleton",
-    "SingletonTask": ".singleton",
-    "OnceTask": ".once",
-    "once_task": ".once",
+    "init_app": ".integration.app",
+    "leader_task": ".integration.tasks",
+    "LeaderTask": ".integration.tasks",
+    "singleton_task": ".keys.singleton",
+    "SingletonTask": ".keys.singleton",
+    "OnceTask": ".runs.once",
+    "once_task": ".runs.once",
 }
 # ``from celery_election import *`` therefore imports Celery: these names need it.
 # SQLBackend loads SQLAlchemy on first use (the pytest plugin imports this package in
 # every test run of a project that has it installed).
-_LAZY = {**_CELERY_SIDE, "SQLBackend": ".backends.sql", "AsyncElector": ".aio"}
+_LAZY = {**_CELERY_SIDE, "SQLBackend": ".backends.sql", "AsyncElector": ".election.aio"}
 
 if TYPE_CHECKING:
-    from .aio import AsyncElector
-    from .app import init_app
     from .backends.sql import SQLBackend
-    from .once import OnceTask, once_task
-    from .singleton import SingletonTask, singleton_task
-    from .tasks import LeaderTask, leader_task
+    from .election.aio import AsyncElector
+    from .integration.app import init_app
+    from .integration.tasks import LeaderTask, leader_task
+    from .keys.singleton import SingletonTask, singleton_task
+    from .runs.once import OnceTask, once_task
 
 
 def __getattr__(name: str) -> Any:

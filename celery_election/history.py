@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .clock import boottime
+from .core.clock import boottime
 
 if TYPE_CHECKING:
-    from .elector import Elector
+    from .election.elector import Elector
 
 __all__ = ["Recorder"]
 

@@ -1,6 +1,6 @@
 """One process's election, put together in one place: the composition root.
 
-A worker with ``--election`` (bootstep.py) and a standalone ``celery beat``
+A worker with ``--election`` (integration/bootstep.py) and a standalone ``celery beat``
 (beat/election.py) each need the same parts from their settings: the backend (tables
 created if ``election_auto_install``), an Elector, the history recorder
 (``election_history_file``) and the /metrics server (``election_metrics_port``), started
@@ -18,11 +18,11 @@ from typing import Any
 from . import metrics
 from .backends import MemoryBackend, auto_install, backend_from_url
 from .backends.base import Backend
-from .elector import Elector
+from .core.transitions import RevokeReason
+from .election.elector import Elector
 from .history import Recorder
 from .metrics.exporter import Probe
 from .settings import ElectionSettings
-from .transitions import RevokeReason
 
 __all__ = ["ProcessElection"]
 

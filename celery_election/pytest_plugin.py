@@ -8,7 +8,7 @@ off). See ``celery_election.testing`` for what the fixtures hand out.
 * ``election_follower``: the same, following (another worker leads).
 * ``election_protocol``: an :class:`~celery_election.testing.ElectedLeadership` (real
   Electors on a MemoryBackend with a FakeClock) that leads.
-* ``election_keys``: a :class:`~celery_election.testing_keys.SingletonKeys`: singleton
+* ``election_keys``: a :class:`~celery_election.keys.testing.SingletonKeys`: singleton
   tasks of this process against "another worker" whose keys the test holds, releases and
   crashes (``on_busy`` seen eagerly and in ``election_worker``).
 * ``election_worker``: Celery's in-process worker on ``celery_app``, consuming the leader
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # imported in the fixtures: a run that uses none skips the test kit
+    from .keys.testing import SingletonKeys
     from .testing import ElectedLeadership, Leadership
-    from .testing_keys import SingletonKeys
 
 __all__ = [
     "election",
@@ -68,7 +68,7 @@ def election_protocol() -> Iterator[ElectedLeadership]:
 @pytest.fixture
 def election_keys() -> Iterator[SingletonKeys]:
     """Hold singleton task keys "on another worker" and see this process's tasks busy."""
-    from .testing_keys import SingletonKeys
+    from .keys.testing import SingletonKeys
 
     with SingletonKeys() as keys:
         yield keys

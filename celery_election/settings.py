@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backends.schema import DEFAULT_TABLE_PREFIX, validate_table_prefix
-from .config import ElectionConfig, _seconds, validate_namespace
-from .election_url import default_election_url, hide_password, is_postgres, split_reason
+from .core.config import ElectionConfig, _seconds, validate_namespace
+from .core.url import default_election_url, hide_password, is_postgres, split_reason
 from .errors import ConfigurationError
 
 __all__ = [

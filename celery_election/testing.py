@@ -39,23 +39,26 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import shared_state
 from .backends.memory import MemoryBackend
-from .clock import FakeClock, boottime
-from .config import ElectionConfig
-from .elector import Elector
+from .core.clock import FakeClock, boottime
+from .core.config import ElectionConfig
+from .election import shared_state
+from .election.elector import Elector
+from .election.shared_state import ENV_VAR, SharedLeadership
 from .errors import ElectionError
-from .shared_state import ENV_VAR, SharedLeadership
 
 __all__ = ["ElectedLeadership", "Leadership", "leader_queues", "worker"]
 
 #: Celery-side names, resolved on first use as the package root does, so this kit loads
 #: without Celery (a FastAPI service's tests use Leadership too).
-_LAZY = {"worker": (".bootstep", "in_process_worker"), "leader_queues": (".tasks", "leader_queues")}
+_LAZY = {
+    "worker": (".integration.bootstep", "in_process_worker"),
+    "leader_queues": (".integration.tasks", "leader_queues"),
+}
 
 if TYPE_CHECKING:
-    from .bootstep import in_process_worker as worker
-    from .tasks import leader_queues
+    from .integration.bootstep import in_process_worker as worker
+    from .integration.tasks import leader_queues
 
 
 def __getattr__(name: str) -> Any:

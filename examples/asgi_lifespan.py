@@ -10,7 +10,7 @@ import asyncio
 import os
 
 from celery_election import backend_from_url
-from celery_election.aio import AsyncElector
+from celery_election.election.aio import AsyncElector
 
 #: What the app shares with its handlers (and with the example's test).
 state = {"elector": None, "runs": 0}

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from celery_election import Elector, backend_from_url
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from celery_election.history import Recorder
 
 

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from celery import Celery
 from celery.result import AsyncResult
 
-from celery_election.app import leader_queue_name
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.locks import MAX_SLOTS, lock_key, slot_key
 from celery_election.backends.schema import db_now_us
-from celery_election.lease import Lease
+from celery_election.core.lease import Lease
+from celery_election.integration.app import leader_queue_name
 from harness.e2e_tables import e2e_tables
 from harness.processes import Proc, stop_all
 

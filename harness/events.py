@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from harness.processes import Proc, stop_all
 
 TX_VERBS = {"BEGIN", "COMMIT", "ROLLBACK", "START", "END"}

@@ -57,20 +57,20 @@ SCHEDULER = "celery_election/beat/scheduler.py"
 SENDER = "celery_election/beat/sender.py"
 LEDGER_PY = "celery_election/beat/ledger.py"
 LEDGER = ["tests/integration/test_run_ledger.py"]
-CLI_KEYS = "celery_election/cli_keys.py"
+CLI_KEYS = "celery_election/keys/cli.py"
 KEY_CLI = ["tests/integration/test_cli_keys.py"]
 KEY_THREADS = ["tests/unit/test_key_holder_threads.py"]
 KEY_KIT = ["tests/unit/test_singleton_kit.py"]
 LEDGER_BEAT = ["tests/unit/test_ledger_beat.py", "tests/unit/test_beat.py"]
 SQL_SCHED = "celery_election/schedule/store.py"
 OPS = "celery_election/beat/ops.py"
-DEC = "celery_election/decisions.py"
-LOOP = "celery_election/election_loop.py"
+DEC = "celery_election/core/decisions.py"
+LOOP = "celery_election/election/loop.py"
 LOCKS = "celery_election/backends/locks.py"
 MYSQL_DIALECT = "celery_election/backends/dialect_mysql.py"
 CONNECTION = "celery_election/backends/connection.py"
 TOPOLOGIES = ["tests/integration/test_pg_topologies.py"]
-BELIEF = "celery_election/belief.py"
+BELIEF = "celery_election/election/belief.py"
 RULES = ["tests/unit/test_decisions.py", "tests/unit/test_liveness_rules.py"]
 ELECTION = [
     "tests/unit/test_belief.py",
@@ -79,7 +79,7 @@ ELECTION = [
 ]
 ELIGIBLE = ["tests/unit/test_eligible.py"]
 TRANSFER = ["tests/integration/test_transfer_suite.py"]
-RUNSTATE = "celery_election/runstate.py"
+RUNSTATE = "celery_election/core/runstate.py"
 MEM_RUNS = "celery_election/backends/memory_runs.py"
 #: the simulation alone (not the tables): what it finds, it finds without being told
 SIM = ["tests/unit/test_run_simulation.py::test_every_schedule_keeps_each_run_once"]
@@ -114,12 +114,12 @@ CRON_UNIT = ["tests/unit/test_cron_dst.py"]
 SQL_INSTALL = "celery_election/backends/sql_install.py"
 SQL_KEYS = "celery_election/backends/sql_keys.py"
 MEM_KEYS = "celery_election/backends/memory_keys.py"
-HOLDER = "celery_election/key_holder.py"
+HOLDER = "celery_election/election/holder.py"
 KEY_SUITE = ["tests/integration/test_key_suite.py"]
 SINGLETON = ["tests/unit/test_singleton.py"]
 SQL_RUNS = "celery_election/backends/sql_runs.py"
-RUNONCE = "celery_election/runonce.py"
-ONCE = "celery_election/once.py"
+RUNONCE = "celery_election/runs/runonce.py"
+ONCE = "celery_election/runs/once.py"
 WINDOW_E2E = "tests/e2e/test_beat_election.py::"
 RUN_ROWS = ["tests/integration/test_run_rows.py", "tests/unit/test_once.py"]
 ONCE_E2E = "tests/e2e/test_run_once.py::test_a_redelivered_finished_run_is_skipped_and_counted"
@@ -131,7 +131,7 @@ RUN_NOW_ROW = (
     "test_a_run_now_whose_term_ended_before_its_send_is_sent_once_from_its_row"
 )
 VERSIONS = ["tests/integration/test_versions.py"]
-TRACING_PY = "celery_election/tracing.py"
+TRACING_PY = "celery_election/core/tracing.py"
 TRACING = ["tests/e2e/test_tracing.py"]
 
 MUTATIONS = [
@@ -175,11 +175,11 @@ MUTATIONS = [
     M("memory-take-waited", MEM_HOLD, "and row.liveness_us <= round(waited * 1_000_000)",
       "and True", [*LEASE, *STATEFUL]),
     # -- trust and configuration --------------------------------------------------------------
-    M("trust-margin", "celery_election/lease.py", "return attempt_started + ttl - safety_margin",
+    M("trust-margin", "celery_election/core/lease.py", "return attempt_started + ttl - safety_margin",
       "return attempt_started + ttl", ["tests/unit/test_elector.py", "tests/unit/test_config.py"]),
-    M("config-liveness-min", "celery_election/config.py", "    if delta < MIN_LIVENESS:\n",
+    M("config-liveness-min", "celery_election/core/config.py", "    if delta < MIN_LIVENESS:\n",
       "    if False:\n", ["tests/unit/test_config.py"]),
-    M("config-liveness-window", "celery_election/config.py",
+    M("config-liveness-window", "celery_election/core/config.py",
       "elif ttl is not None and margin is not None and not delta < ttl - margin:",
       "elif False:", ["tests/unit/test_config.py"]),
     # -- the elector's decisions (pure) and belief --------------------------------------------
@@ -227,7 +227,7 @@ MUTATIONS = [
     M("dec-ineligible-looks", DEC, "    if not seen.eligible:\n        return Call.LOOK, 0.0\n", "", RULES),
     M("dec-ineligible-no-lock", DEC, "proof = seen.proof if seen.eligible else None", "proof = seen.proof", RULES),
     M("loop-ineligible-seen", LOOP, "eligible = self.candidate.eligible", "eligible = True", ELIGIBLE),
-    M("elector-ineligible-no-lock-thread", "celery_election/elector.py", "if self.eligible:  # the lock is for those who may lead",
+    M("elector-ineligible-no-lock-thread", "celery_election/election/elector.py", "if self.eligible:  # the lock is for those who may lead",
       "if True:  # the lock is for those who may lead", ELIGIBLE),
     M("candidate-eligible-stored", "celery_election/backends/sql_candidates.py",
       '            "eligible": eligible,\n            "release": values["release"],\n        }',
@@ -292,13 +292,13 @@ MUTATIONS = [
     M("lock-reprobe-before-wait", LOCKS, "            if not self._verified:\n", "            if False:\n", TOPOLOGIES),
     M("lock-probe-before-silence-bound", LOCKS, "        if self._verified:  # else acquire() probes first",
       "        if True:  # else acquire() probes first", TOPOLOGIES),
-    M("lock-lapsed-proof-regranted", "celery_election/lock_thread.py",
+    M("lock-lapsed-proof-regranted", "celery_election/election/lock_thread.py",
       "elif not self.proof.proven(self._clock.monotonic()):", "elif False:", ELECTION),
     M("lock-dead-waiter-kept", LOCKS, "if self.description not in _NO_CONNECTION_CHECK:",
       "if False:", ["tests/integration/test_liveness.py::test_a_standby_gone_in_its_lock_wait_frees_its_slot_within_delta"]),
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
-    M("lock-grant-unwanted", "celery_election/lock_thread.py",
+    M("lock-grant-unwanted", "celery_election/election/lock_thread.py",
       "        if not self.wanted:  # asked to let go while the grant was on its way\n",
       "        if False:\n", ["tests/unit/test_liveness_rules.py::test_a_grant_that_arrives_after_the_lock_was_given_up_is_released"]),
     M("lock-interrupt-first", LOCKS, "        if wait and self._interrupted:  # an interrupt that came first",
@@ -371,9 +371,9 @@ MUTATIONS = [
       "        except ZeroDivisionError as exc:\n", LEDGER),
     M("run-now-atomic", SQL_SCHED, "return self._do(work, self.entry, atomic=True)", "return self._do(work, self.entry)",
       ["tests/integration/test_schedule_store.py"]),
-    M("run-end-acks-late-at-once", "celery_election/runonce.py", "        if verdict.acks_late:\n            self._write([end])\n            return\n",
+    M("run-end-acks-late-at-once", "celery_election/runs/runonce.py", "        if verdict.acks_late:\n            self._write([end])\n            return\n",
       "", RUN_ROWS),
-    M("run-ends-kept", "celery_election/runonce.py", "                self._ends[:0] = ends  # not written: they wait for the next\n",
+    M("run-ends-kept", "celery_election/runs/runonce.py", "                self._ends[:0] = ends  # not written: they wait for the next\n",
       "                pass\n", RUN_ROWS),
     M("prune-history-apart", SQL_RUNS, "beat = t.c.kind.is_not(None) if history else t.c.kind.is_(None)", "beat = sa.true()",
       [*LEDGER, *RUN_ROWS]),
@@ -407,7 +407,7 @@ MUTATIONS = [
       "            pass", SIM),
     M("sim-confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
       "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", SIM),
-    M("sim-warn-unchecked", "celery_election/once.py", "    _unchecked_warned.add(task.name)\n", "    return\n", SIM),
+    M("sim-warn-unchecked", "celery_election/runs/once.py", "    _unchecked_warned.add(task.name)\n", "    return\n", SIM),
     M("confirms-uncertain", CONFIRMS, "                self._uncertain = True\n                raise", "                raise", CONFIRMS_UNIT),
     M("confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
       "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", CONFIRMS_UNIT),
@@ -546,13 +546,13 @@ MUTATIONS = [
       "            if True:\n                ended = inc.session.ended", KEY_THREADS),
     M("keyops-renew-apart", HOLDER, 'self._start("celery-election-keys", self._sleeper, ping, self._ping)',
       'self._start("celery-election-keys", self._sleeper, ping, lambda: (self._ping(), self._renew()))', KEY_THREADS),
-    M("keyops-unreachable-busy", "celery_election/singleton.py", "        except BackendUnavailableError as exc:  # never lost",
+    M("keyops-unreachable-busy", "celery_election/keys/singleton.py", "        except BackendUnavailableError as exc:  # never lost",
       "        except KeyError as exc:  # never lost", KEY_THREADS),
-    M("keyops-one-waiting-drop", "celery_election/singleton.py", "            if slot is None:\n                log.info(",
+    M("keyops-one-waiting-drop", "celery_election/keys/singleton.py", "            if slot is None:\n                log.info(",
       "            if False:\n                log.info(", KEY_KIT),
-    M("keyops-one-waiting-free", "celery_election/singleton.py", "        self._free_waiting(holder, key)\n", "", KEY_KIT),
-    M("keyops-one-waiting-unsent", "celery_election/singleton.py", "            if WAITING in headers:\n", "            if False:\n", KEY_KIT),
-    M("keyops-e2e-one-waiting", "celery_election/singleton.py", "            if slot is None:\n                log.info(",
+    M("keyops-one-waiting-free", "celery_election/keys/singleton.py", "        self._free_waiting(holder, key)\n", "", KEY_KIT),
+    M("keyops-one-waiting-unsent", "celery_election/keys/singleton.py", "            if WAITING in headers:\n", "            if False:\n", KEY_KIT),
+    M("keyops-e2e-one-waiting", "celery_election/keys/singleton.py", "            if slot is None:\n                log.info(",
       "            if False:\n                log.info(",
       ["tests/e2e/test_singleton_workers.py::test_one_waiting_runs_the_running_one_and_one_more[postgresql]"]),
     M("keyops-e2e-hold-vacant", SQL_LEASE, "t.c.token.is_(None), t.c.expires_at <= now", "t.c.token.is_(None), sa.true()",

@@ -9,7 +9,7 @@ each, operators' "run now" requests, two beats, one to three workers, acks early
 and fault rates. It then takes random steps on one virtual clock, each step one action of
 one actor, until every due time has passed, turns the faults off, and runs on until
 nothing moves. The runs live in :class:`~celery_election.backends.memory_runs.MemoryRuns`,
-the transitions in :mod:`celery_election.runstate`: the code the beat and the workers use.
+the transitions in :mod:`celery_election.core.runstate`: the code the beat and the workers use.
 
 Faults: a statement that fails before it commits, or commits and loses its answer; a
 broker that drops a message it has not confirmed, nacks one, loses a confirm, delivers a
@@ -64,9 +64,10 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from celery_election import once, runstate
 from celery_election.backends.memory_runs import MemoryRuns
 from celery_election.beat.confirms import Confirms
+from celery_election.core import runstate
+from celery_election.runs import once
 
 NS = "sim"
 #: virtual milliseconds: a lease, the time a dead worker takes to be seen dead, a put-off

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 
 from .services import REQUIRE, Services, discover
 

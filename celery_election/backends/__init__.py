@@ -6,7 +6,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..config import without_celery_prefix
+from ..core.config import without_celery_prefix
 from ..errors import ConfigurationError, ElectionError
 from .base import Backend
 from .memory import MemoryBackend

@@ -12,9 +12,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .. import runstate
-from ..lease import CandidateInfo, ElectResult, Lease
-from ..runstate import Delivery, Row, Start
+from ..core import runstate
+from ..core.lease import CandidateInfo, ElectResult, Lease
+from ..core.runstate import Delivery, Row, Start
 
 if TYPE_CHECKING:
     from .locks import LivenessSession
@@ -320,7 +320,7 @@ End = tuple[str, str, str, str]
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run row as a store holds it: the run (runstate.py), and what operators read.
+    """A run row as a store holds it: the run (core/runstate.py), and what operators read.
 
     Times are epoch microseconds on the database's clock: ``created_us`` when the row was
     written first (its claim, or its first start), ``ended_us`` when it ended or dropped.
@@ -335,7 +335,7 @@ class RunRecord:
 
 
 class RunStore(Protocol):
-    """One row per run (runstate.py): each call one transition, atomic (docs/workers.md)."""
+    """One row per run (core/runstate.py): each call one transition, atomic (docs/workers.md)."""
 
     def start(
         self, namespace: str, d: Delivery, alive: Alive, *, task_name: str = "", hostname: str = "",
@@ -521,7 +521,7 @@ class Backend(Protocol):
         """Create or refresh this candidate's row; it is listed for ``ttl`` seconds.
 
         ``eligible``: False for a candidate that never takes a term (listed as such).
-        ``release``: the release it runs (older ones defer to it: decisions.py).
+        ``release``: the release it runs (older ones defer to it: core/decisions.py).
         """
 
     def unregister(self, namespace: str, token: str, *, timeout: float | None = None) -> None:
@@ -565,7 +565,7 @@ class Backend(Protocol):
 
     @property
     def runs(self) -> RunStore:
-        """The run rows in this backend (run once on the workers: runstate.py)."""
+        """The run rows in this backend (run once on the workers: core/runstate.py)."""
 
     def close(self) -> None:
         """Release connections and threads (idempotent)."""

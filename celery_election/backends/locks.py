@@ -9,7 +9,7 @@ closes at once, so the lock is released after a crash at once and after a pause,
 stalled link or a partition about ``delta`` after the last ping. Followers block on the
 lock (no statements while they wait) and a granted follower may take the next term
 ``delta`` after its grant, because by then the old leader's trust, bounded by its last
-good ping + delta, has ended. ``decisions.py`` holds the rules and ``lock_thread.py``
+good ping + delta, has ended. ``core/decisions.py`` holds the rules and ``election/lock_thread.py``
 holds and pings a session; this module only makes and holds the locks.
 
 Three kinds, one protocol (``LivenessSession``):
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import MAX_STANDBYS
+from ..core.config import MAX_STANDBYS
 from ..errors import BackendUnavailableError
 from . import green
 from .connection import WATCHDOG, interrupt, one_line, pg_connect_args, sqlstate

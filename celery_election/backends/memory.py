@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..clock import Clock, RealClock
-from ..config import validate_candidate_id, validate_namespace
+from ..core.clock import Clock, RealClock
+from ..core.config import validate_candidate_id, validate_namespace
+from ..core.lease import CandidateInfo, ElectResult, Lease
 from ..errors import BackendUnavailableError, SchemaMissingError
-from ..lease import CandidateInfo, ElectResult, Lease
 from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
 from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..clock import Clock
-from ..runstate import CLAIMED, run_key, run_task_id
+from ..core.clock import Clock
+from ..core.runstate import CLAIMED, run_key, run_task_id
 from .base import (
     PendingRun,
     RunClaim,

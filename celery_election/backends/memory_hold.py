@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..lease import Lease
+from ..core.lease import Lease
 
 __all__ = ["HoldRow", "as_lease", "extend", "seen_waited", "take", "us", "vacant", "vacate"]
 

@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..clock import Clock
-from ..keys import check_key, holder_lock_name
-from ..lease import ElectResult, Lease
+from ..core.clock import Clock
+from ..core.keys import check_key, holder_lock_name
+from ..core.lease import ElectResult, Lease
 from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The run rows in memory: each call applies one of runstate.py's transitions under a lock.
+"""The run rows in memory: each call applies one of core/runstate.py's transitions under a lock.
 
 The SQL store (sql_runs.py) applies the same transitions with one conditional statement
 each; this one is the memory backend's, and what the seeded simulation
@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
-from .. import runstate
-from ..runstate import Delivery, Row, Start, run_key
+from ..core import runstate
+from ..core.runstate import Delivery, Row, Start, run_key
 from .base import Alive, End, RunRecord
 
 __all__ = ["MemoryRuns"]

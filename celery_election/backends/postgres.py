@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
 
-from ..config import MAX_NAMESPACE_LENGTH
+from ..core.config import MAX_NAMESPACE_LENGTH
 from ..errors import ConfigurationError
 from .base import Wakeup, WakeupHandle
 from .connection import interrupt as _interrupt

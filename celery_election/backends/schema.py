@@ -342,7 +342,7 @@ def _key(metadata: sa.MetaData, prefix: str) -> sa.Table:
 
 
 def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
-    """One row per run, its life as runstate.py's states (sql_runs.py).
+    """One row per run, its life as core/runstate.py's states (sql_runs.py).
 
     Named ``task_start`` as 0.2's start records were: 0.2 workers in a rolling upgrade
     insert-if-absent into the same rows, so a run delivered to an old and a new worker

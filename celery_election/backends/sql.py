@@ -41,9 +41,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from ..config import validate_candidate_id, validate_namespace, without_celery_prefix
+from ..core.config import validate_candidate_id, validate_namespace, without_celery_prefix
+from ..core.lease import CandidateInfo, ElectResult, Lease
 from ..errors import ConfigurationError
-from ..lease import CandidateInfo, ElectResult, Lease
 from . import sql_install
 from .base import Wakeup, WakeupHandle
 from .connection import LostRound, Timeouts, fork_lock, private_engine

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from ..runstate import CLAIMED, run_key, run_task_id
+from ..core.runstate import CLAIMED, run_key, run_task_id
 from .base import (
     PendingRun,
     RunClaim,

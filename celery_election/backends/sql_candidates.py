@@ -3,7 +3,7 @@
 A candidate's row is its heartbeat (an upsert), listed while unexpired on the database
 clock; the leader prunes the dead ones. ``eligible`` (``election_eligible``) is what the
 operators' tools read (``celery election status``): an ineligible candidate takes part
-and is listed, but its elector never takes a term (decisions.py, ``follower_call``).
+and is listed, but its elector never takes a term (core/decisions.py, ``follower_call``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..config import validate_candidate_id, validate_namespace
+from ..core.config import validate_candidate_id, validate_namespace
+from ..core.lease import CandidateInfo
 from ..errors import ConfigurationError
-from ..lease import CandidateInfo
 from .schema import TOKEN_LENGTH, db_now_us
 from .sql_calls import Caller, SQLCalls
 

@@ -21,8 +21,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
+from ..core.runstate import DROPPED, ENDED, SENT
 from ..errors import BackendUnavailableError, IncompatibleSchemaError
-from ..runstate import DROPPED, ENDED, SENT
 from .connection import one_line
 from .schema import PROTOCOL, RETIRED_INDEXES, SCHEMA_VERSION
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import check_key, holder_lock_name, key_hash
-from ..lease import ElectResult, Lease
+from ..core.keys import check_key, holder_lock_name, key_hash
+from ..core.lease import ElectResult, Lease
 from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key

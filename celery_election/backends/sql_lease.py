@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from ..core.lease import ElectResult, Lease
 from ..errors import BackendUnavailableError
-from ..lease import ElectResult, Lease
 from .connection import LostRound
 from .dialect_base import StepStyle
 from .schema import db_now_us, greatest
@@ -177,7 +177,7 @@ def _transfer_updates(t: sa.Table, c: sa.Table) -> dict[str, sa.Update]:
     eligible candidate of the namespace, checked in the same statement. The transfer
     moves the term to the target with a new, greater term, untagged (no lock holder may
     take it over; only its expiry frees it): nobody else can win in between, and the
-    target believes it only after renewing it (election_loop.py, ``_accept``).
+    target believes it only after renewing it (election/loop.py, ``_accept``).
     """
     now = db_now_us()
     ns = sa.bindparam("p_ns", type_=sa.String())

@@ -1,4 +1,4 @@
-"""The run rows on SQL: runstate.py's transitions, each one conditional statement.
+"""The run rows on SQL: core/runstate.py's transitions, each one conditional statement.
 
 One row per (namespace, run key). A call reads the row, applies the transition (the same
 pure function the memory store applies under its lock) and writes the result with one
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import runstate
+from ..core import runstate
+from ..core.runstate import CLAIMED, DROPPED, ENDED, SENT, STARTED, Delivery, Row, Start
 from ..errors import BackendUnavailableError
-from ..runstate import CLAIMED, DROPPED, ENDED, SENT, STARTED, Delivery, Row, Start
 from .base import Alive, End, RunRecord
 from .connection import LostRound
 from .schema import db_now_us, entry_key

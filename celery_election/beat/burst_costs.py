@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from ..clock import boottime
+from ..core.clock import boottime
 
 __all__ = ["PAUSE_MAX", "CollectorPause", "held", "real_now"]
 

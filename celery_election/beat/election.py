@@ -15,18 +15,19 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from .. import metrics, shared_state
+from .. import metrics
 from ..backends.base import Backend, BeatStore
-from ..clock import boottime
-from ..config import without_celery_prefix
-from ..elector import Elector
+from ..core.clock import boottime
+from ..core.config import without_celery_prefix
+from ..core.identity import new_candidate_id
+from ..election import shared_state
+from ..election.elector import Elector
+from ..election.shared_state import SharedLeadership
 from ..errors import ElectionError
 from ..history import Recorder
-from ..identity import new_candidate_id
 from ..process import ProcessElection
 from ..schedule.overdue import OverdueWatch
 from ..settings import ElectionSettings, hide_password
-from ..shared_state import SharedLeadership
 
 __all__ = ["BeatElection", "BeatTerm", "backend_description", "banner_line"]
 

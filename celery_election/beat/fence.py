@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 
 from .. import metrics
 from ..backends.base import PendingRun, RunClaim, RunRequest, RunState
-from ..clock import boottime
+from ..core.clock import boottime
+from ..election.shared_state import SharedLeadership
 from ..errors import ElectionError
-from ..shared_state import SharedLeadership
 from .burst_costs import real_now
 from .election import BeatElection, BeatTerm
 from .runs import NOT_LEADING, Claim

@@ -17,7 +17,7 @@ from celery.schedules import crontab, schedstate
 from celery.schedules import schedule as interval
 from celery.utils.time import maybe_make_aware
 
-from ..clock import boottime
+from ..core.clock import boottime
 from ..schedule.cron import CronFields, next_occurrence
 from .answers import Answers, shared_answer
 

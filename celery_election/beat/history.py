@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import boottime
+from ..core.clock import boottime
 from ..errors import ElectionError
 from ..schedule.store import SQLScheduleStore
 from .burst_costs import PAUSE_MAX

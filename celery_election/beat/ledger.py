@@ -35,11 +35,12 @@ from typing import Any
 
 from celery.schedules import schedstate
 
-from .. import metrics, tracing
+from .. import metrics
 from ..backends.base import PendingRun
-from ..clock import boottime
+from ..core import tracing
+from ..core.clock import boottime
+from ..core.runstate import run_task_id
 from ..errors import ElectionError
-from ..runstate import run_task_id
 from .election import BeatTerm
 from .fence import BeatFence
 from .runs import Claim

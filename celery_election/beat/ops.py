@@ -39,10 +39,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from .. import metrics, runonce
+from .. import metrics
 from ..backends.base import RunState
-from ..clock import boottime
+from ..core.clock import boottime
 from ..errors import ElectionError
+from ..runs import runonce
 from ..schedule.spec import check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import Answers, shared_answer

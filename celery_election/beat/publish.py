@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 from celery.beat import Scheduler
 from kombu.entity import Queue
 
-from .. import tracing
-from ..clock import boottime
-from ..shared_state import SharedLeadership
+from ..core import tracing
+from ..core.clock import boottime
+from ..election.shared_state import SharedLeadership
 from .confirms import Confirms, applies
 
 __all__ = ["BurstRouter", "Job", "Publisher", "Publishers", "Reply"]

@@ -56,7 +56,7 @@ from celery.schedules import schedstate
 
 from .. import metrics
 from ..backends.base import RunRequest
-from ..clock import boottime
+from ..core.clock import boottime
 from ..errors import ConfigurationError, cannot_start
 from . import rows
 from .answers import numeric

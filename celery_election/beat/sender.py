@@ -23,13 +23,15 @@ from typing import Any, NamedTuple
 
 from celery.beat import logger as _celery_log
 
-from .. import metrics, shared_state, tracing
-from ..clock import boottime
+from .. import metrics
+from ..core import tracing
+from ..core.clock import boottime
+from ..core.runstate import run_now_task_id
+from ..election import shared_state
+from ..election.shared_state import SharedLeadership
 from ..errors import ElectionError
-from ..once import HEADER, RESENT, ROWS
-from ..runstate import run_now_task_id
+from ..runs.once import HEADER, RESENT, ROWS
 from ..settings import ElectionSettings
-from ..shared_state import SharedLeadership
 from .confirms import Confirms, applies
 from .election import BeatTerm
 from .fence import BeatFence
@@ -54,7 +56,7 @@ class Send(NamedTuple):
     checked: float  # boot-time clock, read before the fence check
     options: dict[str, Any]
     run_now: int | None = None  # a "run now" request's key (the operable schedule's)
-    span: Any = None  # the run's span (tracing.py), None when not tracing
+    span: Any = None  # the run's span (core/tracing.py), None when not tracing
 
 
 class _Published(NamedTuple):

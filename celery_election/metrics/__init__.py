@@ -2,8 +2,8 @@
 
 One module per job; every name is importable from here:
 
-- ``ElectorStats`` (an elector's own counters, kept in the core: ``celery_election.stats``)
-  and ``electors`` (the started electors of this process: ``celery_election.elector``).
+- ``ElectorStats`` (an elector's own counters, kept in the core: ``celery_election.core.stats``)
+  and ``electors`` (the started electors of this process: ``celery_election.election.elector``).
 - ``counters``: the store everything else counts into: ``LocalCounters`` in one process,
   ``SharedCounters`` shared by a worker's processes; ``use_counters``, ``store``, ``count``,
   ``set_gauge``, ``key``.
@@ -19,9 +19,9 @@ Part of the core: it never imports Celery.
 
 from __future__ import annotations
 
-from ..elector import electors
+from ..core.stats import BUCKETS, ElectorStats
+from ..election.elector import electors
 from ..errors import ConfigurationError
-from ..stats import BUCKETS, ElectorStats
 from .counters import (
     BEAT,
     ENV_VAR,

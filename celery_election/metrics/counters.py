@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .. import shm
+from ..core import shm
 
 __all__ = [
     "BEAT",

@@ -20,16 +20,16 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..clock import boottime
-from ..elector import electors
+from ..core.clock import boottime
+from ..core.stats import BUCKETS
+from ..election.elector import electors
 from ..errors import ConfigurationError
-from ..stats import BUCKETS
 from . import counters
 from .counters import _SEP, BEAT, KEY, TASK, TICK
 from .health import health, tick_late
 
 if TYPE_CHECKING:
-    from ..elector import Elector
+    from ..election.elector import Elector
 
 __all__ = [
     "INSTALL_HINT",
@@ -49,7 +49,7 @@ INSTALL_HINT = "pip install 'celery-election[metrics]'"
 PREFIX = "celery_election_"
 
 Probe = Callable[[], tuple[bool, bool, list[str]]]
-#: A leader task's outcomes (tasks.py counts them): each is exported, 0 until it happens.
+#: A leader task's outcomes (integration/tasks.py counts them), each exported, 0 until seen.
 TASK_OUTCOMES = ("run", "skipped", "requeued", "raised")
 
 
@@ -184,7 +184,7 @@ def _store_families(values: dict[str, int], now: float) -> Iterator[Any]:
 
 
 def _singleton_families(values: dict[str, int]) -> Iterator[Any]:
-    """Singleton tasks (singleton.py counts them), by task; 0 where nothing happened yet."""
+    """Singleton tasks (keys/singleton.py counts them), by task; 0 where nothing happened yet."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     p = PREFIX + "singleton_"

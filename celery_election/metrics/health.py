@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..clock import boottime
+from ..core.clock import boottime
 from . import counters
 from .counters import TICK, key, set_gauge
 
 if TYPE_CHECKING:
-    from ..elector import Elector
+    from ..election.elector import Elector
 
 __all__ = ["BeatProbe", "allow_start", "elector_problem", "health", "mark_tick", "tick_late"]
 

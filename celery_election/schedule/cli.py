@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+from celery import Celery
 
-from ..app import bare_app
 from ..errors import ElectionError
 from .api import Entry, Schedule
 from .spec import CATCH_UP, OVERLAP, POLICY_DEFAULTS, RESUME
@@ -56,7 +56,7 @@ def command_app(ctx: click.Context, command: str) -> tuple[Any, bool]:
                 f"give the election database: --url URL (or CELERY_ELECTION_URL), or run "
                 f"it as `celery -A proj election {command} ...` to use the app's settings"
             )
-        app = bare_app()
+        app = Celery("celery-election", set_as_current=False)  # no project: --url alone
     overrides = {"url": params.get("url"), "table_prefix": params.get("table_prefix")}
     app.conf.update({f"election_{k}": v for k, v in overrides.items() if v})
     return app, given

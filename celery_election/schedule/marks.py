@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import sqlalchemy as sa
 
 from ..backends.schema import ordered_concat
-from ..runstate import DROPPED
+from ..core.runstate import DROPPED
 
 if TYPE_CHECKING:
     from .records import RunRecord

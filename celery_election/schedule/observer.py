@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import SQLBackend
 from ..backends.schema import entry_key
+from ..core.lease import Lease
 from ..errors import SchemaMissingError
-from ..lease import Lease
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
 from .marks import LATE_US, MARKS, run_mark

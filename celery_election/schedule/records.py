@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.schema import entry_key
-from ..runstate import CLAIMED, DROPPED, SENT, STARTED
+from ..core.runstate import CLAIMED, DROPPED, SENT, STARTED
 
 __all__ = [
     "AuditRecord",
@@ -51,7 +51,7 @@ class EntryRow:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run in an entry's history: its run row (``task_start``, runstate.py's states).
+    """One run in an entry's history: its run row (``task_start``, core/runstate.py's states).
 
     ``id`` is the row's key; ``run_key`` the entry's stored run it follows (its due time's
     key, or a "run now"'s request time); ``sent_at`` when the beat claimed it (a missed or

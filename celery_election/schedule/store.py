@@ -39,8 +39,8 @@ from sqlalchemy.engine import Connection
 from ..backends.connection import LostRound
 from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
+from ..core.runstate import DROPPED, run_now_task_id
 from ..errors import BackendUnavailableError, ConfigurationError
-from ..runstate import DROPPED, run_now_task_id
 from .marks import (
     FAILED_OUTCOMES,
     LATE_US,

@@ -24,9 +24,9 @@ from typing import Any
 from celery import Celery
 
 from celery_election import init_app, leader_task
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from celery_election.history import Recorder
-from celery_election.tasks import current_term
+from celery_election.integration.tasks import current_term
 
 NS = os.environ.get("CHAOS_NS", "chaos")
 TICK_EVERY = 1.0

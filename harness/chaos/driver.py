@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from celery_election import Elector
 from celery_election.backends import MemoryBackend, backend_from_url
 from celery_election.backends.base import Backend
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from celery_election.errors import BackendUnavailableError
 from celery_election.history import Recorder
 from harness.chaos import faults

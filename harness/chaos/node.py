@@ -17,7 +17,7 @@ import threading
 
 from celery_election import Elector
 from celery_election.backends import backend_from_url
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from celery_election.history import Recorder
 
 

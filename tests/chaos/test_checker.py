@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_election import Elector
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 from celery_election.history import Recorder
 from harness.checker import check, intervals, load
 

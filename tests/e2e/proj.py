@@ -29,8 +29,8 @@ except ImportError:  # the previous release, which tests/e2e/test_upgrade.py run
 
 
 from celery_election.backends.sql import db_now_us
+from celery_election.integration.tasks import current_term
 from celery_election.signals import leader_elected, leader_revoked
-from celery_election.tasks import current_term
 from harness.e2e_tables import e2e_tables
 
 BROKER = os.environ.get("E2E_BROKER", "memory://")
@@ -279,7 +279,7 @@ def _exclusive(self, key: str, label: int, seconds: float) -> int | None:
     import time
 
     from celery_election.backends.green import call
-    from celery_election.singleton import key_holder
+    from celery_election.keys.singleton import key_holder
 
     term = self.singleton_term
     worker = f"{self.request.hostname}:{os.getpid()}"

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from celery_election.beat.ledger import run_task_id
-from celery_election.once import HEADER, ROWS
-from celery_election.runstate import ENDED, run_key
+from celery_election.core.runstate import ENDED, run_key
+from celery_election.runs.once import HEADER, ROWS
 from celery_election.schedule.store import schedule_store
 from harness.cluster import Cluster, wait_until
 

@@ -22,7 +22,7 @@ import pytest
 from harness.checker import check, load
 
 pytestmark = pytest.mark.slow
-DEMO = [sys.executable, "-c", "from celery_election.cli import main; main()", "demo"]
+DEMO = [sys.executable, "-c", "from celery_election.ops.cli import main; main()", "demo"]
 
 
 def test_the_demo_reports_no_duplicate(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from celery_election.cli import election
+from celery_election.ops.cli import election
 from harness.cluster import Cluster, wait_until
 
 from .test_metrics import free_port, get, sample

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from celery_election.runonce import run_key
+from celery_election.runs.runonce import run_key
 from harness.cluster import Cluster, wait_until
 
 from .test_metrics import free_port, get, sample

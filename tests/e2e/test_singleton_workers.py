@@ -168,7 +168,7 @@ def test_a_paused_holders_key_is_taken_and_it_finds_its_term_superseded(
 @pytest.mark.tier2
 def test_one_waiting_runs_the_running_one_and_one_more(cluster: Cluster) -> None:
     """``one_waiting=True``: five instances sent while one runs make one more run, not five."""
-    from celery_election.singleton import waiting_key
+    from celery_election.keys.singleton import waiting_key
 
     c = cluster
     one = "tests.e2e.proj.exclusive_one"

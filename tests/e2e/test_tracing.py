@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from celery_election import tracing as t
+from celery_election.core import tracing as t
 from harness import otel
 from harness.cluster import Cluster, wait_until
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_election.transfer import node_of
+from celery_election.core.transfer import node_of
 from harness.checker import check, intervals, load
 from harness.cluster import ROOT, Cluster, wait_until
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from celery_election.aio import AsyncElector
 from celery_election.backends import backend_from_url
-from celery_election.elector import RevokeReason
+from celery_election.election.aio import AsyncElector
+from celery_election.election.elector import RevokeReason
 from harness.proxy import Proxy
 
 from ..conftest import server_url, unique_prefix

@@ -27,7 +27,7 @@ from celery import Celery
 from celery.signals import before_task_publish
 from kombu import Queue
 
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 
 from ..conftest import server_url
 from ..support.beat import Due, Leading

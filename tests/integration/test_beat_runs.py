@@ -20,7 +20,7 @@ from celery import Celery
 from celery_election.backends.base import RunRequest, RunState
 from celery_election.beat import LeaderScheduler
 from celery_election.beat.burst_costs import held
-from celery_election.clock import boottime
+from celery_election.core.clock import boottime
 from celery_election.errors import BackendUnavailableError
 
 from ..conftest import (

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from celery_election import Elector, RevokeReason
 from celery_election.backends import backend_from_url
-from celery_election.cli import election
-from celery_election.runstate import run_task_id
+from celery_election.core.runstate import run_task_id
+from celery_election.ops.cli import election
 
 from ..conftest import unique_prefix
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from celery_election.backends import backend_from_url
-from celery_election.key_holder import KeyHolder
+from celery_election.election.holder import KeyHolder
 
 from .test_cli import cli, target
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from celery_election.cli import election
-from celery_election.runstate import run_task_id
+from celery_election.core.runstate import run_task_id
+from celery_election.ops.cli import election
 
 from ..conftest import by_entry, unique_prefix
 from ..support.celery_cli import REPO

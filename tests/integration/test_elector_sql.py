@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from celery_election import Elector, RevokeReason
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.clock import boottime
-from celery_election.elector import Subscription, Transition
+from celery_election.core.clock import boottime
+from celery_election.election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
 from harness.cluster import wait_until
 from harness.proxy import Proxy

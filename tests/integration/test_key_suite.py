@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from celery_election.backends import MemoryBackend
+from celery_election.core.keys import key_hash
 from celery_election.errors import ConfigurationError
-from celery_election.keys import key_hash
 
 from ..conftest import ALL_KINDS, make_backend, token
 
@@ -181,7 +181,7 @@ def test_a_holders_lock_tells_others_when_its_session_ended(backend: Any) -> Non
 
 
 def test_a_crashed_holders_key_is_taken_over_within_about_its_delta(backend: Any) -> None:
-    from celery_election.key_holder import KeyHolder
+    from celery_election.election.holder import KeyHolder
 
     a = KeyHolder(backend, NS, liveness=0.5, holder_id="a")
     b = KeyHolder(backend, NS, liveness=0.5, holder_id="b")

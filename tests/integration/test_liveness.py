@@ -29,8 +29,8 @@ import sqlalchemy as sa
 
 from celery_election import Elector, backend_from_url
 from celery_election.backends.locks import lock_key
+from celery_election.core.lease import Lease
 from celery_election.history import Recorder
-from celery_election.lease import Lease
 from harness.checker import check, load
 from harness.proxy import Proxy
 

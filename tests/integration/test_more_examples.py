@@ -27,8 +27,8 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery
 
-from celery_election.app import leader_queue_name
 from celery_election.backends import backend_from_url
+from celery_election.integration.app import leader_queue_name
 from harness.cluster import wait_until
 
 from ..conftest import server_url, unique_prefix

@@ -18,8 +18,8 @@ import pytest
 
 from celery_election.backends import MemoryBackend
 from celery_election.backends.base import PendingRun, RunRequest, RunState
+from celery_election.core.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 from celery_election.errors import BackendUnavailableError
-from celery_election.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 
 from ..conftest import EVERY_KIND, by_entry, expire, make_backend, token
 

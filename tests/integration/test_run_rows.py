@@ -1,9 +1,9 @@
 """The run rows on every backend: memory, SQLite, PostgreSQL, MariaDB (and both drivers).
 
-Each transition is runstate.py's pure function (table-tested in tests/unit/test_runstate.py);
+Each transition is core/runstate.py's pure function (table-tested in tests/unit/test_runstate.py);
 a store applies it atomically: the memory one under its lock, SQL with one conditional write
 that races lose and read again. These tests hold every store to the same answers, and the
-guard (runonce.py) to its rules with real liveness sessions: two guards in this process stand
+guard (runs/runonce.py) to its rules with real liveness sessions: two guards in this process stand
 for two worker processes, each with a session of its own.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from celery_election import runstate
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core import runstate
+from celery_election.core.clock import FakeClock
+from celery_election.core.runstate import ENDED, SENT, STARTED, Delivery, run_key
 from celery_election.errors import BackendUnavailableError
-from celery_election.runonce import RunGuard
-from celery_election.runstate import ENDED, SENT, STARTED, Delivery, run_key
+from celery_election.runs.runonce import RunGuard
 from harness.cluster import wait_until
 
 from ..conftest import EVERY_KIND, make_backend
@@ -347,7 +347,7 @@ def test_the_guard_takes_over_a_dead_processs_run_under_acks_late(backend: Any) 
 
 def test_the_guard_prunes_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each process prunes at most every PRUNE_EVERY s, sooner while whole batches go."""
-    from celery_election import runonce
+    from celery_election.runs import runonce
 
     clock = FakeClock()
     backend = MemoryBackend(clock=clock)
@@ -386,7 +386,7 @@ def test_a_prune_that_fails_never_fails_the_delivery(
 
     monkeypatch.setattr(backend.runs, "prune", refused)
     guard = RunGuard(lambda: backend, NS, retention=600, liveness=None)
-    caplog.set_level("WARNING", logger="celery_election.runonce")
+    caplog.set_level("WARNING", logger="celery_election.runs.runonce")
     verdict = guard.enter(new_id(), 0, "proj.job", "h", acks_late=False)
     assert verdict.run and verdict.reason == "started"
     assert "could not prune old runs" in caplog.text

@@ -20,10 +20,11 @@ import pytest
 import sqlalchemy as sa
 from celery import Celery
 
-from celery_election import metrics, runstate
+from celery_election import metrics
 from celery_election.beat import LeaderScheduler
-from celery_election.clock import boottime
-from celery_election.runstate import CLAIMED, run_key, run_now_task_id
+from celery_election.core import runstate
+from celery_election.core.clock import boottime
+from celery_election.core.runstate import CLAIMED, run_key, run_now_task_id
 from celery_election.schedule import Schedule
 from celery_election.schedule.store import history_row
 
@@ -405,7 +406,7 @@ def test_the_leader_prunes_its_runs_past_the_retention_off_the_tick(
     those past ``election_schedule_retention``, batch after batch while whole batches go
     (here 2 rows a batch), never a run still claimed, a worker's own run (workers prune
     theirs) or another namespace's."""
-    from celery_election import runonce
+    from celery_election.runs import runonce
 
     monkeypatch.setattr(runonce, "PRUNE_BATCH", 2)
     s = leading(beats)

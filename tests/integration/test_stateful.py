@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from celery_election.backends import MemoryBackend
-from celery_election.lease import Lease
+from celery_election.core.lease import Lease
 
 from ..conftest import expire, token
 

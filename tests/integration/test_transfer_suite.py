@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_election.lease import CandidateInfo, Lease
+from celery_election.core.lease import CandidateInfo, Lease
 
 from ..conftest import EVERY_KIND, expire, expire_candidates, make_backend, token
 
@@ -53,7 +53,7 @@ def test_the_leader_hands_its_term_to_a_live_eligible_target(backend: Any) -> No
     assert not backend.resign(NS, a, moved.term)
     # nobody can elect in between: the term is held, not vacant
     assert not backend.elect(NS, token(), "c", TTL).won
-    # the target renews it (then believes it: election_loop.py ``_accept``)
+    # the target renews it (then believes it: election/loop.py ``_accept``)
     assert backend.renew(NS, b.token, moved.term, TTL).won
 
 

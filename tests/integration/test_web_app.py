@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from celery_election import Elector
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.cli import election
+from celery_election.ops.cli import election
 from celery_election.schedule import Schedule
 from celery_election.schedule.store import history_row, schedule_store
 from celery_election.web import Observer, WebApp, make_app, server
@@ -188,7 +188,7 @@ def test_state_shows_each_namespace_its_leader_and_the_changes_seen(
 
 
 def test_state_lists_the_keys_singleton_tasks_hold(web: WebApp, backend: SQLBackend) -> None:
-    from celery_election.key_holder import KeyHolder
+    from celery_election.election.holder import KeyHolder
 
     assert call(web, "/api/state").json()["keys"] == []
     holder = KeyHolder(backend, "web", holder_id="worker-7")  # the app's namespace

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from celery_election import Elector
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 
 __all__ = ["MARGIN", "RENEW", "TTL", "WAIT", "clock", "electors", "make"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from celery_election import runstate
 from celery_election.backends import SQLBackend
 from celery_election.backends.schema import entry_key
-from celery_election.runstate import Delivery
+from celery_election.core import runstate
+from celery_election.core.runstate import Delivery
 
 __all__ = ["claimed", "ended", "run_row"]
 

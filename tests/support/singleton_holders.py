@@ -12,8 +12,8 @@ import pytest
 from celery import Celery
 
 from celery_election.backends import MemoryBackend
-from celery_election.key_holder import KeyHolder
-from celery_election.singleton import set_key_holder
+from celery_election.election.holder import KeyHolder
+from celery_election.keys.singleton import set_key_holder
 
 from .apps import new_app
 

@@ -9,8 +9,9 @@ import pytest
 from celery import Celery
 from celery.signals import task_postrun
 
-from celery_election import init_app, shared_state
-from celery_election.shared_state import ENV_VAR, SharedLeadership
+from celery_election import init_app
+from celery_election.election import shared_state
+from celery_election.election.shared_state import ENV_VAR, SharedLeadership
 
 from ..support.apps import new_app
 from ..support.postrun import Postrun

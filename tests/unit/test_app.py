@@ -13,7 +13,7 @@ import click
 from celery import Celery
 
 from celery_election import init_app
-from celery_election.bootstep import ElectionStep
+from celery_election.integration.bootstep import ElectionStep
 
 from ..support.apps import new_app
 from ..support.celery_cli import REPO

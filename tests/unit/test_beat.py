@@ -26,9 +26,9 @@ from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import LeaderSchedulerMixin
 from celery_election.beat import fence as fence_module
-from celery_election.clock import FakeClock as VirtualClock
-from celery_election.clock import boottime
-from celery_election.once import RESENT
+from celery_election.core.clock import FakeClock as VirtualClock
+from celery_election.core.clock import boottime
+from celery_election.runs.once import RESENT
 
 NS = "default-beat"
 

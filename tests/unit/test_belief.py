@@ -1,4 +1,4 @@
-"""Belief, the one owner of leadership: each rule of belief.py, apart from any thread.
+"""Belief, the one owner of leadership: each rule of election/belief.py, apart from any thread.
 
 The Elector's tests (test_elector.py) show these through the protocol; here each guard is
 hit directly, including the races the election thread meets only rarely (a term won while
@@ -7,10 +7,10 @@ a resign or stop is under way), so that removing one fails a test (harness/mutat
 
 from __future__ import annotations
 
-from celery_election.belief import Belief
-from celery_election.clock import FakeClock
-from celery_election.decisions import Proof
-from celery_election.transitions import Lead, RevokeReason, Transition
+from celery_election.core.clock import FakeClock
+from celery_election.core.decisions import Proof
+from celery_election.core.transitions import Lead, RevokeReason, Transition
+from celery_election.election.belief import Belief
 
 TTL = 10.0
 

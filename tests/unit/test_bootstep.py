@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_election import init_app, shared_state
-from celery_election.bootstep import ElectionStep
-from celery_election.elector import RevokeReason
-from celery_election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
+from celery_election import init_app
+from celery_election.election import shared_state
+from celery_election.election.elector import RevokeReason
+from celery_election.election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
+from celery_election.integration.bootstep import ElectionStep
 from celery_election.signals import leader_elected, leader_revoked
 
 from ..support.apps import new_app

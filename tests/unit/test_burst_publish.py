@@ -28,8 +28,8 @@ from celery_election import process as process_module
 from celery_election.backends import MemoryBackend
 from celery_election.beat import sender as sender_module
 from celery_election.beat.publish import FAILED, FENCED, SENT, BurstRouter, Job, Publisher, Reply
-from celery_election.clock import boottime
-from celery_election.shared_state import SharedLeadership
+from celery_election.core.clock import boottime
+from celery_election.election.shared_state import SharedLeadership
 
 from ..support.beat import Due, Leading
 

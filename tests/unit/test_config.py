@@ -10,14 +10,14 @@ import pytest
 
 from celery_election.backends import MemoryBackend
 from celery_election.backends.base import BACKEND_MEMBERS
-from celery_election.config import (
+from celery_election.core.config import (
     MAX_CANDIDATE_ID_LENGTH,
     MAX_NAMESPACE_LENGTH,
     ElectionConfig,
     validate_candidate_id,
     validate_namespace,
 )
-from celery_election.elector import Elector
+from celery_election.election.elector import Elector
 from celery_election.errors import ConfigurationError, ElectionError
 
 SECONDS_FIELDS = [

@@ -8,9 +8,7 @@ from typing import Any
 import pytest
 from celery.worker.control import Panel
 
-from celery_election import (
-    control,  # noqa: F401  (registers the commands)
-)
+from celery_election.integration import control  # noqa: F401  (registers the commands)
 
 
 def control_state(step: Any) -> Any:

@@ -16,19 +16,16 @@ from typing import Any
 import pytest
 
 from .test_layers import CELERY_SIDE as CELERY_SIDE_MODULES
-from .test_layers import MODULES
+from .test_layers import MODULES, on_celery_side
 
 CELERY_SIDE = ("celery", "kombu", "click", "billiard", "amqp", "vine")
 
-#: The modules that need Celery to load: docs/design.md's Celery side (test_layers), less
-#: shared_state, which is plain shared memory; a package there (beat) with all its modules.
-#: Every other module is checked, so a new core module is covered the day it is added, not
-#: when someone remembers a list.
-NEEDS_CELERY = CELERY_SIDE_MODULES - {"shared_state"}
+#: The modules that need Celery to load: docs/design.md's Celery side (test_layers), a
+#: package there (beat) with all its modules. Every other module is checked, so a new core
+#: module is covered the day it is added, not when someone remembers a list.
+NEEDS_CELERY = CELERY_SIDE_MODULES
 CORE_MODULES = sorted(
-    f"celery_election.{m}" if m else "celery_election"
-    for m in MODULES
-    if m.split(".")[0] not in NEEDS_CELERY
+    f"celery_election.{m}" if m else "celery_election" for m in MODULES if not on_celery_side(m)
 )
 
 
@@ -142,7 +139,7 @@ def test_core_runs_an_election_without_celery(block: bool, tmp_path: Path) -> No
 LAZY = """
 import celery_election
 
-before = "celery_election.app" in sys.modules
+before = "celery_election.integration.app" in sys.modules
 in_namespace = "init_app" in vars(celery_election)
 listed = "init_app" in celery_election.__all__
 try:
@@ -156,7 +153,9 @@ report(
     in_namespace=in_namespace,
     listed=listed,
     access=access,
-    app_loaded_after=sorted(m for m in sys.modules if m.startswith("celery_election.app")),
+    app_loaded_after=sorted(
+        m for m in sys.modules if m.startswith("celery_election.integration.app")
+    ),
 )
 """
 

@@ -1,6 +1,6 @@
 """The election thread's decisions, from tables: what it does given what it knows.
 
-Each row is one situation; the functions are pure (decisions.py), so no thread, clock or
+Each row is one situation; the functions are pure (core/decisions.py), so no thread, clock or
 backend is involved. Every bound here is also a mutation target (harness/mutations.py).
 """
 
@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from celery_election.config import ElectionConfig
-from celery_election.decisions import (
+from celery_election.core.config import ElectionConfig
+from celery_election.core.decisions import (
     RATE_ALLOWANCE,
     Call,
     LockNews,
@@ -37,8 +37,8 @@ from celery_election.decisions import (
     transfer_asked,
     trust_end,
 )
-from celery_election.lease import CandidateInfo, ElectResult, Lease
-from celery_election.transitions import Lead
+from celery_election.core.lease import CandidateInfo, ElectResult, Lease
+from celery_election.core.transitions import Lead
 
 ME, OTHER = "me" * 16, "other" * 6
 NOW = 100.0

@@ -17,8 +17,8 @@ import pytest
 from celery_election import Elector, RevokeReason, State
 from celery_election.backends import MemoryBackend
 from celery_election.backends.memory import MemorySession
-from celery_election.clock import FakeClock
-from celery_election.elector import Subscription, Transition
+from celery_election.core.clock import FakeClock
+from celery_election.election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
 
 from ..support.fake_electors import MARGIN, RENEW, TTL, WAIT, clock, electors, make
@@ -433,7 +433,7 @@ def test_an_unreachable_database_is_logged_again_every_minute_until_it_answers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One ERROR line at start was easy to miss while a worker ran with nobody leading."""
-    caplog.set_level("INFO", logger="celery_election.elector")
+    caplog.set_level("INFO", logger="celery_election.election.elector")
     e = make(electors, mem, clock)
     sub = e.subscribe()
     mem.fail(BackendUnavailableError("database down"))
@@ -455,7 +455,7 @@ def test_an_unreachable_database_is_logged_again_every_minute_until_it_answers(
 def test_each_leadership_change_is_one_searchable_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level("INFO", logger="celery_election.elector")
+    caplog.set_level("INFO", logger="celery_election.election.elector")
     e = Elector(MemoryBackend(), "jobs", candidate_id="w1", ttl=2)
     sub = e.subscribe()
     try:
@@ -592,9 +592,9 @@ def test_elector_options_are_the_electors_keyword_arguments() -> None:
     import dataclasses
     import inspect
 
-    from celery_election.aio import AsyncElector
-    from celery_election.config import ElectionConfig
-    from celery_election.elector import ElectorOptions
+    from celery_election.core.config import ElectionConfig
+    from celery_election.election.aio import AsyncElector
+    from celery_election.election.elector import ElectorOptions
 
     params = inspect.signature(Elector.__init__).parameters.values()
     keywords = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
@@ -612,7 +612,7 @@ def test_candidate_ids_read_role_node_pid_and_a_random_tag() -> None:
     import os
     import socket
 
-    from celery_election.identity import new_candidate_id
+    from celery_election.core.identity import new_candidate_id
 
     host, pid = socket.gethostname(), os.getpid()
     first, second = new_candidate_id(), new_candidate_id()

@@ -2,7 +2,7 @@
 
 The memory backend and a fake clock, as tests/unit/test_elector.py: time moves only when a
 test advances it, and the tests wait (real time, bounded) for what the electors announce.
-The rule itself is decisions.py's (``follower_call``, tests/unit/test_decisions.py).
+The rule itself is core/decisions.py's (``follower_call``, tests/unit/test_decisions.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from celery_election import Elector, State
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 from celery_election.errors import ConfigurationError
 from celery_election.metrics.health import health
 from celery_election.settings import ElectionSettings

@@ -17,9 +17,9 @@ import pytest
 from celery import Celery, states
 
 from celery_election.backends import MemoryBackend
+from celery_election.election.holder import KeyHolder
 from celery_election.errors import BackendUnavailableError
-from celery_election.key_holder import KeyHolder
-from celery_election.singleton import set_key_holder, singleton_task
+from celery_election.keys.singleton import set_key_holder, singleton_task
 
 from ..support.apps import new_app
 
@@ -121,7 +121,7 @@ def app() -> Iterator[Celery]:
 def test_an_unreachable_database_is_busy_never_a_lost_task(
     app: Celery, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from celery_election.singleton import key_holder
+    from celery_election.keys.singleton import key_holder
 
     def down(*args: Any, **kwargs: Any) -> Any:
         raise BackendUnavailableError("the database is down")

@@ -15,16 +15,21 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_election"
 #: Modules that may import Celery (docs/design.md); every other module is the core. A
-#: package listed here (beat) is on the Celery side with all its modules (``beat.ops``).
+#: package listed here (beat, integration) is on the Celery side with all its modules.
 CELERY_SIDE = {
-    "app", "bootstep", "shared_state", "beat", "schedule", "tasks", "control", "signals",
-    "cli", "cli_keys", "web", "singleton", "once", "testing_keys",
+    "integration", "beat", "schedule", "keys", "ops", "signals", "web", "runs.once",
 }  # fmt: skip
-#: Core modules allowed one Celery-side module, and why: the test kit writes the shared
-#: leadership record that leader tasks read, and shared_state itself imports no Celery
-#: (test_core_imports loads both with Celery blocked); the pytest plugin's
+#: Core modules allowed one Celery-side module, and why: the pytest plugin's
 #: ``election_keys`` fixture imports the singleton tasks' kit when a test uses it, not before.
-ALLOWED = {"testing": {"shared_state"}, "pytest_plugin": {"testing_keys"}}
+ALLOWED = {"pytest_plugin": {"keys", "keys.testing"}}
+#: The wings and the top-level modules, bottom to top (docs/design.md draws them): each
+#: imports only what stands before it, so the wings hold the one-way arrows the modules
+#: hold. ``""`` is the package's face, which names the public parts of every wing.
+WINGS = [
+    "errors", "release", "signals", "core", "backends", "election", "history", "metrics",
+    "settings", "process", "runs", "schedule", "beat", "keys", "web", "integration", "ops",
+    "", "testing", "pytest_plugin",
+]  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -98,7 +103,7 @@ def cycle_from(start: str) -> list[str] | None:
 def test_the_graph_is_read() -> None:
     assert GRAPH["beat"] == {"beat.scheduler"}
     assert GRAPH["beat.scheduler"] >= {"beat.election", "beat.fence", "beat.ops", "backends.base"}
-    assert "elector" in GRAPH["beat.election"]
+    assert "election.elector" in GRAPH["beat.election"]
     assert "schedule.spec" in GRAPH["schedule.api"]
     assert "backends.sql_beat" in GRAPH["backends.sql"]
 
@@ -118,22 +123,46 @@ def test_the_election_core_never_imports_the_operable_schedule() -> None:
         if not m.startswith("schedule") and any(d.split(".")[0] == "schedule" for d in deps)
     }
     beat = {"beat.ops", "beat.catchup", "beat.guards", "beat.history", "beat.election"}
-    assert users <= {"app", *beat, "bootstep", "cli", "web"}, sorted(users)
-    core = {m for m in MODULES if not on_celery_side(m) and m != "_demo"}
+    assert users <= {*beat, "integration.bootstep", "ops.cli", "web"}, sorted(users)
+    core = {m for m in MODULES if not on_celery_side(m) and m != "ops.demo"}
     assert not users & core
 
 
 def on_celery_side(module: str) -> bool:
     """``module`` is, or is in a package that is, on the Celery side (``beat.ops``)."""
-    return module.split(".")[0] in CELERY_SIDE
+    parts = module.split(".")
+    return any(".".join(parts[:k]) in CELERY_SIDE for k in range(1, len(parts) + 1))
 
 
 def test_the_core_never_imports_the_celery_side() -> None:
-    core = {m for m in MODULES if not on_celery_side(m) and m != "_demo"}
+    core = {m for m in MODULES if not on_celery_side(m) and m != "ops.demo"}
     reach = {m: {s for s in RUNTIME[m] if on_celery_side(s)} - ALLOWED.get(m, set()) for m in core}
     bad = {m: sorted(sides) for m, sides in reach.items() if sides}
     bad.pop("", None)  # the package's __init__ loads the Celery side lazily, by name
     assert bad == {}
+
+
+def wing(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_wings_import_only_the_wings_below_them() -> None:
+    """One arrow from wing to wing, downwards: a wing that reached up would make the two
+    one room, whatever their folders say."""
+    assert {wing(m) for m in MODULES} == set(WINGS)
+    up = sorted(
+        f"{m} -> {d}"
+        for m, deps in GRAPH.items()
+        for d in deps
+        if WINGS.index(wing(d)) > WINGS.index(wing(m))
+    )
+    assert up == []
+
+
+def test_the_package_stands_in_wings() -> None:
+    """At most 12 modules directly in the package; the rest stand in wings (issue 53)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
 
 
 def test_the_harness_and_the_benchmarks_never_import_the_tests() -> None:

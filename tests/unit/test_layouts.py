@@ -309,7 +309,7 @@ def test_a_task_module_that_fails_to_import_is_logged_and_the_send_goes_on(
 
 @pytest.mark.usefixtures("clean_env")
 def test_the_worker_banner_names_the_election_without_the_password() -> None:
-    from celery_election.bootstep import ElectionStep
+    from celery_election.integration.bootstep import ElectionStep
 
     app = fresh_app(broker="memory://")
     app.conf.update(election_url=PG, election_namespace="banner")

@@ -17,8 +17,8 @@ import pytest
 
 from celery_election.backends import MemoryBackend
 from celery_election.beat.ledger import run_task_id
-from celery_election.clock import boottime
-from celery_election.once import RESENT
+from celery_election.core.clock import boottime
+from celery_election.runs.once import RESENT
 
 from .test_beat import NS, IsDueOnly, Recording, make_app, seed, shared, started
 

@@ -31,7 +31,7 @@ MAX_FUNCTION_LINES = 60
 MAX_BEAT_TYPE_IGNORES = 10
 #: Instance fields of ``ElectionLoop``: past this the loop holds state that belongs to a
 #: collaborator or to one phase, and each step's reads and writes are harder to follow.
-#: The phases keep their timers in the values they are handed (election_steps.py).
+#: The phases keep their timers in the values they are handed (election/steps.py).
 MAX_ELECTION_LOOP_FIELDS = 20
 #: Our classes in ``LeaderScheduler.__mro__``: each layer over Celery's scheduler is a
 #: place a hook may be overridden; more than a few and nobody knows which one runs.
@@ -163,7 +163,7 @@ def instance_fields(cls: ast.ClassDef) -> dict[str, int]:
 
 
 def test_the_election_loop_holds_few_fields() -> None:
-    path = PACKAGE / "election_loop.py"
+    path = PACKAGE / "election/loop.py"
     classes = [
         n
         for n in ast.walk(ast.parse(path.read_text()))

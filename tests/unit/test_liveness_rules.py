@@ -344,9 +344,9 @@ def test_a_grant_that_arrives_after_the_lock_was_given_up_is_released() -> None:
     """``want(False)`` while the lock wait is blocked: the interrupt may lose the race with
     the grant. A grant that arrives when the lock is no longer wanted is let go at once,
     and nobody is told it was granted (before this test only a race reached it)."""
-    from celery_election.clock import RealClock
-    from celery_election.decisions import LockNews
-    from celery_election.lock_thread import LockThread
+    from celery_election.core.clock import RealClock
+    from celery_election.core.decisions import LockNews
+    from celery_election.election.lock_thread import LockThread
 
     backend = MemoryBackend(liveness=True)
     waiting, gate, released = threading.Event(), threading.Event(), threading.Event()

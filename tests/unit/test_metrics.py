@@ -13,8 +13,8 @@ import pytest
 
 from celery_election import metrics
 from celery_election.backends import backend_from_url
-from celery_election.clock import boottime
-from celery_election.elector import Elector
+from celery_election.core.clock import boottime
+from celery_election.election.elector import Elector
 
 pytest.importorskip("prometheus_client")
 

@@ -1,5 +1,5 @@
 """Run once on the workers, eagerly on the memory backend: once_task, leader_task(once=True),
-and the check the worker step puts on every task for the beat's runs (once.py)."""
+and the check the worker step puts on every task for the beat's runs (runs/once.py)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,16 @@ from typing import Any
 import pytest
 from celery import Celery, states
 
-from celery_election import (
-    MemoryBackend,
-    init_app,
-    leader_task,
-    metrics,
-    once,
-    once_task,
-    runonce,
-    runstate,
-)
-from celery_election.clock import boottime
+from celery_election import MemoryBackend, init_app, leader_task, metrics, once_task
+from celery_election.core import runstate
+from celery_election.core.clock import boottime
+from celery_election.core.runstate import Delivery
+from celery_election.election.shared_state import SharedLeadership
 from celery_election.errors import BackendUnavailableError
 from celery_election.metrics.counters import LocalCounters
-from celery_election.once import HEADER, RESENT, ROWS, OnceTask, guard_registered
-from celery_election.runonce import RunGuard, run_key
-from celery_election.runstate import Delivery
-from celery_election.shared_state import SharedLeadership
+from celery_election.runs import once, runonce
+from celery_election.runs.once import HEADER, RESENT, ROWS, OnceTask, guard_registered
+from celery_election.runs.runonce import RunGuard, run_key
 
 from ..support.apps import new_app
 
@@ -73,7 +66,7 @@ def test_a_once_task_runs_once_per_task_id(
 
     tid = uuid.uuid4().hex
     assert job.apply((1,), task_id=tid).get() == 1
-    with caplog.at_level(logging.WARNING, "celery_election.once"):
+    with caplog.at_level(logging.WARNING, "celery_election.runs.once"):
         second = job.apply((1,), task_id=tid)
     assert second.state == states.IGNORED and ran == [1]
     assert counted(job, "duplicate") == 1
@@ -205,7 +198,7 @@ def test_a_beat_run_that_nothing_checks_is_warned_of_once(
     """Window 11 of issue 52: a worker without ``--election`` (or a spawned child, or a task
     registered after the worker step) runs beat runs unchecked: one WARNING per task,
     naming the fix; a checked task and a message that is not a beat run say nothing."""
-    from celery_election.once import warn_unchecked
+    from celery_election.runs.once import warn_unchecked
 
     @app.task(shared=False)
     def unchecked() -> None:
@@ -218,7 +211,7 @@ def test_a_beat_run_that_nothing_checks_is_warned_of_once(
     bare, wrapped = app.tasks[unchecked.name], app.tasks[checked.name]
     once._wrap(type(wrapped))  # as the worker step wraps what is registered then
     run = {"headers": {HEADER: 7}}
-    with caplog.at_level(logging.WARNING, "celery_election.once"):
+    with caplog.at_level(logging.WARNING, "celery_election.runs.once"):
         for task, request in [(bare, {}), (bare, run), (bare, run), (wrapped, run)]:
             task.push_request(**request)
             try:
@@ -239,7 +232,7 @@ def test_a_once_leader_task_records_only_on_the_leader(
         ran.append(1)
 
     record = SharedLeadership.create()
-    from celery_election import shared_state
+    from celery_election.election import shared_state
 
     shared_state.use(record)
     try:
@@ -263,7 +256,8 @@ def test_a_worker_defers_a_beat_run_while_the_database_cannot_say(
     """In a real (in-process) worker: neither run nor dropped, and still checked after."""
     import time
 
-    from celery_election import once, testing
+    from celery_election import testing
+    from celery_election.runs import once
 
     app = init_app(
         new_app(election_namespace=NS, broker_transport_options={"polling_interval": 0.01})
@@ -305,7 +299,8 @@ def test_a_put_off_delivery_runs_the_run_its_own_try_recorded(
     runs it (one body): by default too, and though the beat had sent it again."""
     import time
 
-    from celery_election import once, testing
+    from celery_election import testing
+    from celery_election.runs import once
 
     app = init_app(
         new_app(election_namespace=NS, broker_transport_options={"polling_interval": 0.01})

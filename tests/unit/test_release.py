@@ -1,7 +1,7 @@
 """Release preference with electors (memory backend, fake clock): an older release leaves a
 vacancy to a newer one that lives, and elects anyway once ``ttl`` has passed.
 
-The rules are decisions.py's (``newer_release_lives``, ``defer_take``), held by tables in
+The rules are core/decisions.py's (``newer_release_lives``, ``defer_take``), held by tables in
 tests/unit/test_decisions.py.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from celery_election import Elector, __version__
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 
 from ..support import fake_electors as electors_support
 from ..support.fake_electors import TTL, WAIT, clock, electors

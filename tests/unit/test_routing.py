@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery
 
 from celery_election import init_app
-from celery_election.tasks import LeaderRouter, LeaderTask
+from celery_election.integration.tasks import LeaderRouter, LeaderTask
 
 from ..support.apps import new_app
 

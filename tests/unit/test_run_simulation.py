@@ -1,7 +1,7 @@
 """The run's life under a seeded simulation (harness/runsim.py): 100,000 schedules a run.
 
 Beats, a broker, workers and faults on one virtual clock, on the real transitions
-(runstate.py) and the memory store (backends/memory_runs.py). The seeds change every UTC
+(core/runstate.py) and the memory store (backends/memory_runs.py). The seeds change every UTC
 day (``CELERY_ELECTION_SIM_SEED`` replays a day's first seed); a failure prints the
 command that replays its schedule step by step.
 """

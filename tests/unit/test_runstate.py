@@ -1,6 +1,6 @@
 """A run's transitions, from tables: what each step does to the row, given the row.
 
-The functions are pure (runstate.py): no store, clock or thread. Each guard here is also a
+The functions are pure (core/runstate.py): no store, clock or thread. Each guard here is also a
 mutation target (harness/mutations.py), killed by these rows and by the simulation
 (test_run_simulation.py).
 """
@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from celery_election import runstate
-from celery_election.runstate import CLAIMED, DROPPED, ENDED, LOST, SENT, STARTED, Row
+from celery_election.core import runstate
+from celery_election.core.runstate import CLAIMED, DROPPED, ENDED, LOST, SENT, STARTED, Row
 
 CLAIM = Row("e", 100, "tid", term=3)
 SENT_ROW = replace(CLAIM, state=SENT)

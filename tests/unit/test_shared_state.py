@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from celery_election import shared_state
-from celery_election.clock import boottime
-from celery_election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
-from celery_election.tasks import current_term
+from celery_election.core.clock import boottime
+from celery_election.election import shared_state
+from celery_election.election.shared_state import ENV_VAR, SharedLeadership, TrustRecord
+from celery_election.integration.tasks import current_term
 
 from ..support.celery_cli import REPO
 
@@ -92,8 +92,8 @@ def test_reading_is_shared_across_fork(record: SharedLeadership) -> None:
 
 SPAWNED_READER = """
 import sys
-from celery_election import shared_state
-from celery_election.tasks import current_term
+from celery_election.election import shared_state
+from celery_election.integration.tasks import current_term
 
 record = shared_state.current()
 print(record is not None and not record.owner, flush=True)
@@ -291,7 +291,8 @@ def test_records_of_dead_workers_are_swept(tmp_path: Path) -> None:
 
 def test_metrics_tables_of_dead_workers_are_swept(tmp_path: Path, monkeypatch: Any) -> None:
     """The metrics table too: a new table sweeps those of workers that were SIGKILLed."""
-    from celery_election import metrics, shm
+    from celery_election import metrics
+    from celery_election.core import shm
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -16,12 +16,12 @@ from celery import Celery, states
 from celery.exceptions import Ignore
 
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
-from celery_election.decisions import Proof
+from celery_election.core.clock import FakeClock
+from celery_election.core.decisions import Proof
+from celery_election.core.keys import holder_lock_name
+from celery_election.election.holder import Held, KeyHolder
 from celery_election.errors import ConfigurationError
-from celery_election.key_holder import Held, KeyHolder
-from celery_election.keys import holder_lock_name
-from celery_election.singleton import (
+from celery_election.keys.singleton import (
     KeyBusyError,
     SingletonTask,
     singleton_key,

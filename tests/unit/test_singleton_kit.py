@@ -17,16 +17,16 @@ from celery import Celery, states
 
 from celery_election import metrics
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
 from celery_election.errors import ConfigurationError, ElectionError
-from celery_election.singleton import (
+from celery_election.keys.singleton import (
     KeyBusyError,
     SingletonTask,
     key_holder,
     singleton_task,
     waiting_key,
 )
-from celery_election.testing_keys import SingletonKeys
+from celery_election.keys.testing import SingletonKeys
 
 from ..support.postrun import Postrun
 

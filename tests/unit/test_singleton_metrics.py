@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_election import metrics
 from celery_election.backends import MemoryBackend
-from celery_election.key_holder import KeyHolder
-from celery_election.keys import holder_lock_name
-from celery_election.singleton import singleton_task
+from celery_election.core.keys import holder_lock_name
+from celery_election.election.holder import KeyHolder
+from celery_election.keys.singleton import singleton_task
 
 from ..support.singleton_holders import DELTA, app, backend, other
 

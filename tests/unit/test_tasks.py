@@ -12,11 +12,12 @@ from celery import Celery, states
 from celery.exceptions import Ignore
 from celery.result import EagerResult
 
-from celery_election import init_app, leader_task, shared_state
-from celery_election.clock import boottime
+from celery_election import init_app, leader_task
+from celery_election.core.clock import boottime
+from celery_election.election import shared_state
+from celery_election.election.shared_state import ENV_VAR, SharedLeadership
 from celery_election.errors import ConfigurationError, NotLeaderError
-from celery_election.shared_state import ENV_VAR, SharedLeadership
-from celery_election.tasks import LeaderTask, current_term
+from celery_election.integration.tasks import LeaderTask, current_term
 
 from ..support.apps import new_app
 

@@ -22,10 +22,11 @@ import pytest
 from celery import Celery, states
 from celery.contrib.testing.app import setup_default_app
 
-from celery_election import leader_task, shared_state
+from celery_election import leader_task
+from celery_election.election import shared_state
+from celery_election.election.shared_state import ENV_VAR
 from celery_election.errors import ElectionError, NotLeaderError
-from celery_election.shared_state import ENV_VAR
-from celery_election.tasks import current_term
+from celery_election.integration.tasks import current_term
 from celery_election.testing import ElectedLeadership, Leadership, leader_queues
 
 from ..support.postrun import Postrun
@@ -241,7 +242,7 @@ def test_a_controller_must_be_installed() -> None:
 @pytest.mark.slow
 def test_spawned_children_find_the_record(election: Leadership) -> None:
     """The record's path is in the environment: a spawned pool child attaches to it."""
-    code = "from celery_election.tasks import current_term; print(current_term())"
+    code = "from celery_election.integration.tasks import current_term; print(current_term())"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
@@ -354,7 +355,7 @@ def test_the_plugin_is_registered_by_its_entry_point(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import os
-            from celery_election import shared_state
+            from celery_election.election import shared_state
 
             def test_untouched():
                 assert shared_state.in_use() is None

@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from celery_election import tracing
 from celery_election.beat.ledger import run_task_id
 from celery_election.beat.runs import Claim
-from celery_election.lease import Lease, vacancy
-from celery_election.transitions import RevokeReason, Transition
+from celery_election.core import tracing
+from celery_election.core.lease import Lease, vacancy
+from celery_election.core.transitions import RevokeReason, Transition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,9 +134,9 @@ def test_without_opentelemetry_nothing_of_it_is_imported() -> None:
                     raise ImportError(name)
 
         sys.meta_path.insert(0, Blocker())
-        from celery_election import tracing
+        from celery_election.core import tracing
         from celery_election.beat import sender, publish
-        from celery_election import tasks
+        from celery_election.integration import tasks
         print(json.dumps({"available": tracing.AVAILABLE, "enabled": tracing.enabled(),
                           "loaded": [m for m in sys.modules if m.startswith("opentelemetry")]}))
     """)

@@ -14,9 +14,9 @@ import pytest
 
 from celery_election import Elector, RevokeReason
 from celery_election.backends import MemoryBackend
-from celery_election.clock import FakeClock
+from celery_election.core.clock import FakeClock
+from celery_election.core.transfer import TransferRefusedError, node_of, pick_target
 from celery_election.errors import NotLeaderError
-from celery_election.transfer import TransferRefusedError, node_of, pick_target
 
 from ..support.fake_electors import WAIT, clock, electors, make
 
@@ -107,7 +107,7 @@ def test_refusals_are_one_line_each(clock: FakeClock, electors: list[Elector]) -
 
 
 def test_a_node_name_that_names_two_candidates_is_refused() -> None:
-    from celery_election.lease import CandidateInfo
+    from celery_election.core.lease import CandidateInfo
 
     two = [CandidateInfo(f"w1@h:{p}:aa", "h", p, 0, 0, token=str(p) * 32) for p in (1, 2)]
     with pytest.raises(TransferRefusedError, match="names 2 candidates"):

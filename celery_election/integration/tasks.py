@@ -32,12 +32,14 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from . import metrics, shared_state, tracing
-from .errors import NotLeaderError
-from .metrics import counters
-from .once import check_choice, task_decorator
-from .once import guard as guard_once
-from .settings import ElectionSettings
+from .. import metrics
+from ..core import tracing
+from ..election import shared_state
+from ..errors import NotLeaderError
+from ..metrics import counters
+from ..runs.once import check_choice, task_decorator
+from ..runs.once import guard as guard_once
+from ..settings import ElectionSettings
 
 __all__ = [
     "ON_FOLLOWER",
@@ -180,7 +182,7 @@ def leader_task(
     """Declare a task that only the leader runs: ``@leader_task`` or ``@leader_task(...)``.
 
     Takes the options of ``@shared_task`` (and ``app=`` to bind to one app), plus
-    ``on_follower``, ``requeue_delay`` and ``once`` (run once per task id: once.py).
+    ``on_follower``, ``requeue_delay`` and ``once`` (run once per task id: runs/once.py).
     """
     check_choice("on_follower", on_follower, ON_FOLLOWER)
     options.setdefault("base", LeaderTask)
@@ -235,7 +237,7 @@ class LeaderRouter:
         return self.app.tasks.get(name)
 
     def __repr__(self) -> str:
-        return "<celery_election.tasks.LeaderRouter>"
+        return "<celery_election.integration.tasks.LeaderRouter>"
 
 
 def install_router(app: Any) -> None:

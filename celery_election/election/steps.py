@@ -1,6 +1,6 @@
 """What the election thread's phases hand each other, and how it calls its backend.
 
-``ElectionLoop`` (election_loop.py) follows, leads and resigns. Each phase owns its
+``ElectionLoop`` (election/loop.py) follows, leads and resigns. Each phase owns its
 timers as a value it is given (``Following``, ``Leading``) instead of fields that
 several methods write; the row as last read (``Reading``) outlives the phases and a
 restart; ``BackendCalls`` puts the attempt deadline, the timing and the failure count
@@ -16,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.config import ElectionConfig
+from ..core.lease import Lease
+from ..core.stats import ElectorStats
+from ..core.transitions import Backoff
 from .announce import Announcer
-from .config import ElectionConfig
-from .lease import Lease
-from .stats import ElectorStats
-from .transitions import Backoff
 
 __all__ = ["BackendCalls", "Candidate", "Following", "HoldingBack", "Leading", "Reading", "Request"]
 
-log = logging.getLogger("celery_election.elector")
+log = logging.getLogger("celery_election.election.elector")
 
 
 class Request(enum.Enum):

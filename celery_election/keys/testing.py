@@ -17,7 +17,7 @@ tasks then hold their keys through this kit's holder, on the kit's database::
 The database is a :class:`~celery_election.backends.MemoryBackend` with liveness locks
 held until their session closes, as a file lock is (``backend=`` takes a real one, e.g.
 ``backend_from_url(url)`` after ``install()``). Two
-:class:`~celery_election.key_holder.KeyHolder` share it: this process's (every app's
+:class:`~celery_election.election.holder.KeyHolder` share it: this process's (every app's
 singleton tasks use it while the kit is installed) and "another worker's" (``hold``).
 """
 
@@ -27,11 +27,11 @@ import threading
 import time
 from typing import Any
 
-from .backends.base import Backend
-from .backends.memory import MemoryBackend
-from .errors import ElectionError
-from .key_holder import Held, KeyHolder
-from .lease import Lease
+from ..backends.base import Backend
+from ..backends.memory import MemoryBackend
+from ..core.lease import Lease
+from ..election.holder import Held, KeyHolder
+from ..errors import ElectionError
 from .singleton import set_key_holder
 
 __all__ = ["SingletonKeys"]

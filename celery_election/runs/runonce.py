@@ -3,7 +3,7 @@
 The broker may deliver one run twice: the beat re-publishes a run it cannot prove was
 sent (under the same task id), Celery redelivers after a lost ack, Redis after
 ``visibility_timeout``. Before running, a worker starts the run's row in the election
-database (``RunStore.start``: one conditional write of runstate.py's ``start``), naming
+database (``RunStore.start``: one conditional write of core/runstate.py's ``start``), naming
 this delivery (a token drawn per try) and this process (its liveness session's token).
 Decided by the database, so it holds across workers, hosts and pools:
 
@@ -18,7 +18,7 @@ Decided by the database, so it holds across workers, hosts and pools:
   (``put_off``): a row that try started is its own, and runs (window 6).
 
 The run key is the task id and its retry number: a retry (same id, one more retry) is a
-new run. Part of the core: no Celery here (``once.py`` is the Celery side).
+new run. Part of the core: no Celery here (``runs/once.py`` is the Celery side).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from .backends import backend_from_url
-from .backends.base import Backend, End, RunStore
-from .errors import BackendUnavailableError, ElectionError, SchemaMissingError
-from .key_holder import KeyHolder
-from .runstate import Delivery, Start, run_key
-from .settings import ElectionSettings
+from ..backends import backend_from_url
+from ..backends.base import Backend, End, RunStore
+from ..core.runstate import Delivery, Start, run_key
+from ..election.holder import KeyHolder
+from ..errors import BackendUnavailableError, ElectionError, SchemaMissingError
+from ..settings import ElectionSettings
 
 __all__ = ["RunGuard", "Verdict", "current", "not_run", "ran", "run_key", "use"]
 
-log = logging.getLogger("celery_election.runonce")
+log = logging.getLogger("celery_election.runs.runonce")
 
 #: A process deletes run rows past the retention this often (seconds), this many at most.
 PRUNE_EVERY, PRUNE_BATCH = 600.0, 5000

@@ -3,11 +3,11 @@
 An ``ElectionLoop`` is made by ``Elector.start()`` with its collaborators, and run by
 the thread it starts. Its state is its control flow (``run``): it follows until it holds
 a term, leads (renews) until belief ends or a resign is due, resigns once, and follows
-again. Each phase keeps its timers in a value it is handed (election_steps.py); the
+again. Each phase keeps its timers in a value it is handed (election/steps.py); the
 fields (the term held, the row as read) are written only by that thread; other threads
 reach it only through ``post`` (the lock thread's news, the backend's wakeups, resign
-and stop requests). What it does next is decided by the pure
-functions of decisions.py; belief itself is ``Belief``'s (belief.py), which this thread
+and stop requests). What it does next is decided by the pure functions of
+core/decisions.py; belief itself is ``Belief``'s (election/belief.py), which this thread
 begins, extends and ends like any other.
 """
 
@@ -20,24 +20,24 @@ import os
 import random
 import threading
 
-from . import decisions as rules
-from . import election_steps as steps
+from ..backends.base import Backend, Wakeup, WakeupHandle
+from ..core import decisions as rules
+from ..core.clock import Clock, Sleeper, boottime
+from ..core.config import ElectionConfig
+from ..core.decisions import Call, LockNews, Next, Proof
+from ..core.lease import ElectResult, Lease, trusted_until, vacancy
+from ..core.stats import ElectorStats
+from ..core.transfer import Transfer
+from ..core.transitions import Backoff, Lead, RevokeReason
+from . import steps
 from .announce import Announcer
-from .backends.base import Backend, Wakeup, WakeupHandle
 from .belief import Belief
-from .clock import Clock, Sleeper, boottime
-from .config import ElectionConfig
-from .decisions import Call, LockNews, Next, Proof
-from .election_steps import BackendCalls, Candidate, Following, Leading, Reading, Request
-from .lease import ElectResult, Lease, trusted_until, vacancy
 from .lock_thread import LockThread
-from .stats import ElectorStats
-from .transfer import Transfer
-from .transitions import Backoff, Lead, RevokeReason
+from .steps import BackendCalls, Candidate, Following, Leading, Reading, Request
 
 __all__ = ["Candidate", "ElectionLoop", "Request"]
 
-log = logging.getLogger("celery_election.elector")
+log = logging.getLogger("celery_election.election.elector")
 
 _NO_PROOF = Proof()
 

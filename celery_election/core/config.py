@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, cast
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = [
     "MAX_CANDIDATE_ID_LENGTH",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
+from ..errors import ConfigurationError
 from .config import validate_namespace
-from .errors import ConfigurationError
 
 __all__ = [
     "KEY_LENGTH",

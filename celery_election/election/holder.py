@@ -27,14 +27,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .backends.base import Backend
-from .backends.sessions import KeySession
-from .clock import Clock, RealClock, Sleeper
-from .config import validate_namespace
-from .decisions import Proof, extend, granted, trust_end
-from .errors import BackendUnavailableError, ConfigurationError
-from .lease import Lease, trusted_until
-from .transitions import Lead
+from ..backends.base import Backend
+from ..backends.sessions import KeySession
+from ..core.clock import Clock, RealClock, Sleeper
+from ..core.config import validate_namespace
+from ..core.decisions import Proof, extend, granted, trust_end
+from ..core.lease import Lease, trusted_until
+from ..core.transitions import Lead
+from ..errors import BackendUnavailableError, ConfigurationError
 
 __all__ = ["Held", "KeyHolder"]
 

@@ -1,6 +1,6 @@
 """The elector's lock thread: waits on, holds and pings a backend's liveness lock.
 
-The rules are in decisions.py. This thread only holds the lock and publishes what it
+The rules are in core/decisions.py. This thread only holds the lock and publishes what it
 proves, as one immutable ``Proof`` that only it writes; it posts each change to the
 Elector and never touches the lease or the Elector's fields. A follower blocks in
 ``acquire`` (no statements while it waits); every other wait goes through the Clock, so
@@ -14,12 +14,12 @@ import random
 import threading
 from collections.abc import Callable
 
-from .backends.base import Backend
-from .backends.sessions import LivenessSession, LivenessUnsupported
-from .clock import Clock, Sleeper
-from .config import ElectionConfig
-from .decisions import LockNews, Proof, extend, granted
-from .errors import BackendUnavailableError
+from ..backends.base import Backend
+from ..backends.sessions import LivenessSession, LivenessUnsupported
+from ..core.clock import Clock, Sleeper
+from ..core.config import ElectionConfig
+from ..core.decisions import LockNews, Proof, extend, granted
+from ..errors import BackendUnavailableError
 
 __all__ = ["LockThread", "lock_status", "start_lock_thread"]
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 class LockThread:
     """Holds one namespace's liveness lock while ``want(True)``; pings while held.
 
-    ``on_change(news)`` is called from this thread with each ``LockNews`` (decisions.py:
+    ``on_change(news)`` is called from this thread with each ``LockNews`` (core/decisions.py:
     granted, lost, a good ping, a standby slot taken, a failing wait, unsupported); it
     must be quick and only post (it runs on this thread).
 

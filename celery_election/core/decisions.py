@@ -1,6 +1,6 @@
 """The election thread's decisions, as pure functions of what it knows and the time.
 
-No I/O, no threads, no clock reads: the election thread (election_loop.py) reads the
+No I/O, no threads, no clock reads: the election thread (election/loop.py) reads the
 clock and the lock, makes the call a function chooses, and feeds the answer back. Each
 function is tested from a table (tests/unit/test_decisions.py) and each bound in it is a
 mutation target (harness/mutations.py), so a maintainer can check the protocol here,
@@ -67,7 +67,7 @@ RATE_ALLOWANCE = 1 / 12
 
 
 class LockNews(str, enum.Enum):
-    """What the lock thread tells the election thread (lock_thread.py)."""
+    """What the lock thread tells the election thread (election/lock_thread.py)."""
 
     #: the lock is ours (a new grant, pinged once)
     GRANTED = "granted"

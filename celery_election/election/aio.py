@@ -27,9 +27,9 @@ import inspect
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend
+from ..backends.base import Backend
+from ..core.lease import Lease
 from .elector import Elector, ElectorOptions, State, Subscription, Transition
-from .lease import Lease
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
@@ -42,7 +42,7 @@ _POLL = 0.5
 
 
 class AsyncElector:
-    """An :class:`~celery_election.elector.Elector` driven from an event loop."""
+    """An :class:`~celery_election.election.elector.Elector` driven from an event loop."""
 
     def __init__(
         self,

@@ -32,12 +32,13 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from . import metrics, once, runonce
-from .backends import backend_from_url
-from .errors import BackendUnavailableError, ConfigurationError, ElectionError
-from .key_holder import Held, KeyHolder
-from .once import check_choice, task_decorator
-from .settings import ElectionSettings
+from .. import metrics
+from ..backends import backend_from_url
+from ..election.holder import Held, KeyHolder
+from ..errors import BackendUnavailableError, ConfigurationError, ElectionError
+from ..runs import once, runonce
+from ..runs.once import check_choice, task_decorator
+from ..settings import ElectionSettings
 
 __all__ = [
     "ON_BUSY",
@@ -144,7 +145,7 @@ class SingletonTask(Task):
     #: "requeue" only: one running plus at most one waiting per key; a third is dropped.
     one_waiting = False
     throws = (KeyBusyError,)
-    #: A beat run is checked once the key is held (in the call), not before (once.py): a
+    #: A beat run is checked once the key is held (in the call), not before (runs/once.py): a
     #: start recorded before a busy key's requeue made the requeued copy a duplicate.
     election_check_in_call = True
 

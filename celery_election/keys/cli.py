@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import click
 
-from .backends.base import Backend
-from .lease import Lease
+from ..backends.base import Backend
+from ..core.lease import Lease
 
 __all__ = ["held_keys", "key_commands"]
 

@@ -1,6 +1,6 @@
 """The dispatcher: delivers an Elector's events in order off its election thread.
 
-``Belief`` (belief.py) posts each transition here once, in order; the election thread
+``Belief`` (election/belief.py) posts each transition here once, in order; the election thread
 posts its errors. Callbacks and subscriptions run on this thread, so a slow consumer
 delays later events only, never the protocol. Between events this thread also watches
 the believed lead's trust window (``expire``): when it runs out while the election
@@ -15,14 +15,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import tracing
-from .clock import Clock
-from .stats import ElectorStats
-from .transitions import RevokeReason, Subscription, Transition
+from ..core import tracing
+from ..core.clock import Clock
+from ..core.stats import ElectorStats
+from ..core.transitions import RevokeReason, Subscription, Transition
 
 __all__ = ["Announcer"]
 
-log = logging.getLogger("celery_election.elector")
+log = logging.getLogger("celery_election.election.elector")
 
 _ERROR_REPEAT = 60.0  # seconds between two ERROR lines for one persisting failure
 #: Posted when the database answers again after errors (resets the error log's repeat).

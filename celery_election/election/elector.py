@@ -25,7 +25,7 @@ margin. ``is_leader`` compares the deadline with the clock on every read: it tur
 at the deadline even while the thread is stuck in a database call, and the dispatcher
 thread announces the revocation then. A success that returns after its own deadline
 counts as a failure: the term is resigned and a fresh one is sought. With a liveness lock
-(lock_thread.py) trust also ends with the lock's proof; decisions.py has the rules.
+(election/lock_thread.py) trust also ends with the lock's proof; core/decisions.py has the rules.
 
 Threads
 =======
@@ -33,16 +33,16 @@ Threads
 This module only composes; each part is a module of its own and none of them knows the
 Elector:
 
-- ``Belief`` (belief.py), the one owner of belief: begun, extended and ended there
+- ``Belief`` (election/belief.py), the one owner of belief: begun, extended and ended there
   alone, from whichever thread (the election thread, ``resign()``, ``stop()``, the
   dispatcher when trust runs out, the lock thread's pings), and announced once.
-- ``ElectionLoop`` (election_loop.py), the election thread: the one writer of the lease
+- ``ElectionLoop`` (election/loop.py), the election thread: the one writer of the lease
   last read, the term held and the timers; the others only post to it (the lock thread's
   news, the backend's wakeups, resign and stop requests). What it does with what it knows
-  is decided by the pure functions of decisions.py.
-- ``LockThread`` (lock_thread.py), the lock thread: holds the liveness lock, publishes its
+  is decided by the pure functions of core/decisions.py.
+- ``LockThread`` (election/lock_thread.py), the lock thread: holds the liveness lock, publishes its
   ``Proof``.
-- ``Announcer`` (announce.py), the dispatcher: events (``elected``, ``revoked`` with a
+- ``Announcer`` (election/announce.py), the dispatcher: events (``elected``, ``revoked`` with a
   reason, ``error``) reach callbacks and subscriptions there, in order, and a slow
   consumer delays only later events, never the protocol.
 
@@ -61,21 +61,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from .announce import Announcer
-from .backends.base import Backend, backend_problem
-from .belief import Belief
-from .clock import Clock, RealClock, Sleeper
-from .config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
-from .decisions import LockNews, Proof
-from .election_loop import Candidate, ElectionLoop, Request
-from .errors import ConfigurationError, ElectionError, NotLeaderError
-from .identity import new_candidate_id
-from .lease import Lease
-from .lock_thread import LockThread, lock_status, start_lock_thread
-from .release import RELEASE
-from .stats import ElectorStats
-from .transfer import Transfer, TransferRefusedError, pick_target
-from .transitions import (
+from ..backends.base import Backend, backend_problem
+from ..core.clock import Clock, RealClock, Sleeper
+from ..core.config import ElectionConfig, Seconds, validate_candidate_id, validate_namespace
+from ..core.decisions import LockNews, Proof
+from ..core.identity import new_candidate_id
+from ..core.lease import Lease
+from ..core.stats import ElectorStats
+from ..core.transfer import Transfer, TransferRefusedError, pick_target
+from ..core.transitions import (
     Backoff,
     RevokeReason,
     State,
@@ -83,6 +77,12 @@ from .transitions import (
     Transition,
     exponential_backoff,
 )
+from ..errors import ConfigurationError, ElectionError, NotLeaderError
+from ..release import RELEASE
+from .announce import Announcer
+from .belief import Belief
+from .lock_thread import LockThread, lock_status, start_lock_thread
+from .loop import Candidate, ElectionLoop, Request
 
 __all__ = [
     "Backoff",
@@ -170,7 +170,7 @@ class Elector:
     (``election_eligible``): a candidate that takes part, registered and listed as
     ineligible, and never takes a term (it holds no liveness lock either). ``release``
     (``election_release``; default: this package's version): while a candidate of a newer
-    release lives, this one leaves a vacancy to it for up to ``ttl`` (decisions.py).
+    release lives, this one leaves a vacancy to it for up to ``ttl`` (core/decisions.py).
     """
 
     def __init__(

@@ -20,13 +20,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .clock import Clock
-from .decisions import Proof, trust_end
-from .transitions import Lead, RevokeReason, Transition
+from ..core.clock import Clock
+from ..core.decisions import Proof, trust_end
+from ..core.transitions import Lead, RevokeReason, Transition
 
 __all__ = ["Belief", "TrustWatcher"]
 
-log = logging.getLogger("celery_election.elector")
+log = logging.getLogger("celery_election.election.elector")
 
 #: ``watcher(term, trusted_until)`` on every change of trust; (None, None) when it ends
 TrustWatcher = Callable[[int | None, float | None], Any]

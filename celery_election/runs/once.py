@@ -1,6 +1,6 @@
 """Run once on the workers, the Celery side: the check before a run, and its end.
 
-What a run's row means, and what ``acks_late`` changes: ``runonce.py`` (the core).
+What a run's row means, and what ``acks_late`` changes: ``runs/runonce.py`` (the core).
 Here, how a task gets the check:
 
 * every task the beat sends, in a worker started with ``--election``: its message carries
@@ -33,10 +33,11 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore
 from celery.signals import task_postrun, worker_process_shutdown
 
-from . import metrics, runonce
-from .errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
+from .. import metrics
+from ..errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
+from ..settings import ElectionSettings
+from . import runonce
 from .runonce import RunGuard, Verdict, not_run
-from .settings import ElectionSettings
 
 __all__ = [
     "DEFERRED_BY",
@@ -51,7 +52,7 @@ __all__ = [
     "warn_unchecked",
 ]
 
-log = logging.getLogger("celery_election.once")
+log = logging.getLogger("celery_election.runs.once")
 
 #: The header the beat puts on a run it sends (beat/sender.py).
 HEADER = "election_run"
@@ -216,8 +217,8 @@ _listening = False
 def _listen() -> None:
     """Hear runs end from the first recorded start on (no cost to a process without one)."""
     global _listening
-    task_postrun.connect(_finished, weak=False, dispatch_uid="celery_election.once")
-    worker_process_shutdown.connect(_exiting, weak=False, dispatch_uid="celery_election.once")
+    task_postrun.connect(_finished, weak=False, dispatch_uid="celery_election.runs.once")
+    worker_process_shutdown.connect(_exiting, weak=False, dispatch_uid="celery_election.runs.once")
     _listening = True
 
 

@@ -32,8 +32,8 @@ import struct
 import time
 from typing import NamedTuple
 
-from . import shm
-from .clock import boottime
+from ..core import shm
+from ..core.clock import boottime
 
 __all__ = ["ENV_VAR", "SharedLeadership", "TrustRecord", "current", "in_use", "use"]
 

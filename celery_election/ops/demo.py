@@ -25,8 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, backend_from_url
-from .lease import Lease
+from ..backends import Backend, backend_from_url
+from ..core.lease import Lease
 
 __all__ = ["run"]
 

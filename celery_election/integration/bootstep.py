@@ -26,19 +26,21 @@ from typing import TYPE_CHECKING, Any
 import click
 from celery import bootsteps
 
-from . import metrics, once, runonce, shared_state
-from .backends.base import Backend
-from .elector import Elector, RevokeReason
-from .errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
-from .identity import new_candidate_id
-from .process import ProcessElection
-from .settings import ElectionSettings, hide_password
-from .shared_state import SharedLeadership
-from .signals import leader_elected, leader_revoked
+from .. import metrics
+from ..backends.base import Backend
+from ..core.identity import new_candidate_id
+from ..election import shared_state
+from ..election.elector import Elector, RevokeReason
+from ..election.shared_state import SharedLeadership
+from ..errors import ConfigurationError, ElectionError, SchemaMissingError, cannot_start
+from ..process import ProcessElection
+from ..runs import once, runonce
+from ..settings import ElectionSettings, hide_password
+from ..signals import leader_elected, leader_revoked
 from .tasks import leader_queues
 
 if TYPE_CHECKING:
-    from .schedule.overdue import OverdueWatch
+    from ..schedule.overdue import OverdueWatch
 
 __all__ = ["ElectionStep", "in_process_worker"]
 
@@ -112,7 +114,7 @@ class ElectionStep(bootsteps.StartStopStep):
             self._share_counters(bool(kwargs.get("beat")))
 
     def _guard_beat_runs(self, worker: Any) -> None:
-        """Run each beat run once here (once.py): the check goes in before the pool forks."""
+        """Run each beat run once here (runs/once.py): the check goes in before the pool forks."""
         self.guard = runonce.RunGuard.from_settings(self.settings)
         runonce.use(self.guard)
         once.guard_registered(worker.app)
@@ -175,7 +177,7 @@ class ElectionStep(bootsteps.StartStopStep):
             return
         from celery.utils.imports import symbol_by_name
 
-        from .beat import LeaderSchedulerMixin
+        from ..beat import LeaderSchedulerMixin
 
         try:
             cls = symbol_by_name(scheduler)
@@ -222,7 +224,7 @@ class ElectionStep(bootsteps.StartStopStep):
         elector.watch_trust(lambda term, until: shared.write(term, until, elector.token))
         if s.metrics_port is not None:
             # each entry's overdue seconds: judged by every worker, the followers too
-            from .schedule.overdue import OverdueWatch
+            from ..schedule.overdue import OverdueWatch
 
             self.overdue = OverdueWatch(worker.app).start()
         self.parts.start()

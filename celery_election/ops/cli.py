@@ -29,11 +29,11 @@ from typing import Any
 
 import click
 
-from .backends import Backend, SQLBackend, backend_from_url
-from .backends.sql import DEFAULT_TABLE_PREFIX
-from .errors import ElectionError, SchemaMissingError
-from .lease import CandidateInfo, Lease
-from .settings import is_postgres
+from ..backends import Backend, SQLBackend, backend_from_url
+from ..backends.sql import DEFAULT_TABLE_PREFIX
+from ..core.lease import CandidateInfo, Lease
+from ..errors import ElectionError, SchemaMissingError
+from ..settings import is_postgres
 
 __all__ = ["election", "main"]
 
@@ -63,7 +63,7 @@ def _target(ctx: click.Context, namespace: str | None) -> Target:
     app = getattr(ctx.obj, "app", None)
     try:
         if app is not None:
-            from .settings import ElectionSettings
+            from ..settings import ElectionSettings
 
             settings = ElectionSettings.from_app(app)
             if url:  # --url wins over the app's election_url
@@ -292,7 +292,7 @@ def transfer(ctx: click.Context, node: str, namespace: str | None, wait: float) 
     the leader's term only; the leader acts on it at its next renewal (within
     renew_interval): its belief ends, then one conditional write hands the term to NODE.
     """
-    from .transfer import TransferRefusedError, pick_target
+    from ..core.transfer import TransferRefusedError, pick_target
 
     with _using(ctx, namespace) as t:
         ns = t.namespace
@@ -344,7 +344,7 @@ def health(ctx: click.Context, port: int | None, host: str, ready: bool, timeout
     if port is None:
         app = getattr(ctx.obj, "app", None)
         if app is not None:
-            from .settings import ElectionSettings
+            from ..settings import ElectionSettings
 
             port = ElectionSettings.from_app(app).metrics_port
     if port is None:
@@ -441,13 +441,13 @@ def watch(
 )
 def demo(demo_url: str | None, ttl: float, keep: bool, history: str | None) -> None:
     """Three `celery worker -B --election` processes: failover and handoff, live."""
-    from ._demo import run
+    from .demo import run
 
     sys.exit(run(url=demo_url, ttl=ttl, keep=keep, history=history))
 
 
 def _add_schedule() -> None:
-    from .schedule.cli import schedule
+    from ..schedule.cli import schedule
 
     election.add_command(schedule)
 
@@ -456,7 +456,7 @@ _add_schedule()
 
 
 def _add_web() -> None:
-    from .schedule.cli_web import web
+    from ..schedule.cli_web import web
 
     election.add_command(web)
 
@@ -473,7 +473,7 @@ def _using_store(ctx: click.Context, namespace: str | None) -> Iterator[Target]:
 
 
 def _add_keys() -> None:
-    from .cli_keys import key_commands
+    from ..keys.cli import key_commands
 
     for command in key_commands(_using_store, _namespace):
         election.add_command(command)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 from celery import Celery
 
-from .settings import ElectionSettings, default_election_url, is_postgres, leader_queue_name
+from ..settings import ElectionSettings, default_election_url, is_postgres, leader_queue_name
 
 __all__ = [
     "ElectionSettings",
@@ -113,19 +113,12 @@ def _warn_unchecked() -> None:
     """
     from celery.signals import task_prerun
 
-    from .once import warn_unchecked
+    from ..runs.once import warn_unchecked
 
     def started(task: Any = None, **_: Any) -> None:
         warn_unchecked(task)
 
     task_prerun.connect(started, weak=False, dispatch_uid="celery_election.unchecked")
-
-
-def bare_app(**conf: Any) -> Celery:
-    """An app of no project, for commands given only ``--url`` (``celery-election``)."""
-    app = Celery("celery-election", set_as_current=False)
-    app.conf.update(conf)
-    return app
 
 
 def _set_beat_metrics_port(ctx: click.Context, _param: click.Parameter, port: int | None) -> None:

@@ -6,7 +6,7 @@ candidate id or by its node (the id's part before ``:pid:tag``, e.g. a worker's
 line that says what to do, a target that is unknown or not live, not eligible, or the
 leader itself. The hand-over itself is one conditional write on the lease row that
 names the target (backends: ``transfer``), made by the leader's election thread after
-its belief has ended (election_loop.py). Part of the core: no Celery here.
+its belief has ended (election/loop.py). Part of the core: no Celery here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from .errors import ElectionError
+from ..errors import ElectionError
 from .lease import CandidateInfo, ElectResult
 
 __all__ = ["Transfer", "TransferRefusedError", "node_of", "pick_target"]

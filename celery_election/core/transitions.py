@@ -1,6 +1,6 @@
 """What an Elector reports: its state, its transitions and why, in order.
 
-Kept apart from the protocol (elector.py) so that consumers (the Celery worker's bootstep,
+Kept apart from the protocol (election/elector.py) so that consumers (the Celery worker's bootstep,
 AsyncElector, tests) read one small module for the vocabulary of leadership changes.
 """
 

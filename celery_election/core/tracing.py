@@ -47,7 +47,7 @@ _FAST = (
 if TYPE_CHECKING:
     from .transitions import Transition
 
-log = logging.getLogger("celery_election.tracing")
+log = logging.getLogger("celery_election.core.tracing")
 
 __all__ = ["AVAILABLE", "beat_run", "beat_run_ended", "beat_run_not_sent", "transition"]
 
