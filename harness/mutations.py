@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LEASE = ["tests/integration/test_backend_suite.py", "tests/unit/test_liveness_rules.py"]
+LEASE = ["tests/integration/test_hold_suite.py", "tests/integration/test_backend_suite.py",
+         "tests/unit/test_liveness_rules.py"]  # fmt: skip
 STATEFUL = ["tests/integration/test_stateful.py"]
 BEAT = ["tests/integration/test_beat_runs.py"]
 SCHED = [
@@ -115,7 +116,7 @@ SQL_INSTALL = "celery_election/backends/sql_install.py"
 SQL_KEYS = "celery_election/backends/sql_keys.py"
 MEM_KEYS = "celery_election/backends/memory_keys.py"
 HOLDER = "celery_election/election/holder.py"
-KEY_SUITE = ["tests/integration/test_key_suite.py"]
+KEY_SUITE = ["tests/integration/test_hold_suite.py", "tests/integration/test_key_suite.py"]
 SINGLETON = ["tests/unit/test_singleton.py"]
 SQL_RUNS = "celery_election/backends/sql_runs.py"
 RUNONCE = "celery_election/runs/runonce.py"
@@ -172,7 +173,7 @@ MUTATIONS = [
     M("memory-take-token", MEM_HOLD, "and row.token == seen_token\n", "and True\n", [*LEASE, *STATEFUL]),
     M("memory-take-tagged", MEM_HOLD, "and row.liveness_us is not None\n            and row.liveness_us <=",
       "and True\n            and (row.liveness_us or 0) <=", [*LEASE, *STATEFUL]),
-    M("memory-take-waited", MEM_HOLD, "and row.liveness_us <= round(waited * 1_000_000)",
+    M("memory-take-waited", MEM_HOLD, "and row.liveness_us <= us(waited)",
       "and True", [*LEASE, *STATEFUL]),
     # -- trust and configuration --------------------------------------------------------------
     M("trust-margin", "celery_election/core/lease.py", "return attempt_started + ttl - safety_margin",
@@ -493,36 +494,22 @@ MUTATIONS = [
     M("sched-window-end", OPS, "return end is None or now < datetime.fromisoformat(end)", "return True", SCHED),
     M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
     # -- key holds (singleton tasks): each WHERE condition of a step, SQL and memory ---------
-    # the lease's steps on a key's row (sql_lease.hold_updates): the key suite kills each
-    M("keys-hold-vacant", SQL_LEASE, "t.c.token.is_(None), t.c.expires_at <= now", "t.c.token.is_(None), sa.true()", KEY_SUITE),
-    M("keys-take-term", SQL_LEASE, "            t.c.term == term,\n            t.c.token == sa.bindparam(\"p_seen_token\"",
-      "            sa.true(),\n            t.c.token == sa.bindparam(\"p_seen_token\"", KEY_SUITE),
-    M("keys-take-token", SQL_LEASE, 't.c.token == sa.bindparam("p_seen_token", type_=sa.String()),', "sa.true(),", KEY_SUITE),
-    M("keys-take-tagged", SQL_LEASE, "t.c.liveness_us.is_not(None),", "sa.true(),", KEY_SUITE),
-    M("keys-take-waited", SQL_LEASE, 't.c.liveness_us <= sa.bindparam("p_waited", type_=sa.BigInteger),', "sa.true(),", KEY_SUITE),
+    # the hold's steps (sql_lease.hold_updates, memory_hold.py) are the lease's and a key's
+    # alike: their mutations are lease-* and memory-*, killed by the hold suite over both
+    # uses. Here what only keys have: one renewal for all of a token's keys, and an
+    # operator's release.
     M("keys-renew-token", SQL_KEYS, ".where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)",
       ".where(t.c.namespace == ns, t.c.expires_at > now)", KEY_SUITE),
     M("keys-renew-unexpired", SQL_KEYS, ".where(t.c.namespace == ns, t.c.token == token, t.c.expires_at > now)",
       ".where(t.c.namespace == ns, t.c.token == token)", KEY_SUITE),
-    M("keys-release-token", SQL_LEASE, ".where(*row, t.c.token == token, t.c.term == term)\n",
-      ".where(*row, t.c.term == term)\n", KEY_SUITE),
-    M("keys-release-term", SQL_LEASE, ".where(*row, t.c.token == token, t.c.term == term)\n",
-      ".where(*row, t.c.token == token)\n", KEY_SUITE),
     M("keys-forced-term", SQL_KEYS, '            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n            t.c.token.is_not(None),',
       "            t.c.token.is_not(None),", KEY_SUITE),
     M("keys-forced-held", SQL_KEYS, '            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),\n            t.c.token.is_not(None),',
       '            t.c.term == sa.bindparam("p_term", type_=sa.BigInteger),', KEY_SUITE),
-    # the lease's steps in memory (memory_hold.py) on a key's row: the key suite kills each
-    M("keys-mem-hold-vacant", MEM_HOLD, "return row.token is None or row.expires_at <= now", "return True", KEY_SUITE),
-    M("keys-mem-take-term", MEM_HOLD, "row.term == seen_term\n", "True\n", KEY_SUITE),
-    M("keys-mem-take-token", MEM_HOLD, "and row.token == seen_token\n", "and True\n", KEY_SUITE),
-    M("keys-mem-take-tagged", MEM_HOLD, "and row.liveness_us is not None\n            and row.liveness_us <=",
-      "and True\n            and (row.liveness_us or 0) <=", KEY_SUITE),
-    M("keys-mem-take-waited", MEM_HOLD, "and row.liveness_us <= round(waited * 1_000_000)", "and True", KEY_SUITE),
-    M("keys-mem-renew-token", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",
-      "if ns == namespace and row.expires_at > now:", KEY_SUITE),
-    M("keys-mem-renew-unexpired", MEM_KEYS, "if ns == namespace and row.token == token and row.expires_at > now:",
-      "if ns == namespace and row.token == token:", KEY_SUITE),
+    M("keys-mem-renew-token", MEM_KEYS, "if ns == claim.namespace and row.token == claim.token and row.expires_at > now:",
+      "if ns == claim.namespace and row.expires_at > now:", KEY_SUITE),
+    M("keys-mem-renew-unexpired", MEM_KEYS, "if ns == claim.namespace and row.token == claim.token and row.expires_at > now:",
+      "if ns == claim.namespace and row.token == claim.token:", KEY_SUITE),
     M("keys-mem-release-token", MEM_KEYS, "lambda r: r.token == token and r.term == term", "lambda r: r.term == term", KEY_SUITE),
     M("keys-mem-release-term", MEM_KEYS, "lambda r: r.token == token and r.term == term", "lambda r: r.token == token", KEY_SUITE),
     M("keys-mem-forced-term", MEM_KEYS, "lambda r: r.term == term and r.token is not None", "lambda r: r.token is not None", KEY_SUITE),
@@ -653,7 +640,6 @@ EQUIVALENT = {
     "first one's answer was lost) writes the outcome the first wrote; the state test keeps the "
     "statement from rewriting it",
     "lease-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
-    "keys-take-tagged": "in SQL, `liveness_us <= :waited` is already false for NULL",
     "sched-request-once": "a second click while one is pending then rewrites the request's "
     "time; the leader's claim compares the time it saw and looks again, so still one run",
 }

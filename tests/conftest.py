@@ -293,20 +293,26 @@ def token() -> str:
     return uuid.uuid4().hex
 
 
-def expire(backend: Any, namespace: str) -> None:
-    """End the current lease now, as if its ttl had passed (the DB clock is not ours to move)."""
+def expire(backend: Any, namespace: str, key: str = "") -> None:
+    """End the lease (``key`` "") or a key's hold now, as if its ttl had passed (the DB
+    clock is not ours to move)."""
     if isinstance(backend, MemoryBackend):
-        backend.expire(namespace)
+        if not key:
+            backend.expire(namespace)
+            return
+        with backend.keys._lock:
+            row = backend.keys._rows[(namespace, key)]
+            row.expires_at = min(row.expires_at, backend.clock.wall_us())
         return
     import sqlalchemy as sa
 
     from celery_election.backends.sql import db_now_us
+    from celery_election.core.keys import key_hash
 
-    t = backend.lease
+    t = backend.key_hold if key else backend.lease
+    where = [t.c.namespace == namespace, *([t.c.key_hash == key_hash(key)] if key else [])]
     with backend.engine.begin() as conn:
-        conn.execute(
-            sa.update(t).where(t.c.namespace == namespace).values(expires_at=db_now_us() - 1)
-        )
+        conn.execute(sa.update(t).where(*where).values(expires_at=db_now_us() - 1))
 
 
 def expire_candidates(backend: Any, namespace: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..core import runstate
-from ..core.lease import CandidateInfo, ElectResult, Lease
+from ..core.lease import CandidateInfo, Claim, ElectResult, Lease
 from ..core.runstate import Delivery, Row, Start
 
 if TYPE_CHECKING:
@@ -240,37 +240,15 @@ class KeyStore(Protocol):
     ``release`` act only for the holder's token.
     """
 
-    def hold(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
-    ) -> ElectResult:
-        """Take ``key`` if vacant or expired, with a strictly greater term.
+    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
+        """Take ``claim.key`` if vacant or expired, with a strictly greater term.
 
         ``liveness`` tags the hold with the holder's session delta (others may then take
         it over once that session ended); the row after the step is reported either way.
         """
 
     def take_over(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen`` (term and token), tagged with a delta <= ``waited``.
 
@@ -278,16 +256,11 @@ class KeyStore(Protocol):
         (``KeySession.ended``) calls this, ``waited`` seconds after that answer.
         """
 
-    def renew(
-        self,
-        namespace: str,
-        token: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        timeout: float | None = None,
-    ) -> list[Lease]:
-        """Extend every unexpired hold of ``token`` in one statement; the holds after it."""
+    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``claim.token`` in one statement; the holds after it.
+
+        The claim's key is aside: one renewal serves all of a holder's keys.
+        """
 
     def release(
         self, namespace: str, key: str, token: str, term: int, *, timeout: float | None = None
@@ -399,16 +372,7 @@ class Backend(Protocol):
         """Drop the tables if they exist."""
 
     def elect(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        *,
-        term: int | None = None,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, *, term: int | None = None, timeout: float | None = None
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew that term instead.
 
@@ -439,17 +403,7 @@ class Backend(Protocol):
         """
 
     def take_over(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.
 

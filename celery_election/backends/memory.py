@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ..core.clock import Clock, RealClock
 from ..core.config import validate_candidate_id, validate_namespace
-from ..core.lease import CandidateInfo, ElectResult, Lease
+from ..core.lease import CandidateInfo, Claim, ElectResult, Lease
 from ..errors import BackendUnavailableError, SchemaMissingError
 from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
@@ -141,58 +141,31 @@ class MemoryBackend:
     # -- the lease --------------------------------------------------------------------------
 
     def elect(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        *,
-        term: int | None = None,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, *, term: int | None = None, timeout: float | None = None
     ) -> ElectResult:
         if term is not None:
-            return self.renew(namespace, token, term, ttl, liveness=liveness, timeout=timeout)
-        validate_namespace(namespace)
-        validate_candidate_id(candidate_id)
+            c = claim
+            return self.renew(c.namespace, c.token, term, c.ttl, liveness=c.liveness)
+        validate_namespace(claim.namespace)
+        validate_candidate_id(claim.holder_id)
         self._enter("elect")
-        return self._take(namespace, token, candidate_id, ttl, liveness, floor, vacant)
+        return self._take(claim, vacant)
 
     def take_over(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen`` if its trust is session-bound within ``waited``."""
         self._enter("take_over")
-        can = seen_waited(seen.term, seen.token, waited)
-        return self._take(namespace, token, candidate_id, ttl, liveness, floor, can)
+        return self._take(claim, seen_waited(seen.term, seen.token, waited))
 
-    def _take(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        tag: float | None,
-        floor: int,
-        can: Callable[[HoldRow, int], bool],
-    ) -> ElectResult:
+    def _take(self, claim: Claim, can: Callable[[HoldRow, int], bool]) -> ElectResult:
+        namespace = claim.namespace
         with self._lock:
             now = self.clock.wall_us()
             row = self._leases.setdefault(namespace, HoldRow())
             won = can(row, now)
             if won:
-                take(row, now, token, candidate_id, ttl, tag, floor)
+                take(row, now, claim)
             lease = as_lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
@@ -252,8 +225,9 @@ class MemoryBackend:
         def can(row: HoldRow, now: int) -> bool:
             return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)
 
-        result = self._take(namespace, target.token, target.candidate_id, ttl, None, floor, can)
-        return ElectResult(result.won, result.lease)
+        return self._take(
+            Claim(namespace, target.token, target.candidate_id, ttl, floor=floor), can
+        )
 
     def ask_transfer(
         self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None

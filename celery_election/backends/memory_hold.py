@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core.lease import Lease
+from ..core.lease import Claim, Lease, us
 
-__all__ = ["HoldRow", "as_lease", "extend", "seen_waited", "take", "us", "vacant", "vacate"]
+__all__ = ["HoldRow", "as_lease", "extend", "seen_waited", "take", "vacant", "vacate"]
 
 
 @dataclass
@@ -43,11 +43,6 @@ def as_lease(namespace: str, row: HoldRow, now: int, key: str = "") -> Lease:
     )
 
 
-def us(seconds: float | None) -> int | None:
-    """Seconds (a ttl, a liveness tag; None: untagged) in microseconds."""
-    return None if seconds is None else round(seconds * 1_000_000)
-
-
 def vacant(row: HoldRow, now: int) -> bool:
     """The ``elected`` step's condition: nobody holds the row, or the hold expired."""
     return row.token is None or row.expires_at <= now
@@ -61,25 +56,24 @@ def seen_waited(seen_term: int, seen_token: str | None, waited: float) -> Callab
             row.term == seen_term
             and row.token == seen_token
             and row.liveness_us is not None
-            and row.liveness_us <= round(waited * 1_000_000)
+            and row.liveness_us <= us(waited)
         )
 
     return can
 
 
-def take(row: HoldRow, now: int, token: str, holder: str, ttl: float, tag: float | None,
-         floor: int) -> None:  # fmt: skip
-    """A new, strictly greater term for ``token`` (at least ``floor``)."""
-    row.term = max(row.term + 1, now, floor)
-    row.token, row.holder = token, holder
+def take(row: HoldRow, now: int, claim: Claim) -> None:
+    """A new, strictly greater term for ``claim.token`` (at least ``claim.floor``)."""
+    row.term = max(row.term + 1, now, claim.floor)
+    row.token, row.holder = claim.token, claim.holder_id[:255]
     row.acquired_at = row.renewed_at = now
-    row.expires_at = now + round(ttl * 1_000_000)
-    row.liveness_us, row.transfer_to = us(tag), None
+    row.expires_at = now + us(claim.ttl)
+    row.liveness_us, row.transfer_to = us(claim.liveness), None
 
 
 def extend(row: HoldRow, now: int, ttl: float, tag: float | None) -> None:
     row.renewed_at = now
-    row.expires_at = now + round(ttl * 1_000_000)
+    row.expires_at = now + us(ttl)
     row.liveness_us = us(tag)
 
 

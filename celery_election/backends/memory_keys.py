@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..core.clock import Clock
 from ..core.keys import check_key, holder_lock_name
-from ..core.lease import ElectResult, Lease
+from ..core.lease import Claim, ElectResult, Lease
 from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate
 
 if TYPE_CHECKING:
@@ -40,78 +40,37 @@ class MemoryKeyStore:
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], HoldRow] = {}
 
-    def _take(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        liveness: float | None,
-        floor: int,
-        can: Callable[[HoldRow, int], bool],
-    ) -> ElectResult:
-        check_key(namespace, key, token)
+    def _take(self, claim: Claim, can: Callable[[HoldRow, int], bool]) -> ElectResult:
+        check_key(claim.namespace, claim.key, claim.token)
         with self._lock:
             now = self.clock.wall_us()
-            row = self._rows.setdefault((namespace, key), HoldRow())
+            row = self._rows.setdefault((claim.namespace, claim.key), HoldRow())
             won = can(row, now)
             if won:
-                take(row, now, token, holder_id[:255], ttl, liveness, floor)
-            return ElectResult(won, as_lease(namespace, row, now, key))
+                take(row, now, claim)
+            return ElectResult(won, as_lease(claim.namespace, row, now, claim.key))
 
-    def hold(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
-    ) -> ElectResult:
-        """Take ``key`` if vacant or expired."""
+    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
+        """Take ``claim.key`` if vacant or expired."""
         self._enter("keys.hold")
-        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, vacant)
+        return self._take(claim, vacant)
 
     def take_over(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen``, tagged with a delta no longer than ``waited``."""
         self._enter("keys.take_over")
-        can = seen_waited(seen.term, seen.token, waited)
-        return self._take(namespace, key, token, holder_id, ttl, liveness, floor, can)
+        return self._take(claim, seen_waited(seen.term, seen.token, waited))
 
-    def renew(
-        self,
-        namespace: str,
-        token: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        timeout: float | None = None,
-    ) -> list[Lease]:
-        """Extend every unexpired hold of ``token``."""
+    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``claim.token``."""
         self._enter("keys.renew")
         out = []
         with self._lock:
             now = self.clock.wall_us()
             for (ns, key), row in sorted(self._rows.items()):
-                if ns == namespace and row.token == token and row.expires_at > now:
-                    extend(row, now, ttl, liveness)
+                if ns == claim.namespace and row.token == claim.token and row.expires_at > now:
+                    extend(row, now, claim.ttl, claim.liveness)
                     out.append(as_lease(ns, row, now, key))
         return out
 

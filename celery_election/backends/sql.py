@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ..core.config import validate_candidate_id, validate_namespace, without_celery_prefix
-from ..core.lease import CandidateInfo, ElectResult, Lease
+from ..core.lease import CandidateInfo, Claim, ElectResult, Lease, us
 from ..errors import ConfigurationError
 from . import sql_install
 from .base import Wakeup, WakeupHandle
@@ -58,9 +58,9 @@ from .schema import (
 )
 from .sql_beat import SQLBeatStore
 from .sql_calls import Caller
-from .sql_candidates import SQLCandidates, check_token, us
+from .sql_candidates import SQLCandidates, check_token
 from .sql_keys import SQLKeyStore
-from .sql_lease import HoldSteps, lease_columns, lease_from_row, lease_statements
+from .sql_lease import HoldSteps, claim_params, lease_columns, lease_from_row, lease_statements
 from .sql_runs import SQLRunStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
@@ -194,53 +194,35 @@ class SQLBackend(SQLCandidates):
 
     def elect(
         self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
+        claim: Claim,
         *,
         term: int | None = None,
-        liveness: float | None = None,
-        floor: int = 0,
         timeout: float | None = None,
         connection: Caller | None = None,
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew it instead.
 
-        ``liveness``: this candidate's trust is bound by a liveness session with that
-        delta (seconds), so a lock holder may take the term over (see ``take_over``).
-        ``floor``: the new term is at least this (see ``Backend.elect``).
+        ``claim.liveness``: this candidate's trust is bound by a liveness session with
+        that delta (seconds), so a lock holder may take the term over (see ``take_over``).
+        ``claim.floor``: the new term is at least this (see ``Backend.elect``).
         """
+        ns, token = claim.namespace, claim.token
         if term is not None:
-            return self.renew(
-                namespace,
-                token,
-                term,
-                ttl,
-                liveness=liveness,
-                timeout=timeout,
-                connection=connection,
-            )
-        validate_namespace(namespace)
-        validate_candidate_id(candidate_id)
+            return self.renew(ns, token, term, claim.ttl, liveness=claim.liveness,
+                              timeout=timeout, connection=connection)  # fmt: skip
+        validate_namespace(ns)
+        validate_candidate_id(claim.holder_id)
         check_token(token)
-        params = {
-            "p_ns": namespace,
-            "p_token": token,
-            "p_cid": candidate_id,
-            "p_ttl": us(ttl),
-            "p_live": _live_us(liveness),
-            "p_floor": floor,
-        }
         if not self.style.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
             # statement to report the row. So look first, and only try the UPDATE when
             # the lease looks vacant or expired: the UPDATE still decides, and a stale
             # read can only delay an attempt, never let two win.
-            seen = self.current(namespace, timeout=timeout, connection=connection)
+            seen = self.current(ns, timeout=timeout, connection=connection)
             if seen is not None and seen.held:
                 return ElectResult(False, seen)
-        vacant = {"namespace": namespace, "term": 0, "expires_at": 0}
+        params = claim_params(claim)
+        vacant = {"namespace": ns, "term": 0, "expires_at": 0}
         try:
             return self._steps.take(params, vacant, timeout, connection)
         except LostRound:
@@ -262,7 +244,7 @@ class SQLBackend(SQLCandidates):
         ``liveness`` tags the term as bound by a liveness session from now on (None: not).
         """
         params = {"p_ns": namespace, "p_token": token, "p_term": term, "p_ttl": us(ttl),
-                  "p_live": _live_us(liveness)}  # fmt: skip
+                  "p_live": us(liveness)}  # fmt: skip
         return self._steps.run("renewed", params, timeout, connection)
 
     def resign(
@@ -283,17 +265,7 @@ class SQLBackend(SQLCandidates):
         return result is not None and result.won
 
     def take_over(
-        self,
-        namespace: str,
-        token: str,
-        candidate_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.
 
@@ -303,18 +275,9 @@ class SQLBackend(SQLCandidates):
         session ended before the grant, so the old leader's trust (last good ping +
         delta) has ended too.
         """
-        check_token(token)
-        params = {
-            "p_ns": namespace,
-            "p_token": token,
-            "p_cid": candidate_id,
-            "p_ttl": us(ttl),
-            "p_live": _live_us(liveness),
-            "p_term": seen.term,
-            "p_seen_token": seen.token,
-            "p_waited": us(waited),
-            "p_floor": floor,
-        }
+        check_token(claim.token)
+        params = claim_params(claim)
+        params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=us(waited))
         return self._steps.run("taken", params, timeout, None)
 
     def transfer(
@@ -446,8 +409,3 @@ class SQLBackend(SQLCandidates):
         if not self._closed:
             self._closed = True
             self.engine.dispose()
-
-
-def _live_us(delta: float | None) -> int | None:
-    """A term's liveness tag (a delta in seconds, None: untagged), in microseconds."""
-    return None if delta is None else us(delta)

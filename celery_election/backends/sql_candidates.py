@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..core.config import validate_candidate_id, validate_namespace
-from ..core.lease import CandidateInfo
+from ..core.lease import CandidateInfo, us
 from ..errors import ConfigurationError
 from .schema import TOKEN_LENGTH, db_now_us
 from .sql_calls import Caller, SQLCalls
 
-__all__ = ["SQLCandidates", "check_token", "rowcount", "us"]
+__all__ = ["SQLCandidates", "check_token", "rowcount"]
 
 
 class SQLCandidates(SQLCalls):
@@ -124,11 +124,6 @@ class SQLCandidates(SQLCalls):
 def rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
     """Work for ``call``: execute ``stmt`` and return the rows it changed."""
     return lambda conn: int(conn.execute(stmt).rowcount)
-
-
-def us(seconds: float) -> int:
-    """Seconds as whole microseconds (the tables' unit)."""
-    return round(seconds * 1_000_000)
 
 
 def check_token(token: object) -> None:

@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..core.keys import check_key, holder_lock_name, key_hash
-from ..core.lease import ElectResult, Lease
+from ..core.lease import Claim, ElectResult, Lease, us
 from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
-from .sql_lease import HoldSteps, hold_updates, lease_from_row, vacant_values
+from .sql_lease import HoldSteps, claim_params, hold_updates, lease_from_row, vacant_values
 
 if TYPE_CHECKING:
     from .sessions import KeySession
@@ -82,10 +82,6 @@ def _columns(t: sa.Table) -> list[sa.ColumnElement[Any]]:
     ]
 
 
-def _us(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds * 1_000_000)
-
-
 class SQLKeyStore:
     """The :class:`~celery_election.backends.base.KeyStore` of a SQL backend."""
 
@@ -123,71 +119,38 @@ class SQLKeyStore:
         )
 
     @staticmethod
-    def _params(
-        namespace: str, key: str, token: str, holder_id: str, ttl: float,
-        liveness: float | None, floor: int,
-    ) -> dict[str, Any]:  # fmt: skip
-        check_key(namespace, key, token)
-        return {"p_ns": namespace, "p_kh": key_hash(key), "p_token": token,
-                "p_cid": holder_id[:255], "p_ttl": _us(ttl), "p_live": _us(liveness),
-                "p_floor": floor}  # fmt: skip
+    def _params(claim: Claim) -> dict[str, Any]:
+        check_key(claim.namespace, claim.key, claim.token)
+        return {**claim_params(claim), "p_kh": key_hash(claim.key)}
 
-    def hold(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
-    ) -> ElectResult:
-        """Take ``key`` if vacant or expired (see ``KeyStore.hold``)."""
-        params = self._params(namespace, key, token, holder_id, ttl, liveness, floor)
-        vacant = {"namespace": namespace, "key_hash": params["p_kh"], "key": key, "term": 0,
-                  "expires_at": 0}  # fmt: skip
+    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
+        """Take ``claim.key`` if vacant or expired (see ``KeyStore.hold``)."""
+        params = self._params(claim)
+        vacant = {"namespace": claim.namespace, "key_hash": params["p_kh"], "key": claim.key,
+                  "term": 0, "expires_at": 0}  # fmt: skip
         try:
             return self._steps.take(params, vacant, timeout, None)
         except LostRound:
             return self._steps.lost(params, timeout, None)
 
     def take_over(
-        self,
-        namespace: str,
-        key: str,
-        token: str,
-        holder_id: str,
-        ttl: float,
-        seen: Lease,
-        waited: float,
-        *,
-        liveness: float | None = None,
-        floor: int = 0,
-        timeout: float | None = None,
+        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen`` (see ``KeyStore.take_over``)."""
-        params = self._params(namespace, key, token, holder_id, ttl, liveness, floor)
-        params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=_us(waited))
+        params = self._params(claim)
+        params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=us(waited))
         return self._steps.run("taken", params, timeout, None)
 
-    def renew(
-        self,
-        namespace: str,
-        token: str,
-        ttl: float,
-        *,
-        liveness: float | None = None,
-        timeout: float | None = None,
-    ) -> list[Lease]:
-        """Extend every unexpired hold of ``token``; the holds it extended."""
-        params = {"p_ns": namespace, "p_token": token, "p_ttl": _us(ttl), "p_live": _us(liveness)}
+    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``claim.token``; the holds it extended."""
+        params = {"p_ns": claim.namespace, "p_token": claim.token, "p_ttl": us(claim.ttl),
+                  "p_live": us(claim.liveness)}  # fmt: skip
         stmt = self._steps.statements["renewed"]
         t = self.table
         mine = sa.select(*_columns(t)).where(
-            t.c.namespace == namespace, t.c.token == token, t.c.expires_at > db_now_us()
-        )
+            t.c.namespace == claim.namespace, t.c.token == claim.token,
+            t.c.expires_at > db_now_us(),
+        )  # fmt: skip
 
         def work(conn: Connection) -> list[Lease]:
             result = conn.execute(stmt, params)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..core.lease import ElectResult, Lease
+from ..core.lease import Claim, ElectResult, Lease, us
 from ..errors import BackendUnavailableError
 from .connection import LostRound
 from .dialect_base import StepStyle
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENTS",
     "HoldSteps",
+    "claim_params",
     "hold_updates",
     "lease_columns",
     "lease_from_row",
@@ -37,6 +38,14 @@ __all__ = [
     "taken_values",
     "vacant_values",
 ]
+
+
+def claim_params(claim: Claim) -> dict[str, Any]:
+    """A take's parameters, the lease's and a key's (which adds its hash, ``p_kh``)."""
+    c = claim
+    return {"p_ns": c.namespace, "p_token": c.token, "p_cid": c.holder_id[:255],
+            "p_ttl": us(c.ttl), "p_live": us(c.liveness), "p_floor": c.floor}  # fmt: skip
+
 
 #: What NOTIFY tells listeners each step did (a take-over or a transfer is an election; a
 #: transfer asked for says the leader lives).

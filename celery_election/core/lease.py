@@ -9,14 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import overload
 
-__all__ = ["CandidateInfo", "ElectResult", "Lease", "trusted_until", "vacancy"]
+__all__ = ["CandidateInfo", "Claim", "ElectResult", "Lease", "trusted_until", "us", "vacancy"]
 
 
-def _dt(us: int | None) -> datetime | None:
-    if us is None or us <= 0:
+def _dt(micros: int | None) -> datetime | None:
+    if micros is None or micros <= 0:
         return None
-    return datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc)
+    return datetime.fromtimestamp(micros / 1_000_000, tz=timezone.utc)
+
+
+@overload
+def us(seconds: float) -> int: ...
+@overload
+def us(seconds: None) -> None: ...
+def us(seconds: float | None) -> int | None:
+    """Seconds (a ttl, a wait, a liveness delta; None: untagged) as the tables' microseconds."""
+    return None if seconds is None else round(seconds * 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,24 @@ class Lease:
     @property
     def renewed_at(self) -> datetime | None:
         return _dt(self.renewed_at_us)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a take writes, the lease's (``key`` "") and a key's alike: one value, one step.
+
+    ``token`` is the holder's per-instance secret, ``holder_id`` its name for people;
+    ``liveness`` binds the hold to the holder's session of that delta in seconds (others
+    may take it over once that session ended); a new term is at least ``floor``.
+    """
+
+    namespace: str
+    token: str
+    holder_id: str
+    ttl: float
+    key: str = ""
+    liveness: float | None = None
+    floor: int = 0
 
 
 @dataclass(frozen=True)

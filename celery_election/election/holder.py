@@ -32,7 +32,7 @@ from ..backends.sessions import KeySession
 from ..core.clock import Clock, RealClock, Sleeper
 from ..core.config import validate_namespace
 from ..core.decisions import Proof, extend, granted, trust_end
-from ..core.lease import Lease, trusted_until
+from ..core.lease import Claim, Lease, trusted_until
 from ..core.transitions import Lead
 from ..errors import BackendUnavailableError, ConfigurationError
 
@@ -135,10 +135,7 @@ class KeyHolder:
             inc = self._incarnation()
         started = self._clock.monotonic()
         tagged = inc.proof.proven(started)
-        result = self.backend.keys.hold(
-            self.namespace, key, inc.token, self.holder_id, self.ttl,
-            liveness=self.delta if tagged else None,
-        )  # fmt: skip
+        result = self.backend.keys.hold(self._claim(inc, tagged, key))
         if result.won and result.lease is not None:
             return self._adopt(inc, key, result.lease, started, tagged)
         if wait and result.lease is not None:
@@ -177,11 +174,13 @@ class KeyHolder:
         while (waited := self._clock.monotonic() - answered) < need:
             sleeper.wait(need - waited)
         started = self._clock.monotonic()
-        result = keys.take_over(
-            self.namespace, key, inc.token, self.holder_id, self.ttl, seen,
-            started - answered, liveness=self.delta if tagged else None,
-        )  # fmt: skip
+        result = keys.take_over(self._claim(inc, tagged, key), seen, started - answered)
         return (result.lease, started) if result.won and result.lease is not None else None
+
+    def _claim(self, inc: _Session, tagged: bool, key: str = "") -> Claim:
+        """What a take or a renewal of ``inc``'s holds writes (tagged: session-bound)."""
+        tag = self.delta if tagged else None
+        return Claim(self.namespace, inc.token, self.holder_id, self.ttl, key, tag)
 
     def _adopt(
         self, inc: _Session, key: str, hold: Lease, started: float, tagged: bool
@@ -337,8 +336,7 @@ class KeyHolder:
             incs = {id(h.incarnation): h.incarnation for h in self._held.values()}
         for inc in incs.values():
             started = self._clock.monotonic()
-            tag = self.delta if inc.proof.proven(started) else None
-            renewed = self.backend.keys.renew(self.namespace, inc.token, self.ttl, liveness=tag)
+            renewed = self.backend.keys.renew(self._claim(inc, inc.proof.proven(started)))
             terms = {(h.key, h.term) for h in renewed}
             with self._lock:
                 for key, held in list(self._held.items()):

@@ -25,7 +25,7 @@ from ..core import decisions as rules
 from ..core.clock import Clock, Sleeper, boottime
 from ..core.config import ElectionConfig
 from ..core.decisions import Call, LockNews, Next, Proof
-from ..core.lease import ElectResult, Lease, trusted_until, vacancy
+from ..core.lease import Claim, ElectResult, Lease, trusted_until, vacancy
 from ..core.stats import ElectorStats
 from ..core.transfer import Transfer
 from ..core.transitions import Backoff, Lead, RevokeReason
@@ -306,18 +306,15 @@ class ElectionLoop:
             call, waited = Call.LOOK, 0.0
         tag = self._tag(proof)
         c, reading = self.candidate, self._reading
-        args = (self.namespace, c.token, c.candidate_id, self.config.ttl)
         # never below a term seen before, nor this host's clock (a promoted standby's
         # clock may be behind the primary that issued a term it never received)
         floor = max(reading.greatest_term + 1, self._clock.wall_us())
+        claim = Claim(self.namespace, c.token, c.candidate_id, self.config.ttl, "", tag, floor)
         try:
             if call is Call.TAKE_OVER:
-                seen = reading.last_lease
-                result = self._calls(
-                    self.backend.take_over, *args, seen, waited, liveness=tag, floor=floor
-                )
+                result = self._calls(self.backend.take_over, claim, reading.last_lease, waited)
             elif call is Call.ELECT:
-                result = self._calls(self.backend.elect, *args, liveness=tag, floor=floor)
+                result = self._calls(self.backend.elect, claim)
             else:
                 result = ElectResult(False, self._calls(self.backend.current, self.namespace))
         except Exception:

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend, backend_from_url
+from celery_election.core.lease import Claim
 
 
 def test_a_fork_waits_for_the_sqlite_call_in_progress(tmp_path: Path) -> None:
@@ -54,7 +55,7 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
     backend = backend_from_url(f"sqlite:///{path}", sqlite_busy_timeout=30.0)
     assert isinstance(backend, SQLBackend)
     backend.install()
-    first = backend.elect("x", "b" * 32, "b", 10.0).lease  # the row exists: one step
+    first = backend.elect(Claim("x", "b" * 32, "b", 10.0)).lease  # the row exists: one step
     assert first is not None and backend.resign("x", "b" * 32, first.term)
     blocker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the elect below waits for this write lock
@@ -68,7 +69,9 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
 
     sa.event.listen(backend.engine, "before_cursor_execute", seen)
     outcome: list[Any] = []
-    t = threading.Thread(target=lambda: outcome.append(backend.elect("x", "a" * 32, "a", 10.0)))
+    t = threading.Thread(
+        target=lambda: outcome.append(backend.elect(Claim("x", "a" * 32, "a", 10.0)))
+    )
     t.start()
     assert writing.wait(5), "the elect never began its write"
     assert backend._fork_guard.locked()  # type: ignore[union-attr]

@@ -1,8 +1,9 @@
-"""The key-hold contract every backend passes: memory, SQLite, PostgreSQL, MariaDB.
+"""What only keys have, on every backend: memory, SQLite, PostgreSQL, MariaDB.
 
-One test per WHERE condition of each step (as the lease suite), so a mutation of any
-condition fails here (harness/mutations.py, ``keys-``), and the holder lock's probe
-(``KeySession.ended``) on each real server.
+The hold's steps themselves (take, extend, release, take over, each WHERE condition) are
+test_hold_suite.py's, run over the lease and a key alike. Here: keys apart by exact
+bytes, one renewal for all of a token's keys, an operator's release, bad keys, and the
+holder lock's probe (``KeySession.ended``) on each real server.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
-from celery_election.backends import MemoryBackend
-from celery_election.core.keys import key_hash
+from celery_election.core.lease import Claim
 from celery_election.errors import ConfigurationError
 
-from ..conftest import ALL_KINDS, make_backend, token
+from ..conftest import ALL_KINDS, expire, make_backend, token
 
 NS = "keys"
 
@@ -28,135 +27,48 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     yield from make_backend(request.param, tmp_path)
 
 
-def expire_key(backend: Any, key: str) -> None:
-    """End a hold now, as if its ttl had passed."""
-    if isinstance(backend, MemoryBackend):
-        store = backend.keys
-        with store._lock:
-            row = store._rows[(NS, key)]
-            row.expires_at = min(row.expires_at, backend.clock.wall_us())
-        return
-    from celery_election.backends.schema import db_now_us
-
-    t = backend.key_hold
-    with backend.engine.begin() as conn:
-        stmt = sa.update(t).where(t.c.namespace == NS, t.c.key_hash == key_hash(key))
-        conn.execute(stmt.values(expires_at=db_now_us() - 1))
-
-
-def test_first_hold_creates_the_row_and_wins(backend: Any) -> None:
-    keys, a = backend.keys, token()
-    assert keys.get(NS, "k") is None
-    result = keys.hold(NS, "k", a, "host-a", 30.0)
-    assert result.won and result.lease.held_by(a) and result.lease.term > 0
-    assert result.lease.key == "k" and result.lease.leader_id == "host-a"
-    assert 29.0 < result.lease.remaining <= 30.0
-    assert [h.key for h in keys.held(NS)] == ["k"]
-
-
-def test_a_live_hold_is_never_taken(backend: Any) -> None:
-    keys, a, b = backend.keys, token(), token()
-    first = keys.hold(NS, "k", a, "a", 30.0)
-    second = keys.hold(NS, "k", b, "b", 30.0)
-    assert first.won and not second.won
-    assert second.lease.held_by(a) and second.lease.term == first.lease.term
-    # the same holder asking again does not win a new term either
-    assert not keys.hold(NS, "k", a, "a", 30.0).won
-
-
 def test_keys_are_independent_and_exact(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    assert keys.hold(NS, "k", a, "a", 30.0).won
-    assert keys.hold(NS, "k2", b, "b", 30.0).won
-    assert keys.hold(NS, "K", b, "b", 30.0).won  # case matters (utf8mb4_bin)
-    assert keys.hold("other", "k", b, "b", 30.0).won
-
-
-def test_expired_hold_is_taken_with_a_greater_term(backend: Any) -> None:
-    keys, a, b = backend.keys, token(), token()
-    first = keys.hold(NS, "k", a, "a", 30.0).lease
-    expire_key(backend, "k")
-    assert keys.held(NS) == []
-    second = keys.hold(NS, "k", b, "b", 30.0)
-    assert second.won and second.lease.term > first.term
-    # the old holder can neither renew nor release the new hold
-    assert keys.renew(NS, a, 30.0) == []
-    assert not keys.release(NS, "k", a, first.term)
-    assert not keys.release(NS, "k", a, second.lease.term)
-    assert keys.get(NS, "k").held_by(b)
-
-
-def test_release_needs_the_exact_token_and_term(backend: Any) -> None:
-    keys, a, b = backend.keys, token(), token()
-    held = keys.hold(NS, "k", a, "a", 30.0).lease
-    assert not keys.release(NS, "k", b, held.term)
-    assert not keys.release(NS, "k", a, held.term - 1)
-    assert keys.get(NS, "k").held_by(a)
-    assert keys.release(NS, "k", a, held.term)
-    after = keys.get(NS, "k")
-    assert not after.held and after.term == held.term  # the term stays
-    again = keys.hold(NS, "k", b, "b", 30.0)
-    assert again.won and again.lease.term > held.term
+    assert keys.hold(Claim(NS, a, "a", 30.0, key="k")).won
+    assert keys.hold(Claim(NS, b, "b", 30.0, key="k2")).won
+    assert keys.hold(Claim(NS, b, "b", 30.0, key="K")).won  # case matters (utf8mb4_bin)
+    assert keys.hold(Claim("other", b, "b", 30.0, key="k")).won
 
 
 def test_renew_extends_only_the_tokens_unexpired_holds(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    keys.hold(NS, "k1", a, "a", 5.0)
-    keys.hold(NS, "k2", a, "a", 5.0)
-    keys.hold(NS, "k3", b, "b", 5.0)
-    keys.hold(NS, "k4", a, "a", 5.0)
-    expire_key(backend, "k4")
-    renewed = keys.renew(NS, a, 30.0, liveness=1.0)
+    keys.hold(Claim(NS, a, "a", 5.0, key="k1"))
+    keys.hold(Claim(NS, a, "a", 5.0, key="k2"))
+    keys.hold(Claim(NS, b, "b", 5.0, key="k3"))
+    keys.hold(Claim(NS, a, "a", 5.0, key="k4"))
+    expire(backend, NS, "k4")
+    assert [h.key for h in keys.held(NS)] == ["k1", "k2", "k3"]
+    renewed = keys.renew(Claim(NS, a, "", 30.0, liveness=1.0))
     assert sorted(h.key for h in renewed) == ["k1", "k2"]
     assert all(h.remaining > 29.0 and h.liveness_us == 1_000_000 for h in renewed)
     assert keys.get(NS, "k3").remaining <= 5.0  # another holder's: untouched
     assert not keys.get(NS, "k4").held  # expired stays expired
-    assert keys.renew("other", a, 30.0) == []
-
-
-def test_take_over_needs_the_seen_term_token_tag_and_wait(backend: Any) -> None:
-    keys, a, b = backend.keys, token(), token()
-    seen = keys.hold(NS, "k", a, "a", 30.0, liveness=1.0).lease
-    assert seen.liveness_us == 1_000_000
-    stale = type(seen)(**{**seen.__dict__, "term": seen.term - 1})
-    other = type(seen)(**{**seen.__dict__, "token": token()})
-    assert not keys.take_over(NS, "k", b, "b", 30.0, stale, 2.0).won
-    assert not keys.take_over(NS, "k", b, "b", 30.0, other, 2.0).won
-    assert not keys.take_over(NS, "k", b, "b", 30.0, seen, 0.5).won  # waited < delta
-    assert keys.get(NS, "k").held_by(a)
-    taken = keys.take_over(NS, "k", b, "b", 30.0, seen, 1.0)
-    assert taken.won and taken.lease.held_by(b) and taken.lease.term > seen.term
-    # the old holder's renew and release find nothing of theirs
-    assert keys.renew(NS, a, 30.0) == []
-    assert not keys.release(NS, "k", a, seen.term)
-
-
-def test_an_untagged_hold_is_never_taken_over(backend: Any) -> None:
-    keys, a, b = backend.keys, token(), token()
-    seen = keys.hold(NS, "k", a, "a", 30.0).lease
-    assert seen.liveness_us is None
-    assert not keys.take_over(NS, "k", b, "b", 30.0, seen, 1000.0).won
-    assert keys.get(NS, "k").held_by(a)
+    assert keys.renew(Claim("other", a, "", 30.0)) == []
 
 
 def test_force_release_is_fenced_by_the_term_seen(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    first = keys.hold(NS, "k", a, "a", 30.0).lease
+    first = keys.hold(Claim(NS, a, "a", 30.0, key="k")).lease
     assert not keys.force_release(NS, "k", first.term + 1)
     assert keys.force_release(NS, "k", first.term)
     assert not keys.force_release(NS, "k", first.term)  # vacant now: nothing to release
-    second = keys.hold(NS, "k", b, "b", 30.0).lease
+    second = keys.hold(Claim(NS, b, "b", 30.0, key="k")).lease
     assert not keys.force_release(NS, "k", first.term)  # an old view never frees a new hold
     assert keys.get(NS, "k").held_by(b) and second.term > first.term
 
 
 def test_bad_keys_are_refused(backend: Any) -> None:
     with pytest.raises(ConfigurationError):
-        backend.keys.hold(NS, "", token(), "a", 30.0)
+        backend.keys.hold(Claim(NS, token(), "a", 30.0, key=""))
     with pytest.raises(ConfigurationError):
-        backend.keys.hold(NS, "x" * 501, token(), "a", 30.0)
+        backend.keys.hold(Claim(NS, token(), "a", 30.0, key="x" * 501))
     long = "é" * 500  # 500 characters fit, whatever their bytes
-    assert backend.keys.hold(NS, long, token(), "a", 30.0).lease.key == long
+    assert backend.keys.hold(Claim(NS, token(), "a", 30.0, key=long)).lease.key == long
 
 
 def test_a_holders_lock_tells_others_when_its_session_ended(backend: Any) -> None:
