@@ -100,6 +100,8 @@ BEAT_SCHED = "celery_election/beat/scheduler.py"
 GUARDS = "celery_election/beat/guards.py"
 RUNS = "celery_election/beat/runs.py"
 CATCHUP = "celery_election/beat/catchup.py"
+DUE = "celery_election/core/due.py"
+DUE_UNIT = ["tests/unit/test_due.py", "tests/unit/test_schedule_rules.py"]
 FENCE = "celery_election/beat/fence.py"
 BEAT_UNIT = ["tests/unit/test_beat.py"]
 PUBLISH = "celery_election/beat/publish.py"
@@ -485,6 +487,12 @@ MUTATIONS = [
     M("sched-grace", CATCHUP, "late = [t for t in times if (now - t).total_seconds() > grace]",
       "late: list[datetime] = []", SCHED),
     M("sched-all-bound", CATCHUP, "        if len(times) > most:\n", "        if False:\n", SCHED),
+    # when a run fell due (core/due.py): the catch-up's count of missed times, the window
+    M("due-times-cap", DUE, "while len(out) < cap:", "while len(out) <= cap:", DUE_UNIT),
+    M("due-times-past-last", DUE, "if due > now or due <= last:", "if due > now:", DUE_UNIT),
+    M("due-times-up-to-now", DUE, "if due > now or due <= last:", "if due <= last:", DUE_UNIT),
+    M("due-window-start", DUE, "if due is not None and start:", "if False:", DUE_UNIT),
+    M("due-window-end", DUE, "and due > datetime.fromisoformat(end):", "and due >= datetime.fromisoformat(end):", DUE_UNIT),
     M("sched-paused-out-of-view", OPS, "if row is None or row.task is not None or (row.enabled and not row.paused):",
       "if True:", SCHED),
     M("sched-dynamic-origin", OPS, "return entry.name not in self._identity and super().follows_deploys(entry)",

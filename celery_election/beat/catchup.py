@@ -1,10 +1,9 @@
 """Catch-up and overlap: what the operable schedule's policies make of a due run.
 
-Pure functions of times and policies (``tests/unit/test_schedule_rules.py`` holds them to
-tables): :func:`due_times` lists the due times an entry missed, :func:`decide` gives the
-policies' :class:`Decision`. A run they drop is still *claimed* (the entry's run state
-moves past it under the leader's term, with its run count unchanged), so the next leader
-does not send it either.
+:func:`decide` (pure; tables in ``tests/unit/test_schedule_rules.py``) gives the policies'
+:class:`Decision` on the due times an entry missed (``core.due.due_times``). A run they
+drop is still *claimed* (the entry's run state moves past it under the leader's term, with
+its run count unchanged), so the next leader does not send it either.
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ from typing import Any
 
 from ..schedule.spec import SKIP_GRACE
 
-__all__ = ["SEND", "Decision", "decide", "due_times"]
-
-_CAP = 10_000  # due times counted at most (a 1 s interval after a 3-hour outage)
+__all__ = ["SEND", "Decision", "decide"]
 
 
 @dataclass(frozen=True)
@@ -35,21 +32,6 @@ class Decision:
 
 
 SEND = Decision()
-
-
-def due_times(
-    schedule: Any, last_run_at: datetime, now: datetime, cap: int = _CAP
-) -> list[datetime]:
-    """The times ``schedule`` fell due after ``last_run_at`` up to ``now`` (at most ``cap``)."""
-    out: list[datetime] = []
-    last = last_run_at
-    while len(out) < cap:
-        due = now + schedule.remaining_estimate(last)
-        if due > now or (out and due <= out[-1]) or due <= last:
-            break
-        out.append(due)
-        last = due
-    return out
 
 
 def decide(

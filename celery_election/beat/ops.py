@@ -42,26 +42,19 @@ from typing import Any
 from .. import metrics
 from ..backends.base import RunState
 from ..core.clock import boottime
+from ..core.due import due_after, due_times
 from ..errors import ElectionError
 from ..runs import runonce
 from ..schedule.spec import check_policies, from_spec
 from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
 from .answers import Answers, shared_answer
-from .catchup import SEND, Decision, decide, due_times
+from .catchup import Decision, decide
 from .election import BeatTerm
 from .fence import BeatFence
 from .history import HistoryWriter
-from .policy import DefaultRunPolicy, RunNow, RunPolicy
+from .policy import DefaultRunPolicy, RunNow
 
-__all__ = [
-    "SEND",
-    "Decision",
-    "HistoryWriter",
-    "RunPolicy",
-    "ScheduleOps",
-    "decide",
-    "due_times",
-]
+__all__ = ["ScheduleOps"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -414,12 +407,9 @@ class ScheduleOps(DefaultRunPolicy):
         Celery for each entry of a burst cost 8 % of a 10,000-entry burst.
         """
         last = self.fence.from_db(run, now)
-
-        def ask() -> datetime:
-            due: datetime = now + sched.remaining_estimate(last)
-            return due
-
-        return shared_answer(self._answers, "due", sched, last, now, ask)
+        return shared_answer(
+            self._answers, "due", sched, last, now, lambda: due_after(sched, last, now)
+        )
 
     def history(self, name: str, kind: str, term: int, run_key: int, count: int) -> None:
         """Queue the row of runs a policy did not send (written off the tick thread)."""

@@ -26,6 +26,8 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from .due import due_after
+
 try:  # the otel extra: the API only
     from opentelemetry import context as _context
     from opentelemetry import propagate as _propagate
@@ -167,23 +169,15 @@ def beat_run(
 
 
 def _due(entry: Any, run: int, from_db: Any, at_ns: int) -> dict[str, Any]:
-    """When the run fell due (after the stored last run ``run``) and how late ``at_ns`` is.
-
-    Celery's own ``remaining_estimate`` of the entry's schedule (what ``is_due`` reads).
-    Nothing for a first run, or a schedule that cannot say.
-    """
+    """When the run after the stored run ``run`` fell due, how late ``at_ns`` is ({}: unknown)."""
     if not run or from_db is None:
         return {}
     try:
         last = from_db(run, entry.last_run_at)
-        remaining = entry.schedule.remaining_estimate(last).total_seconds()
+        due = due_after(entry.schedule, last, datetime.now(timezone.utc))
     except Exception:
         return {}
-    due = time.time() + remaining
-    return {
-        DUE: datetime.fromtimestamp(due, timezone.utc).isoformat(),
-        LATENESS: round(at_ns / 1e9 - due, 6),
-    }
+    return {DUE: due.isoformat(), LATENESS: round(at_ns / 1e9 - due.timestamp(), 6)}
 
 
 def current(span: Any | None) -> AbstractContextManager[Any]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import SQLBackend
 from ..backends.schema import entry_key
+from ..core.due import due_after, in_window
 from ..core.lease import Lease
 from ..errors import SchemaMissingError
 from ..settings import ElectionSettings, hide_password
@@ -294,10 +295,9 @@ class Observer:
         return None  # an interval has none
 
     def _next_due(self, e: Entry, last_us: int | None, now: datetime) -> int | None:
-        """When the entry is next due, from its Celery schedule and its last run (epoch ms).
+        """When the entry is next due after its last run (epoch ms; None: never again).
 
-        Celery's own ``remaining_estimate``; an entry that never ran counts from now, as a
-        beat that has just loaded it does. None: never again (a one-off that ran, expired).
+        One that never ran counts from now, as a beat that has just loaded it does.
         """
         if not e.spec:
             return None
@@ -310,14 +310,9 @@ class Observer:
             sched = from_spec(e.spec, app=self.app)
             sched.nowfun = lambda: now  # Celery's clock read once: a second reading drifts
             ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
-            if "at" in e.spec and last_us is not None:
-                due = None if ran >= sched.at else sched.at
-            else:
-                due = now + sched.remaining_estimate(ran)
-            if due is not None and e.start_at:
-                due = max(due, datetime.fromisoformat(e.start_at))
-            if due is not None and e.expires_at and due > datetime.fromisoformat(e.expires_at):
-                due = None
+            due = in_window(due_after(sched, ran, now), e.start_at, e.expires_at)
+            if "at" in e.spec and last_us is not None and ran >= sched.at:
+                due = None  # a one-off that ran: never again
         except Exception as exc:  # a schedule Celery cannot compute: say so, show the rest
             log.debug("celery-election web: next due of %s: %s", e.name, exc)
             return None

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..backends.schema import entry_key
+from ..core.due import due_after, in_window
 from ..metrics import exporter
 from ..settings import ElectionSettings
 from .api import Entry, Schedule
@@ -32,7 +33,7 @@ from .spec import from_spec
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
 
-__all__ = ["OverdueWatch", "due_after", "entry_overdue", "grace_for", "overdue", "overdue_by_entry"]
+__all__ = ["OverdueWatch", "entry_due", "entry_overdue", "grace_for", "overdue", "overdue_by_entry"]
 
 log = logging.getLogger("celery_election.schedule")
 
@@ -56,25 +57,22 @@ def overdue(now: float, grace: float, *, due: float | None, open_due: float | No
     return max(0.0, late - grace)
 
 
-def due_after(entry: Entry, last_us: int, app: Any) -> tuple[float | None, float | None]:
+def entry_due(entry: Entry, last_us: int, app: Any) -> tuple[float | None, float | None]:
     """(when ``entry`` falls due after its run at ``last_us``, its period): epoch s, s.
 
-    Celery's own ``remaining_estimate`` (what beat's ``is_due`` reads), on this host's
-    clock, which cancels out: the due time is the last run's (database) clock.
+    ``core.due`` on this host's clock, which cancels out: the last run's (database) clock.
     """
     sched = from_spec(entry.spec, app=app)
     ran = datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
-    if "at" in entry.spec:  # one run at a time: due until it ran, then never
+    if "at" in entry.spec:  # one run at a time: due until it ran, then never (no window)
         return (None if ran >= sched.at else sched.at.timestamp()), None
     now = datetime.now(timezone.utc)
-    due = now + sched.remaining_estimate(ran)
-    period = (now + sched.remaining_estimate(due) - due).total_seconds()
-    if entry.start_at:
-        due = max(due, datetime.fromisoformat(entry.start_at))
-    ends = datetime.fromisoformat(entry.expires_at) if entry.expires_at else None
-    if ends is not None and (due > ends or now >= ends):  # expired: owes nothing
-        return None, period
-    return due.timestamp(), period
+    due = due_after(sched, ran, now)
+    period = (due_after(sched, due, now) - due).total_seconds()
+    windowed = in_window(due, entry.start_at, entry.expires_at)
+    if windowed is None or (entry.expires_at and now >= datetime.fromisoformat(entry.expires_at)):
+        return None, period  # expired: owes nothing
+    return windowed.timestamp(), period
 
 
 def entry_overdue(
@@ -90,7 +88,7 @@ def entry_overdue(
     due = period = None
     if entry.spec and entry.last_run_us is not None:
         try:
-            due, period = due_after(entry, entry.last_run_us, app)
+            due, period = entry_due(entry, entry.last_run_us, app)
         except Exception as exc:  # a schedule Celery cannot compute: judge the runs only
             log.debug("celery-election: due time of %s: %s", entry.name, exc)
     open_due = None

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_election.beat.ops import due_times
+from celery_election.core.due import due_times
 from celery_election.schedule.cron import CronFields, next_occurrence, next_run
 from celery_election.schedule.spec import ZonedCrontab
 from harness.cron_reference import fields_of, function_runs, sweep

@@ -13,7 +13,8 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from celery_election.beat.ops import Decision, decide, due_times
+from celery_election.beat.catchup import Decision, decide
+from celery_election.core.due import due_times
 from celery_election.errors import ConfigurationError
 from celery_election.schedule.spec import (
     POLICY_DEFAULTS,
