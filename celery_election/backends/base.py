@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..core import runstate
-from ..core.lease import CandidateInfo, Claim, ElectResult, Lease
+from ..core.lease import Bid, CandidateInfo, ElectResult, Lease
 from ..core.runstate import Delivery, Row, Start
 
 if TYPE_CHECKING:
@@ -240,15 +240,15 @@ class KeyStore(Protocol):
     ``release`` act only for the holder's token.
     """
 
-    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
-        """Take ``claim.key`` if vacant or expired, with a strictly greater term.
+    def hold(self, bid: Bid, *, timeout: float | None = None) -> ElectResult:
+        """Take ``bid.key`` if vacant or expired, with a strictly greater term.
 
-        ``liveness`` tags the hold with the holder's session delta (others may then take
+        ``bid.liveness`` tags the hold with the holder's session delta (others may take
         it over once that session ended); the row after the step is reported either way.
         """
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen`` (term and token), tagged with a delta <= ``waited``.
 
@@ -256,10 +256,10 @@ class KeyStore(Protocol):
         (``KeySession.ended``) calls this, ``waited`` seconds after that answer.
         """
 
-    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
-        """Extend every unexpired hold of ``claim.token`` in one statement; the holds after it.
+    def renew(self, bid: Bid, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``bid.token`` in one statement; the holds after it.
 
-        The claim's key is aside: one renewal serves all of a holder's keys.
+        The bid's key is aside: one renewal serves all of a holder's keys.
         """
 
     def release(
@@ -372,7 +372,7 @@ class Backend(Protocol):
         """Drop the tables if they exist."""
 
     def elect(
-        self, claim: Claim, *, term: int | None = None, timeout: float | None = None
+        self, bid: Bid, *, term: int | None = None, timeout: float | None = None
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew that term instead.
 
@@ -403,7 +403,7 @@ class Backend(Protocol):
         """
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.
 

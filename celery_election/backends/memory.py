@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ..core.clock import Clock, RealClock
 from ..core.config import validate_candidate_id, validate_namespace
-from ..core.lease import CandidateInfo, Claim, ElectResult, Lease
+from ..core.lease import Bid, CandidateInfo, ElectResult, Lease
 from ..errors import BackendUnavailableError, SchemaMissingError
 from .base import RunState, Wakeup, WakeupHandle
 from .memory_beat import MemoryBeatStore
@@ -141,31 +141,31 @@ class MemoryBackend:
     # -- the lease --------------------------------------------------------------------------
 
     def elect(
-        self, claim: Claim, *, term: int | None = None, timeout: float | None = None
+        self, bid: Bid, *, term: int | None = None, timeout: float | None = None
     ) -> ElectResult:
         if term is not None:
-            c = claim
+            c = bid
             return self.renew(c.namespace, c.token, term, c.ttl, liveness=c.liveness)
-        validate_namespace(claim.namespace)
-        validate_candidate_id(claim.holder_id)
+        validate_namespace(bid.namespace)
+        validate_candidate_id(bid.holder_id)
         self._enter("elect")
-        return self._take(claim, vacant)
+        return self._take(bid, vacant)
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen`` if its trust is session-bound within ``waited``."""
         self._enter("take_over")
-        return self._take(claim, seen_waited(seen.term, seen.token, waited))
+        return self._take(bid, seen_waited(seen.term, seen.token, waited))
 
-    def _take(self, claim: Claim, can: Callable[[HoldRow, int], bool]) -> ElectResult:
-        namespace = claim.namespace
+    def _take(self, bid: Bid, can: Callable[[HoldRow, int], bool]) -> ElectResult:
+        namespace = bid.namespace
         with self._lock:
             now = self.clock.wall_us()
             row = self._leases.setdefault(namespace, HoldRow())
             won = can(row, now)
             if won:
-                take(row, now, claim)
+                take(row, now, bid)
             lease = as_lease(namespace, row, now)
         if won:
             self._wake(namespace, Wakeup("elected", lease.term))
@@ -225,9 +225,7 @@ class MemoryBackend:
         def can(row: HoldRow, now: int) -> bool:
             return self._holds(row, now, token, term) and self._may_lead(namespace, target, now)
 
-        return self._take(
-            Claim(namespace, target.token, target.candidate_id, ttl, floor=floor), can
-        )
+        return self._take(Bid(namespace, target.token, target.candidate_id, ttl, floor=floor), can)
 
     def ask_transfer(
         self, namespace: str, seen: Lease, target: CandidateInfo, *, timeout: float | None = None
@@ -336,7 +334,7 @@ class MemoryBackend:
     def keys(self) -> MemoryKeyStore:
         """Key holds, with the SQL store's semantics (memory_keys.py)."""
         session = functools.partial(MemorySession, self._locks, clock=self.clock)
-        return MemoryKeyStore(self.clock, self._enter, session, self._locks.free)
+        return MemoryKeyStore(self.clock, self._enter, session)
 
     @functools.cached_property
     def runs(self) -> MemoryRuns:
@@ -513,6 +511,10 @@ class MemorySession:
         with self._locks.cond:
             self._interrupted = True
             self._locks.cond.notify_all()
+
+    def ended(self, key: bytes) -> bool:
+        """Whether the session named ``key`` ended (nobody holds its lock): a key holder's probe."""
+        return self._locks.free(key.decode())
 
     def close(self) -> None:
         self.interrupt()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core.lease import Claim, Lease, us
+from ..core.lease import Bid, Lease, us
 
 __all__ = ["HoldRow", "as_lease", "extend", "seen_waited", "take", "vacant", "vacate"]
 
@@ -62,13 +62,13 @@ def seen_waited(seen_term: int, seen_token: str | None, waited: float) -> Callab
     return can
 
 
-def take(row: HoldRow, now: int, claim: Claim) -> None:
-    """A new, strictly greater term for ``claim.token`` (at least ``claim.floor``)."""
-    row.term = max(row.term + 1, now, claim.floor)
-    row.token, row.holder = claim.token, claim.holder_id[:255]
+def take(row: HoldRow, now: int, bid: Bid) -> None:
+    """A new, strictly greater term for ``bid.token`` (at least ``bid.floor``)."""
+    row.term = max(row.term + 1, now, bid.floor)
+    row.token, row.holder = bid.token, bid.holder_id[:255]
     row.acquired_at = row.renewed_at = now
-    row.expires_at = now + us(claim.ttl)
-    row.liveness_us, row.transfer_to = us(claim.liveness), None
+    row.expires_at = now + us(bid.ttl)
+    row.liveness_us, row.transfer_to = us(bid.liveness), None
 
 
 def extend(row: HoldRow, now: int, ttl: float, tag: float | None) -> None:

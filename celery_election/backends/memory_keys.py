@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 from ..core.clock import Clock
 from ..core.keys import check_key, holder_lock_name
-from ..core.lease import Claim, ElectResult, Lease
+from ..core.lease import Bid, ElectResult, Lease
 from .memory_hold import HoldRow, as_lease, extend, seen_waited, take, vacant, vacate
 
 if TYPE_CHECKING:
-    from .sessions import LivenessSession
+    from .sessions import KeySession
 
 #: ``(name, delta)`` -> a memory liveness session of that name (MemoryBackend's locks)
-SessionMaker = Callable[[str, float], "LivenessSession"]
+SessionMaker = Callable[[str, float], "KeySession"]
 
-__all__ = ["MemoryKeySession", "MemoryKeyStore"]
+__all__ = ["MemoryKeyStore"]
 
 
 class MemoryKeyStore:
@@ -34,43 +34,42 @@ class MemoryKeyStore:
         clock: Clock,
         enter: Callable[[str], None],
         session: SessionMaker,
-        free: Callable[[str], bool],
     ) -> None:
-        self.clock, self._enter, self._session, self._free = clock, enter, session, free
+        self.clock, self._enter, self._session = clock, enter, session
         self._lock = threading.Lock()
         self._rows: dict[tuple[str, str], HoldRow] = {}
 
-    def _take(self, claim: Claim, can: Callable[[HoldRow, int], bool]) -> ElectResult:
-        check_key(claim.namespace, claim.key, claim.token)
+    def _take(self, bid: Bid, can: Callable[[HoldRow, int], bool]) -> ElectResult:
+        check_key(bid.namespace, bid.key, bid.token)
         with self._lock:
             now = self.clock.wall_us()
-            row = self._rows.setdefault((claim.namespace, claim.key), HoldRow())
+            row = self._rows.setdefault((bid.namespace, bid.key), HoldRow())
             won = can(row, now)
             if won:
-                take(row, now, claim)
-            return ElectResult(won, as_lease(claim.namespace, row, now, claim.key))
+                take(row, now, bid)
+            return ElectResult(won, as_lease(bid.namespace, row, now, bid.key))
 
-    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
-        """Take ``claim.key`` if vacant or expired."""
+    def hold(self, bid: Bid, *, timeout: float | None = None) -> ElectResult:
+        """Take ``bid.key`` if vacant or expired."""
         self._enter("keys.hold")
-        return self._take(claim, vacant)
+        return self._take(bid, vacant)
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen``, tagged with a delta no longer than ``waited``."""
         self._enter("keys.take_over")
-        return self._take(claim, seen_waited(seen.term, seen.token, waited))
+        return self._take(bid, seen_waited(seen.term, seen.token, waited))
 
-    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
-        """Extend every unexpired hold of ``claim.token``."""
+    def renew(self, bid: Bid, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``bid.token``."""
         self._enter("keys.renew")
         out = []
         with self._lock:
             now = self.clock.wall_us()
             for (ns, key), row in sorted(self._rows.items()):
-                if ns == claim.namespace and row.token == claim.token and row.expires_at > now:
-                    extend(row, now, claim.ttl, claim.liveness)
+                if ns == bid.namespace and row.token == bid.token and row.expires_at > now:
+                    extend(row, now, bid.ttl, bid.liveness)
                     out.append(as_lease(ns, row, now, key))
         return out
 
@@ -115,41 +114,6 @@ class MemoryKeyStore:
         """The lock that names holder ``token``."""
         return holder_lock_name(token).encode()
 
-    def holder_session(self, token: str, delta: float) -> MemoryKeySession:
-        """Holder ``token``'s lock: a memory liveness lock named by it."""
-        name = holder_lock_name(token)
-        return MemoryKeySession(self._session(name, delta), self._free)
-
-
-class MemoryKeySession:
-    """A memory liveness session that can also tell whether another holder's ended."""
-
-    def __init__(self, inner: LivenessSession, free: Callable[[str], bool]) -> None:
-        self.inner, self._free = inner, free
-        self.silent_holders_lose = inner.silent_holders_lose
-
-    @property
-    def has_lock(self) -> bool:
-        return self.inner.has_lock
-
-    def claim_slot(self, count: int) -> bool:
-        return self.inner.claim_slot(count)
-
-    def acquire(self, timeout: float) -> bool:
-        return self.inner.acquire(timeout)
-
-    def ping(self) -> None:
-        self.inner.ping()
-
-    def release(self) -> None:
-        self.inner.release()
-
-    def interrupt(self) -> None:
-        self.inner.interrupt()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def ended(self, key: bytes) -> bool:
-        """Whether the holder session named ``key`` ended (nobody holds its lock)."""
-        return self._free(key.decode())
+    def holder_session(self, token: str, delta: float) -> KeySession:
+        """Holder ``token``'s lock: a memory liveness lock named by it (its ``ended`` probes)."""
+        return self._session(holder_lock_name(token), delta)

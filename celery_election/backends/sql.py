@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ..core.config import validate_candidate_id, validate_namespace, without_celery_prefix
-from ..core.lease import CandidateInfo, Claim, ElectResult, Lease, us
+from ..core.lease import Bid, CandidateInfo, ElectResult, Lease, us
 from ..errors import ConfigurationError
 from . import sql_install
 from .base import Wakeup, WakeupHandle
@@ -194,7 +194,7 @@ class SQLBackend(SQLCandidates):
 
     def elect(
         self,
-        claim: Claim,
+        bid: Bid,
         *,
         term: int | None = None,
         timeout: float | None = None,
@@ -202,16 +202,16 @@ class SQLBackend(SQLCandidates):
     ) -> ElectResult:
         """Take the lease if vacant or expired; with ``term``, renew it instead.
 
-        ``claim.liveness``: this candidate's trust is bound by a liveness session with
+        ``bid.liveness``: this candidate's trust is bound by a liveness session with
         that delta (seconds), so a lock holder may take the term over (see ``take_over``).
-        ``claim.floor``: the new term is at least this (see ``Backend.elect``).
+        ``bid.floor``: the new term is at least this (see ``Backend.elect``).
         """
-        ns, token = claim.namespace, claim.token
+        ns, token = bid.namespace, bid.token
         if term is not None:
-            return self.renew(ns, token, term, claim.ttl, liveness=claim.liveness,
+            return self.renew(ns, token, term, bid.ttl, liveness=bid.liveness,
                               timeout=timeout, connection=connection)  # fmt: skip
         validate_namespace(ns)
-        validate_candidate_id(claim.holder_id)
+        validate_candidate_id(bid.holder_id)
         check_token(token)
         if not self.style.reads_in_step:
             # Without a read in the same statement, a losing UPDATE would cost a second
@@ -221,7 +221,7 @@ class SQLBackend(SQLCandidates):
             seen = self.current(ns, timeout=timeout, connection=connection)
             if seen is not None and seen.held:
                 return ElectResult(False, seen)
-        params = claim_params(claim)
+        params = claim_params(bid)
         vacant = {"namespace": ns, "term": 0, "expires_at": 0}
         try:
             return self._steps.take(params, vacant, timeout, connection)
@@ -265,7 +265,7 @@ class SQLBackend(SQLCandidates):
         return result is not None and result.won
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the term ``seen``, even before it expires, if its tag allows.
 
@@ -275,8 +275,8 @@ class SQLBackend(SQLCandidates):
         session ended before the grant, so the old leader's trust (last good ping +
         delta) has ended too.
         """
-        check_token(claim.token)
-        params = claim_params(claim)
+        check_token(bid.token)
+        params = claim_params(bid)
         params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=us(waited))
         return self._steps.run("taken", params, timeout, None)
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..core.keys import check_key, holder_lock_name, key_hash
-from ..core.lease import Claim, ElectResult, Lease, us
+from ..core.lease import Bid, ElectResult, Lease, us
 from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
@@ -119,14 +119,14 @@ class SQLKeyStore:
         )
 
     @staticmethod
-    def _params(claim: Claim) -> dict[str, Any]:
-        check_key(claim.namespace, claim.key, claim.token)
-        return {**claim_params(claim), "p_kh": key_hash(claim.key)}
+    def _params(bid: Bid) -> dict[str, Any]:
+        check_key(bid.namespace, bid.key, bid.token)
+        return {**claim_params(bid), "p_kh": key_hash(bid.key)}
 
-    def hold(self, claim: Claim, *, timeout: float | None = None) -> ElectResult:
-        """Take ``claim.key`` if vacant or expired (see ``KeyStore.hold``)."""
-        params = self._params(claim)
-        vacant = {"namespace": claim.namespace, "key_hash": params["p_kh"], "key": claim.key,
+    def hold(self, bid: Bid, *, timeout: float | None = None) -> ElectResult:
+        """Take ``bid.key`` if vacant or expired (see ``KeyStore.hold``)."""
+        params = self._params(bid)
+        vacant = {"namespace": bid.namespace, "key_hash": params["p_kh"], "key": bid.key,
                   "term": 0, "expires_at": 0}  # fmt: skip
         try:
             return self._steps.take(params, vacant, timeout, None)
@@ -134,21 +134,21 @@ class SQLKeyStore:
             return self._steps.lost(params, timeout, None)
 
     def take_over(
-        self, claim: Claim, seen: Lease, waited: float, *, timeout: float | None = None
+        self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
     ) -> ElectResult:
         """Take exactly the hold ``seen`` (see ``KeyStore.take_over``)."""
-        params = self._params(claim)
+        params = self._params(bid)
         params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=us(waited))
         return self._steps.run("taken", params, timeout, None)
 
-    def renew(self, claim: Claim, *, timeout: float | None = None) -> list[Lease]:
-        """Extend every unexpired hold of ``claim.token``; the holds it extended."""
-        params = {"p_ns": claim.namespace, "p_token": claim.token, "p_ttl": us(claim.ttl),
-                  "p_live": us(claim.liveness)}  # fmt: skip
+    def renew(self, bid: Bid, *, timeout: float | None = None) -> list[Lease]:
+        """Extend every unexpired hold of ``bid.token``; the holds it extended."""
+        params = {"p_ns": bid.namespace, "p_token": bid.token, "p_ttl": us(bid.ttl),
+                  "p_live": us(bid.liveness)}  # fmt: skip
         stmt = self._steps.statements["renewed"]
         t = self.table
         mine = sa.select(*_columns(t)).where(
-            t.c.namespace == claim.namespace, t.c.token == claim.token,
+            t.c.namespace == bid.namespace, t.c.token == bid.token,
             t.c.expires_at > db_now_us(),
         )  # fmt: skip
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..core.lease import Claim, ElectResult, Lease, us
+from ..core.lease import Bid, ElectResult, Lease, us
 from ..errors import BackendUnavailableError
 from .connection import LostRound
 from .dialect_base import StepStyle
@@ -40,9 +40,9 @@ __all__ = [
 ]
 
 
-def claim_params(claim: Claim) -> dict[str, Any]:
+def claim_params(bid: Bid) -> dict[str, Any]:
     """A take's parameters, the lease's and a key's (which adds its hash, ``p_kh``)."""
-    c = claim
+    c = bid
     return {"p_ns": c.namespace, "p_token": c.token, "p_cid": c.holder_id[:255],
             "p_ttl": us(c.ttl), "p_live": us(c.liveness), "p_floor": c.floor}  # fmt: skip
 

@@ -2,9 +2,11 @@
 
 The Celery side of the election for beat (docs/design.md, Layers)::
 
-    scheduler.py  LeaderSchedulerMixin, the one class over Celery's scheduler (and
-                  LeaderScheduler): the send path due -> reserve -> claim -> send ->
-                  settle, calling the collaborators below with values
+    scheduler.py  LeaderSchedulerMixin, the one class over Celery's scheduler: the
+                  send path due -> reserve -> claim -> send -> settle, calling the
+                  collaborators below with values
+    persistent.py LeaderScheduler: the mixin over PersistentScheduler, with the
+                  operable schedule beside the static one
     runs.py       the values of the send path: Run (its stages), Claim, the Ledger
     fence.py      BeatFence: what the scheduler asks of the election database
                   (leadership, promotion, claims, the database clock)
@@ -28,6 +30,7 @@ The Celery side of the election for beat (docs/design.md, Layers)::
 
 from __future__ import annotations
 
-from .scheduler import LeaderScheduler, LeaderSchedulerMixin
+from .persistent import LeaderScheduler
+from .scheduler import LeaderSchedulerMixin
 
 __all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]

@@ -51,7 +51,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from celery.beat import PersistentScheduler, Scheduler, event_t
+from celery.beat import Scheduler, event_t
 from celery.schedules import schedstate
 
 from .. import metrics
@@ -66,12 +66,11 @@ from .election import banner_line
 from .fence import BeatFence, BeatTerm, claim_of, scheduler_app
 from .guards import RunawayGuard, SameSchedule, is_due_failed
 from .matching import Matching, state_of
-from .ops import ScheduleOps
 from .policy import DefaultRunPolicy, RunPolicy
 from .runs import NOT_LEADING, Ledger, Run
 from .sender import Sender
 
-__all__ = ["LeaderScheduler", "LeaderSchedulerMixin"]
+__all__ = ["LeaderSchedulerMixin"]
 
 log = logging.getLogger("celery_election.beat")
 
@@ -564,37 +563,3 @@ class LeaderSchedulerMixin(_Scheduler):
         if model is not None and hasattr(model, "last_run_at"):
             model.last_run_at = last_run_at
             model.total_run_count = total_run_count
-
-
-class LeaderScheduler(LeaderSchedulerMixin, PersistentScheduler):
-    """PersistentScheduler that sends only on the elected beat, each run at most once.
-
-    The local shelve still caches the schedule as in stock beat; the run state that
-    decides is the shared one in the election database. Changes of ``beat_schedule``
-    between deploys behave as with a restarted PersistentScheduler (``follow_deploys``).
-    Entries added, paused, run or given policies at runtime (``celery_election.schedule``)
-    are served beside it: the schedule Celery sees is the operable schedule's view
-    (``ops.ScheduleOps``, this scheduler's run policy).
-    """
-
-    follow_deploys = True
-    _ops: ScheduleOps
-
-    def make_policy(self, fence: BeatFence) -> RunPolicy:
-        self._ops = ScheduleOps(fence, self._base, self.Entry)
-        return self._ops
-
-    def get_schedule(self) -> dict[str, Any]:
-        view = self._ops.view
-        return view if view is not None else self._base()
-
-    def set_schedule(self, schedule: dict[str, Any]) -> None:
-        super().set_schedule(schedule)
-        if self._ops.view is not None:
-            self._ops.rebuild()
-
-    schedule = property(get_schedule, set_schedule)
-
-    def _base(self) -> dict[str, Any]:
-        """The wrapped scheduler's own schedule (PersistentScheduler's shelve)."""
-        return super().get_schedule()  # type: ignore[no-any-return]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import overload
 
-__all__ = ["CandidateInfo", "Claim", "ElectResult", "Lease", "trusted_until", "us", "vacancy"]
+__all__ = ["Bid", "CandidateInfo", "ElectResult", "Lease", "trusted_until", "us", "vacancy"]
 
 
 def _dt(micros: int | None) -> datetime | None:
@@ -83,8 +83,8 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class Claim:
-    """What a take writes, the lease's (``key`` "") and a key's alike: one value, one step.
+class Bid:
+    """A bid for a hold, the lease (``key`` "") or a key alike: what a take writes.
 
     ``token`` is the holder's per-instance secret, ``holder_id`` its name for people;
     ``liveness`` binds the hold to the holder's session of that delta in seconds (others

@@ -32,7 +32,7 @@ from ..backends.sessions import KeySession
 from ..core.clock import Clock, RealClock, Sleeper
 from ..core.config import validate_namespace
 from ..core.decisions import Proof, extend, granted, trust_end
-from ..core.lease import Claim, Lease, trusted_until
+from ..core.lease import Bid, Lease, trusted_until
 from ..core.transitions import Lead
 from ..errors import BackendUnavailableError, ConfigurationError
 
@@ -177,10 +177,10 @@ class KeyHolder:
         result = keys.take_over(self._claim(inc, tagged, key), seen, started - answered)
         return (result.lease, started) if result.won and result.lease is not None else None
 
-    def _claim(self, inc: _Session, tagged: bool, key: str = "") -> Claim:
+    def _claim(self, inc: _Session, tagged: bool, key: str = "") -> Bid:
         """What a take or a renewal of ``inc``'s holds writes (tagged: session-bound)."""
         tag = self.delta if tagged else None
-        return Claim(self.namespace, inc.token, self.holder_id, self.ttl, key, tag)
+        return Bid(self.namespace, inc.token, self.holder_id, self.ttl, key, tag)
 
     def _adopt(
         self, inc: _Session, key: str, hold: Lease, started: float, tagged: bool

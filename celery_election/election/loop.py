@@ -25,7 +25,7 @@ from ..core import decisions as rules
 from ..core.clock import Clock, Sleeper, boottime
 from ..core.config import ElectionConfig
 from ..core.decisions import Call, LockNews, Next, Proof
-from ..core.lease import Claim, ElectResult, Lease, trusted_until, vacancy
+from ..core.lease import Bid, ElectResult, Lease, trusted_until, vacancy
 from ..core.stats import ElectorStats
 from ..core.transfer import Transfer
 from ..core.transitions import Backoff, Lead, RevokeReason
@@ -309,12 +309,12 @@ class ElectionLoop:
         # never below a term seen before, nor this host's clock (a promoted standby's
         # clock may be behind the primary that issued a term it never received)
         floor = max(reading.greatest_term + 1, self._clock.wall_us())
-        claim = Claim(self.namespace, c.token, c.candidate_id, self.config.ttl, "", tag, floor)
+        bid = Bid(self.namespace, c.token, c.candidate_id, self.config.ttl, "", tag, floor)
         try:
             if call is Call.TAKE_OVER:
-                result = self._calls(self.backend.take_over, claim, reading.last_lease, waited)
+                result = self._calls(self.backend.take_over, bid, reading.last_lease, waited)
             elif call is Call.ELECT:
-                result = self._calls(self.backend.elect, claim)
+                result = self._calls(self.backend.elect, bid)
             else:
                 result = ElectResult(False, self._calls(self.backend.current, self.namespace))
         except Exception:

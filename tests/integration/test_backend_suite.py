@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import BackendUnavailableError, ConfigurationError, SchemaMissingError
 
 from ..conftest import EVERY_KIND, EVERY_SQL, expire, expire_candidates, make_backend, token
@@ -31,7 +31,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
 
 def test_renew_extends_only_the_exact_token_and_term(backend: Any) -> None:
     a, b = token(), token()
-    lease = backend.elect(Claim(NS, a, "a", 5.0)).lease
+    lease = backend.elect(Bid(NS, a, "a", 5.0)).lease
     assert not backend.renew(NS, b, lease.term, 30.0).won
     assert not backend.renew(NS, a, lease.term - 1, 30.0).won
     assert not backend.renew(NS, a, lease.term + 1, 30.0).won
@@ -39,23 +39,23 @@ def test_renew_extends_only_the_exact_token_and_term(backend: Any) -> None:
     assert renewed.won and renewed.lease.term == lease.term
     assert renewed.lease.remaining > 29.0
     # elect(term=...) is the same renewal
-    assert backend.elect(Claim(NS, a, "a", 30.0), term=lease.term).won
+    assert backend.elect(Bid(NS, a, "a", 30.0), term=lease.term).won
 
 
 def test_terms_survive_uninstall_and_install(backend: Any) -> None:
-    first = backend.elect(Claim(NS, token(), "a", 30.0)).lease
+    first = backend.elect(Bid(NS, token(), "a", 30.0)).lease
     backend.uninstall()
     with pytest.raises(SchemaMissingError) as info:
         backend.current(NS)
     assert "celery -A proj election install" in str(info.value)
     backend.install()
     assert backend.current(NS) is None
-    second = backend.elect(Claim(NS, token(), "b", 30.0))
+    second = backend.elect(Bid(NS, token(), "b", 30.0))
     assert second.won and second.lease.term > first.term
 
 
 def test_install_is_idempotent(backend: Any) -> None:
-    lease = backend.elect(Claim(NS, token(), "a", 30.0)).lease
+    lease = backend.elect(Bid(NS, token(), "a", 30.0)).lease
     backend.install()
     backend.install()
     assert backend.current(NS).term == lease.term
@@ -67,9 +67,9 @@ def test_namespaces_differing_in_case_space_or_accent_stay_apart(backend: Any) -
     for name, t in zip(names, tokens, strict=False):
         if name != name.strip():
             with pytest.raises(ConfigurationError):
-                backend.elect(Claim(name, t, "x", 30.0))
+                backend.elect(Bid(name, t, "x", 30.0))
             continue
-        assert backend.elect(Claim(name, t, "x", 30.0)).won, name
+        assert backend.elect(Bid(name, t, "x", 30.0)).won, name
     for name, t in zip(names, tokens, strict=False):
         if name == name.strip():
             assert backend.current(name).held_by(t)
@@ -77,8 +77,8 @@ def test_namespaces_differing_in_case_space_or_accent_stay_apart(backend: Any) -
 
 def test_two_instances_with_the_same_candidate_id_never_both_lead(backend: Any) -> None:
     a, b = token(), token()
-    first = backend.elect(Claim(NS, a, "worker@host", 30.0))
-    second = backend.elect(Claim(NS, b, "worker@host", 30.0))
+    first = backend.elect(Bid(NS, a, "worker@host", 30.0))
+    second = backend.elect(Bid(NS, b, "worker@host", 30.0))
     assert first.won and not second.won
     # the label matches, but the token does not: b can neither renew nor resign
     assert not backend.renew(NS, b, first.lease.term, 30.0).won
@@ -143,7 +143,7 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
 
         def run(i: int, barrier: threading.Barrier, results: list[Any]) -> None:
             barrier.wait()
-            results[i] = backend.elect(Claim(namespace, tokens[i], f"c{i}", 30.0))
+            results[i] = backend.elect(Bid(namespace, tokens[i], f"c{i}", 30.0))
 
         threads = [threading.Thread(target=run, args=(i, barrier, results)) for i in range(n)]
         for th in threads:
@@ -169,29 +169,29 @@ def _race_threads(backend: Any, namespace: str, rounds: int, n: int = 8) -> None
 @pytest.mark.parametrize("backend", EVERY_SQL, indirect=True)
 def test_host_clock_skew_changes_no_outcome(backend: Any, monkeypatch: Any) -> None:
     a, b = token(), token()
-    lease = backend.elect(Claim(NS, a, "a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "a", 30.0)).lease
     real_time, real_ns = time.time, time.time_ns
     monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
     monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 3600 * 10**9)
-    assert not backend.elect(Claim(NS, b, "b", 30.0)).won  # an hour ahead, the lease still holds
+    assert not backend.elect(Bid(NS, b, "b", 30.0)).won  # an hour ahead, the lease still holds
     renewed = backend.renew(NS, a, lease.term, 30.0)
     assert renewed.won and 29.0 < renewed.lease.remaining <= 30.0
     monkeypatch.setattr(time, "time", lambda: real_time() - 3600)
     monkeypatch.setattr(time, "time_ns", lambda: real_ns() - 3600 * 10**9)
-    assert not backend.elect(Claim(NS, b, "b", 30.0)).won
+    assert not backend.elect(Bid(NS, b, "b", 30.0)).won
     assert backend.current(NS).held_by(a)
 
 
 def test_bad_keys_are_refused_before_touching_the_database(backend: Any) -> None:
     for bad in ["", " x", "x" * 191, "a\nb"]:
         with pytest.raises(ConfigurationError, match="namespace"):
-            backend.elect(Claim(bad, token(), "a", 30.0))
+            backend.elect(Bid(bad, token(), "a", 30.0))
     with pytest.raises(ConfigurationError, match="candidate_id"):
-        backend.elect(Claim(NS, token(), "", 30.0))
+        backend.elect(Bid(NS, token(), "", 30.0))
     with pytest.raises(ConfigurationError, match="candidate_id"):
         backend.register(NS, token(), "y" * 256, "h", 1, 30.0)
     longest = "n" * 190
-    assert backend.elect(Claim(longest, token(), "a", 30.0)).won
+    assert backend.elect(Bid(longest, token(), "a", 30.0)).won
     assert backend.current(longest).namespace == longest
 
 
@@ -225,7 +225,7 @@ def test_an_update_that_changes_nothing_counts_no_row_on_mysql(backend: Any) -> 
     a conditional UPDATE then reports the rows it matched: one that changed nothing would
     count as a won step. The private engine turns it off."""
     a = token()
-    backend.elect(Claim(NS, a, "a", 30.0))
+    backend.elect(Bid(NS, a, "a", 30.0))
     t = backend.lease
     same = sa.update(t).where(t.c.namespace == NS).values(term=t.c.term, token=t.c.token)
     with backend.engine.connect() as conn:
@@ -235,7 +235,7 @@ def test_an_update_that_changes_nothing_counts_no_row_on_mysql(backend: Any) -> 
 def test_every_backend_answers_the_electors_housekeeping_calls(backend: Any) -> None:
     """``release_idle`` and ``topology_warnings`` are Backend calls (no getattr probing):
     every backend has them, and they never fail an elector's start or wait."""
-    backend.elect(Claim(NS, token(), "a", 30.0))
+    backend.elect(Bid(NS, token(), "a", 30.0))
     backend.release_idle()
     assert backend.current(NS) is not None  # reconnects after a release
     warnings = backend.topology_warnings(lock_on=True)

@@ -21,7 +21,7 @@ from celery_election.backends.base import RunRequest, RunState
 from celery_election.beat import LeaderScheduler
 from celery_election.beat.burst_costs import held
 from celery_election.core.clock import boottime
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import BackendUnavailableError
 
 from ..conftest import (
@@ -52,7 +52,7 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:
     store = backend.beat
     a, b = token(), token()
-    old = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    old = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     first = store.claim_run(NS, a, old.term, "job", None, 1_000_000)
     assert first.won and first.state == RunState(1_000_000, 1, old.term)
     again = store.claim_run(NS, a, old.term, "job", None, 1_500_000)  # the first run: once
@@ -61,7 +61,7 @@ def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:
     expire(backend, NS)
     stale = store.claim_run(NS, a, old.term, "job", first.state, 2_000_000)
     assert not stale.won and not stale.leading and stale.state == first.state
-    new = backend.elect(Claim(NS, b, "beat-b", 30.0))
+    new = backend.elect(Bid(NS, b, "beat-b", 30.0))
     assert new.won and new.lease.term > old.term
     # a resumes, still believing it leads: every claim it makes is refused
     for at in (2_000_000, 3_000_000):
@@ -80,7 +80,7 @@ def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:
 def test_entries_and_namespaces_are_apart(backend: Any) -> None:
     store = backend.beat
     a = token()
-    lease = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     long_name = "x" * 400  # hashed into the key: any name fits a MySQL primary key
     for name in ("job", "Job", "job ", long_name):
         assert store.claim_run(NS, a, lease.term, name, None, 5).won
@@ -94,7 +94,7 @@ def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> 
     the same compare-and-set on (last run, run count), under the same fence."""
     store = backend.beat
     a, b = token(), token()
-    lease = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     plain = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
     assert plain.state == RunState(1_000_000, 1, lease.term, None)  # identity: any entry
     fresh = store.claim_run(
@@ -109,7 +109,7 @@ def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> 
     assert nxt.won and nxt.state == RunState(2_000_000, 1, lease.term, "id:7")
     # the fence holds for these claims as for any run
     expire(backend, NS)
-    assert backend.elect(Claim(NS, b, "beat-b", 30.0)).won
+    assert backend.elect(Bid(NS, b, "beat-b", 30.0)).won
     stale = store.claim_run(
         NS, a, lease.term, "job", nxt.state, 3_000_000, total_run_count=50, identity="x"
     )
@@ -123,7 +123,7 @@ def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
     made from the state before it must be refused, though the counts match."""
     store = backend.beat
     a = token()
-    lease = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     first = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
     dropped = store.claim_run(NS, a, lease.term, "job", first.state, 2_000_000, total_run_count=1)
     assert dropped.won and dropped.state == RunState(2_000_000, 1, lease.term)
@@ -142,9 +142,9 @@ def test_a_claim_under_an_old_term_of_the_same_token_is_refused(backend: Any) ->
     term's claims, first runs (single and batch) included."""
     store = backend.beat
     a = token()
-    old = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    old = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     expire(backend, NS)
-    new = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    new = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     assert new.term > old.term
     single = store.claim_run(NS, a, old.term, "job", None, 5)
     assert not single.won and not single.leading
@@ -158,7 +158,7 @@ def test_a_batch_claim_decides_each_run_as_alone(backend: Any) -> None:
     ones that lose report what is stored, the others are written, in one call."""
     store = backend.beat
     a = token()
-    lease = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     first = store.claim_runs(NS, a, lease.term, [RunRequest(f"e{i}", None, 1_000 + i)
                                                  for i in range(4)])  # fmt: skip
     assert [c.won for c in first] == [True] * 4
@@ -197,7 +197,7 @@ def test_a_batch_claim_keeps_the_fence(backend: Any) -> None:
     and first runs alike, told they do not lead); the new leader's batch wins."""
     store = backend.beat
     a, b = token(), token()
-    old = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    old = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     (seed,) = store.claim_runs(NS, a, old.term, [RunRequest("job", None, 1_000)])
     assert seed.won and seed.state is not None
     before = store.load_runs(NS)
@@ -216,7 +216,7 @@ def test_a_batch_claim_keeps_the_fence(backend: Any) -> None:
     expire(backend, NS)  # a paused past its lease
     assert refused(burst(a, old.term))
     assert store.load_runs(NS) == before
-    new = backend.elect(Claim(NS, b, "beat-b", 30.0))
+    new = backend.elect(Bid(NS, b, "beat-b", 30.0))
     assert new.won and new.lease.term > old.term
     assert refused(burst(a, old.term))  # a resumes, still believing it leads
     assert store.load_runs(NS) == before
@@ -235,7 +235,7 @@ def test_a_batch_larger_than_one_statement_keeps_order_and_the_fence(backend: An
 
     store = backend.beat
     a = token()
-    lease = backend.elect(Claim(NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     n = BATCH + 37
     names = [f"job-{i:05d}" for i in range(n)]
     first = store.claim_runs(NS, a, lease.term, [RunRequest(x, None, i) for i, x in
@@ -287,7 +287,7 @@ def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -
         state = b.beat.load_runs(NS)["job"]
         assert state == RunState(5, 3, 1, None)
         a = token()
-        lease = b.elect(Claim(NS, a, "beat-a", 30.0)).lease
+        lease = b.elect(Bid(NS, a, "beat-a", 30.0)).lease
         assert b.beat.pending_runs(NS) == []
         won = b.beat.claim_run(NS, a, lease.term, "job", state, 10, identity="id:1", pending=True)
         assert won.won and b.beat.load_runs(NS)["job"] == RunState(10, 4, lease.term, "id:1")

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 
 from ..conftest import token, unique_prefix
 
@@ -34,7 +34,7 @@ def test_a_rolled_back_transaction_takes_its_election_with_it(
     backend.register("tx", t, "a", "h", 1, 30.0)  # creates nothing in the lease table
     with app.connect() as conn:
         trans = conn.begin()
-        result = backend.elect(Claim("tx", t, "a", 30.0), connection=conn)
+        result = backend.elect(Bid("tx", t, "a", 30.0), connection=conn)
         assert result.won and result.lease is not None
         assert backend.current("tx", connection=conn).held_by(t)  # seen inside
         trans.rollback()
@@ -53,7 +53,7 @@ def test_a_committed_session_keeps_the_election_and_the_app_write(
     t = token()
     try:
         with Session(app) as session, session.begin():
-            result = backend.elect(Claim("tx", t, "a", 30.0), connection=session)
+            result = backend.elect(Bid("tx", t, "a", 30.0), connection=session)
             assert result.won and result.lease is not None
             session.execute(sa.insert(notes).values(term=result.lease.term))
         lease = backend.current("tx")

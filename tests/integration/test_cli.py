@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from celery_election import Elector, RevokeReason
 from celery_election.backends import backend_from_url
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.core.runstate import run_task_id
 from celery_election.ops.cli import election
 
@@ -293,7 +293,7 @@ def test_status_shows_the_beat_runs_claimed_and_not_yet_sent(target: tuple[str, 
     backend = backend_from_url(url, table_prefix=prefix)
     try:
         token = uuid.uuid4().hex
-        lease = backend.elect(Claim("jobs-beat", token, "beat", 30.0)).lease
+        lease = backend.elect(Bid("jobs-beat", token, "beat", 30.0)).lease
         assert lease is not None
         assert backend.beat.claim_run("jobs-beat", token, lease.term, "report", None, 5,
                                       pending=True).won  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.core.runstate import run_task_id
 from celery_election.ops.cli import election
 
@@ -138,7 +138,7 @@ def test_a_run_claimed_and_not_sent_is_shown_unsent(tmp_path: Path) -> None:
     try:
         ns = "default-beat"  # the beats' namespace of the default settings
         me = uuid.uuid4().hex
-        term = backend.elect(Claim(ns, me, "beat", 30.0)).lease.term
+        term = backend.elect(Bid(ns, me, "beat", 30.0)).lease.term
         assert backend.beat.claim_run(ns, me, term, "r", None, 1_000, pending=True).won
         row = cli(url, prefix, "list").output.splitlines()[1]
         assert "+unsent since" in row

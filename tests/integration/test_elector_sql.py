@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from celery_election import Elector, RevokeReason
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.core.clock import boottime
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
 from harness.cluster import wait_until
@@ -171,10 +171,10 @@ def test_a_stalled_connection_is_cut_at_the_call_deadline(server_url: str) -> No
         with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.5s"):
             b.current("x", timeout=0.5)
         with pytest.raises(BackendUnavailableError):
-            b.elect(Claim("x", uuid.uuid4().hex, "a", 5.0), timeout=0.5)
+            b.elect(Bid("x", uuid.uuid4().hex, "a", 5.0), timeout=0.5)
         proxy.resume()
         # the stalled connection was discarded; a fresh one works
-        assert b.elect(Claim("x", uuid.uuid4().hex, "a", 5.0), timeout=2.0).won
+        assert b.elect(Bid("x", uuid.uuid4().hex, "a", 5.0), timeout=2.0).won
     finally:
         proxy.resume()
         b.uninstall()

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 
 
 def test_a_fork_waits_for_the_sqlite_call_in_progress(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
     backend = backend_from_url(f"sqlite:///{path}", sqlite_busy_timeout=30.0)
     assert isinstance(backend, SQLBackend)
     backend.install()
-    first = backend.elect(Claim("x", "b" * 32, "b", 10.0)).lease  # the row exists: one step
+    first = backend.elect(Bid("x", "b" * 32, "b", 10.0)).lease  # the row exists: one step
     assert first is not None and backend.resign("x", "b" * 32, first.term)
     blocker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the elect below waits for this write lock
@@ -70,7 +70,7 @@ def test_a_fork_waits_for_a_real_backend_call(tmp_path: Path) -> None:
     sa.event.listen(backend.engine, "before_cursor_execute", seen)
     outcome: list[Any] = []
     t = threading.Thread(
-        target=lambda: outcome.append(backend.elect(Claim("x", "a" * 32, "a", 10.0)))
+        target=lambda: outcome.append(backend.elect(Bid("x", "a" * 32, "a", 10.0)))
     )
     t.start()
     assert writing.wait(5), "the elect never began its write"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from celery_election.core.lease import Claim, ElectResult, Lease
+from celery_election.core.lease import Bid, ElectResult, Lease
 
 from ..conftest import EVERY_KIND, expire, make_backend, token
 
@@ -33,22 +33,22 @@ class Use:
     backend: Any
     key: str
 
-    def claim(self, holder: str, label: str, **kw: Any) -> Claim:
-        return Claim(NS, holder, label, kw.pop("ttl", 30.0), self.key, **kw)
+    def bid(self, holder: str, label: str, **kw: Any) -> Bid:
+        return Bid(NS, holder, label, kw.pop("ttl", 30.0), self.key, **kw)
 
-    def take(self, claim: Claim) -> ElectResult:
-        return self.backend.keys.hold(claim) if self.key else self.backend.elect(claim)
+    def take(self, bid: Bid) -> ElectResult:
+        return self.backend.keys.hold(bid) if self.key else self.backend.elect(bid)
 
-    def take_over(self, claim: Claim, seen: Lease, waited: float) -> ElectResult:
+    def take_over(self, bid: Bid, seen: Lease, waited: float) -> ElectResult:
         store = self.backend.keys if self.key else self.backend
-        result: ElectResult = store.take_over(claim, seen, waited)
+        result: ElectResult = store.take_over(bid, seen, waited)
         return result
 
     def extend(self, holder: str, term: int, ttl: float = 30.0) -> bool:
         """Renew exactly (holder, term); a key's renewal is its token's, of all its keys."""
         if not self.key:
             return bool(self.backend.renew(NS, holder, term, ttl).won)
-        renewed = self.backend.keys.renew(Claim(NS, holder, "", ttl))
+        renewed = self.backend.keys.renew(Bid(NS, holder, "", ttl))
         return any(h.key == self.key and h.term == term for h in renewed)
 
     def release(self, holder: str, term: int) -> bool:
@@ -76,7 +76,7 @@ def use(request: pytest.FixtureRequest, backend: Any) -> Use:
 def test_the_first_take_creates_the_row_and_wins(use: Use) -> None:
     assert use.get() is None
     a = token()
-    result = use.take(use.claim(a, "a"))
+    result = use.take(use.bid(a, "a"))
     assert result.won and result.lease is not None
     assert result.lease.held_by(a) and result.lease.leader_id == "a" and result.lease.term > 0
     assert result.lease.key == use.key
@@ -86,20 +86,20 @@ def test_the_first_take_creates_the_row_and_wins(use: Use) -> None:
 
 def test_a_live_hold_is_never_taken(use: Use) -> None:
     a, b = token(), token()
-    first = use.take(use.claim(a, "a"))
-    second = use.take(use.claim(b, "b"))
+    first = use.take(use.bid(a, "a"))
+    second = use.take(use.bid(b, "b"))
     assert first.won and not second.won
     assert second.lease.held_by(a) and second.lease.term == first.lease.term  # type: ignore[union-attr]
-    assert not use.take(use.claim(a, "a")).won  # its holder asking again: no new term
+    assert not use.take(use.bid(a, "a")).won  # its holder asking again: no new term
 
 
 def test_an_expired_hold_is_taken_with_a_greater_term(use: Use) -> None:
     a, b = token(), token()
-    first = use.take(use.claim(a, "a")).lease
+    first = use.take(use.bid(a, "a")).lease
     assert first is not None
     use.expire()
     assert not use.get().held  # type: ignore[union-attr]
-    second = use.take(use.claim(b, "b")).lease
+    second = use.take(use.bid(b, "b")).lease
     assert second is not None and second.held_by(b) and second.term > first.term
     # the old holder can neither extend nor release the new hold, nor its own old one
     for term in (first.term, second.term):
@@ -110,7 +110,7 @@ def test_an_expired_hold_is_taken_with_a_greater_term(use: Use) -> None:
 
 def test_extend_needs_the_holders_token_and_an_unexpired_hold(use: Use) -> None:
     a, b = token(), token()
-    held = use.take(use.claim(a, "a", ttl=5.0)).lease
+    held = use.take(use.bid(a, "a", ttl=5.0)).lease
     assert held is not None
     assert not use.extend(b, held.term)
     assert use.get().remaining <= 5.0  # type: ignore[union-attr]
@@ -118,13 +118,13 @@ def test_extend_needs_the_holders_token_and_an_unexpired_hold(use: Use) -> None:
     assert use.get().remaining > 29.0 and use.get().term == held.term  # type: ignore[union-attr]
     use.expire()
     assert not use.extend(a, held.term)  # expired stays expired
-    again = use.take(use.claim(a, "a")).lease
+    again = use.take(use.bid(a, "a")).lease
     assert again is not None and again.term > held.term
 
 
 def test_release_needs_the_exact_token_and_term_and_the_term_stays(use: Use) -> None:
     a, b = token(), token()
-    held = use.take(use.claim(a, "a")).lease
+    held = use.take(use.bid(a, "a")).lease
     assert held is not None
     assert not use.release(b, held.term)
     assert not use.release(a, held.term - 1)
@@ -134,7 +134,7 @@ def test_release_needs_the_exact_token_and_term_and_the_term_stays(use: Use) -> 
     after = use.get()
     assert after is not None and not after.held and after.term == held.term
     assert after.leader_id is None
-    again = use.take(use.claim(b, "b")).lease
+    again = use.take(use.bid(b, "b")).lease
     assert again is not None and again.term > held.term
 
 
@@ -142,9 +142,9 @@ def test_a_late_release_of_an_old_term_leaves_the_new_one(use: Use) -> None:
     """Scoped to (token, term): the same holder, taking again after its hold ran out, is
     not vacated by a release of its previous term arriving late."""
     a = token()
-    old = use.take(use.claim(a, "a")).lease
+    old = use.take(use.bid(a, "a")).lease
     use.expire()
-    new = use.take(use.claim(a, "a")).lease
+    new = use.take(use.bid(a, "a")).lease
     assert old is not None and new is not None and new.term > old.term
     assert not use.release(a, old.term)
     assert use.get().held and use.get().term == new.term  # type: ignore[union-attr]
@@ -154,7 +154,7 @@ def test_terms_strictly_increase_across_many_changes(use: Use) -> None:
     terms = []
     for i in range(12):
         t = token()
-        result = use.take(use.claim(t, f"c{i}"))
+        result = use.take(use.bid(t, f"c{i}"))
         assert result.won and result.lease is not None
         terms.append(result.lease.term)
         if i % 2:
@@ -167,17 +167,17 @@ def test_terms_strictly_increase_across_many_changes(use: Use) -> None:
 def test_take_over_needs_the_seen_term_holder_tag_and_wait(use: Use) -> None:
     """Each condition of take_over alone refuses it."""
     a, b = token(), token()
-    held = use.take(use.claim(a, "a", liveness=1.0)).lease
+    held = use.take(use.bid(a, "a", liveness=1.0)).lease
     assert held is not None and held.liveness_us == 1_000_000
     refused = {
         "an older term": dataclasses.replace(held, term=held.term - 1),
         "another holder": dataclasses.replace(held, token=token()),
     }
     for why, seen in refused.items():
-        assert not use.take_over(use.claim(b, "b"), seen, 2.0).won, why
-    assert not use.take_over(use.claim(b, "b"), held, 0.999).won, "waited less than delta"
+        assert not use.take_over(use.bid(b, "b"), seen, 2.0).won, why
+    assert not use.take_over(use.bid(b, "b"), held, 0.999).won, "waited less than delta"
     assert use.get().held_by(a)  # type: ignore[union-attr]
-    taken = use.take_over(use.claim(b, "b"), held, 1.0).lease  # waited exactly delta
+    taken = use.take_over(use.bid(b, "b"), held, 1.0).lease  # waited exactly delta
     assert taken is not None and taken.held_by(b) and taken.term > held.term
     assert not use.extend(a, held.term)  # the old term is over
     assert not use.release(a, held.term)
@@ -185,9 +185,9 @@ def test_take_over_needs_the_seen_term_holder_tag_and_wait(use: Use) -> None:
 
 def test_an_untagged_hold_is_never_taken_over(use: Use) -> None:
     a, b = token(), token()
-    held = use.take(use.claim(a, "a")).lease  # liveness off: untagged
+    held = use.take(use.bid(a, "a")).lease  # liveness off: untagged
     assert held is not None and held.liveness_us is None
-    assert not use.take_over(use.claim(b, "b"), held, 3600.0).won
+    assert not use.take_over(use.bid(b, "b"), held, 3600.0).won
     assert use.get().held_by(a)  # type: ignore[union-attr]
 
 
@@ -195,19 +195,19 @@ def test_a_floor_raises_the_new_term(use: Use) -> None:
     """The elector's floor (greatest term seen + 1, its host clock) wins over a database
     clock that is behind: a standby promoted with its clock late never reissues a term."""
     a, b, c = token(), token(), token()
-    first = use.take(use.claim(a, "a", liveness=1.0)).lease
+    first = use.take(use.bid(a, "a", liveness=1.0)).lease
     assert first is not None
     floor = first.term + 10**12
-    taken = use.take_over(use.claim(b, "b", floor=floor), first, 1.0)
+    taken = use.take_over(use.bid(b, "b", floor=floor), first, 1.0)
     assert taken.won and taken.lease is not None and taken.lease.term == floor
     use.expire()
-    again = use.take(use.claim(c, "c", floor=floor + 5))
+    again = use.take(use.bid(c, "c", floor=floor + 5))
     assert again.won and again.lease is not None and again.lease.term == floor + 5
 
 
 def test_holds_of_other_namespaces_and_keys_are_apart(use: Use) -> None:
     a, b = token(), token()
-    assert use.take(use.claim(a, "a")).won
-    elsewhere = Claim("other-" + NS, b, "b", 30.0, use.key)
+    assert use.take(use.bid(a, "a")).won
+    elsewhere = Bid("other-" + NS, b, "b", 30.0, use.key)
     assert use.take(elsewhere).won
     assert use.get().held_by(a)  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import ConfigurationError
 
 from ..conftest import ALL_KINDS, expire, make_backend, token
@@ -29,46 +29,46 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
 
 def test_keys_are_independent_and_exact(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    assert keys.hold(Claim(NS, a, "a", 30.0, key="k")).won
-    assert keys.hold(Claim(NS, b, "b", 30.0, key="k2")).won
-    assert keys.hold(Claim(NS, b, "b", 30.0, key="K")).won  # case matters (utf8mb4_bin)
-    assert keys.hold(Claim("other", b, "b", 30.0, key="k")).won
+    assert keys.hold(Bid(NS, a, "a", 30.0, key="k")).won
+    assert keys.hold(Bid(NS, b, "b", 30.0, key="k2")).won
+    assert keys.hold(Bid(NS, b, "b", 30.0, key="K")).won  # case matters (utf8mb4_bin)
+    assert keys.hold(Bid("other", b, "b", 30.0, key="k")).won
 
 
 def test_renew_extends_only_the_tokens_unexpired_holds(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    keys.hold(Claim(NS, a, "a", 5.0, key="k1"))
-    keys.hold(Claim(NS, a, "a", 5.0, key="k2"))
-    keys.hold(Claim(NS, b, "b", 5.0, key="k3"))
-    keys.hold(Claim(NS, a, "a", 5.0, key="k4"))
+    keys.hold(Bid(NS, a, "a", 5.0, key="k1"))
+    keys.hold(Bid(NS, a, "a", 5.0, key="k2"))
+    keys.hold(Bid(NS, b, "b", 5.0, key="k3"))
+    keys.hold(Bid(NS, a, "a", 5.0, key="k4"))
     expire(backend, NS, "k4")
     assert [h.key for h in keys.held(NS)] == ["k1", "k2", "k3"]
-    renewed = keys.renew(Claim(NS, a, "", 30.0, liveness=1.0))
+    renewed = keys.renew(Bid(NS, a, "", 30.0, liveness=1.0))
     assert sorted(h.key for h in renewed) == ["k1", "k2"]
     assert all(h.remaining > 29.0 and h.liveness_us == 1_000_000 for h in renewed)
     assert keys.get(NS, "k3").remaining <= 5.0  # another holder's: untouched
     assert not keys.get(NS, "k4").held  # expired stays expired
-    assert keys.renew(Claim("other", a, "", 30.0)) == []
+    assert keys.renew(Bid("other", a, "", 30.0)) == []
 
 
 def test_force_release_is_fenced_by_the_term_seen(backend: Any) -> None:
     keys, a, b = backend.keys, token(), token()
-    first = keys.hold(Claim(NS, a, "a", 30.0, key="k")).lease
+    first = keys.hold(Bid(NS, a, "a", 30.0, key="k")).lease
     assert not keys.force_release(NS, "k", first.term + 1)
     assert keys.force_release(NS, "k", first.term)
     assert not keys.force_release(NS, "k", first.term)  # vacant now: nothing to release
-    second = keys.hold(Claim(NS, b, "b", 30.0, key="k")).lease
+    second = keys.hold(Bid(NS, b, "b", 30.0, key="k")).lease
     assert not keys.force_release(NS, "k", first.term)  # an old view never frees a new hold
     assert keys.get(NS, "k").held_by(b) and second.term > first.term
 
 
 def test_bad_keys_are_refused(backend: Any) -> None:
     with pytest.raises(ConfigurationError):
-        backend.keys.hold(Claim(NS, token(), "a", 30.0, key=""))
+        backend.keys.hold(Bid(NS, token(), "a", 30.0, key=""))
     with pytest.raises(ConfigurationError):
-        backend.keys.hold(Claim(NS, token(), "a", 30.0, key="x" * 501))
+        backend.keys.hold(Bid(NS, token(), "a", 30.0, key="x" * 501))
     long = "é" * 500  # 500 characters fit, whatever their bytes
-    assert backend.keys.hold(Claim(NS, token(), "a", 30.0, key=long)).lease.key == long
+    assert backend.keys.hold(Bid(NS, token(), "a", 30.0, key=long)).lease.key == long
 
 
 def test_a_holders_lock_tells_others_when_its_session_ended(backend: Any) -> None:

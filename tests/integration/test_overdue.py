@@ -19,7 +19,7 @@ from celery import Celery
 from celery_election import metrics
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.schedule import Schedule
 from celery_election.schedule.overdue import OverdueWatch
 from celery_election.schedule.store import SQLScheduleStore, history_row, schedule_store
@@ -111,9 +111,9 @@ def app(tmp_path: Path) -> Iterator[Celery]:
 
 
 def ran(backend: Any, name: str, seconds_ago: float) -> None:
-    """Claim a run of ``name`` in the beats' shared state, ``seconds_ago`` on the DB clock."""
+    """Bid a run of ``name`` in the beats' shared state, ``seconds_ago`` on the DB clock."""
     me = token()
-    lease = backend.elect(Claim(NS, me, "beat", 30.0)).lease
+    lease = backend.elect(Bid(NS, me, "beat", 30.0)).lease
     store = schedule_store(backend)
     assert store is not None
     now = store.db_now()

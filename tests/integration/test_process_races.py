@@ -21,7 +21,7 @@ from threading import BrokenBarrierError
 from typing import Any
 
 from celery_election.backends import SQLBackend, backend_from_url
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 
 from ..conftest import expire, token, unique_prefix
 
@@ -62,7 +62,7 @@ def _racer(
         results.put(("ready", index))
         for r in range(rounds):
             barrier.wait(ROUND_TIMEOUT)
-            result = backend.elect(Claim(namespace, own_token, label, TTL))
+            result = backend.elect(Bid(namespace, own_token, label, TTL))
             lease = result.lease
             results.put(
                 (

@@ -18,7 +18,7 @@ import pytest
 
 from celery_election.backends import MemoryBackend
 from celery_election.backends.base import PendingRun, RunRequest, RunState
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.core.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 from celery_election.errors import BackendUnavailableError
 
@@ -35,7 +35,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 
 def _lead(backend: Any) -> tuple[str, int]:
     me = token()
-    return me, backend.elect(Claim(NS, me, "beat", 30.0)).lease.term
+    return me, backend.elect(Bid(NS, me, "beat", 30.0)).lease.term
 
 
 def _id(name: str, at: int) -> str:
@@ -103,7 +103,7 @@ def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropp
     assert claimed.won
     expire(backend, NS)
     b = token()
-    new = backend.elect(Claim(NS, b, "beat-b", 30.0)).lease.term
+    new = backend.elect(Bid(NS, b, "beat-b", 30.0)).lease.term
     found = by_entry(store.pending_runs(NS))["job"]
     assert found.state.term == old and found.run == 0
     # the new leader cannot claim past it: it must send it (or drop it) first

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from celery_election.backends import MemoryBackend
 from celery_election.core import runstate
 from celery_election.core.clock import FakeClock
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.core.runstate import ENDED, SENT, STARTED, Delivery, run_key
 from celery_election.errors import BackendUnavailableError
 from celery_election.runs.runonce import RunGuard
@@ -82,7 +82,7 @@ def test_a_beat_runs_first_delivery_starts_its_claimed_row_in_one_statement(
     import sqlalchemy as sa
 
     ns, me = f"fast-{new_id()[:8]}", new_id()
-    term = sql_backend.elect(Claim(ns, me, "beat", 30.0)).lease.term
+    term = sql_backend.elect(Bid(ns, me, "beat", 30.0)).lease.term
     assert sql_backend.beat.claim_run(ns, me, term, "job", None, 5, pending=True).won
     tid = runstate.run_task_id(ns, "job", 5)
     d = replace(delivery(tid, acks_late=acks_late), claimed=True)

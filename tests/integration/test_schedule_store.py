@@ -16,7 +16,7 @@ import pytest
 
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import BackendUnavailableError, ConfigurationError
 from celery_election.schedule.store import (
     MARKS,
@@ -116,7 +116,7 @@ def test_a_refused_change_writes_nothing(backend: SQLBackend) -> None:
 def test_run_now_is_claimed_once_and_only_under_the_leaders_lease(backend: SQLBackend) -> None:
     store = schedule_store(backend)
     a, b = token(), token()
-    lease = backend.elect(Claim(LEASE_NS, a, "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(LEASE_NS, a, "beat-a", 30.0)).lease
     row = put(store, "job", run_now_at=1234)
     assert row.run_now_at == 1234
     mine = (LEASE_NS, a, lease.term)
@@ -143,7 +143,7 @@ def test_a_run_now_cut_before_its_row_is_written_stays_pending(
     connection lost), the click is still pending and the next claim sends it. Taken
     alone, the click was gone with no row for any leader to find (window 9)."""
     store = schedule_store(backend)
-    lease = backend.elect(Claim(LEASE_NS, a := token(), "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(LEASE_NS, a := token(), "beat-a", 30.0)).lease
     put(store, "job", run_now_at=1234)
 
     def cut(*args: Any) -> None:
@@ -167,7 +167,7 @@ def test_a_run_now_claim_lost_to_another_writer_is_asked_again_not_dropped(
     from celery_election.backends.connection import LostRound
 
     store = schedule_store(backend)
-    lease = backend.elect(Claim(LEASE_NS, a := token(), "beat-a", 30.0)).lease
+    lease = backend.elect(Bid(LEASE_NS, a := token(), "beat-a", 30.0)).lease
     put(store, "job", run_now_at=1234)
     real = backend.call
 
@@ -220,13 +220,13 @@ def test_leadership_history_keeps_each_term_its_start_and_how_it_ended(
     """The page's leader bands: the lease's start, a last sign of life, a clean end."""
     store = schedule_store(backend)
     a, b = token(), token()
-    first = backend.elect(Claim(LEASE_NS, a, "beat-a", 30.0)).lease
+    first = backend.elect(Bid(LEASE_NS, a, "beat-a", 30.0)).lease
     assert first is not None and first.acquired_at_us is not None
     store.term_started(LEASE_NS, first.term, "label-a")
     store.term_started(LEASE_NS, first.term, "label-a")  # once per term
     store.term_seen(LEASE_NS, first.term)
     expire(backend, LEASE_NS)
-    second = backend.elect(Claim(LEASE_NS, b, "beat-b", 30.0)).lease
+    second = backend.elect(Bid(LEASE_NS, b, "beat-b", 30.0)).lease
     assert second is not None and second.term > first.term
     store.term_started(LEASE_NS, first.term, "late-a")  # the lease moved on: now, its label
     store.term_started(LEASE_NS, second.term, "label-b")

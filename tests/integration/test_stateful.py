@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from celery_election.backends import MemoryBackend
-from celery_election.core.lease import Claim, Lease
+from celery_election.core.lease import Bid, Lease
 
 from ..conftest import expire, token
 
@@ -100,7 +100,7 @@ def make_machine(backend: Any) -> type[RuleBasedStateMachine]:
         @rule(c=candidates)
         def elect(self, c: int) -> None:
             should_win = self.live_holder() is None
-            result = self.backend.elect(Claim(self.ns, self.tokens[c], self.label(c), TTL))
+            result = self.backend.elect(Bid(self.ns, self.tokens[c], self.label(c), TTL))
             assert result.won == should_win, (c, result, self.holder, self.expired)
             if not result.won:
                 self.check_reported(result.lease)
@@ -130,7 +130,7 @@ def make_machine(backend: Any) -> type[RuleBasedStateMachine]:
             should_win = self.live_holder() == c and term == self.term
             if via_elect:  # elect(term=...) is the same renewal
                 result = self.backend.elect(
-                    Claim(self.ns, self.tokens[c], self.label(c), TTL), term=term
+                    Bid(self.ns, self.tokens[c], self.label(c), TTL), term=term
                 )
             else:
                 result = self.backend.renew(self.ns, self.tokens[c], term, TTL)

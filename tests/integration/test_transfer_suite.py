@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_election.core.lease import CandidateInfo, Claim, Lease
+from celery_election.core.lease import Bid, CandidateInfo, Lease
 
 from ..conftest import EVERY_KIND, expire, expire_candidates, make_backend, token
 
@@ -32,7 +32,7 @@ def _setup(
 ) -> tuple[str, Lease, CandidateInfo]:
     """``a`` leads NS; ``b`` is a candidate of ``namespace`` (listed there)."""
     a, b = token(), token()
-    lease = backend.elect(Claim(NS, a, "a", TTL)).lease
+    lease = backend.elect(Bid(NS, a, "a", TTL)).lease
     backend.register(NS, a, "a", "host-a", 1, TTL)
     backend.register(namespace, b, "b", "host-b", 2, TTL, eligible=eligible)
     [target] = [c for c in backend.candidates(namespace) if c.token == b]
@@ -52,7 +52,7 @@ def test_the_leader_hands_its_term_to_a_live_eligible_target(backend: Any) -> No
     assert not backend.renew(NS, a, moved.term, TTL).won
     assert not backend.resign(NS, a, moved.term)
     # nobody can elect in between: the term is held, not vacant
-    assert not backend.elect(Claim(NS, token(), "c", TTL)).won
+    assert not backend.elect(Bid(NS, token(), "c", TTL)).won
     # the target renews it (then believes it: election/loop.py ``_accept``)
     assert backend.renew(NS, b.token, moved.term, TTL).won
 
@@ -114,7 +114,7 @@ def test_an_operator_asks_and_the_request_lives_for_that_term_only(backend: Any)
     assert backend.ask_transfer(NS, moved, CandidateInfo("a", "h", 1, 0, 0, token=a)) is True
     assert backend.resign(NS, b.token, moved.term)
     assert backend.current(NS).transfer_to is None  # so does a resign
-    assert backend.elect(Claim(NS, a, "a", TTL)).lease.transfer_to is None  # and a new term
+    assert backend.elect(Bid(NS, a, "a", TTL)).lease.transfer_to is None  # and a new term
 
 
 @pytest.mark.parametrize("why", ["holder", "term", "expired", "not live", "ineligible", "unknown"])

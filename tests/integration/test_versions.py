@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from celery_election import backend_from_url
 from celery_election.backends import SQLBackend
 from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION, entry_key
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import IncompatibleSchemaError
 from celery_election.schedule.store import run_mark, schedule_store
 
@@ -61,7 +61,7 @@ def test_install_upgrades_tables_of_the_previous_release(backend: SQLBackend) ->
     with backend.engine.begin() as conn:
         backend.meta.drop(conn)
         history.drop(conn)
-    assert backend.elect(Claim("ns", "a" * 32, "old", 10.0)).won  # 0.1.0's tables still elect
+    assert backend.elect(Bid("ns", "a" * 32, "old", 10.0)).won  # 0.1.0's tables still elect
     created = backend.install()
     assert set(created) == {backend.meta.name, history.name}
     assert _versions(backend) == {"schema": SCHEMA_VERSION, "protocol": PROTOCOL}
@@ -180,7 +180,7 @@ def test_newer_tables_are_refused_before_anything_is_written(
                              table_prefix=backend.table_prefix)  # fmt: skip
     try:
         with pytest.raises(IncompatibleSchemaError, match=f"{says} {newer}") as info:
-            fresh.elect(Claim("ns", "b" * 32, "new", 10.0))
+            fresh.elect(Bid("ns", "b" * 32, "new", 10.0))
         assert "upgrade celery-election on this host" in str(info.value)
         assert "\n" not in str(info.value)  # one line
         assert fresh.current("ns") is None  # nothing was written

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from celery_election import Elector
 from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.ops.cli import election
 from celery_election.schedule import Schedule
 from celery_election.schedule.store import history_row, schedule_store
@@ -248,7 +248,7 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     # a run claimed and not yet taken by the broker (the run ledger) is shown unsent
     assert got["often"]["pending_since_ms"] is None
     me = uuid.uuid4().hex
-    term = backend.elect(Claim("web-beat", me, "beat", 30.0)).lease.term
+    term = backend.elect(Bid("web-beat", me, "beat", 30.0)).lease.term
     assert backend.beat.claim_run("web-beat", me, term, "often", None, 1_000, pending=True).won
     claimed = by_entry(backend.beat.pending_runs("web-beat"))["often"].claimed_us
     web.observer._entries = None  # read again now, not after the cache's interval
@@ -261,7 +261,7 @@ def test_an_overdue_entry_is_marked_with_how_long_as_metrics_say(
     """Due and not sent within its grace (one period: 1 s for ``tick``): the page says by how
     much, in the list and in the entry's own view; an entry on time reads 0."""
     me = uuid.uuid4().hex
-    lease = backend.elect(Claim("web-beat", me, "beat", 30.0)).lease
+    lease = backend.elect(Bid("web-beat", me, "beat", 30.0)).lease
     stale = schedule_store(backend).db_now() - 100_000_000  # ran 100 s ago
     assert backend.beat.claim_run("web-beat", me, lease.term, "tick", None, stale).won
     got = entries(web)

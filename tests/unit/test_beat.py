@@ -28,7 +28,7 @@ from celery_election.beat import LeaderSchedulerMixin
 from celery_election.beat import fence as fence_module
 from celery_election.core.clock import FakeClock as VirtualClock
 from celery_election.core.clock import boottime
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.runs.once import RESENT
 
 NS = "default-beat"
@@ -99,7 +99,7 @@ def ticks(s: Recording, n: int = 10) -> None:
 def seed(backend: MemoryBackend, entry: str, last_run_at: datetime, count: int = 1) -> None:
     """Leave the run state another leader would have left, then step down."""
     token = uuid.uuid4().hex
-    lease = backend.elect(Claim(NS, token, "old-leader", 30.0)).lease
+    lease = backend.elect(Bid(NS, token, "old-leader", 30.0)).lease
     assert lease is not None
     us = round(last_run_at.timestamp() * 1_000_000)
     assert backend.beat.claim_run(NS, token, lease.term, entry, None, us).won
@@ -290,7 +290,7 @@ def test_a_stale_leaders_burst_sends_nothing(shared: MemoryBackend, started: lis
     app = make_app({f"e{i}": {"task": f"t.e{i}", "schedule": IsDueOnly()} for i in range(5)})
     s = leader(app, started)
     shared.expire(NS)
-    assert shared.elect(Claim(NS, uuid.uuid4().hex, "other", 30.0)).won
+    assert shared.elect(Bid(NS, uuid.uuid4().hex, "other", 30.0)).won
     ticks(s)
     assert s.sent == []
     assert shared.beat.load_runs(NS) == {}

@@ -18,7 +18,7 @@ from celery_election import Elector, RevokeReason, State
 from celery_election.backends import MemoryBackend
 from celery_election.backends.memory import MemorySession
 from celery_election.core.clock import FakeClock
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.election.elector import Subscription, Transition
 from celery_election.errors import BackendUnavailableError
 
@@ -237,7 +237,7 @@ def test_renewal_lost_to_a_takeover_revokes(
     elected = next_event(sub)
     assert clock.settled(e.sleepers())
     mem.expire("ns")
-    intruder = mem.elect(Claim("ns", uuid.uuid4().hex, "intruder", TTL))
+    intruder = mem.elect(Bid("ns", uuid.uuid4().hex, "intruder", TTL))
     assert intruder.won
     clock.advance(RENEW)
     ev = next_event(sub)
@@ -517,7 +517,7 @@ def test_waiting_followers_read_the_lease_heartbeat_and_try_for_a_slot_once_per_
     often. The leader is a row tagged with the lock, renewed every 3 s (a 10 s lease), and
     a session holding that lock that never goes silent."""
     backend = MemoryBackend(clock, liveness=True)
-    won = backend.elect(Claim("ns", "t" * 32, "leader", TTL, liveness=1.0))
+    won = backend.elect(Bid("ns", "t" * 32, "leader", TTL, liveness=1.0))
     assert won.won and won.lease is not None
     holder = MemorySession(backend._locks, "ns", 1e6, clock)
     assert holder.acquire(1.0)

@@ -18,7 +18,7 @@ import pytest
 from celery_election.backends import MemoryBackend
 from celery_election.beat.ledger import run_task_id
 from celery_election.core.clock import boottime
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.runs.once import RESENT
 
 from .test_beat import NS, IsDueOnly, Recording, make_app, seed, shared, started
@@ -102,7 +102,7 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     past = datetime(2026, 1, 1, tzinfo=timezone.utc)
     seed(shared, "job", past)  # a run before: sent
     token = uuid.uuid4().hex
-    dead = shared.elect(Claim(NS, token, "dead", 30.0)).lease
+    dead = shared.elect(Bid(NS, token, "dead", 30.0)).lease
     assert dead is not None
     job = shared.beat.load_runs(NS)["job"]
     assert shared.beat.claim_run(NS, token, dead.term, "job", job, 5_000_000, pending=True).won

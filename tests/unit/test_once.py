@@ -14,7 +14,7 @@ from celery import Celery, states
 from celery_election import MemoryBackend, init_app, leader_task, metrics, once_task
 from celery_election.core import runstate
 from celery_election.core.clock import boottime
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.core.runstate import Delivery
 from celery_election.election.shared_state import SharedLeadership
 from celery_election.errors import BackendUnavailableError
@@ -182,7 +182,7 @@ def test_a_beat_run_starts_and_ends_the_row_its_beat_claimed(
         ran.append(tag)
 
     guard_registered(app)
-    term = backend.elect(Claim("unit-beat", "me", "beat", 30.0)).lease.term
+    term = backend.elect(Bid("unit-beat", "me", "beat", 30.0)).lease.term
     tid = runstate.run_task_id("unit-beat", "job", 5)
     backend.runs.claim("unit-beat", term, [("job", 0, tid)])
     run = {HEADER: 0, ROWS: "unit-beat"}

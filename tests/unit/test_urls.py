@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
 from celery_election.backends import connection as connection_module
 from celery_election.backends.postgres import PostgresBackend
-from celery_election.core.lease import Claim
+from celery_election.core.lease import Bid
 from celery_election.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -68,7 +68,7 @@ def test_sqlite_relative_path_is_made_absolute(
 def test_sqlite_file_url_works_end_to_end(tmp_path: Path, closing: list[Any]) -> None:
     backend = build(closing, f"sqlite:///{tmp_path}/election.db")
     backend.install()
-    result = backend.elect(Claim("default", uuid.uuid4().hex, "me", 10.0))
+    result = backend.elect(Bid("default", uuid.uuid4().hex, "me", 10.0))
     assert result.won
     assert result.lease is not None and result.lease.leader_id == "me"
 
@@ -355,7 +355,7 @@ def test_other_steps_without_install_say_how_to_install(
     backend = build(closing, f"sqlite:///{tmp_path}/election.db", table_prefix="app_")
     with pytest.raises(SchemaMissingError, match="`celery -A proj election install`"):
         if step == "elect":
-            backend.elect(Claim("default", uuid.uuid4().hex, "me", 10.0))
+            backend.elect(Bid("default", uuid.uuid4().hex, "me", 10.0))
         else:
             backend.candidates("default")
 
@@ -370,7 +370,7 @@ def test_sqlbackend_from_an_engine_builds_its_own(tmp_path: Path) -> None:
         assert backend.engine is not app_engine
         assert backend.engine.url.database == str(tmp_path / "app.db")
         backend.install()
-        result = backend.elect(Claim("default", uuid.uuid4().hex, "me", 10.0))
+        result = backend.elect(Bid("default", uuid.uuid4().hex, "me", 10.0))
         assert result.won
         lease = backend.current("default")
         assert lease is not None and lease.leader_id == "me"
