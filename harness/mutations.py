@@ -118,6 +118,7 @@ SQL_INSTALL = "celery_election/backends/sql_install.py"
 SQL_KEYS = "celery_election/backends/sql_keys.py"
 MEM_KEYS = "celery_election/backends/memory_keys.py"
 HOLDER = "celery_election/election/holder.py"
+LOCK_THREAD = "celery_election/election/lock_thread.py"
 KEY_SUITE = ["tests/integration/test_hold_suite.py", "tests/integration/test_key_suite.py"]
 SINGLETON = ["tests/unit/test_singleton.py"]
 SQL_RUNS = "celery_election/backends/sql_runs.py"
@@ -295,13 +296,13 @@ MUTATIONS = [
     M("lock-reprobe-before-wait", LOCKS, "            if not self._verified:\n", "            if False:\n", TOPOLOGIES),
     M("lock-probe-before-silence-bound", LOCKS, "        if self._verified:  # else acquire() probes first",
       "        if True:  # else acquire() probes first", TOPOLOGIES),
-    M("lock-lapsed-proof-regranted", "celery_election/election/lock_thread.py",
-      "elif not self.proof.proven(self._clock.monotonic()):", "elif False:", ELECTION),
+    M("lock-lapsed-proof-regranted", LOCK_THREAD,
+      "elif self.regrant and not self.proof.proven(self._clock.monotonic()):", "elif False:", ELECTION),
     M("lock-dead-waiter-kept", LOCKS, "if self.description not in _NO_CONNECTION_CHECK:",
       "if False:", ["tests/integration/test_liveness.py::test_a_standby_gone_in_its_lock_wait_frees_its_slot_within_delta"]),
     M("lock-failing-is-no-wakeup", LOOP, "live.session.silent_holders_lose and live.waits_well,",
       "live.session.silent_holders_lose,", ELECTION),
-    M("lock-grant-unwanted", "celery_election/election/lock_thread.py",
+    M("lock-grant-unwanted", LOCK_THREAD,
       "        if not self.wanted:  # asked to let go while the grant was on its way\n",
       "        if False:\n", ["tests/unit/test_liveness_rules.py::test_a_grant_that_arrives_after_the_lock_was_given_up_is_released"]),
     M("lock-interrupt-first", LOCKS, "        if wait and self._interrupted:  # an interrupt that came first",
@@ -526,21 +527,21 @@ MUTATIONS = [
     M("keys-trust-proof", HOLDER, "proof.grant if held.tagged else None", "None", SINGLETON),
     M("keys-late-success", HOLDER, "        if not self.trusted(held):  # won, but too late", "        if False:  # won, but too late",
       SINGLETON),
-    M("keys-probe-ended", HOLDER, "        if not ended:\n            return None\n", "        if False:\n            return None\n",
+    M("keys-probe-ended", HOLDER, "and self._ended(inc, seen.token)):", "and self._ended(inc, seen.token) is not None):",
       SINGLETON),
     M("keys-wait-delta", HOLDER, "while (waited := self._clock.monotonic() - answered) < need:", "while False:", SINGLETON),
     M("keys-renew-trust", HOLDER, "                    if (held.key, held.term) in terms:",
       "                    if True:", SINGLETON),
-    M("keys-ping-lost", HOLDER, "                inc.session.ping()\n                if not inc.session.has_lock:",
-      "                inc.session.ping()\n                if False:", KEY_SUITE),
+    M("keys-ping-lost", LOCK_THREAD, "                self.session.ping()\n                if not self.session.has_lock:",
+      "                self.session.ping()\n                if False:", KEY_SUITE),
     # -- singleton tasks' operators (issue 43): the CLI's release is fenced by the term seen ------
     M("keyops-cli-term", CLI_KEYS, "    if term is not None and term != hold.term:\n", "    if False:\n", KEY_CLI),
     M("keyops-cli-held", CLI_KEYS, "    if hold is None or not hold.held:\n", "    if hold is None:\n", KEY_CLI),
     # -- the key holder shared by a worker's threads: its session, its renewals, an outage --------
-    M("keyops-probe-lock", HOLDER, "            with self._session_lock:\n                ended = inc.session.ended",
-      "            if True:\n                ended = inc.session.ended", KEY_THREADS),
-    M("keyops-renew-apart", HOLDER, 'self._start("celery-election-keys", self._sleeper, ping, self._ping)',
-      'self._start("celery-election-keys", self._sleeper, ping, lambda: (self._ping(), self._renew()))', KEY_THREADS),
+    M("keyops-probe-lock", HOLDER, "            with live.session_lock:\n                return cast(",
+      "            if True:\n                return cast(", KEY_THREADS),
+    M("keyops-renew-apart", HOLDER, "        inc.granted.set()\n",
+      "        inc.granted.set()\n        if news is LockNews.PINGED:\n            self._renew()\n", KEY_THREADS),
     M("keyops-unreachable-busy", "celery_election/keys/singleton.py", "        except BackendUnavailableError as exc:  # never lost",
       "        except KeyError as exc:  # never lost", KEY_THREADS),
     M("keyops-one-waiting-drop", "celery_election/keys/singleton.py", "            if slot is None:\n                log.info(",
@@ -560,8 +561,8 @@ MUTATIONS = [
     M("once-worker-check-e2e", ONCE, "            _wrap(type(task))\n", "            pass\n", [ONCE_E2E]),
     M("once-defer-running", ONCE, "    if verdict.verdict == \"defer\":", "    if False:", RUN_ROWS),
     M("once-no-liveness", RUNONCE, "holder.identity(),", "None,", RUN_ROWS),
-    M("once-liveness-unasked", HOLDER, "                return not inc.session.ended(self.backend.keys.holder_key(token))",
-      "                return True", [*RUN_ROWS, WINDOW4_E2E]),
+    M("once-liveness-unasked", HOLDER, "        return inc is None or self._ended(inc, token) is not True",
+      "        return True", [*RUN_ROWS, WINDOW4_E2E]),
     M("once-defer-unnamed", ONCE, "    headers[DEFERRED_BY] = list(put_off)\n", "    pass\n", RUN_ROWS),
     M("once-defer-own-try", ONCE, "_defer(task, task_id, (*put_off, token),", "_defer(task, task_id, put_off,",
       RUN_ROWS),
@@ -624,8 +625,8 @@ MUTATIONS = [
     M("run-memory-claim-fence", MEM_RUNS, "            if not self.leads(namespace, term):\n                return [False] * len(runs)\n", "", SIM + STORE_FENCES),
     M("run-memory-owed-fence", MEM_RUNS, "            if not self.leads(namespace, term):\n                return []\n", "", SIM + STORE_FENCES),
     # a worker's liveness as the guard asks it (the simulation has its own: the store's test)
-    M("run-holder-alive", HOLDER, "                return not inc.session.ended(self.backend.keys.holder_key(token))",
-      "                return True", RUN_ROWS),
+    M("run-holder-alive", HOLDER, "        return inc is None or self._ended(inc, token) is not True",
+      "        return True", RUN_ROWS),
     # -- traces: a run's context travels with its message (one trace per run) -----------------
     M("otel-run-not-current", SENDER, "with tracing.current(send.span):", "with tracing.current(None):", TRACING),
     M("otel-publisher-no-context", PUBLISH, 'with tracing.from_headers(options.get("headers")):',

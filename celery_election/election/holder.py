@@ -1,12 +1,14 @@
-"""One process's key holds: one token, one liveness session, one thread for all its keys.
+"""One process's key holds: one token, one liveness session, two threads for all its keys.
 
 Leadership per key, held the way the elector holds the lease (docs/design.md, "Liveness"):
 
 * The holder draws a token and locks it on one connection of its own (the backend's
-  ``KeySession``), before it writes any row with that token; a thread pings the lock every
-  ``delta / 4`` and renews every hold of the token in one statement every
-  ``renew_interval``. A session that is lost is never used again: the next hold draws a
-  new token (a token's lock, once free, stays free, so a probe's answer is final).
+  ``KeySession``), before it writes any row with that token. The elector's ``LockThread``
+  holds that lock and pings it every ``delta / 4``: its proof is the token's (a lapsed
+  one keeps the lock: keys are lost to a session's end, never to a silence); a thread of
+  the holder's renews every hold of the token in one statement every ``renew_interval``.
+  A session that is lost is never used again: the next hold draws a new token (a token's
+  lock, once free, stays free, so a probe's answer is final).
 * Trust of a hold: ``min(start of the last write that set its expiry + ttl - margin,
   last good ping + delta x 11/12)`` when tagged (``decisions.trust_end``); a success that
   returns after that counts as a failure (the hold is given back).
@@ -24,17 +26,18 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..backends.base import Backend
 from ..backends.sessions import KeySession
-from ..core.clock import Clock, RealClock, Sleeper
+from ..core.clock import Clock, RealClock
 from ..core.config import validate_namespace
-from ..core.decisions import Proof, extend, granted, trust_end
+from ..core.decisions import LockNews, Proof, trust_end
 from ..core.lease import Bid, Lease, trusted_until
 from ..core.transitions import Lead
 from ..errors import BackendUnavailableError, ConfigurationError
+from .lock_thread import LockThread
 
 __all__ = ["Held", "KeyHolder"]
 
@@ -43,12 +46,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Session:
-    """One incarnation of the holder: its token, its lock, what the lock proves."""
+    """One incarnation of the holder: its token, and the lock thread that holds its lock."""
 
     token: str
-    session: KeySession | None
-    proof: Proof = field(default_factory=Proof)
+    live: LockThread | None = None  # None: no lock (liveness off, or no grant)
     lost: bool = False
+    granted: threading.Event = field(default_factory=threading.Event)  # or failed
+
+    @property
+    def proof(self) -> Proof:
+        """What the lock proves (the lock thread's: a tagged hold's trust is bound by it)."""
+        return Proof() if self.live is None else self.live.proof
 
 
 @dataclass
@@ -92,18 +100,13 @@ class KeyHolder:
         self.renew_interval = (ttl - margin) / 3
         self.holder_id = holder_id or f"{socket.gethostname()}:{os.getpid()}"
         self._clock: Clock = clock or RealClock()
-        self._sleeper = self._clock.sleeper()  # the ping thread's
-        self._renew_sleeper = self._clock.sleeper()
+        self._sleeper = self._clock.sleeper()  # the renewer's
         self._lock = threading.Lock()  # guards _held and _current
-        # One connection is the session: a ping (this holder's thread) and a probe (a task's
-        # acquire, in any thread or greenlet) interleaved on it broke PyMySQL's protocol.
-        self._session_lock = threading.Lock()
         self._current: _Session | None = None
         self._held: dict[str, Held] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None  # pings the session
-        # renews the holds: a renewal that waits on the database (row locks on MariaDB)
-        # must not hold up the pings, or the server ends the silent session (wait_timeout)
+        # renews the holds, apart from the lock thread: a renewal that waits on the database
+        # (row locks on MariaDB) must not hold up the pings, or the server ends the session
         self._renewer: threading.Thread | None = None
 
     # -- trust --------------------------------------------------------------------------------
@@ -155,18 +158,7 @@ class KeyHolder:
         The hold won and when the winning step started; None if not taken.
         """
         keys = self.backend.keys
-        if not seen.held or seen.liveness_us is None or inc.session is None or seen.token is None:
-            return None
-        if seen.token == inc.token or inc.lost:
-            return None
-        try:
-            with self._session_lock:
-                ended = inc.session.ended(keys.holder_key(seen.token))
-        except BackendUnavailableError as exc:  # ours is lost too: busy, the next try redraws
-            log.warning("key holder session lost while probing another holder (%s)", exc)
-            inc.lost = True
-            return None
-        if not ended:
+        if not (seen.held and seen.liveness_us is not None and self._ended(inc, seen.token)):
             return None
         answered = self._clock.monotonic()  # that session ended before this instant
         need = seen.liveness_us / 1_000_000
@@ -191,7 +183,12 @@ class KeyHolder:
             return None
         with self._lock:
             self._held[key] = held
-        self._ensure_thread()
+        if self._renewer is None or not self._renewer.is_alive():
+            self._stop.clear()
+            self._renewer = threading.Thread(
+                target=self._renew_loop, name="celery-election-keys-renew", daemon=True
+            )
+            self._renewer.start()
         return held
 
     def release(self, held: Held) -> bool:
@@ -220,7 +217,7 @@ class KeyHolder:
         """
         with self._lock:
             inc = self._incarnation()
-        return inc.token if inc.session is not None else None
+        return inc.token if inc.live is not None else None
 
     def alive(self, token: str) -> bool:
         """Whether the process of liveness token ``token`` still lives (its session is on).
@@ -229,106 +226,68 @@ class KeyHolder:
         that waits is late; one that takes over a live process's run runs it twice.
         """
         inc = self._current
-        if inc is None or inc.session is None or inc.lost or token == inc.token:
-            return True
+        return inc is None or self._ended(inc, token) is not True
+
+    def _ended(self, inc: _Session, token: str | None) -> bool | None:
+        """Whether holder ``token``'s session ended, asked on ``inc``'s (None: it can't ask).
+
+        Probes (a task's, from any thread or greenlet) and the lock thread's pings take
+        turns: interleaved on one connection, they broke PyMySQL's protocol.
+        """
+        live = inc.live
+        if live is None or inc.lost or token is None or token == inc.token:
+            return None
         try:
-            with self._session_lock:
-                return not inc.session.ended(self.backend.keys.holder_key(token))
-        except BackendUnavailableError as exc:
-            log.warning("key holder session lost while probing another process (%s)", exc)
-            inc.lost = True
-            return True
+            with live.session_lock:
+                return cast("KeySession", live.session).ended(self.backend.keys.holder_key(token))
+        except BackendUnavailableError as exc:  # ours is lost too: the next hold redraws
+            log.warning("key holder session lost while probing another holder (%s)", exc)
+            self._news(inc, LockNews.LOST)
+            return None
 
     # -- the session ---------------------------------------------------------------------------
 
     def _incarnation(self) -> _Session:
-        """The live incarnation, or a new one (new token, its lock taken first)."""
-        inc = self._current
-        if inc is not None and not inc.lost:
+        """The live incarnation, or a new one (new token, its lock granted first)."""
+        old = self._current
+        if old is not None and not old.lost:
+            return old
+        if old is not None and old.live is not None:
+            old.live.close()  # lost: it asks for its lock no more (its proof stays)
+        inc = self._current = _Session(uuid.uuid4().hex)
+        if self.delta is None:
             return inc
-        token = uuid.uuid4().hex
-        session = None
-        if self.delta is not None:
-            try:
-                session = self.backend.keys.holder_session(token, self.delta)
-            except Exception as exc:
-                log.warning("key holds are not bound by a session (%s): the lease alone", exc)
-        inc = _Session(token, session)
+        try:
+            session = self.backend.keys.holder_session(inc.token, self.delta)
+        except Exception as exc:
+            log.warning("key holds are not bound by a session (%s): the lease alone", exc)
+            return inc
         if session is not None:
-            self._grant(inc, session)
-        self._current = inc
-        self._ensure_thread()  # pings from the grant on: a hold's proof starts fresh
+            inc.live = LockThread(
+                session, self.delta, 1.0, self._clock, lambda news: self._news(inc, news),
+                "celery-election-keys", regrant=False,
+            )  # fmt: skip
+            inc.live.want(True)  # our own random token: nobody else asks for it, no wait
+            inc.granted.wait(10.0)
+            if not inc.proof.has_lock:
+                log.warning("key holder session failed: untagged holds, the lease alone")
+                inc.live.close()
+                inc.live, inc.lost = None, False
         return inc
 
-    def _grant(self, inc: _Session, session: KeySession) -> None:
-        assert self.delta is not None
-        try:
-            if session.acquire(1.0):  # our own random token: nobody else asks for it
-                started = self._clock.monotonic()
-                session.ping()
-                inc.proof = granted(inc.proof, started, started, self.delta)
-                return
-        except BackendUnavailableError as exc:
-            log.warning("key holder session failed (%s): untagged holds", exc)
-        inc.session = None
-        session.close()
+    def _news(self, inc: _Session, news: LockNews) -> None:
+        """Anything but a grant or a good ping ends ``inc``'s lock: never asked for again."""
+        if news not in (LockNews.GRANTED, LockNews.PINGED) and inc.live is not None:
+            inc.lost = True  # the next hold draws a new token
+            inc.live.want(False)
+        inc.granted.set()
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            ping = self.renew_interval if self.delta is None else min(self.delta / 4, 1.0)
-            self._thread = self._start("celery-election-keys", self._sleeper, ping, self._ping)
-        if self._renewer is None or not self._renewer.is_alive():
-            self._renewer = self._start(
-                "celery-election-keys-renew", self._renew_sleeper, self.renew_interval, self._renew
-            )
-
-    def _start(
-        self, name: str, sleeper: Sleeper, interval: float, step: Callable[[], None]
-    ) -> threading.Thread:
-        thread = threading.Thread(
-            target=self._loop, args=(sleeper, interval, step), name=name, daemon=True
-        )
-        thread.start()
-        return thread
-
-    def _loop(self, sleeper: Sleeper, interval: float, step: Callable[[], None]) -> None:
-        while not self._stop.is_set():
-            sleeper.wait(interval)
-            if self._stop.is_set():
-                return
+    def _renew_loop(self) -> None:
+        while not self._sleeper.wait(self.renew_interval) or not self._stop.is_set():
             try:
-                step()
+                self._renew()
             except Exception:  # never kill the thread; the lease still bounds trust
-                log.exception("key holder thread error; retrying")
-
-    def _join(self) -> None:
-        self._stop.set()
-        self._sleeper.wake()
-        self._renew_sleeper.wake()
-        for thread in (self._thread, self._renewer):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(5)
-
-    def _ping(self) -> None:
-        inc = self._current
-        if inc is None or inc.session is None or inc.lost or self.delta is None:
-            return
-        started = self._clock.monotonic()
-        try:
-            # A session whose connection went reconnects on its next call, without the
-            # lock: only a ping of the session that still has it proves anything.
-            with self._session_lock:
-                inc.session.ping()
-                if not inc.session.has_lock:
-                    raise BackendUnavailableError("the holder lock's session ended")
-        except BackendUnavailableError as exc:
-            log.warning("key holder session lost (%s): its holds are no longer trusted", exc)
-            inc.lost = True  # never used again: the next hold draws a new token
-            with self._session_lock:
-                inc.session.close()
-            return
-        inc.proof = extend(inc.proof, started, self._clock.monotonic(), self.delta)
+                log.exception("key holder renewal error; retrying")
 
     def _renew(self) -> None:
         """One statement per incarnation renews all its holds; each renewed one is trusted on."""
@@ -353,25 +312,20 @@ class KeyHolder:
         Its holds stay in the database until another holder finds the session ended and
         waits out its delta (the test kit's ``crash``). Not for production use: ``close``.
         """
-        self._join()
+        self._stop.set()
+        self._sleeper.wake()
         with self._lock:
             self._held.clear()
             inc, self._current = self._current, None
-        if inc is not None and inc.session is not None:
-            with self._session_lock:
-                inc.session.close()
+        if inc is not None and inc.live is not None:
+            inc.live.close()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(5)
 
     def close(self) -> None:
         """Release every hold and the session (idempotent)."""
-        self._stop.set()
-        self._sleeper.wake()
-        self._renew_sleeper.wake()
         with self._lock:
             holds = list(self._held.values())
-            inc, self._current = self._current, None
         for held in holds:
             self.release(held)
-        if inc is not None and inc.session is not None:
-            with self._session_lock:
-                inc.session.close()
-        self._join()
+        self.abandon()

@@ -1,10 +1,10 @@
 """The elector's lock thread: waits on, holds and pings a backend's liveness lock.
 
 The rules are in core/decisions.py. This thread only holds the lock and publishes what it
-proves, as one immutable ``Proof`` that only it writes; it posts each change to the
-Elector and never touches the lease or the Elector's fields. A follower blocks in
-``acquire`` (no statements while it waits); every other wait goes through the Clock, so
-the rules run on the fake clock too, and is interruptible so ``stop()`` is prompt.
+proves, as one immutable ``Proof`` that only it writes; it posts each change to its owner
+(an Elector, a KeyHolder) and never touches the lease or the owner's fields. A follower
+blocks in ``acquire`` (no statements while it waits); every other wait goes through the
+Clock, so the rules run on the fake clock too, and is interruptible so ``stop()`` is prompt.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class LockThread:
     With ``standbys`` > 0 it waits on the lock only while it holds one of that many
     standby slots (a hot standby); without one it is cold: it holds no connection and
     tries for a slot again every ``cold_wait`` seconds (jittered).
+    ``regrant=False`` keeps a lock whose proof lapsed (a key holder's keys end with its
+    session, never with a silence); a ping holds ``session_lock`` (a holder's probes too).
     """
 
     def __init__(
@@ -49,8 +51,11 @@ class LockThread:
         *,
         standbys: int = 0,
         cold_wait: float = 10.0,
+        regrant: bool = True,
     ) -> None:
         self.session = session
+        self.session_lock = threading.Lock()
+        self.regrant = regrant
         self.standbys = standbys
         self.cold_wait = cold_wait
         #: wanted, but no standby slot was free at the last try: no connection held
@@ -118,7 +123,7 @@ class LockThread:
                 if self.proof.has_lock:
                     if not wanted:
                         self._release()
-                    elif not self.proof.proven(self._clock.monotonic()):
+                    elif self.regrant and not self.proof.proven(self._clock.monotonic()):
                         # A lapsed proof (pings slower than it lasts) binds and frees
                         # nobody, and a follower may not take over on it: let the lock
                         # go and ask for a fresh grant (at once, if nobody else has it).
@@ -203,7 +208,11 @@ class LockThread:
     def _ping(self) -> None:
         started = self._clock.monotonic()
         try:
-            self.session.ping()
+            # a session reconnects after a loss (a holder's probe failed) without the lock
+            with self.session_lock:
+                self.session.ping()
+                if not self.session.has_lock:
+                    raise BackendUnavailableError("the liveness lock's session ended")
         except BackendUnavailableError as exc:
             log.warning("liveness session lost (%s); the lease alone bounds trust now", exc)
             self._lose()

@@ -103,9 +103,9 @@ def test_a_crashed_holders_key_is_taken_over_within_about_its_delta(backend: Any
         assert b.acquire("k") is None  # alive: its lock is held
         time.sleep(0.3)  # pings keep it alive (and the server's idle timeout at bay)
         assert b.acquire("k") is None and a.trusted(held)
-        session = held.incarnation.session
-        assert session is not None
-        session.close()  # its connection died with the process
+        live = held.incarnation.live
+        assert live is not None
+        live.session.close()  # its connection died with the process
         closed = time.monotonic()
         # the server ends the dead session's lock in its own time (later when it is busy:
         # a loaded run found it still held): until then b is told the key is busy, as a

@@ -62,8 +62,8 @@ def test_probes_and_pings_never_share_the_session_at_once() -> None:
         assert other.acquire("k") is not None  # alive: every probe finds it so
         assert mine.acquire("x") is not None  # our session, pinged every 0.1 s
         inc = mine._current
-        assert inc is not None and inc.session is not None
-        spy = inc.session = Overlaps(inc.session)  # type: ignore[assignment]
+        assert inc is not None and inc.live is not None  # its lock thread pings the session
+        spy = inc.live.session = Overlaps(inc.live.session)  # type: ignore[assignment]
 
         def probe() -> None:
             for _ in range(25):
