@@ -529,6 +529,8 @@ MUTATIONS = [
       SINGLETON),
     M("keys-probe-ended", HOLDER, "and self._ended(inc, seen.token)):", "and self._ended(inc, seen.token) is not None):",
       SINGLETON),
+    M("keys-lapsed-kept", HOLDER, '"celery-election-keys", regrant=False,', '"celery-election-keys", regrant=True,',
+      SINGLETON),
     M("keys-wait-delta", HOLDER, "while (waited := self._clock.monotonic() - answered) < need:", "while False:", SINGLETON),
     M("keys-renew-trust", HOLDER, "                    if (held.key, held.term) in terms:",
       "                    if True:", SINGLETON),

@@ -167,6 +167,23 @@ def test_trust_of_a_tagged_hold_ends_with_its_sessions_proof(backend: MemoryBack
         holder.close()
 
 
+def test_a_lapsed_proof_keeps_the_holders_lock_where_silence_does_not_end_it() -> None:
+    """A holder's keys end with its session, never with a silence: a starved ping (the
+    test kit's, on a loaded machine) untrusts its tagged holds but keeps its lock."""
+    clock = FakeClock()
+    b = MemoryBackend(clock, liveness=True, silent_holders_lose=False)
+    holder = KeyHolder(b, "unit", ttl=30.0, liveness=1.0, clock=clock)
+    try:
+        held = holder.acquire("k")
+        assert held is not None and held.tagged and held.incarnation.live is not None
+        clock.advance(5.0)  # the next ping is late: the proof lapsed
+        assert clock.settled([held.incarnation.live.sleeper])
+        assert not holder.trusted(held)
+        assert held.incarnation.live.has_lock and not held.incarnation.lost
+    finally:
+        holder.close()
+
+
 def test_trust_of_an_untagged_hold_is_the_lease_less_the_margin() -> None:
     clock = FakeClock()
     b = MemoryBackend(clock)
