@@ -138,7 +138,7 @@ class KeyHolder:
             inc = self._incarnation()
         started = self._clock.monotonic()
         tagged = inc.proof.proven(started)
-        result = self.backend.keys.hold(self._claim(inc, tagged, key))
+        result = self.backend.keys.hold(self._bid(inc, tagged, key))
         if result.won and result.lease is not None:
             return self._adopt(inc, key, result.lease, started, tagged)
         if wait and result.lease is not None:
@@ -166,10 +166,10 @@ class KeyHolder:
         while (waited := self._clock.monotonic() - answered) < need:
             sleeper.wait(need - waited)
         started = self._clock.monotonic()
-        result = keys.take_over(self._claim(inc, tagged, key), seen, started - answered)
+        result = keys.take_over(self._bid(inc, tagged, key), seen, started - answered)
         return (result.lease, started) if result.won and result.lease is not None else None
 
-    def _claim(self, inc: _Session, tagged: bool, key: str = "") -> Bid:
+    def _bid(self, inc: _Session, tagged: bool, key: str = "") -> Bid:
         """What a take or a renewal of ``inc``'s holds writes (tagged: session-bound)."""
         tag = self.delta if tagged else None
         return Bid(self.namespace, inc.token, self.holder_id, self.ttl, key, tag)
@@ -283,7 +283,10 @@ class KeyHolder:
         inc.granted.set()
 
     def _renew_loop(self) -> None:
-        while not self._sleeper.wait(self.renew_interval) or not self._stop.is_set():
+        """Every renew interval until stopped (``abandon`` stops it and wakes it at once)."""
+        while not self._stop.is_set():
+            if self._sleeper.wait(self.renew_interval) and self._stop.is_set():
+                return
             try:
                 self._renew()
             except Exception:  # never kill the thread; the lease still bounds trust
@@ -295,7 +298,7 @@ class KeyHolder:
             incs = {id(h.incarnation): h.incarnation for h in self._held.values()}
         for inc in incs.values():
             started = self._clock.monotonic()
-            renewed = self.backend.keys.renew(self._claim(inc, inc.proof.proven(started)))
+            renewed = self.backend.keys.renew(self._bid(inc, inc.proof.proven(started)))
             terms = {(h.key, h.term) for h in renewed}
             with self._lock:
                 for key, held in list(self._held.items()):
