@@ -21,9 +21,9 @@ the benchmarks (not installed).
 
 To add a backend: implement ``backends.base.Backend`` (its ``beat`` property returns a
 ``BeatStore``, its ``keys`` a ``KeyStore``), run it through
-``tests/integration/test_backend_suite.py`` and ``test_key_suite.py`` and the
-``backend`` fixture in ``tests/conftest.py``, and name its URL scheme in
-``backends/__init__.py``. A new SQL dialect: see ``backends/dialects.py``.
+``tests/integration/test_hold_suite.py``, ``test_backend_suite.py`` and
+``test_key_suite.py`` and the ``backend`` fixture in ``tests/conftest.py``, and name its
+URL scheme in ``backends/__init__.py``. A new SQL dialect: see ``backends/dialects.py``.
 
 The core (Elector, backends, config, settings) never imports Celery; the Celery-side names
 (``init_app``, ``leader_task``, ``LeaderTask``, ``singleton_task``, ``SingletonTask``) load
