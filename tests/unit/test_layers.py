@@ -101,8 +101,9 @@ def cycle_from(start: str) -> list[str] | None:
 
 
 def test_the_graph_is_read() -> None:
-    assert GRAPH["beat"] == {"beat.scheduler"}
-    assert GRAPH["beat.scheduler"] >= {"beat.election", "beat.fence", "beat.ops", "backends.base"}
+    assert GRAPH["beat"] == {"beat.persistent", "beat.scheduler"}
+    assert GRAPH["beat.persistent"] >= {"beat.scheduler", "beat.ops"}
+    assert GRAPH["beat.scheduler"] >= {"beat.election", "beat.fence", "backends.base"}
     assert "election.elector" in GRAPH["beat.election"]
     assert "schedule.spec" in GRAPH["schedule.api"]
     assert "backends.sql_beat" in GRAPH["backends.sql"]
