@@ -52,7 +52,7 @@ from .catchup import Decision, decide
 from .election import BeatTerm
 from .fence import BeatFence
 from .history import HistoryWriter
-from .policy import DefaultRunPolicy, RunNow
+from .policy import RunNow, RunPolicy
 
 __all__ = ["ScheduleOps"]
 
@@ -61,7 +61,7 @@ log = logging.getLogger("celery_election.beat")
 LOOK_EVERY = 0.5  # seconds between two looks at the schedule's version (leader only)
 
 
-class ScheduleOps(DefaultRunPolicy):
+class ScheduleOps(RunPolicy):
     """The operable schedule as this beat knows it, and the :class:`RunPolicy` it gives.
 
     It reads the stored schedule's changes (:meth:`look`), builds the schedule Celery sees

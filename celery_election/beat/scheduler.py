@@ -66,7 +66,7 @@ from .election import banner_line
 from .fence import BeatFence, BeatTerm, claim_of, scheduler_app
 from .guards import RunawayGuard, SameSchedule, is_due_failed
 from .matching import Matching, state_of
-from .policy import DefaultRunPolicy, RunPolicy
+from .policy import RunPolicy
 from .runs import NOT_LEADING, Ledger, Run
 from .sender import Sender
 
@@ -141,7 +141,7 @@ class LeaderSchedulerMixin(_Scheduler):
 
     def make_policy(self, fence: BeatFence) -> RunPolicy:
         """The run policy of this scheduler's schedule (none beside Celery's by default)."""
-        return DefaultRunPolicy()
+        return RunPolicy()
 
     def setup_schedule(self) -> None:
         self._sender.start(self.app)
