@@ -98,7 +98,6 @@ RELEASE = ["tests/unit/test_release.py"]
 RELEASE_LOCK = ["tests/unit/test_release.py", "tests/unit/test_eligible.py"]
 BEAT_SCHED = "celery_election/beat/scheduler.py"
 GUARDS = "celery_election/beat/guards.py"
-RUNS = "celery_election/beat/runs.py"
 CATCHUP = "celery_election/beat/catchup.py"
 DUE = "celery_election/core/due.py"
 DUE_UNIT = ["tests/unit/test_due.py", "tests/unit/test_schedule_rules.py"]
@@ -439,7 +438,7 @@ MUTATIONS = [
     M("beat-retry-own", FENCE, "return RunClaim(True, state, True) if not claim.won and mine else claim",
       "return claim", BEAT),
     # -- a claimed run waits in the ledger for one send ------------------------------------
-    M("beat-claim-taken-once", RUNS, "        return self._runs.pop(name, None)\n", "        return self._runs.get(name)\n", BEAT_UNIT),
+    M("beat-claim-taken-once", BEAT_SCHED, "        run = self._ledger.pop(entry.name, None)\n", "        run = self._ledger.get(entry.name)\n", BEAT_UNIT),
     M("cron-fixed-first-occurrence", CRON, "lowest = first_local if mode != \"fixed\" or seen is None else max(first_local, seen)",
       "lowest = first_local", CRON_UNIT),
     M("cron-any-both-occurrences", CRON, "lowest = first_local if mode != \"fixed\" or seen is None",

@@ -7,7 +7,7 @@ The Celery side of the election for beat (docs/design.md, Layers)::
                   collaborators below with values
     persistent.py LeaderScheduler: the mixin over PersistentScheduler, with the
                   operable schedule beside the static one
-    runs.py       the values of the send path: Run (its stages), Claim, the Ledger
+    runs.py       the values of the send path: Run (its stages), Claim
     fence.py      BeatFence: what the scheduler asks of the election database
                   (leadership, promotion, claims, the database clock)
     matching.py   Matching: entries matched with the shared run state, and given it

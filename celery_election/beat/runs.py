@@ -1,32 +1,31 @@
 """The values of the beat's send path: due -> reserve -> claim -> send -> settle.
 
 A run is a :class:`Run` value that moves through stages; each step of
-``LeaderSchedulerMixin`` takes runs and returns runs (``docs/design.md``, the beat):
+``LeaderSchedulerMixin`` takes runs and returns runs (``docs/design.md``, the beat). Its
+:attr:`Run.claim` says which stage it is in:
 
-* **reserved**: Celery's ``reserve`` gave the entry's next state; the run knows the
-  state it follows (``request.expected``) and the one it stores (``request``);
-* **claimed** or **refused**: the fence's compare-and-set under the term answered
-  (:class:`~.fence.Claim`);
+* **reserved** (no claim yet): Celery's ``reserve`` gave the entry's next state; the run
+  knows the state it follows (``request.expected``) and the one it stores (``request``);
+* **claimed** or **refused** (``claim.won``): the fence's compare-and-set under the term
+  answered (:class:`~.fence.Claim`);
 * then the send's outcome, told by the :class:`~.sender.Sender` (counted, recorded): sent,
   failed (the broker refused it) or fenced (the term stopped leading before the send), as
   ``publish.Reply`` names them for a publisher's sends.
 
-"Claimed, not yet sent" is a stage a run is in, held by the :class:`Ledger` until its
-send takes it: the next issue keeps that stage in the election database too.
+"Claimed, not yet sent" is a stage a run is in: the store keeps it (the run's row, state
+``claimed``, until the broker took it: ``ledger.py``), and between Celery's ``reserve`` and
+its send the scheduler holds the claimed run by entry name (``LeaderSchedulerMixin.reserve``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends.base import RunRequest
 from .election import BeatTerm
 
-__all__ = ["CLAIMED", "REFUSED", "RESERVED", "Claim", "Ledger", "Run"]
-
-RESERVED, CLAIMED, REFUSED = "reserved", "claimed", "refused"
+__all__ = ["Claim", "Run"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,7 @@ class Run:
     was: tuple[Any, Any]  # the entry's (last_run_at, total_run_count) before reserve
     lead: BeatTerm | None  # None: reserved while this process did not lead
     request: RunRequest | None  # what the claim writes (None: not leading)
-    stage: str = RESERVED
-    claim: Claim | None = None
+    claim: Claim | None = None  # None: reserved, not claimed yet
 
     @property
     def name(self) -> str:
@@ -62,29 +60,4 @@ class Run:
 
     def claimed(self, claim: Claim) -> Run:
         """The run with the fence's answer."""
-        return replace(self, claim=claim, stage=CLAIMED if claim.won else REFUSED)
-
-
-class Ledger:
-    """The runs this leader claimed and has not sent yet, by entry name.
-
-    Celery's tick reserves an entry, then sends it through ``apply_entry``, whose
-    signature has no room for the claim: the claim waits here for its send, which takes
-    it (once). A run refused here is never sent by that send; an entry sent with no run
-    waiting (a "run now", an ``apply_async(advance=False)`` of an unreserved entry) goes
-    out as an unreserved send.
-    """
-
-    def __init__(self) -> None:
-        self._runs: dict[str, Run] = {}
-
-    def hold(self, runs: Iterable[Run]) -> None:
-        for run in runs:
-            self._runs[run.name] = run
-
-    def take(self, name: str) -> Run | None:
-        return self._runs.pop(name, None)
-
-    def pending(self) -> list[Run]:
-        """The runs claimed and not sent yet (their order of claiming)."""
-        return list(self._runs.values())
+        return replace(self, claim=claim)

@@ -67,7 +67,7 @@ from .fence import BeatFence, BeatTerm, claim_of, scheduler_app
 from .guards import RunawayGuard, SameSchedule, is_due_failed
 from .matching import Matching, state_of
 from .policy import RunPolicy
-from .runs import NOT_LEADING, Ledger, Run
+from .runs import NOT_LEADING, Run
 from .sender import Sender
 
 __all__ = ["LeaderSchedulerMixin"]
@@ -128,7 +128,7 @@ class LeaderSchedulerMixin(_Scheduler):
         )
         self._same = SameSchedule()
         self._collector = CollectorPause()
-        self._ledger = Ledger()  # runs claimed through reserve(), waiting for their send
+        self._ledger: dict[str, Run] = {}  # runs claimed through reserve(), by name: see reserve
         publish = super().apply_async  # Celery's own send (the sender fences it)
         self._sender = Sender(
             self._fence,
@@ -333,12 +333,12 @@ class LeaderSchedulerMixin(_Scheduler):
                     # Celery's count of sends towards its next sync
                     self._tasks_since_sync += sender.hand_off(runs, producer)
                 else:
-                    self._ledger.hold(runs)
+                    self._ledger.update((run.name, run) for run in runs)
                     for run in runs:  # Celery's send, whose apply_async takes the run
                         self.apply_entry(run.entry, producer=producer)
         finally:
             for run in runs:
-                self._ledger.take(run.name)  # a send that never came: not owed later
+                self._ledger.pop(run.name, None)  # a send that never came: not owed later
             adjust = self.adjust
             for (_, next_time_to_run, now), run in zip(batch, runs, strict=False):
                 when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
@@ -383,23 +383,23 @@ class LeaderSchedulerMixin(_Scheduler):
     def reserve(self, entry: Any) -> Any:
         """Celery's reserve, fenced: the run is claimed under this term at once.
 
-        Celery's tick then sends ``entry`` with ``apply_entry``: its claim waits in the
-        ledger for that send (``runs.Ledger``).
+        Celery's tick then sends ``entry`` with ``apply_entry``, whose signature has no
+        room for the claim: the run waits in the ledger (by entry name) for that send,
+        which takes it once. A run refused there is never sent by that send; an entry
+        sent with no run waiting (a "run now", an ``apply_async(advance=False)`` of an
+        unreserved entry) goes out as an unreserved send.
         """
         (run,) = self._claim([self._reserve(entry)])
-        self._ledger.hold([run])
+        self._ledger[run.name] = run
         return run.next_entry
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
         """Celery's send, only for a run this leader claimed (or, unreserved, while leading)."""
-        run: Run | None
-        if advance:
-            (run,) = self._claim([self._reserve(entry)])
-            entry = run.next_entry
-        else:
-            run = self._ledger.take(entry.name)
+        if advance:  # Celery's reserve, then the send that takes its run
+            entry = self.reserve(entry)
+        run = self._ledger.pop(entry.name, None)
         send = self._sender.prepare(entry, run)
         if send is None:
             return None
