@@ -137,9 +137,7 @@ class ScheduleOps(RunPolicy):
             return {}
         return {"election_schedule": self.namespace, "election_entry": str(entry.name)}
 
-    def sent(
-        self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
-    ) -> None:
+    def sent(self, entry: Any, term: int, run: int | None, run_now: int | None) -> None:
         """The run's row is its history (its claim wrote it): a "run now" is counted."""
         if run is None and run_now is not None:
             metrics.count(self.metric(entry.name, "run_now"))

@@ -107,9 +107,7 @@ class RunPolicy:
         """
         return None
 
-    def sent(
-        self, entry: Any, result: Any, term: int, run: int | None, run_now: int | None
-    ) -> None:
+    def sent(self, entry: Any, term: int, run: int | None, run_now: int | None) -> None:
         """A run was published.
 
         ``run``: its key; None for an unreserved send, which ``run_now`` names if it was

@@ -211,7 +211,7 @@ class LeaderSchedulerMixin(_Scheduler):
         self._matching.forget()
         if self._matching.reconcile(self.schedule, lead):
             self._heap = None  # Celery's heap: rebuilt by its tick from the adopted state
-        if not self._sender.recover(lead, self.schedule, self.producer):
+        if not self._sender.recover(lead, self.schedule, lambda: self.producer):
             fence.demote()  # the pending runs unread: promoted again at the next tick
             return False
         if self.follow_deploys:

@@ -59,12 +59,6 @@ class Send(NamedTuple):
     span: Any = None  # the run's span (core/tracing.py), None when not tracing
 
 
-class _Published(NamedTuple):
-    """A publisher's send, as the history reads Celery's result: its task id."""
-
-    id: str | None
-
-
 class Sender:
     """The fence at each send, the publish, and what a send leaves behind.
 
@@ -87,7 +81,7 @@ class Sender:
         self._jobs = itertools.count()
         self.ledger = RunLedger(fence)
         #: the sends out on RabbitMQ whose confirms are awaited (at the end of a batch)
-        self.confirms: Confirms[tuple[Any, Send, Any]] = Confirms()
+        self.confirms: Confirms[tuple[Any, Send]] = Confirms()
         self._batching = False
         self._recheck_at = boottime() + RECHECK_EVERY  # the store's pending runs, read again
 
@@ -176,9 +170,9 @@ class Sender:
             raise
         else:
             if not confirmed:
-                self.sent(entry, send, result, send.checked)
+                self.sent(entry, send, send.checked)
             else:
-                self.confirms.after(mark, (entry, send, result))
+                self.confirms.after(mark, (entry, send))
                 if not self._batching:
                     self.confirm()
         finally:
@@ -194,9 +188,9 @@ class Sender:
         failed, and a claimed run owed again.
         """
         acked, failed = self.confirms.wait()
-        for entry, send, result in acked:
-            self.sent(entry, send, result, send.checked)
-        for entry, send, _ in failed:
+        for entry, send in acked:
+            self.sent(entry, send, send.checked)
+        for entry, send in failed:
             self.failed(entry, send, "publish_failed", "not confirmed by the broker")
             _celery_log.error("Message Error: %s was not confirmed by the broker", entry.name)
 
@@ -225,7 +219,7 @@ class Sender:
     def count(self, entry: Any, what: str) -> None:
         metrics.count(metrics.key(metrics.BEAT, self.fence.namespace, str(entry.name), what))
 
-    def sent(self, entry: Any, send: Send, result: Any, checked: float) -> None:
+    def sent(self, entry: Any, send: Send, checked: float) -> None:
         """A run went out (here or from a publisher): count it, keep its history and record."""
         self.count(entry, "sent")
         tracing.beat_run_ended(send.span, "sent")  # the broker accepted it
@@ -234,7 +228,7 @@ class Sender:
             self.ledger.sent(entry, claim)
         elif send.run_now is not None:
             self.ledger.sent_now(str(entry.name), send.options["task_id"])
-        self.policy.sent(entry, result, term, None if claim is None else claim.run, send.run_now)
+        self.policy.sent(entry, term, None if claim is None else claim.run, send.run_now)
         election = self.fence.election
         if election is not None and election.recorder is not None and claim is not None:
             election.recorder.record("send", mono=checked, ns=election.namespace, term=term,
@@ -242,19 +236,27 @@ class Sender:
 
     # -- the run ledger: owed sends, recovered runs, the marks -------------------------------
 
-    def recover(self, lead: BeatTerm, schedule: dict[str, Any], producer: Any) -> bool:
+    def recover(
+        self,
+        lead: BeatTerm,
+        schedule: dict[str, Any],
+        producer: Callable[[], Any],
+        older_than: float | None = None,
+    ) -> bool:
         """Send the runs earlier terms claimed and did not send; False: the store is unread.
 
-        At promotion, before any claim of ``lead``.
+        At promotion, before any claim of ``lead``; while leading (``older_than``: the
+        recheck of :meth:`settle`), the runs the ledger lost track of. ``producer``: asked
+        for only when a run is sent.
         """
         try:
-            runs = self.ledger.recover(lead, schedule)
-        except ElectionError as exc:
+            runs = self.ledger.recover(lead, schedule, older_than=older_than)
+        except ElectionError as exc:  # read again at the next promotion or recheck
             log.warning("beat election: could not read the pending runs (%s)", exc)
             return False
         with self.batch():
             for entry, claim, run_now in runs:
-                self._send_one(entry, claim, producer, run_now)
+                self._send_one(entry, claim, producer(), run_now)
         return True
 
     def settle(
@@ -277,13 +279,7 @@ class Sender:
                 self._send_one(owed.entry, owed.claim, producer(), owed.run_now)
             if lead is not None and boottime() >= self._recheck_at:
                 self._recheck_at = boottime() + RECHECK_EVERY
-                try:
-                    lost = self.ledger.recover(lead, schedule(), older_than=RECHECK_AGE)
-                except ElectionError as exc:  # read again at the next recheck
-                    log.warning("beat election: could not read the pending runs (%s)", exc)
-                    lost = []
-                for entry, claim, run_now in lost:
-                    self._send_one(entry, claim, producer(), run_now)
+                self.recover(lead, schedule(), producer, older_than=RECHECK_AGE)
         self.ledger.flush()
 
     def _send_one(
@@ -379,7 +375,7 @@ class Sender:
         for reply in replies:
             entry, send = self.handed.pop(reply.key)
             if reply.outcome == SENT:
-                self.sent(entry, send, _Published(reply.task_id), reply.checked)
+                self.sent(entry, send, reply.checked)
             elif reply.outcome == FENCED:
                 log.warning(_NOT_LEADING_NOW, entry.name)
                 tracing.beat_run_ended(send.span, "fenced")
