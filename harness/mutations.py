@@ -390,7 +390,7 @@ MUTATIONS = [
     M("rows-named-by-the-message", ONCE, "            namespace=_header(request, ROWS),\n", "", ["tests/unit/test_once.py"]),
     M("rows-named-by-the-beat", SENDER, "            headers[ROWS] = fence.namespace  # its row: where the claim wrote it\n", "",
       [WINDOW_E2E + "test_a_run_sent_again_while_its_first_copy_runs_is_run_once"]),
-    M("ledger-claims-pending", SCHEDULER, "identity, pending=True,", "identity, pending=False,", LEDGER_BEAT),
+    M("ledger-claims-pending", SCHEDULER, "request(next_entry, at, pending=True,", "request(next_entry, at, pending=False,", LEDGER_BEAT),
     M("ledger-no-recovery", SCHEDULER, "if not self._sender.recover(lead, self.schedule, lambda: self.producer):", "if False:", LEDGER_BEAT),
     M("beat-closed-tick-exits", SCHEDULER, "        if self._closed:  # SIGTERM's handler closed it", "        if False:  # SIGTERM's handler closed it",
       ["tests/unit/test_beat.py::test_a_scheduler_closed_under_its_tick_ends_the_beat"]),

@@ -65,7 +65,7 @@ class BeatFence:
         self.app = app
         self.election: BeatElection | None = None  # started on first need (elect)
         #: A standalone beat's record for its publishers (beat.publish), written by its
-        #: elector; set before the election starts.
+        #: elector; set (by the Sender) before the election starts, taken back at the end.
         self.publishers_record: SharedLeadership | None = None
         self.runs: dict[str, RunState] = {}  # the shared state as this leader knows it
         self._loaded_term: int | None = None  # the term whose shared state was loaded
@@ -82,15 +82,6 @@ class BeatFence:
             self.election = BeatElection(self.app, self.publishers_record)
             log.info("beat election: %s", self.election.describe())
         return self.election
-
-    def share_trust(self, record: SharedLeadership) -> None:
-        """The election, once started, writes its trust to ``record`` too (publishers')."""
-        self.publishers_record = record
-
-    def unshare_trust(self) -> SharedLeadership | None:
-        """The record :meth:`share_trust` gave, no longer this fence's (None: none)."""
-        record, self.publishers_record = self.publishers_record, None
-        return record
 
     def close(self) -> None:
         """Stop the election (it resigns); idempotent."""

@@ -113,12 +113,20 @@ class Matching:
         if promoting is not None and self.follow_deploys and self.policy.follows_deploys(entry):
             if not entry.total_run_count:  # it never ran here: when it appeared, not now
                 entry.last_run_at = entry.default_now()
-            at = self.fence.to_db(entry.last_run_at)
-            count = int(entry.total_run_count or 0)
-            records.append(RunRequest(str(name), state, at, count, identity))
+            records.append(self.request(entry, entry.last_run_at))
             changed = True
         self.matched(entry)
         return changed
+
+    def request(self, entry: Any, at: datetime, **extra: Any) -> RunRequest:
+        """The claim that stores ``entry``'s run state as of ``at`` after the stored one.
+
+        Its run count and identity as the entry holds them; ``extra``: the rest of a
+        :class:`RunRequest` (a run to send is ``pending``).
+        """
+        name, identity = str(entry.name), self._identity(entry)
+        at_us, count = self.fence.to_db(at), int(entry.total_run_count or 0)
+        return RunRequest(name, self.fence.runs.get(name), at_us, count, identity, **extra)
 
     def edited(self, entry: Any, state: RunState) -> bool:
         """Whether the entry's own row holds an operator's edit newer than ``state``.
@@ -163,11 +171,10 @@ class Matching:
             return
         request = run.request
         state = result.state  # what the store holds now
-        ran = request is not None and state is not None and state != request.expected
         if (
-            ran
+            request is not None
             and state is not None
-            and request is not None
+            and state != request.expected
             and state.identity in (None, request.identity)
         ):
             self.adopt(run.next_entry, state)  # another leader ran it

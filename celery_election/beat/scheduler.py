@@ -356,12 +356,10 @@ class LeaderSchedulerMixin(_Scheduler):
             self.adopt_run_state(next_entry, *was)
             return Run(entry, next_entry, was, None, None).claimed(NOT_LEADING)
         next_entry.last_run_at = self._policy.next_run_at(entry, next_entry)
-        at = self._fence.to_db(next_entry.last_run_at or next_entry.default_now())
-        count, identity = int(next_entry.total_run_count or 0), self.run_state_identity(next_entry)
-        expected = self._fence.runs.get(entry.name)
-        due_at = self._policy.due_at(entry, expected)  # its row keeps when the run fell due
-        request = RunRequest(str(entry.name), expected, at, count, identity, pending=True,
-                             task_name=str(entry.task), due_at=due_at)  # fmt: skip
+        at = next_entry.last_run_at or next_entry.default_now()
+        due_at = self._policy.due_at(entry, self._fence.runs.get(entry.name))  # its row keeps it
+        request = self._matching.request(next_entry, at, pending=True, task_name=str(entry.task),
+                                         due_at=due_at)  # fmt: skip
         return Run(entry, next_entry, was, lead, request)
 
     def _claim(self, runs: list[Run]) -> list[Run]:
@@ -431,15 +429,12 @@ class LeaderSchedulerMixin(_Scheduler):
 
     def _skip(self, entry: Any, lead: BeatTerm, decision: Decision) -> None:
         """Move the run state past dropped runs, under this term; the policy records them."""
-        fence = self._fence
-        expected = fence.runs.get(entry.name)
         assert decision.skip_to is not None
-        count = int(entry.total_run_count or 0)
-        request = RunRequest(str(entry.name), expected, fence.to_db(decision.skip_to), count,
-                             self.run_state_identity(entry))  # fmt: skip
-        (result,) = fence.claim(lead, [request])
+        request = self._matching.request(entry, decision.skip_to)
+        expected = request.expected
+        (result,) = self._fence.claim(lead, [request])
         if result.won:
-            self.adopt_run_state(entry, decision.skip_to, count)
+            self.adopt_run_state(entry, decision.skip_to, int(entry.total_run_count or 0))
             self._matching.matched(entry)
             self._policy.skipped(entry, lead, decision, expected.last_run_us if expected else 0)
         elif result.state is not None and result.state != expected:

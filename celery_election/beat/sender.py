@@ -338,7 +338,7 @@ class Sender:
         record = shared_state.current()  # embedded: the worker's record
         if record is None:  # standalone: one that this beat's elector writes
             record = SharedLeadership.create(published=False)
-            self.fence.share_trust(record)
+            self.fence.publishers_record = record  # the election, once started, writes it too
         self.publishers = Publishers(app, record, count)
 
     def hand_off(self, runs: list[Run], producer: Any) -> int:
@@ -405,7 +405,7 @@ class Sender:
 
     def close_record(self) -> None:
         """The publishers' record goes after the election (its elector writes it to the end)."""
-        record = self.fence.unshare_trust()
+        record, self.fence.publishers_record = self.fence.publishers_record, None
         if record is not None:
             record.write(None, None)
             record.close()
