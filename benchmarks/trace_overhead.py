@@ -71,7 +71,7 @@ def child(mode: str, code: str, n: int, warmup: int) -> None:
     from celery_election.backends.base import RunClaim, RunRequest, RunState
     from celery_election.beat.election import BeatTerm
     from celery_election.beat.fence import claim_of
-    from celery_election.beat.policy import DefaultRunPolicy
+    from celery_election.beat.policy import RunPolicy
     from celery_election.beat.sender import Sender
 
     assert ("opentelemetry" in sys.modules) == (mode in ("api", "sdk")), mode
@@ -101,7 +101,7 @@ def child(mode: str, code: str, n: int, warmup: int) -> None:
     def publish(entry: Any, producer: Any, **kw: Any) -> Any:  # as LeaderScheduler's
         return beat.apply_async(entry, producer, advance=False, **kw)
 
-    sender = Sender(fence, DefaultRunPolicy(), lambda: lead, publish)  # type: ignore[arg-type]
+    sender = Sender(fence, RunPolicy(), lambda: lead, publish)  # type: ignore[arg-type]
     entry = beat.Entry("tick", "bench.tick", schedule=1.0, app=app)
     entry.last_run_at = app.now()
     at = [int(time.time() * 1e6)]

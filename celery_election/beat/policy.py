@@ -21,7 +21,7 @@ from ..backends.base import RunState
 from .catchup import Decision
 from .election import BeatTerm
 
-__all__ = ["DefaultRunPolicy", "RunNow", "RunPolicy", "has_row"]
+__all__ = ["RunNow", "RunPolicy", "has_row"]
 
 
 class RunNow(NamedTuple):
@@ -122,10 +122,6 @@ class RunPolicy:
     def close(self) -> None:
         """The scheduler stops."""
         return None
-
-
-#: Its earlier name (benchmarks/trace_overhead.py uses it).
-DefaultRunPolicy = RunPolicy
 
 
 def has_row(entry: Any) -> bool:
