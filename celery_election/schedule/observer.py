@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import SQLBackend
 from ..backends.schema import entry_key
-from ..core.due import due_after, in_window
 from ..core.lease import Lease
 from ..errors import SchemaMissingError
 from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
 from .marks import LATE_US, MARKS, run_mark
-from .overdue import overdue_by_entry
+from .overdue import entry_due, overdue_by_entry
 from .records import RunRecord
-from .spec import describe, from_spec
+from .spec import describe
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
     from celery import Celery
@@ -118,7 +117,7 @@ class Observer:
         self._seen: dict[str, tuple[int | None, str | None]] = {}
         self.changes: collections.deque[LeaderChange] = collections.deque(maxlen=keep)
         self._entries: tuple[float, bytes, str] | None = None
-        self._due: dict[tuple[str, str, int | None], int | None] = {}
+        self._due: dict[tuple[str, str, str | None, str | None, int | None], int | None] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -301,18 +300,13 @@ class Observer:
         """
         if not e.spec:
             return None
-        key = (e.name, json.dumps(e.spec, sort_keys=True), last_us)
+        key = (e.name, json.dumps(e.spec, sort_keys=True), e.start_at, e.expires_at, last_us)
         now_ms = int(now.timestamp() * 1000)
         cached = self._due.get(key, -1)
         if cached is None or (cached != -1 and cached > now_ms):
             return cached
         try:
-            sched = from_spec(e.spec, app=self.app)
-            sched.nowfun = lambda: now  # Celery's clock read once: a second reading drifts
-            ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
-            due = in_window(due_after(sched, ran, now), e.start_at, e.expires_at)
-            if "at" in e.spec and last_us is not None and ran >= sched.at:
-                due = None  # a one-off that ran: never again
+            due, _ = entry_due(e, last_us, now, self.app)  # the overdue seconds' rule
         except Exception as exc:  # a schedule Celery cannot compute: say so, show the rest
             log.debug("celery-election web: next due of %s: %s", e.name, exc)
             return None

@@ -8,6 +8,7 @@ process can judge it, the leading beat's followers included, and it still holds 
 leader itself is gone.
 
 ``overdue`` and ``grace_for`` are the rule (pure, tests/unit/test_overdue.py);
+``entry_due`` says when an entry falls due (the page's next due time too, one rule);
 ``entry_overdue`` applies it to an entry; ``OverdueWatch`` serves it as
 ``celery_election_beat_entry_overdue_seconds`` (``metrics.exporter.add_overdue_source``)
 and the schedule page shows it (``observer.py``).
@@ -57,22 +58,30 @@ def overdue(now: float, grace: float, *, due: float | None, open_due: float | No
     return max(0.0, late - grace)
 
 
-def entry_due(entry: Entry, last_us: int, app: Any) -> tuple[float | None, float | None]:
-    """(when ``entry`` falls due after its run at ``last_us``, its period): epoch s, s.
+def entry_due(
+    entry: Entry, last_us: int | None, now: datetime, app: Any
+) -> tuple[datetime | None, float | None]:
+    """(When ``entry`` falls due after its run at ``last_us``, seen at ``now``; its period, s).
 
     ``core.due`` on this host's clock, which cancels out: the last run's (database) clock.
+    One that never ran (``last_us`` None) counts from now, as a beat that has just loaded
+    it does. None: never due again, as the beat sends it: a one-off that ran, a due time
+    past the entry's end (``in_window``, a one-off's too), or now past its end. The rule
+    of the page's next due time and of the overdue seconds alike.
     """
     sched = from_spec(entry.spec, app=app)
-    ran = datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
-    if "at" in entry.spec:  # one run at a time: due until it ran, then never (no window)
-        return (None if ran >= sched.at else sched.at.timestamp()), None
-    now = datetime.now(timezone.utc)
+    sched.nowfun = lambda: now  # Celery's clock read once: a second reading drifts
+    ran = now if last_us is None else datetime.fromtimestamp(last_us / 1e6, tz=timezone.utc)
     due = due_after(sched, ran, now)
-    period = (due_after(sched, due, now) - due).total_seconds()
-    windowed = in_window(due, entry.start_at, entry.expires_at)
-    if windowed is None or (entry.expires_at and now >= datetime.fromisoformat(entry.expires_at)):
+    if "at" in entry.spec:  # one run at a time: due until it ran, then never
+        if last_us is not None and ran >= sched.at:
+            return None, None
+        period: float | None = None
+    else:
+        period = (due_after(sched, due, now) - due).total_seconds()
+    if entry.expires_at and now >= datetime.fromisoformat(entry.expires_at):
         return None, period  # expired: owes nothing
-    return windowed.timestamp(), period
+    return in_window(due, entry.start_at, entry.expires_at), period
 
 
 def entry_overdue(
@@ -88,7 +97,8 @@ def entry_overdue(
     due = period = None
     if entry.spec and entry.last_run_us is not None:
         try:
-            due, period = entry_due(entry, entry.last_run_us, app)
+            at, period = entry_due(entry, entry.last_run_us, datetime.now(timezone.utc), app)
+            due = None if at is None else at.timestamp()
         except Exception as exc:  # a schedule Celery cannot compute: judge the runs only
             log.debug("celery-election: due time of %s: %s", entry.name, exc)
     open_due = None

@@ -99,6 +99,13 @@ ENTRIES = [
     ("expired: never due again", entry(ran=-300, expires_at=iso(-200)), None, 300.0, 0.0),
     ("a one-off not sent", entry({"at": iso(-100)}, ran=-400), None, 30.0, 70.0),
     ("a one-off that ran", entry({"at": iso(-100)}, ran=-99), None, 30.0, 0.0),
+    (
+        "a one-off that expired before its time, never sent",
+        entry({"at": iso(-100)}, ran=-400, expires_at=iso(-150)),
+        None,
+        30.0,
+        0.0,
+    ),
     ("hourly cron, 2 h since", entry({"cron": "0 * * * *"}, ran=-7200), None, 300.0, None),
     ("no schedule known (a custom one)", entry({}, ran=-9000), None, 300.0, 0.0),
 ]
