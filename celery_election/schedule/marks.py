@@ -9,6 +9,7 @@ store runs these queries (``SQLScheduleStore.marks``, ``SQLScheduleStore.runs_in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
@@ -69,15 +70,18 @@ def late(r: sa.Table) -> sa.ColumnElement[bool]:
     return sa.and_(r.c.due_at.is_not(None), r.c.started_at - r.c.due_at > LATE_US)
 
 
-def mark_of(r: sa.Table) -> sa.ColumnElement[int]:
-    """A history row's mark, as an index of :data:`MARKS` (SQL, per row)."""
+def mark_of(r: sa.Table, value: Callable[[str], Any] = MARKS.index) -> sa.ColumnElement[int]:
+    """A history row's mark, as an index of :data:`MARKS` (SQL, per row).
+
+    ``value``: what each mark stands for instead (:func:`rank_of`'s rank).
+    """
     return sa.case(
-        (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed")),
-        (r.c.kind == "skipped", MARKS.index("skipped")),
-        (sa.or_(r.c.kind == "missed", r.c.state == DROPPED), MARKS.index("missed")),
-        (r.c.kind == "run_now", MARKS.index("run-now")),
-        (late(r), MARKS.index("late")),
-        else_=MARKS.index("on-time"),
+        (r.c.outcome.in_(FAILED_OUTCOMES), value("failed")),
+        (r.c.kind == "skipped", value("skipped")),
+        (sa.or_(r.c.kind == "missed", r.c.state == DROPPED), value("missed")),
+        (r.c.kind == "run_now", value("run-now")),
+        (late(r), value("late")),
+        else_=value("on-time"),
     )
 
 
@@ -87,14 +91,11 @@ def rank_of(r: sa.Table) -> sa.ColumnElement[int]:
     :func:`mark_of` in the same order, folded with the lateness into one value so the
     grouping keeps one aggregate (the database sorts and folds ~100,000 rows for a day).
     """
-    return sa.case(
-        (r.c.outcome.in_(FAILED_OUTCOMES), MARKS.index("failed") * _RANK),
-        (r.c.kind == "skipped", MARKS.index("skipped") * _RANK),
-        (sa.or_(r.c.kind == "missed", r.c.state == DROPPED), MARKS.index("missed") * _RANK),
-        (r.c.kind == "run_now", MARKS.index("run-now") * _RANK),
-        (late(r), MARKS.index("late") * _RANK + (r.c.started_at - r.c.due_at)),
-        else_=MARKS.index("on-time") * _RANK,
-    )
+
+    def rank(mark: str) -> Any:
+        return MARKS.index(mark) * _RANK + (r.c.started_at - r.c.due_at if mark == "late" else 0)
+
+    return mark_of(r, rank)
 
 
 def marks_statement(
