@@ -160,7 +160,7 @@ class SQLScheduleStore:
 
     def get(self, namespace: str, name: str) -> EntryRow | None:
         t = self.entry
-        stmt = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == entry_key(name))
+        stmt = sa.select(t).where(where_key(t, namespace, entry_key(name)))
         row = self._read(lambda conn: conn.execute(stmt).first(), t)
         return None if row is None else entry_from_row(row)
 
@@ -184,7 +184,7 @@ class SQLScheduleStore:
         def run(conn: Connection) -> EntryRow:
             version = self._bump(conn, namespace)
             now = int(conn.execute(sa.select(db_now_us())).scalar_one())
-            locked = sa.select(t).where(t.c.namespace == namespace, t.c.entry_key == key)
+            locked = sa.select(t).where(where_key(t, namespace, key))
             found = conn.execute(backend.db.for_update(locked)).first()
             current = None if found is None else entry_from_row(found)
             if current is not None and current.deleted:
@@ -204,8 +204,7 @@ class SQLScheduleStore:
                         "created_at": now,
                         **values,
                     }
-                where = sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
-                conn.execute(sa.update(t).where(where).values(**values))
+                conn.execute(sa.update(t).where(where_key(t, namespace, key)).values(**values))
             self._audit(conn, namespace, name, action, actor, now, detail)
             row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
             return entry_from_row(row)
@@ -338,15 +337,7 @@ class SQLScheduleStore:
 
     def last_sent(self, namespaces: Namespaces, name: str) -> RunRecord | None:
         """The entry's latest run on its way or done (for the overlap policy)."""
-        r = self.run
-        stmt = (
-            sa.select(r)
-            .where(_in(r, namespaces), r.c.entry_key == entry_key(name), _sent(r))
-            .order_by(r.c.started_at.desc(), r.c.run_key.desc())
-            .limit(1)
-        )
-        row = self._read(lambda conn: conn.execute(stmt).first(), r)
-        return None if row is None else record_from_row(row)
+        return self.last_sent_many(namespaces, [name]).get(name)
 
     def last_sent_many(self, namespaces: Namespaces, names: list[str]) -> dict[str, RunRecord]:
         """Each named entry's latest run (a page of many entries), by name.
