@@ -27,7 +27,7 @@ from ..settings import ElectionSettings, hide_password
 from .api import Entry, Schedule
 from .marks import LATE_US, MARKS, run_mark
 from .overdue import entry_due, overdue_by_entry
-from .records import RunRecord
+from .records import AuditRecord, RunRecord
 from .spec import describe
 
 if TYPE_CHECKING:  # the Celery side's types; nothing from Celery is loaded here
@@ -196,16 +196,7 @@ class Observer:
             "database": self.database,
             "schedule_namespace": self.namespace,
             "transitions": transitions,
-            "actions": [
-                {
-                    "at_ms": _ms(a.at),
-                    "name": a.name,
-                    "action": a.action,
-                    "actor": a.actor,
-                    "detail": _redact(a.detail),
-                }
-                for a in audit
-            ],
+            "actions": [_audit_json(a) for a in audit],
         }
 
     # -- the entries -------------------------------------------------------------------------
@@ -327,15 +318,7 @@ class Observer:
         return {
             "entry": self.entry_json(e, history[0] if history else None, now, late),
             "history": [_run_json(r) for r in history],
-            "changes": [
-                {
-                    "at_ms": _ms(a.at),
-                    "action": a.action,
-                    "actor": a.actor,
-                    "detail": _redact(a.detail),
-                }
-                for a in changes[:50]
-            ],
+            "changes": [_audit_json(a) for a in changes[:50]],
         }
 
     def timeline(
@@ -509,6 +492,17 @@ def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str,
             }
             for c in candidates
         ],
+    }
+
+
+def _audit_json(a: AuditRecord) -> dict[str, Any]:
+    """An operator change as the page shows it (the latest actions, an entry's changes)."""
+    return {
+        "at_ms": _ms(a.at),
+        "name": a.name,
+        "action": a.action,
+        "actor": a.actor,
+        "detail": _redact(a.detail),
     }
 
 
