@@ -318,9 +318,7 @@ class Schedule:
         static = name in self._static()
 
         def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
-            if current is None and static:  # the static entry's first overlay row
-                current = EntryRow(name=name, task=None, spec={})
-            current = self._existing(name, current)
+            current = self._existing(name, current, static)
             if current.task is None or static:
                 unknown = set(changes) - set(POLICY_DEFAULTS)
                 if unknown:
@@ -408,14 +406,14 @@ class Schedule:
         static = name in self._static()
 
         def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
-            if current is None and static:  # the static entry's first overlay row
-                current = EntryRow(name=name, task=None, spec={})
-            current = self._existing(name, current)
+            current = self._existing(name, current, static)
             return values(current, now), dict(detail or {})
 
         return self._entry(self.store.change(self.namespace, name, action, self.actor, work))
 
-    def _existing(self, name: str, current: EntryRow | None) -> EntryRow:
+    def _existing(self, name: str, current: EntryRow | None, static: bool = False) -> EntryRow:
+        if current is None and static:  # the static entry's first overlay row
+            return EntryRow(name=name, task=None, spec={})
         if current is None:
             raise ConfigurationError(
                 f"no schedule entry {name!r} in namespace {self.namespace!r} "
