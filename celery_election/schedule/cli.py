@@ -188,22 +188,14 @@ def _load(value: str | None, what: str) -> Any:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=what) from None
 
 
-def _policy_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _entry_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What add and edit both take: arguments, options, time zone, window, policies."""
     options = [
         click.option("--catch-up", type=click.Choice(CATCH_UP), help="latest, skip or all."),
         click.option("--catch-up-max", type=int, help="catch_up=all: at most this many."),
         click.option("--grace", type=float, help="A run later than this (s) is missed."),
         click.option("--overlap", type=click.Choice(OVERLAP), help="skip: not while running."),
         click.option("--overlap-timeout", type=float, help="A run older (s) no longer blocks."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _entry_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """What add and edit both take: arguments, options, time zone, window, policies."""
-    options = [
         _json_option("--args", "Positional arguments"),
         _json_option("--kwargs", "Keyword arguments"),
         _json_option("--options", 'apply_async options, e.g. {"queue": "q"}'),
@@ -214,10 +206,19 @@ def _entry_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for option in reversed(options):
         fn = option(fn)
-    return _policy_options(fn)
+    return fn
 
 
-_POLICY_ARGS = ("catch_up", "catch_up_max", "grace", "overlap", "overlap_timeout")
+def _given(kw: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`_entry_options` given, as ``Schedule.add``/``update`` arguments."""
+    changes: dict[str, Any] = {k: kw[k] for k in POLICY_DEFAULTS if kw.get(k) is not None}
+    for key in ("args", "kwargs", "options"):
+        if kw[key] is not None:
+            changes[key] = _load(kw[key], f"--{key}")
+    for key, arg in (("tz", "tz"), ("start_at", "start"), ("expires_at", "expires")):
+        if kw[arg] is not None:
+            changes[key] = kw[arg]
+    return changes
 
 
 @schedule.command()
@@ -233,14 +234,9 @@ def add(ctx: click.Context, /, name: str, task: str, when: str, **kw: Any) -> No
     SCHEDULE: 'every 10s' (s/m/h/d), a crontab '*/5 * * * *', 'at ISO-TIME' or
     'sunrise LAT LON'.
     """
-    policies = {k: kw[k] for k in _POLICY_ARGS if kw.get(k) is not None}
     with _opened(ctx) as s:
-        entry = s.add(
-            name, task, when, args=_load(kw["args"], "--args") or (),
-            kwargs=_load(kw["kwargs"], "--kwargs"), options=_load(kw["options"], "--options"),
-            tz=kw["tz"], enabled=not kw["disabled"], start_at=kw["start"],
-            expires_at=kw["expires"], check_task=not kw["no_check_task"], **policies,
-        )  # fmt: skip
+        entry = s.add(name, task, when, enabled=not kw["disabled"],
+                      check_task=not kw["no_check_task"], **_given(kw))  # fmt: skip
     click.echo(f"added {entry.name}: {entry.task} {entry.schedule_text}")
 
 
@@ -252,12 +248,8 @@ def add(ctx: click.Context, /, name: str, task: str, when: str, **kw: Any) -> No
 @click.pass_context
 def edit(ctx: click.Context, /, name: str, **kw: Any) -> None:
     """Change an entry (a static one: only its policies)."""
-    changes: dict[str, Any] = {k: kw[k] for k in _POLICY_ARGS if kw.get(k) is not None}
-    for key, option in (("args", "--args"), ("kwargs", "--kwargs"), ("options", "--options")):
-        if kw[key] is not None:
-            changes[key] = _load(kw[key], option)
-    for key, arg in (("task", "task"), ("schedule", "when"), ("tz", "tz"), ("start_at", "start"),
-                     ("expires_at", "expires")):  # fmt: skip
+    changes = _given(kw)
+    for key, arg in (("task", "task"), ("schedule", "when")):
         if kw[arg] is not None:
             changes[key] = kw[arg]
     if not changes:
