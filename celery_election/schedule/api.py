@@ -295,8 +295,9 @@ class Schedule:
                 f"{name!r} is a static beat_schedule entry: pause it, run it or set its "
                 f"policies here; change it in the code"
             )
-        spec = self._spec(task, schedule, args, kwargs, options, tz, start_at, expires_at,
-                          policies, check_task)  # fmt: skip
+        fields = {"args": args, "kwargs": kwargs, "options": options, "start_at": start_at,
+                  "expires_at": expires_at, **policies}  # fmt: skip
+        spec = self._spec(task, schedule, tz, fields, check_task)
 
         def work(current: EntryRow | None, now: int) -> tuple[dict[str, Any], dict[str, Any]]:
             if current is not None:
@@ -336,15 +337,8 @@ class Schedule:
             tz = changes.get("tz", (spec.get("schedule") or {}).get("tz"))
             if isinstance(schedule, dict) and "cron" in schedule:
                 schedule = {**schedule, "tz": tz}  # a new zone for the stored crontab
-            policies = {k: changes.get(k, spec.get(k)) for k in POLICY_DEFAULTS}
-            new = self._spec(
-                task, schedule, changes.get("args", spec.get("args", ())),
-                changes.get("kwargs", spec.get("kwargs")),
-                changes.get("options", spec.get("options")), tz,
-                changes.get("start_at", spec.get("start_at")),
-                changes.get("expires_at", spec.get("expires_at")),
-                policies, check_task and "task" in changes,
-            )  # fmt: skip
+            fields = {**spec, **changes}  # what changes, else what is stored
+            new = self._spec(task, schedule, tz, fields, check_task and "task" in changes)
             return {"task": task, "spec": _json(new)}, changes
 
         return self._entry(self.store.change(self.namespace, name, "edit", self.actor, work))
@@ -425,28 +419,19 @@ class Schedule:
         return merge(self._static(), [row])[row.name]
 
     def _spec(
-        self,
-        task: str,
-        schedule: Any,
-        args: Any,
-        kwargs: Any,
-        options: Any,
-        tz: str | None,
-        start_at: Any,
-        expires_at: Any,
-        policies: Mapping[str, Any],
-        check_task: bool,
+        self, task: str, schedule: Any, tz: str | None, fields: Mapping[str, Any], check_task: bool
     ) -> dict[str, Any]:
+        """The stored spec of an entry: its schedule, ``fields``' arguments, window, policies."""
         if check_task and self.check_tasks:
             self._check_task(task)
         spec: dict[str, Any] = {"schedule": to_spec(schedule, tz=tz)}
-        spec["args"] = _jsonable(list(args or ()), "args")
-        spec["kwargs"] = _jsonable(dict(kwargs or {}), "kwargs")
-        spec["options"] = _jsonable(dict(options or {}), "options")
-        for key, value in (("start_at", start_at), ("expires_at", expires_at)):
-            if value is not None:
-                spec[key] = instant(value).isoformat()
-        spec.update(check_policies(policies))
+        spec["args"] = _jsonable(list(fields.get("args") or ()), "args")
+        spec["kwargs"] = _jsonable(dict(fields.get("kwargs") or {}), "kwargs")
+        spec["options"] = _jsonable(dict(fields.get("options") or {}), "options")
+        for key in ("start_at", "expires_at"):
+            if fields.get(key) is not None:
+                spec[key] = instant(fields[key]).isoformat()
+        spec.update(check_policies(fields))
         return spec
 
     def _check_task(self, task: str) -> None:
