@@ -170,10 +170,8 @@ def to_spec(value: Any, *, tz: str | None = None) -> dict[str, Any]:
         return check_spec({"every": value.total_seconds()})
     if isinstance(value, datetime):
         return check_spec({"at": value.isoformat()})
-    if isinstance(value, ZonedCrontab):
-        return check_spec({"cron": cron_text(value), "tz": value.zone})
-    if isinstance(value, crontab):
-        return check_spec({"cron": cron_text(value), "tz": tz})
+    if isinstance(value, crontab):  # a ZonedCrontab in its own zone
+        return check_spec({"cron": cron_text(value), "tz": getattr(value, "zone", tz)})
     if isinstance(value, solar):
         return check_spec({"solar": value.event, "lat": value.lat, "lon": value.lon})
     if isinstance(value, interval):
