@@ -343,9 +343,6 @@ class Observer:
         12 MB of objects; a run's task id, outcome and duration come from ``api/mark``.
         """
         window = self._window(from_ms, to_ms, width)
-        if not self._names:
-            self.entries_body()
-        names = self._names
         keys, rows, total = self._mark_rows(window)
         return {
             "now_ms": _ms(window.now_us),
@@ -356,7 +353,7 @@ class Observer:
             "late_ms": LATE_US // 1000,
             "terms": self._terms(window.from_us, window.to_us),
             "kinds": MARKS,
-            "entries": [names.get(key, f"(removed {key[:8]})") for key in keys],
+            "entries": [self._name(key) for key in keys],
             "keys": keys,
             "row_fields": ROW_FIELDS,
             "rows": rows,
@@ -417,14 +414,12 @@ class Observer:
         The worst first (``run``: its task id, term, outcome, duration), up to 20 of them
         (``shown``), and how many runs of each kind the mark stands for (``counts``).
         """
-        if not self._names:
-            self.entries_body()
         runs, counts = self.schedule.store.runs_in(
             self.schedule.run_namespaces, key, int(from_ms) * 1000, int(to_ms) * 1000
         )
         shown = [{**_run_json(r), "mark": run_mark(r)} for r in runs]
         return {
-            "entry": self._names.get(key, f"(removed {key[:8]})"),
+            "entry": self._name(key),
             "key": key,
             "from_ms": from_ms,
             "to_ms": to_ms,
@@ -433,6 +428,12 @@ class Observer:
             "run": shown[0] if shown else None,
             "shown": shown,
         }
+
+    def _name(self, key: str) -> str:
+        """The name of the entry of ``key`` (a removed one has none: its key's start)."""
+        if not self._names:
+            self.entries_body()
+        return self._names.get(key, f"(removed {key[:8]})")
 
     def changed(self) -> None:
         """An action was taken: the next read of the entries goes to the database."""
