@@ -206,7 +206,7 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         try:
             if len(fields) != 5:
                 raise ValueError("5 fields: minute hour day-of-month month day-of-week")
-            crontab(fields[0], fields[1], fields[4], fields[2], fields[3])
+            from_spec({"cron": " ".join(fields)})  # Celery's crontab checks each field
         except ValueError as exc:
             raise ConfigurationError(f"bad crontab {out['cron']!r}: {exc}") from None
         out["cron"] = " ".join(fields)
