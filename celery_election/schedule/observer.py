@@ -470,7 +470,6 @@ def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str,
     acquired = lease.acquired_at_us if lease is not None and held else None
     if now_us is None:
         now_us = max((c.heartbeat_at_us for c in candidates), default=0)
-    cand_now = now_us
     return {
         "namespace": ns,
         "leader": leader,
@@ -488,7 +487,7 @@ def _namespace(ns: str, lease: Lease | None, candidates: list[Any]) -> dict[str,
                 "id": c.candidate_id,
                 "host": c.hostname,
                 "pid": c.pid,
-                "heartbeat_age": round((cand_now - c.heartbeat_at_us) / 1e6, 3),
+                "heartbeat_age": round((now_us - c.heartbeat_at_us) / 1e6, 3),
                 "leading": c.candidate_id == leader,
             }
             for c in candidates
