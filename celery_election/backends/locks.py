@@ -91,19 +91,24 @@ SLOT_PROBE_EVERY = 600.0
 
 
 class _DBSession:
-    """A DBAPI connection of its own, reconnected after a loss, locked per namespace."""
+    """A DBAPI connection of its own, reconnected after a loss, locked per namespace.
+
+    A subclass spells its server's session lock: ``TRY`` (a try that is true when the lock
+    is taken, without waiting), ``UNLOCK`` and ``FALSE`` (its false), each with a ``%s``
+    for the lock's name (``lock_name``, from a key).
+    """
 
     silent_holders_lose = True  # idle_session_timeout / wait_timeout
+    TRY: str
+    UNLOCK: str
+    FALSE: str
 
-    def __init__(
-        self,
-        connect: Callable[[], Any],
-        delta: float,
-        description: str,
-    ) -> None:
+    def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
         self._connect = connect
         self.delta = delta
         self.description = description
+        self.key = self.lock_name(key)
+        self._slot_keys = [self.lock_name(slot_key(key, n)) for n in range(MAX_SLOTS)]
         self._conn: Any = None
         self._held = False
         self._slot: int | None = None  # the standby slot held, if any
@@ -126,18 +131,33 @@ class _DBSession:
                 self._drop()  # no slot: hold no connection until the next try
             return self._slot is not None
 
+    @staticmethod
+    def lock_name(key: bytes) -> Any:
+        """The server's name for the lock ``key``."""
+        raise NotImplementedError
+
     def _try_slots(self, order: list[int]) -> bool:
         """Try the slots in ``order`` in one statement; True if one is held (``_slot``)."""
-        raise NotImplementedError
+        # CASE evaluates its conditions in order and stops at the first true one, so at
+        # most one slot is taken, in one statement.
+        whens = " ".join(f"WHEN {self.TRY} THEN {n}" for n in order)
+        self._slot = self._execute(
+            f"SELECT CASE {whens} END", tuple(self._slot_keys[n] for n in order)
+        )
+        return self._slot is not None
 
     def _free_slot(self) -> None:
         """After a grant: the slot goes to another candidate (the session keeps the lock)."""
         slot, self._slot = self._slot, None
         if slot is not None:
-            self._unlock_slot(slot)
+            self._execute(f"SELECT {self.UNLOCK}", (self._slot_keys[slot],))
 
-    def _unlock_slot(self, slot: int) -> None:
-        raise NotImplementedError
+    def ended(self, key: bytes) -> bool:
+        """Whether lock ``key``'s holder session ended: a try that is undone at once."""
+        other = self.lock_name(key)
+        sql = f"SELECT CASE WHEN {self.TRY} THEN {self.UNLOCK} ELSE {self.FALSE} END"
+        with self._mutex:
+            return bool(self._execute(sql, (other, other)))
 
     def _connection(self, probe_age: float = PROBE_EVERY) -> Any:
         """The session's connection, opened and set up if need be.
@@ -303,34 +323,19 @@ class PostgresSession(_DBSession):
     parameters, ``autocommit``); their SQLSTATEs are read by ``connection.sqlstate``.
     """
 
+    TRY = "pg_try_advisory_lock(%s)"
+    UNLOCK = "pg_advisory_unlock(%s)"
+    FALSE = "false"
+
     def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
-        super().__init__(connect, delta, description)
-        self.key = int.from_bytes(key[:8], "big", signed=True)
-        self._slot_keys = [
-            int.from_bytes(slot_key(key, slot)[:8], "big", signed=True) for slot in range(MAX_SLOTS)
-        ]
+        super().__init__(connect, delta, description, key)
         self._lock_timeout: int | None = None  # as set on this connection
         #: this connection was checked on a verdict younger than PROBE_EVERY
         self._verified = False
 
-    def _try_slots(self, order: list[int]) -> bool:
-        # CASE evaluates its conditions in order and stops at the first true one, so at
-        # most one slot is taken, in one statement.
-        whens = " ".join(f"WHEN pg_try_advisory_lock(%s) THEN {n}" for n in order)
-        self._slot = self._execute(
-            f"SELECT CASE {whens} END", tuple(self._slot_keys[n] for n in order)
-        )
-        return self._slot is not None
-
-    def _unlock_slot(self, slot: int) -> None:
-        self._execute("SELECT pg_advisory_unlock(%s)", (self._slot_keys[slot],))
-
-    def ended(self, key: bytes) -> bool:
-        """Whether lock ``key``'s holder session ended: a try that is undone at once."""
-        other = int.from_bytes(key[:8], "big", signed=True)
-        sql = "SELECT CASE WHEN pg_try_advisory_lock(%s) THEN pg_advisory_unlock(%s) ELSE false END"
-        with self._mutex:
-            return bool(self._execute(sql, (other, other)))
+    @staticmethod
+    def lock_name(key: bytes) -> int:
+        return int.from_bytes(key[:8], "big", signed=True)
 
     def _setup(self, conn: Any, probe_age: float) -> None:
         self._lock_timeout = None
@@ -404,30 +409,13 @@ class PostgresSession(_DBSession):
 class MySQLSession(_DBSession):
     """``GET_LOCK`` on a PyMySQL or mysqlclient connection with ``wait_timeout = ceil(delta)``."""
 
-    def __init__(self, connect: Callable[[], Any], delta: float, description: str, key: bytes):
-        super().__init__(connect, delta, description)
-        self.name = "celery_election:" + key.hex()[:40]  # GET_LOCK names: 64 characters
-        self._slot_names = [
-            "celery_election:" + slot_key(key, n).hex()[:40] for n in range(MAX_SLOTS)
-        ]
+    TRY = "GET_LOCK(%s, 0) = 1"
+    UNLOCK = "RELEASE_LOCK(%s)"
+    FALSE = "0"
 
-    def _try_slots(self, order: list[int]) -> bool:
-        # as PostgreSQL's: CASE stops at the first lock it gets
-        whens = " ".join(f"WHEN GET_LOCK(%s, 0) = 1 THEN {n}" for n in order)
-        self._slot = self._execute(
-            f"SELECT CASE {whens} END", tuple(self._slot_names[n] for n in order)
-        )
-        return self._slot is not None
-
-    def _unlock_slot(self, slot: int) -> None:
-        self._execute("SELECT RELEASE_LOCK(%s)", (self._slot_names[slot],))
-
-    def ended(self, key: bytes) -> bool:
-        """Whether lock ``key``'s holder session ended: a try that is undone at once."""
-        name = "celery_election:" + key.hex()[:40]
-        sql = "SELECT CASE WHEN GET_LOCK(%s, 0) = 1 THEN RELEASE_LOCK(%s) ELSE 0 END"
-        with self._mutex:
-            return bool(self._execute(sql, (name, name)))
+    @staticmethod
+    def lock_name(key: bytes) -> str:
+        return "celery_election:" + key.hex()[:40]  # GET_LOCK names: 64 characters
 
     def _setup(self, conn: Any, probe_age: float) -> None:
         conn.autocommit(True)
@@ -440,7 +428,7 @@ class MySQLSession(_DBSession):
     def acquire(self, timeout: float) -> bool:
         with self._mutex:
             got = self._execute(
-                "SELECT GET_LOCK(%s, %s)", (self.name, max(1, round(timeout))), wait=True
+                "SELECT GET_LOCK(%s, %s)", (self.key, max(1, round(timeout))), wait=True
             )
             self._held = got == 1
             if self._held:
