@@ -47,6 +47,7 @@ class SQLCalls:
     _versions_checked = False
     #: what differs on this database (dialects.py)
     db: Dialect
+    #: the URL with its password hidden, for messages
     description: str
     #: SQLite runs inside this process: forks wait for a call (``connection.fork_lock``)
     _fork_guard: threading.Lock | contextlib.nullcontext[None]

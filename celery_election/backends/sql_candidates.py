@@ -17,15 +17,14 @@ from ..core.config import validate_candidate_id, validate_namespace
 from ..core.lease import CandidateInfo, us
 from ..errors import ConfigurationError
 from .schema import TOKEN_LENGTH, db_now_us
-from .sql_calls import Caller, SQLCalls
+from .sql_calls import Caller
+from .sql_host import SQLHost
 
 __all__ = ["SQLCandidates", "check_token", "rowcount"]
 
 
-class SQLCandidates(SQLCalls):
+class SQLCandidates(SQLHost):
     """The candidate steps of ``SQLBackend`` (sql.py), each one statement."""
-
-    candidate: sa.Table
 
     def register(
         self,
