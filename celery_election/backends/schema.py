@@ -146,8 +146,24 @@ def key_type(length: int) -> sa.types.TypeEngine[str]:
     )
 
 
-#: Every table's options on MySQL/MariaDB (ignored elsewhere).
-_MYSQL_OPTIONS: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+def _table(metadata: sa.MetaData, name: str, *items: sa.schema.SchemaItem) -> sa.Table:
+    """A table of ``metadata``, with every table's options on MySQL/MariaDB (ignored elsewhere)."""
+    return sa.Table(name, metadata, *items, mysql_engine="InnoDB", mysql_charset="utf8mb4")
+
+
+def _hold(holder: str) -> list[sa.Column[Any]]:
+    """A hold's columns, the lease's and each key's (their steps: sql_lease.py)."""
+    return [
+        sa.Column("term", sa.BigInteger, nullable=False, default=0),
+        sa.Column("token", key_type(TOKEN_LENGTH), nullable=True),
+        sa.Column(holder, sa.String(255), nullable=True),
+        sa.Column("acquired_at", sa.BigInteger, nullable=True),
+        sa.Column("renewed_at", sa.BigInteger, nullable=True),
+        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
+        # The holder's liveness delta (us) when its trust is bound by a liveness session
+        # (backends/locks.py): only such a term may be taken over before it expires.
+        sa.Column("liveness_us", sa.BigInteger, nullable=True),
+    ]
 
 
 def make_metadata(table_prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
@@ -169,31 +185,22 @@ def _serial() -> sa.types.TypeEngine[int]:
 
 def _lease(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """One row per namespace: the lease (docs/design.md, the protocol)."""
-    return sa.Table(
-        f"{prefix}lease",
+    return _table(
         metadata,
+        f"{prefix}lease",
         sa.Column("namespace", key_type(190), primary_key=True),
-        sa.Column("term", sa.BigInteger, nullable=False, default=0),
-        sa.Column("token", key_type(TOKEN_LENGTH), nullable=True),
-        sa.Column("leader_id", sa.String(255), nullable=True),
-        sa.Column("acquired_at", sa.BigInteger, nullable=True),
-        sa.Column("renewed_at", sa.BigInteger, nullable=True),
-        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
-        # The holder's liveness delta (us) when its trust is bound by a liveness session
-        # (backends/locks.py): only such a term may be taken over before it expires.
-        sa.Column("liveness_us", sa.BigInteger, nullable=True),
+        *_hold("leader_id"),
         # An operator's request that the holder of this term hand it to the candidate
         # with this token (``celery election transfer``). Nullable: added by install().
         sa.Column("transfer_to", key_type(TOKEN_LENGTH), nullable=True),
-        **_MYSQL_OPTIONS,
     )
 
 
 def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """One row per live candidate: its label and heartbeat."""
-    return sa.Table(
-        f"{prefix}candidate",
+    return _table(
         metadata,
+        f"{prefix}candidate",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("token", key_type(TOKEN_LENGTH), primary_key=True),
         sa.Column("candidate_id", sa.String(255), nullable=False),
@@ -209,7 +216,6 @@ def _candidate(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # one does not take a vacant term. NULL: a release that did not say (the oldest).
         sa.Column("release", sa.String(64), nullable=True),
         sa.Index(f"{prefix}candidate_expiry", "namespace", "expires_at"),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -220,9 +226,9 @@ def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
     transaction writes the run's row (``task_start``), which holds the entry's next claim
     until the broker accepted the run (backends/sql_beat.py).
     """
-    return sa.Table(
-        f"{prefix}beat_run",
+    return _table(
         metadata,
+        f"{prefix}beat_run",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("entry_key", key_type(40), primary_key=True),  # sha1 of the entry name
         sa.Column("entry_name", sa.String(500), nullable=False),
@@ -233,7 +239,6 @@ def _beat_run(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # Whose state it is (e.g. a PeriodicTask id): a re-created entry starts fresh.
         # Nullable: added to older tables by install(); NULL is any entry of that name.
         sa.Column("identity", sa.String(200), nullable=True),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -243,9 +248,9 @@ def _schedule_entry(metadata: sa.MetaData, prefix: str) -> sa.Table:
     A dynamic entry (task set), or an operator's overlay on a static ``beat_schedule``
     entry (task NULL: paused, run now, policies).
     """
-    return sa.Table(
-        f"{prefix}schedule_entry",
+    return _table(
         metadata,
+        f"{prefix}schedule_entry",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("entry_key", key_type(40), primary_key=True),  # sha1 of the name
         sa.Column("name", sa.String(500), nullable=False),
@@ -261,7 +266,6 @@ def _schedule_entry(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("updated_at", sa.BigInteger, nullable=False),
         sa.Column("updated_by", sa.String(255), nullable=False),
         sa.Index(f"{prefix}schedule_entry_version", "namespace", "version"),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -270,20 +274,19 @@ def _schedule_rev(metadata: sa.MetaData, prefix: str) -> sa.Table:
 
     Writers take its row lock, so versions commit in order.
     """
-    return sa.Table(
-        f"{prefix}schedule_rev",
+    return _table(
         metadata,
+        f"{prefix}schedule_rev",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("version", sa.BigInteger, nullable=False),
-        **_MYSQL_OPTIONS,
     )
 
 
 def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """Who changed which entry, how and when."""
-    return sa.Table(
-        f"{prefix}schedule_audit",
+    return _table(
         metadata,
+        f"{prefix}schedule_audit",
         sa.Column("id", _serial(), primary_key=True, autoincrement=True),
         sa.Column("namespace", key_type(190), nullable=False),
         sa.Column("name", sa.String(500), nullable=False),
@@ -292,7 +295,6 @@ def _schedule_audit(metadata: sa.MetaData, prefix: str) -> sa.Table:
         sa.Column("at", sa.BigInteger, nullable=False),
         sa.Column("detail", sa.Text, nullable=False),
         sa.Index(f"{prefix}schedule_audit_at", "namespace", "id"),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -303,16 +305,15 @@ def _schedule_term(metadata: sa.MetaData, prefix: str) -> sa.Table:
     ``seen_at`` is the leader's last sign of life (moved about once a second), the end of
     a term that ended without a word (a crash); ``ended_at`` a clean end.
     """
-    return sa.Table(
-        f"{prefix}schedule_term",
+    return _table(
         metadata,
+        f"{prefix}schedule_term",
         sa.Column("namespace", key_type(190), primary_key=True),  # the election's namespace
         sa.Column("term", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("leader_id", sa.String(255), nullable=False),
         sa.Column("started_at", sa.BigInteger, nullable=False),  # database clock, epoch us
         sa.Column("seen_at", sa.BigInteger, nullable=False),
         sa.Column("ended_at", sa.BigInteger, nullable=True),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -323,21 +324,14 @@ def _key(metadata: sa.MetaData, prefix: str) -> sa.Table:
     frees all the holder's keys at once (backends/sql_keys.py). Rows stay when released:
     the term never goes back.
     """
-    return sa.Table(
-        f"{prefix}key",
+    return _table(
         metadata,
+        f"{prefix}key",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("key_hash", key_type(40), primary_key=True),  # sha1 of the key
         sa.Column("key", sa.String(500), nullable=False),
-        sa.Column("term", sa.BigInteger, nullable=False, default=0),
-        sa.Column("token", key_type(TOKEN_LENGTH), nullable=True),
-        sa.Column("holder_id", sa.String(255), nullable=True),
-        sa.Column("acquired_at", sa.BigInteger, nullable=True),
-        sa.Column("renewed_at", sa.BigInteger, nullable=True),
-        sa.Column("expires_at", sa.BigInteger, nullable=False, default=0),
-        sa.Column("liveness_us", sa.BigInteger, nullable=True),
+        *_hold("holder_id"),
         sa.Index(f"{prefix}key_holder", "namespace", "token"),
-        **_MYSQL_OPTIONS,
     )
 
 
@@ -349,9 +343,9 @@ def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
     still runs once. The columns after ``outcome`` are 0.3's (nullable: ``install()``
     adds them to 0.2's table; a 0.2 row reads as started, or ended once finished).
     """
-    return sa.Table(
-        f"{prefix}task_start",
+    return _table(
         metadata,
+        f"{prefix}task_start",
         sa.Column("namespace", key_type(190), primary_key=True),
         sa.Column("run_key", key_type(40), primary_key=True),  # sha1 of "<task id>/<retries>"
         sa.Column("task_id", sa.String(255), nullable=False),
@@ -393,18 +387,16 @@ def _task_start(metadata: sa.MetaData, prefix: str) -> sa.Table:
         # the runs still on their way (claimed, sent, started) are read by state: few of
         # many, whatever the retention keeps
         sa.Index(f"{prefix}task_start_state", "namespace", "state"),
-        **_MYSQL_OPTIONS,
     )
 
 
 def _meta(metadata: sa.MetaData, prefix: str) -> sa.Table:
     """What the tables are: ``schema`` (their layout) and ``protocol`` (what peers speak)."""
-    return sa.Table(
-        f"{prefix}meta",
+    return _table(
         metadata,
+        f"{prefix}meta",
         sa.Column("name", key_type(64), primary_key=True),
         sa.Column("value", sa.BigInteger, nullable=False),
-        **_MYSQL_OPTIONS,
     )
 
 
