@@ -7,11 +7,9 @@ Why each piece exists (docs/design.md, "Rules found by experiment"):
 * The watchdog: every call has a client-side deadline; a stalled socket is shut down
   from another thread (SQLAlchemy's pre-ping froze past 8 s despite server timeouts,
   rule 8).
-* ``private_engine``: the elector never shares the application's pool; the dialect
-  (``dialects.py``) brings its session timeouts, SQLite's WAL and BEGIN IMMEDIATE, and a
-  network-filesystem refusal (rule 11); after a fork the child drops the parent's
-  connections without closing them (rule 12). ``fork_lock`` keeps forks out of
-  in-process SQLite calls.
+* ``dispose_in_child``: after a fork the child drops the parent's connections of a
+  private engine (``Dialect.private_engine``) without closing them (rule 12).
+  ``fork_lock`` keeps forks out of in-process SQLite calls.
 """
 
 from __future__ import annotations
@@ -26,24 +24,22 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import Engine
 
 from . import green
 
 __all__ = [
     "WATCHDOG",
     "Deadline",
-    "EngineSetup",
     "LostRound",
     "Timeouts",
+    "dispose_in_child",
     "fork_lock",
     "interrupt",
     "one_line",
     "pg_connect_args",
-    "private_engine",
     "remember_socket",
     "sqlstate",
 ]
@@ -235,7 +231,7 @@ def fork_lock() -> threading.Lock:
     return lock
 
 
-def _dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
+def dispose_in_child(ref: weakref.ref[Engine]) -> Callable[[], None]:
     def after_fork() -> None:
         engine = ref()
         if engine is not None:
@@ -277,44 +273,6 @@ class Timeouts:
     statement: float
     connect: float
     sqlite_busy: float
-
-
-class EngineSetup(Protocol):
-    """What ``private_engine`` needs of a database's dialect (``dialects.Dialect``)."""
-
-    def engine_url(self, url: URL, *, allow_network_filesystem: bool) -> URL: ...
-
-    def engine_options(
-        self, driver: str, timeouts: Timeouts
-    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
-
-    def set_up_sessions(self, engine: Engine, statement_timeout: float) -> None: ...
-
-
-def private_engine(
-    url: URL,
-    dialect: EngineSetup,
-    *,
-    timeouts: Timeouts,
-    allow_network_filesystem: bool,
-    engine_options: dict[str, Any],
-) -> Engine:
-    """The elector's own engine, never the application's.
-
-    ``dialect``'s options and session set-up, then the caller's ``engine_options`` on top;
-    a forked child drops it without closing it.
-    """
-    url = dialect.engine_url(url, allow_network_filesystem=allow_network_filesystem)
-    options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
-    own, connect_args = dialect.engine_options(url.get_driver_name(), timeouts)
-    options.update(own)
-    options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
-    options.update(engine_options)
-    engine = sa.create_engine(url, **options)
-    green.cooperate(engine)
-    dialect.set_up_sessions(engine, timeouts.statement)
-    os.register_at_fork(after_in_child=_dispose_in_child(weakref.ref(engine)))
-    return engine
 
 
 def one_line(exc: BaseException) -> str:

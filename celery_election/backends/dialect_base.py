@@ -9,6 +9,8 @@ is the shape of a lease step (``RETURNING`` or ``ROWCOUNT``; PostgreSQL's is
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -17,7 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .connection import Timeouts
+from . import green
+from .connection import Timeouts, dispose_in_child
 from .locks import LivenessSession
 
 __all__ = ["RETURNING", "ROWCOUNT", "Dialect", "LockRequest", "StepStyle", "filled_insert"]
@@ -79,6 +82,31 @@ class Dialect:
     deadline_hint: ClassVar[str] = ""
 
     # -- the engine -------------------------------------------------------------------------
+
+    def private_engine(
+        self,
+        url: URL,
+        *,
+        timeouts: Timeouts,
+        allow_network_filesystem: bool,
+        engine_options: dict[str, Any],
+    ) -> Engine:
+        """The elector's own engine, never the application's.
+
+        This dialect's options and session set-up, then the caller's ``engine_options`` on
+        top; a forked child drops it without closing it.
+        """
+        url = self.engine_url(url, allow_network_filesystem=allow_network_filesystem)
+        options: dict[str, Any] = {"pool_pre_ping": False, "pool_recycle": 1800}
+        own, connect_args = self.engine_options(url.get_driver_name(), timeouts)
+        options.update(own)
+        options["connect_args"] = {**connect_args, **engine_options.pop("connect_args", {})}
+        options.update(engine_options)
+        engine = sa.create_engine(url, **options)
+        green.cooperate(engine)
+        self.set_up_sessions(engine, timeouts.statement)
+        os.register_at_fork(after_in_child=dispose_in_child(weakref.ref(engine)))
+        return engine
 
     def normalise_url(self, url: URL) -> URL:
         """``url`` in the form the driver reads (the lease URL and the direct URL)."""

@@ -20,11 +20,11 @@ How each step stays correct (docs/design.md, "Rules found by experiment"):
   round"; connection errors mean the backend is unavailable. Each call has a deadline:
   when it passes, the connection's socket is shut down and the connection discarded.
 
-The SQL backend, one job per file: ``dialects.py`` (what differs between the
-databases), ``schema.py`` (tables, the database clock), ``connection.py`` (private engine,
-deadlines), ``sql_calls.py`` (each call's transaction, deadline, retry and error mapping),
-``sql_lease.py`` (the lease steps' statements), this file (the lease), ``sql_candidates.py``
-(the candidates),
+The SQL backend, one job per file: ``dialects.py`` (what differs between the databases;
+the private engine: ``Dialect.private_engine``), ``schema.py`` (tables, the database
+clock), ``connection.py`` (call deadlines, fork safety), ``sql_calls.py`` (each call's
+transaction, deadline, retry and error mapping), ``sql_lease.py`` (the lease steps'
+statements), this file (the lease), ``sql_candidates.py`` (the candidates),
 ``sql_install.py`` (the tables), ``sql_beat.py`` (``backend.beat``: beat run state),
 ``sql_keys.py`` (``backend.keys``: key holds), ``sql_runs.py`` (``backend.runs``: the run
 rows); ``postgres.py`` adds NOTIFY to the steps and a LISTEN thread.
@@ -46,7 +46,7 @@ from ..core.lease import Bid, CandidateInfo, ElectResult, Lease, us
 from ..errors import ConfigurationError
 from . import sql_install
 from .base import Wakeup, WakeupHandle
-from .connection import LostRound, Timeouts, fork_lock, private_engine
+from .connection import LostRound, Timeouts, fork_lock
 from .dialect_base import LockRequest, StepStyle
 from .dialects import dialect_for
 from .locks import LivenessSession, lock_key
@@ -121,9 +121,8 @@ class SQLBackend(SQLCandidates):
         self.table_prefix = validate_table_prefix(table_prefix)
         self._connect_timeout = connect_timeout
         self.db = dialect_for(url.get_backend_name())
-        self.engine = private_engine(
+        self.engine = self.db.private_engine(
             self.db.normalise_url(url),
-            self.db,
             timeouts=Timeouts(statement_timeout, connect_timeout, sqlite_busy_timeout),
             allow_network_filesystem=allow_network_filesystem,
             engine_options=dict(engine_options or {}),

@@ -196,7 +196,7 @@ class SQLCalls:
     def begin(self) -> Any:
         """A real transaction, for install's advisory lock (held until it ends).
 
-        The engine autocommits its one-statement calls (see ``private_engine``).
+        The engine autocommits its one-statement calls (see ``Dialect.private_engine``).
         """
         return self.db.transaction(self.engine)
 
