@@ -22,7 +22,14 @@ from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
-from .sql_lease import HoldSteps, claim_params, hold_updates, lease_from_row, vacant_values
+from .sql_lease import (
+    HoldSteps,
+    claim_params,
+    hold_updates,
+    lease_columns,
+    lease_from_row,
+    vacant_values,
+)
 
 if TYPE_CHECKING:
     from .sessions import KeySession
@@ -65,23 +72,6 @@ def key_updates(t: sa.Table) -> dict[str, sa.Update]:
     }
 
 
-def _columns(t: sa.Table) -> list[sa.ColumnElement[Any]]:
-    """What ``lease_from_row`` reads, of a key's row."""
-    return [
-        t.c.namespace,
-        t.c.key,
-        t.c.term,
-        t.c.holder_id.label("leader_id"),
-        t.c.expires_at,
-        db_now_us().label("db_now"),
-        t.c.acquired_at,
-        t.c.renewed_at,
-        t.c.token,
-        t.c.liveness_us,
-        sa.null().label("transfer_to"),
-    ]
-
-
 class SQLKeyStore:
     """The :class:`~celery_election.backends.base.KeyStore` of a SQL backend."""
 
@@ -98,7 +88,7 @@ class SQLKeyStore:
     def _steps(self) -> HoldSteps:
         """The lease's runner over the key's row (no NOTIFY: nobody waits on a key)."""
         style = RETURNING if self.returning else ROWCOUNT
-        columns = _columns(self.table)
+        columns = lease_columns(self.table)
         statements = {n: style.statement(u, columns, n) for n, u in self._updates.items()}
         return HoldSteps(self.backend, self.table, statements, style, self._read)
 
@@ -107,7 +97,7 @@ class SQLKeyStore:
     ) -> Lease | None:
         """The row ``params`` name (``p_ns``, ``p_kh``), as stored now."""
         t = self.table
-        stmt = sa.select(*_columns(t)).where(
+        stmt = sa.select(*lease_columns(t)).where(
             t.c.namespace == params["p_ns"], t.c.key_hash == params["p_kh"]
         )
         return self.backend.call(
@@ -147,7 +137,7 @@ class SQLKeyStore:
                   "p_live": us(bid.liveness)}  # fmt: skip
         stmt = self._steps.statements["renewed"]
         t = self.table
-        mine = sa.select(*_columns(t)).where(
+        mine = sa.select(*lease_columns(t)).where(
             t.c.namespace == bid.namespace, t.c.token == bid.token,
             t.c.expires_at > db_now_us(),
         )  # fmt: skip
@@ -197,7 +187,7 @@ class SQLKeyStore:
         """The unexpired holds of ``namespace``, by key."""
         t = self.table
         stmt = (
-            sa.select(*_columns(t))
+            sa.select(*lease_columns(t))
             .where(t.c.namespace == namespace, t.c.token.is_not(None), t.c.expires_at > db_now_us())
             .order_by(t.c.key)
         )

@@ -59,20 +59,24 @@ EVENTS = {
 }
 
 
-def lease_columns(lease: sa.Table) -> list[sa.ColumnElement[Any]]:
-    """The columns a step returns (and ``lease_from_row`` reads), the database clock too."""
-    t = lease
+def lease_columns(t: sa.Table) -> list[sa.ColumnElement[Any]]:
+    """The columns a step returns (and ``lease_from_row`` reads), the database clock too.
+
+    The lease's, or a key's (a ``key`` table: its holder read as the leader, and the key).
+    """
+    key = "key" in t.c
     return [
         t.c.namespace,
         t.c.term,
-        t.c.leader_id,
+        t.c.holder_id.label("leader_id") if key else t.c.leader_id,
         t.c.expires_at,
         db_now_us().label("db_now"),
         t.c.acquired_at,
         t.c.renewed_at,
         t.c.token,
         t.c.liveness_us,
-        t.c.transfer_to,
+        sa.null().label("transfer_to") if key else t.c.transfer_to,
+        *([t.c.key] if key else []),
     ]
 
 
