@@ -23,7 +23,7 @@ from . import green
 from .connection import Timeouts, dispose_in_child
 from .locks import LivenessSession
 
-__all__ = ["RETURNING", "ROWCOUNT", "Dialect", "LockRequest", "StepStyle", "filled_insert"]
+__all__ = ["RETURNING", "ROWCOUNT", "Dialect", "LockRequest", "StepStyle"]
 
 
 @dataclass(frozen=True)
@@ -190,9 +190,18 @@ class Dialect:
         *,
         from_select: tuple[list[str], sa.Select[Any]] | None = None,
     ) -> sa.Insert:
-        """INSERT the row(s) unless the key exists; a duplicate inserts nothing, silently."""
-        filled = filled_insert(self.insert(table), values, from_select)
-        result: sa.Insert = filled.on_conflict_do_nothing()
+        """INSERT the row(s) unless the key exists; a duplicate inserts nothing, silently.
+
+        ``values``: one row; ``from_select`` = (columns, SELECT): the rows it gives.
+        """
+        ins = self.insert(table)
+        if from_select is not None:
+            return self.ignoring(ins.from_select(*from_select))
+        return self.ignoring(ins.values(**values or {}))
+
+    def ignoring(self, ins: Any) -> sa.Insert:
+        """``ins``, skipping a row whose key exists (``insert_ignore``)."""
+        result: sa.Insert = ins.on_conflict_do_nothing()
         return result
 
     def insert_if_absent(self, table: sa.Table, values: dict[str, Any], column: str) -> sa.Insert:
@@ -243,10 +252,3 @@ class Dialect:
         must die with this candidate alone.
         """
         raise NotImplementedError
-
-
-def filled_insert(
-    ins: Any, values: dict[str, Any] | None, from_select: tuple[list[str], Any] | None
-) -> Any:
-    """An INSERT of ``values``, or of the rows ``from_select`` = (columns, SELECT) gives."""
-    return ins.from_select(*from_select) if from_select is not None else ins.values(**values or {})

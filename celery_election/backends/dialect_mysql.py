@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 
 from . import connection, green
 from .connection import Timeouts
-from .dialect_base import Dialect, LockRequest, filled_insert
+from .dialect_base import Dialect, LockRequest
 from .locks import LivenessSession, MySQLSession
 
 __all__ = ["FOUND_ROWS", "MySQL", "without_found_rows"]
@@ -81,17 +81,11 @@ class MySQL(Dialect):
     def insert(self, table: sa.Table) -> Any:
         return mysql.insert(table)
 
-    def insert_ignore(
-        self,
-        table: sa.Table,
-        values: dict[str, Any] | None = None,
-        *,
-        from_select: tuple[list[str], sa.Select[Any]] | None = None,
-    ) -> sa.Insert:
+    def ignoring(self, ins: Any) -> sa.Insert:
         # INSERT IGNORE reports 0 rows for a duplicate (ON DUPLICATE KEY UPDATE would
         # report a matched row as 1 with the FOUND_ROWS flag: a false claim).
-        result: sa.Insert = filled_insert(sa.insert(table), values, from_select)
-        return result.prefix_with("IGNORE")
+        result: sa.Insert = ins.prefix_with("IGNORE")
+        return result
 
     def insert_if_absent(self, table: sa.Table, values: dict[str, Any], column: str) -> sa.Insert:
         ins = mysql.insert(table).values(values)

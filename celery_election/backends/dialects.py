@@ -30,7 +30,7 @@ To add a dialect (the one list of what it takes):
    (SQLAlchemy's), ``clock_sql`` (epoch microseconds on the database's clock, fixed for
    the statement), ``greatest_function``, the engine options and session set-up,
    ``driver_error`` (its driver's error codes), the statements that are not portable
-   (``insert_ignore``, ``insert_if_absent``, ``upsert``, ``delete_at_most``),
+   (``insert``, ``ignoring``, ``insert_if_absent``, ``upsert``, ``delete_at_most``),
    ``install_lock`` and ``liveness_session``; add it to ``DIALECTS`` here;
 2. check the key collation in ``schema.key_type`` (keys must compare byte for byte,
    rule 9);
