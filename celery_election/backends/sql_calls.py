@@ -30,12 +30,19 @@ from .connection import WATCHDOG, Deadline, LostRound, one_line
 from .dialect_base import Dialect
 from .sql_install import check_versions, read_versions
 
-__all__ = ["Caller", "SQLCalls"]
+__all__ = ["Caller", "SQLCalls", "rowcount"]
 
 T = TypeVar("T")
 
 #: Where a caller's own transaction can be passed: a Core Connection or an ORM Session.
 Caller = Connection | Session
+
+
+def rowcount(
+    stmt: sa.Executable, params: dict[str, Any] | None = None
+) -> Callable[[Connection], int]:
+    """Work for ``call``: execute ``stmt`` (with ``params``) and return the rows it changed."""
+    return lambda conn: int(conn.execute(stmt, params).rowcount)
 
 
 class SQLCalls:

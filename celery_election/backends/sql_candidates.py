@@ -8,8 +8,6 @@ and is listed, but its elector never takes a term (core/decisions.py, ``follower
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -17,10 +15,10 @@ from ..core.config import validate_candidate_id, validate_namespace
 from ..core.lease import CandidateInfo, us
 from ..errors import ConfigurationError
 from .schema import TOKEN_LENGTH, db_now_us
-from .sql_calls import Caller
+from .sql_calls import Caller, rowcount
 from .sql_host import SQLHost
 
-__all__ = ["SQLCandidates", "check_token", "rowcount"]
+__all__ = ["SQLCandidates", "check_token"]
 
 
 class SQLCandidates(SQLHost):
@@ -118,11 +116,6 @@ class SQLCandidates(SQLHost):
         return self.call_write(
             rowcount(stmt), table=c, lost=0, timeout=timeout, connection=connection
         )
-
-
-def rowcount(stmt: sa.Executable) -> Callable[[Connection], int]:
-    """Work for ``call``: execute ``stmt`` and return the rows it changed."""
-    return lambda conn: int(conn.execute(stmt).rowcount)
 
 
 def check_token(token: object) -> None:

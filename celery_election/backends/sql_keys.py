@@ -22,6 +22,7 @@ from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
+from .sql_calls import rowcount
 from .sql_lease import (
     HoldSteps,
     claim_params,
@@ -172,7 +173,7 @@ class SQLKeyStore:
         stmt = self._updates[step]  # no RETURNING: the count says
         return bool(
             self.backend.call_write(
-                lambda conn: int(conn.execute(stmt, params).rowcount),
+                rowcount(stmt, params),
                 table=self.table,
                 lost=0,
                 timeout=timeout,

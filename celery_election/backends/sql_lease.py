@@ -21,6 +21,7 @@ from ..errors import BackendUnavailableError
 from .connection import LostRound
 from .dialect_base import StepStyle
 from .schema import db_now_us, greatest
+from .sql_calls import rowcount
 
 if TYPE_CHECKING:
     from .sql_calls import Caller
@@ -256,7 +257,7 @@ class HoldSteps:
             row = call(lambda conn: conn.execute(statement, params).first())
             lease = lease_from_row(row)
             return None if lease is None else ElectResult(bool(getattr(row, "won", True)), lease)
-        if call(lambda conn: int(conn.execute(statement, params).rowcount)) != 1:
+        if call(rowcount(statement, params)) != 1:
             return None
         # MySQL has no UPDATE ... RETURNING: report the row as stored after the step
         lease = self.read(params, timeout, connection)
@@ -302,7 +303,7 @@ class HoldSteps:
             if lost.lease is None:
                 # never held: create the vacant row, then race
                 self.host.call(
-                    lambda conn: int(conn.execute(insert).rowcount),
+                    rowcount(insert),
                     table=self.table,
                     write=True,
                     timeout=timeout,

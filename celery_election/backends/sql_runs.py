@@ -33,6 +33,7 @@ from ..errors import BackendUnavailableError
 from .base import Alive, End, RunRecord
 from .connection import LostRound
 from .schema import db_now_us, entry_key
+from .sql_calls import rowcount
 
 if TYPE_CHECKING:
     from .sql_host import SQLHost
@@ -152,11 +153,7 @@ class SQLRunStore:
                 .where(t.c.namespace == namespace, t.c.run_key.in_(keys), t.c.state == CLAIMED)
                 .values(values)
             )
-
-            def work(conn: Connection, stmt: Any = stmt) -> int:
-                return int(conn.execute(stmt).rowcount)
-
-            changed += self._in_write(work, what)
+            changed += self._in_write(rowcount(stmt), what)
         return changed
 
     def finish(self, namespace: str, key: str, delivery: str, outcome: str) -> bool:
@@ -229,7 +226,7 @@ class SQLRunStore:
             t.c.namespace == namespace
         )
         # a deadlock with the starts raises: the next prune goes on
-        return int(self._in_write(lambda conn: conn.execute(stmt).rowcount, "prune"))
+        return self._in_write(rowcount(stmt), "prune")
 
     # -- the statements -------------------------------------------------------------------------
 
