@@ -171,23 +171,12 @@ class SQLBackend(SQLCandidates):
         statements = lease_statements(self.lease, self.candidate, self.style)
         return HoldSteps(self, self.lease, statements, self.style, read)
 
-    # -- schema (sql_install.py) ------------------------------------------------------------
+    # -- schema (sql_install.py: its functions are these methods) ---------------------------
 
-    def install(self) -> list[str]:
-        """Create the tables if missing; the names of those created. Safe to race."""
-        return sql_install.install(self)
-
-    def uninstall(self) -> None:
-        """Drop the tables if they exist. Terms stay increasing after a re-install."""
-        sql_install.uninstall(self)
-
-    def drop_ddl(self) -> list[str]:
-        """The DROP statements uninstall() would run, for this database's dialect."""
-        return sql_install.drop_ddl(self)
-
-    def create_ddl(self) -> list[str]:
-        """The CREATE statements install() would run, for this database's dialect."""
-        return sql_install.create_ddl(self)
+    install = sql_install.install
+    uninstall = sql_install.uninstall
+    drop_ddl = sql_install.drop_ddl
+    create_ddl = sql_install.create_ddl
 
     # -- the lease --------------------------------------------------------------------------
 
