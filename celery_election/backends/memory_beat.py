@@ -41,6 +41,8 @@ class _Host(Protocol):
 
     def _enter(self, name: str) -> None: ...
 
+    def _holds(self, row: Any, now: int, token: str, term: int) -> bool: ...
+
 
 class MemoryBeatStore:
     """Beat run state in the memory backend: the same compare-and-set as on SQL."""
@@ -123,11 +125,7 @@ class MemoryBeatStore:
 def _leads(b: _Host, namespace: str, token: str, term: int) -> bool:
     """The beat claims' fence: the lease has this token and term and has not expired."""
     row = b._leases.get(namespace)
-    return (
-        row is not None
-        and (row.token, row.term) == (token, term)
-        and (row.expires_at > b.clock.wall_us())
-    )
+    return row is not None and b._holds(row, b.clock.wall_us(), token, term)
 
 
 def _held(b: _Host, namespace: str, r: RunRequest) -> bool:
