@@ -346,17 +346,6 @@ class SQLBackend(SQLCandidates):
 
         return self.call(work, table=lease, write=False, timeout=timeout, connection=None)
 
-    def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
-        """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
-        t = self.lease
-        stmt = sa.select(sa.func.count()).where(
-            t.c.namespace == namespace,
-            t.c.token == token,
-            t.c.term == term,
-            t.c.expires_at > db_now_us(),
-        )
-        return bool(conn.execute(stmt).scalar())
-
     @functools.cached_property
     def beat(self) -> SQLBeatStore:
         """The beat entries' shared run state (the fence of every beat send)."""

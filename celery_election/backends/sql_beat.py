@@ -143,7 +143,7 @@ class SQLBeatStore:
                     self._write_rows(conn, namespace, term, [request])
                 return RunClaim(True, RunState(last_run_us, total_run_count, term, identity), True)
             row = conn.execute(read, params).first()
-            holds = self.backend.holds(conn, namespace, token, term)
+            holds = self._leads(conn, namespace, token, term)
             return RunClaim(False, None if row is None else _state(row), holds)
 
         lost = RunClaim(False, expected, True)  # lost to contention: nothing decided
@@ -251,7 +251,7 @@ class SQLBeatStore:
         rest = [k for k in keys if k not in won]
         if rest:
             stored = self._read(conn, fence, rest)
-            holds = self.backend.holds(conn, namespace, token, term)
+            holds = self._leads(conn, namespace, token, term)
             out.update({k: RunClaim(False, stored.get(k), holds) for k in rest})
         return [out[k] for k in keys]
 
@@ -328,6 +328,11 @@ class SQLBeatStore:
         query: Any = selects[0] if n == 1 else sa.union_all(*selects)
         subquery: sa.Subquery = query.subquery("v")
         return subquery
+
+    def _leads(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
+        """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
+        stmt = sa.select(sa.func.count()).where(*_holds(self.backend.lease, namespace, term))
+        return bool(conn.execute(stmt, {"p_token": token}).scalar())
 
     def _unheld(self, was_key: Any) -> sa.ColumnElement[bool]:
         """The hold: the run the claim follows has no row still claimed (a key probe)."""

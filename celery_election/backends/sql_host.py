@@ -52,7 +52,3 @@ class SQLHost(SQLCalls):
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:
         """A liveness lock named by ``namespace`` on a connection of its own."""
         raise NotImplementedError
-
-    def holds(self, conn: Connection, namespace: str, token: str, term: int) -> bool:
-        """Whether the lease has exactly (token, term), unexpired, read on ``conn`` now."""
-        raise NotImplementedError
