@@ -139,8 +139,8 @@ TRACING = ["tests/e2e/test_tracing.py"]
 
 MUTATIONS = [
     # -- upgrades: tables or peers newer than this code are refused before any write ------------
-    M("versions-schema", SQL_INSTALL, "    if schema > SCHEMA_VERSION:", "    if False:", VERSIONS),
-    M("versions-protocol", SQL_INSTALL, "    if protocol > PROTOCOL:", "    if False:", VERSIONS),
+    M("versions-schema", SQL_CALLS, "    if schema > SCHEMA_VERSION:", "    if False:", VERSIONS),
+    M("versions-protocol", SQL_CALLS, "    if protocol > PROTOCOL:", "    if False:", VERSIONS),
     M("versions-first-write", SQL_CALLS, "        if write and not self._versions_checked:", "        if False:", VERSIONS),
     M("versions-before-ddl", SQL_INSTALL, "                    check_versions(read_versions(backend.meta, conn), backend.description)",
       "                    pass", VERSIONS),

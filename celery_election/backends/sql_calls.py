@@ -25,12 +25,12 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 from sqlalchemy.orm import Session
 
-from ..errors import BackendUnavailableError, SchemaMissingError
+from ..errors import BackendUnavailableError, IncompatibleSchemaError, SchemaMissingError
 from .connection import WATCHDOG, Deadline, LostRound, one_line
 from .dialect_base import Dialect
-from .sql_install import check_versions, read_versions
+from .schema import PROTOCOL, SCHEMA_VERSION
 
-__all__ = ["Caller", "SQLCalls", "rowcount"]
+__all__ = ["Caller", "SQLCalls", "check_versions", "read_versions", "rowcount"]
 
 T = TypeVar("T")
 
@@ -45,12 +45,34 @@ def rowcount(
     return lambda conn: int(conn.execute(stmt, params).rowcount)
 
 
+def read_versions(meta: sa.Table, conn: Connection) -> dict[str, int]:
+    """The meta table's rows (``schema``, ``protocol``); tables of 0.1.0 have none."""
+    rows = conn.execute(sa.select(meta.c.name, meta.c.value))
+    return {name: int(value) for name, value in rows}
+
+
+def check_versions(versions: dict[str, int], where: str) -> None:
+    """Refuse tables, or peers, newer than this code: before anything is written."""
+    schema, protocol = versions.get("schema", 1), versions.get("protocol", 1)
+    if schema > SCHEMA_VERSION:
+        raise IncompatibleSchemaError(
+            f"the election tables in {where} are schema version {schema}, newer than "
+            f"this celery-election understands ({SCHEMA_VERSION}): upgrade celery-election "
+            f"on this host"
+        )
+    if protocol > PROTOCOL:
+        raise IncompatibleSchemaError(
+            f"the processes electing in {where} speak election protocol {protocol}; this "
+            f"celery-election speaks {PROTOCOL}: upgrade celery-election on this host"
+        )
+
+
 class SQLCalls:
     """How :class:`~celery_election.backends.sql.SQLBackend` runs each call (see the module)."""
 
     engine: Engine
     meta: sa.Table
-    #: the tables' versions were found compatible (``sql_install.check_versions``)
+    #: the tables' versions were found compatible (``check_versions``)
     _versions_checked = False
     #: what differs on this database (dialects.py)
     db: Dialect

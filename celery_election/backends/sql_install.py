@@ -5,9 +5,9 @@ against concurrent DDL (``Dialect.install_lock``; docs/design.md, rule 10), then
 nullable columns and the indexes that tables made by an older version lack (and drops the
 indexes a newer one replaced, ``schema.RETIRED_INDEXES``), and records what the tables
 now are in the meta table (``schema.SCHEMA_VERSION``, ``schema.PROTOCOL``): tables made by
-a newer release are refused before any DDL (``check_versions``), as every backend's first
-write refuses them (``SQLCalls._run``). It retries a lost race, and says "cannot reach" at
-once when the database is down. ``uninstall`` drops them; terms
+a newer release are refused before any DDL (``sql_calls.check_versions``), as every
+backend's first write refuses them (``SQLCalls.call``). It retries a lost race, and says
+"cannot reach" at once when the database is down. ``uninstall`` drops them; terms
 stay increasing after a re-install (rule 4).
 """
 
@@ -22,14 +22,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
 from ..core.runstate import DROPPED, ENDED, SENT
-from ..errors import BackendUnavailableError, IncompatibleSchemaError
+from ..errors import BackendUnavailableError
 from .connection import one_line
 from .schema import PROTOCOL, RETIRED_INDEXES, SCHEMA_VERSION
+from .sql_calls import check_versions, read_versions
 
 if TYPE_CHECKING:
     from .sql_host import SQLHost
 
-__all__ = ["check_versions", "create_ddl", "drop_ddl", "install", "read_versions", "uninstall"]
+__all__ = ["create_ddl", "drop_ddl", "install", "uninstall"]
 
 log = logging.getLogger("celery_election.backends.sql")
 
@@ -63,28 +64,6 @@ def install(backend: SQLHost) -> list[str]:
     raise BackendUnavailableError(
         f"could not create the election tables in {backend.description}: {last}"
     ) from last
-
-
-def read_versions(meta: sa.Table, conn: Connection) -> dict[str, int]:
-    """The meta table's rows (``schema``, ``protocol``); tables of 0.1.0 have none."""
-    rows = conn.execute(sa.select(meta.c.name, meta.c.value))
-    return {name: int(value) for name, value in rows}
-
-
-def check_versions(versions: dict[str, int], where: str) -> None:
-    """Refuse tables, or peers, newer than this code: before anything is written."""
-    schema, protocol = versions.get("schema", 1), versions.get("protocol", 1)
-    if schema > SCHEMA_VERSION:
-        raise IncompatibleSchemaError(
-            f"the election tables in {where} are schema version {schema}, newer than "
-            f"this celery-election understands ({SCHEMA_VERSION}): upgrade celery-election "
-            f"on this host"
-        )
-    if protocol > PROTOCOL:
-        raise IncompatibleSchemaError(
-            f"the processes electing in {where} speak election protocol {protocol}; this "
-            f"celery-election speaks {PROTOCOL}: upgrade celery-election on this host"
-        )
 
 
 def _record_versions(backend: SQLHost, conn: Connection) -> None:
