@@ -60,7 +60,7 @@ from .sql_beat import SQLBeatStore
 from .sql_calls import Caller
 from .sql_candidates import SQLCandidates, check_token
 from .sql_keys import SQLKeyStore
-from .sql_lease import HoldSteps, claim_params, lease_columns, lease_from_row, lease_statements
+from .sql_lease import HoldSteps, bid_params, lease_columns, lease_from_row, lease_statements
 from .sql_runs import SQLRunStore
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "Caller", "SQLBackend", "db_now_us", "make_metadata"]
@@ -209,7 +209,7 @@ class SQLBackend(SQLCandidates):
             seen = self.current(ns, timeout=timeout, connection=connection)
             if seen is not None and seen.held:
                 return ElectResult(False, seen)
-        params = claim_params(bid)
+        params = bid_params(bid)
         vacant = {"namespace": ns, "term": 0, "expires_at": 0}
         try:
             return self._steps.take(params, vacant, timeout, connection)
@@ -264,7 +264,7 @@ class SQLBackend(SQLCandidates):
         delta) has ended too.
         """
         check_token(bid.token)
-        params = claim_params(bid)
+        params = bid_params(bid)
         params.update(p_term=seen.term, p_seen_token=seen.token, p_waited=us(waited))
         return self._steps.run("taken", params, timeout, None)
 

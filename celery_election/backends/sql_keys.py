@@ -25,7 +25,7 @@ from .schema import db_now_us
 from .sql_calls import rowcount
 from .sql_lease import (
     HoldSteps,
-    claim_params,
+    bid_params,
     hold_updates,
     lease_columns,
     lease_from_row,
@@ -112,7 +112,7 @@ class SQLKeyStore:
     @staticmethod
     def _params(bid: Bid) -> dict[str, Any]:
         check_key(bid.namespace, bid.key, bid.token)
-        return {**claim_params(bid), "p_kh": key_hash(bid.key)}
+        return {**bid_params(bid), "p_kh": key_hash(bid.key)}
 
     def hold(self, bid: Bid, *, timeout: float | None = None) -> ElectResult:
         """Take ``bid.key`` if vacant or expired (see ``KeyStore.hold``)."""

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENTS",
     "HoldSteps",
-    "claim_params",
+    "bid_params",
     "hold_updates",
     "lease_columns",
     "lease_from_row",
@@ -41,11 +41,10 @@ __all__ = [
 ]
 
 
-def claim_params(bid: Bid) -> dict[str, Any]:
+def bid_params(bid: Bid) -> dict[str, Any]:
     """A take's parameters, the lease's and a key's (which adds its hash, ``p_kh``)."""
-    c = bid
-    return {"p_ns": c.namespace, "p_token": c.token, "p_cid": c.holder_id[:255],
-            "p_ttl": us(c.ttl), "p_live": us(c.liveness), "p_floor": c.floor}  # fmt: skip
+    return {"p_ns": bid.namespace, "p_token": bid.token, "p_cid": bid.holder_id[:255],
+            "p_ttl": us(bid.ttl), "p_live": us(bid.liveness), "p_floor": bid.floor}  # fmt: skip
 
 
 #: What NOTIFY tells listeners each step did (a take-over or a transfer is an election; a
