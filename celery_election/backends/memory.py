@@ -144,8 +144,7 @@ class MemoryBackend:
         self, bid: Bid, *, term: int | None = None, timeout: float | None = None
     ) -> ElectResult:
         if term is not None:
-            c = bid
-            return self.renew(c.namespace, c.token, term, c.ttl, liveness=c.liveness)
+            return self.renew(bid.namespace, bid.token, term, bid.ttl, liveness=bid.liveness)
         validate_namespace(bid.namespace)
         validate_candidate_id(bid.holder_id)
         self._enter("elect")
