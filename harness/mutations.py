@@ -322,16 +322,10 @@ MUTATIONS = [
     M("driver-psycopg2-sqlstate", CONNECTION, 'code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)',
       'code = getattr(exc, "sqlstate", None)', ["tests/integration/test_liveness.py::test_a_lock_wait_that_times_out_keeps_its_session_on_every_driver"]),
     # -- the beat fence -------------------------------------------------------------------------
-    M("beat-claim-was-at", SQL_BEAT, 't.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),',
-      'sa.bindparam("p_was_at", type_=sa.BigInteger).is_not(None),', BEAT),
-    M("beat-claim-was-count", SQL_BEAT, 't.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),',
-      'sa.bindparam("p_was_count", type_=sa.BigInteger).is_not(None),', BEAT),
-    M("beat-claim-term", SQL_BEAT, "lease_term.scalar_subquery() == term,", "sa.true(),", BEAT),
     M("beat-holds-token", SQL_BEAT, 'lease.c.token == sa.bindparam("p_token", type_=sa.String()),',
       'sa.bindparam("p_token", type_=sa.String()).is_not(None),', BEAT),
     M("beat-holds-unexpired", SQL_BEAT, "        lease.c.expires_at > db_now_us(),\n", "", BEAT),
     M("beat-holds-term", SQL_BEAT, "        lease.c.term == term,\n", "", BEAT),
-    # -- the beat fence, a burst's batch claim (claim_runs) ---------------------------------------
     M("beat-batch-key", SQL_BEAT, "t.c.entry_key == v.c.entry_key,", "v.c.entry_key.is_not(None),", BEAT),
     M("beat-batch-was-at", SQL_BEAT, "t.c.last_run_at == v.c.was_at,", "v.c.was_at.is_not(None),", BEAT),
     M("beat-batch-was-count", SQL_BEAT, "t.c.total_run_count == v.c.was_count,", "v.c.was_count.is_not(None),", BEAT),
@@ -347,8 +341,6 @@ MUTATIONS = [
       "if not leading or _held(b, namespace, r):", BEAT),
     # -- the run ledger (issue 42; its row, issue 52): claimed until sent, owed, recovered --------
     M("ledger-claim-pending-batch", SQL_BEAT, "                self._unheld(v.c.was_key),\n", "", LEDGER),
-    M("ledger-claim-pending-single", SQL_BEAT,
-      '                self._unheld(sa.bindparam("p_was_key", type_=key_type(40))),\n', "", LEDGER),
     M("ledger-hold-claimed-only", SQL_BEAT, "r.c.run_key == was_key, r.c.state == CLAIMED",
       "r.c.run_key == was_key", LEDGER),
     M("ledger-mysql-pending", SQL_BEAT, "            and was[k] not in held\n", "", LEDGER),

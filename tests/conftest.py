@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from celery_election.backends import MemoryBackend, SQLBackend, backend_from_url
+from celery_election.backends.base import RunClaim, RunRequest, RunState
 from celery_election.core.clock import FakeClock
 
 from .services import REQUIRE, Services, discover
@@ -291,6 +292,20 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
 
 def token() -> str:
     return uuid.uuid4().hex
+
+
+def claim_run(
+    store: Any,
+    ns: str,
+    token: str,
+    term: int,
+    name: str,
+    expected: RunState | None,
+    at: int,
+    **request: Any,
+) -> RunClaim:
+    """One entry's claim: a batch of one (``BeatStore.claim_runs``)."""
+    return store.claim_runs(ns, token, term, [RunRequest(name, expected, at, **request)])[0]
 
 
 def expire(backend: Any, namespace: str, key: str = "") -> None:

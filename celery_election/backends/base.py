@@ -106,7 +106,7 @@ class RunClaim:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One run to claim in a batch: the arguments of one ``claim_run``, by entry."""
+    """One entry's run to claim (``BeatStore.claim_runs``)."""
 
     entry_name: str
     expected: RunState | None
@@ -171,7 +171,7 @@ def check_batch(requests: Sequence[RunRequest]) -> None:
 class BeatStore(Protocol):
     """Beat entries' shared run state, advanced only by the leader that holds the lease.
 
-    The fence of a beat send: ``claim_run`` is a compare-and-set of one entry's run
+    The fence of a beat send: ``claim_runs`` is a compare-and-set of each entry's run
     state under the claimer's (token, term), in one statement that also locks the lease
     row (docs/design.md, rule 6). Every leader that saw the same state claims the same run,
     whatever the schedule type, so one run is sent at most once even in a split brain.
@@ -179,32 +179,6 @@ class BeatStore(Protocol):
 
     def load_runs(self, namespace: str, *, timeout: float | None = None) -> dict[str, RunState]:
         """Every entry's run state in ``namespace``, by entry name."""
-
-    def claim_run(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        expected: RunState | None,
-        last_run_us: int,
-        *,
-        total_run_count: int | None = None,
-        identity: str | None = None,
-        pending: bool = False,
-        task_name: str = "",
-        timeout: float | None = None,
-    ) -> RunClaim:
-        """Record the run after ``expected`` (None: the entry never ran) at ``last_run_us``.
-
-        Wins only if the stored (last run, run count) still equals ``expected``'s (no
-        state stored for None), the run stored at ``expected`` is not claimed and
-        unconfirmed, and the lease still has this token and term, unexpired; a lost claim
-        reports the stored state as it is. The new state has ``last_run_us``,
-        ``total_run_count`` (default: ``expected``'s + 1, or 1) and ``identity``; with
-        ``pending``, the same transaction writes the run's row (task id
-        ``runstate.run_task_id`` of the new state), claimed under ``term``.
-        """
 
     def claim_runs(
         self,
@@ -215,12 +189,17 @@ class BeatStore(Protocol):
         *,
         timeout: float | None = None,
     ) -> list[RunClaim]:
-        """``claim_run`` for many entries at once (a burst of due runs), answers in order.
+        """Record each request's run after its ``expected`` (None: the entry never ran).
 
-        Each request wins or loses exactly as it would alone: the same compare-and-set on
-        its own state, under the same fence (a lease that no longer has this token and
-        term, unexpired, refuses the whole batch). Few statements for many entries, so a
-        burst of due runs costs a round trip per batch, not per entry.
+        A request wins only if the stored (last run, run count) still equals
+        ``expected``'s (no state stored for None) and the run stored at ``expected`` is not
+        claimed and unconfirmed; a lease that no longer has this token and term, unexpired,
+        refuses the whole batch. A lost claim reports the stored state as it is. The new
+        state has ``last_run_us``, ``total_run_count`` (default: ``expected``'s + 1, or 1)
+        and ``identity``; with ``pending``, the same transaction writes the run's row (task
+        id ``runstate.run_task_id`` of the new state), claimed under ``term``. Answers in
+        order; few statements for many entries, so a burst of due runs costs a round trip
+        per batch, not per entry.
         """
 
     def pending_runs(self, namespace: str, *, timeout: float | None = None) -> list[PendingRun]:

@@ -57,28 +57,6 @@ class MemoryBeatStore:
         with b._lock:
             return {entry: state for (ns, entry), state in b._runs.items() if ns == namespace}
 
-    def claim_run(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        expected: RunState | None,
-        last_run_us: int,
-        *,
-        total_run_count: int | None = None,
-        identity: str | None = None,
-        pending: bool = False,
-        task_name: str = "",
-        timeout: float | None = None,
-    ) -> RunClaim:
-        """Record the run after ``expected`` if it is still stored and (token, term) leads."""
-        self.backend._enter("claim_run")
-        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity, pending,
-                             task_name)  # fmt: skip
-        with self.backend._lock:
-            return self._claim(namespace, token, term, request)
-
     def _claim(self, namespace: str, token: str, term: int, r: RunRequest) -> RunClaim:
         b = self.backend
         leading = _leads(b, namespace, token, term)

@@ -1,18 +1,20 @@
 """Beat entries' shared run state on SQL: the fence every beat send goes through.
 
 One row per (namespace, entry): when the entry last ran (epoch microseconds on the
-database's clock), how often, and under which term. A leader that finds an entry due
-claims "the run after the state I saw" with one conditional statement that share-locks
-the lease row (``FOR SHARE`` / ``LOCK IN SHARE MODE``; SQLite's write lock serialises
-everything) and changes the entry's row only if it still holds that state and the lease
-still has the claimer's token and term, unexpired (docs/design.md, rule 6). A plain read of
-the lease followed by a write let a takeover commit in between. The first run of an entry
-is an INSERT ... SELECT from the lease row under the same conditions; a duplicate key
-means another leader recorded that run first. A claim may also set the run count and the
-entry's identity (an operator's edit adopted, a re-created entry starting fresh): the
-compare-and-set and the fence are the same.
+database's clock), how often, and under which term. A leader that finds entries due
+claims "the run after the state I saw" for each in one transaction (``claim_runs``):
+one UPDATE ... FROM a derived table of the requests (each row's own expected state, new
+state and key) and one INSERT ... SELECT from it for first runs, both fenced by a
+share-locked read of the lease row (``FOR SHARE`` / ``LOCK IN SHARE MODE``; SQLite's
+write lock serialises everything). A row changes only if it still holds the expected
+state and the lease still has the claimer's token and term, unexpired (docs/design.md,
+rule 6); a plain read of the lease followed by a write let a takeover commit in between.
+A first run that meets a duplicate key was recorded first by another leader. A claim may
+also set the run count and the entry's identity (an operator's edit adopted, a
+re-created entry starting fresh): the compare-and-set and the fence are the same. One
+entry's claim is a batch of one: a second statement for it was a second fence to keep.
 
-A lost claim reads the row and the lease in the same transaction, so the caller can adopt
+A lost claim reads the rows and the lease in the same transaction, so the caller can adopt
 the stored state (someone else ran it) or stop acting on a term the database has ended.
 
 A claim of a run to send also writes the run's row (``task_start``, backends/sql_runs.py)
@@ -22,19 +24,15 @@ state, keyed in its entry by the run it follows (``due``). Until the broker acce
 WHERE finds no claimed row of the run it follows (a primary-key probe), so a run claimed
 and not sent is a row a leader reads (:meth:`SQLBeatStore.pending_runs`), never a gap.
 
-``claim_runs`` claims a burst (every entry due at one instant) with the same conditions,
-``BATCH`` entries per transaction: one UPDATE ... FROM a derived table of the requests
-(each row's own expected state, new state and key) and one INSERT ... SELECT from it for
-first runs, both fenced by the same share-locked read of the lease. On PostgreSQL the
-derived table is ``unnest`` of one array per column (``BATCH_ARRAYS`` entries per
-transaction): one SQL text whatever the size, so psycopg converts and the server plans
-it once, where a UNION ALL of 500 rows of bound values cost a third of a second per
-statement to plan and 3,500 placeholders to convert (issue 37's 10,000-entry burst). PostgreSQL and
-SQLite name the rows they changed (RETURNING); MySQL/MariaDB cannot for an UPDATE, so
-there the batch first locks its rows (``FOR UPDATE``): a locked row that holds the
-expected state is changed by the UPDATE unless the lease refuses the whole statement, so
-the row count tells which won. One round trip per entry made a leader send a burst of
-1,000 at half stock's rate (issue 37).
+``BATCH`` entries go in a transaction. On PostgreSQL the derived table is ``unnest`` of
+one array per column (``BATCH_ARRAYS`` entries per transaction): one SQL text whatever
+the size, so psycopg converts and the server plans it once, where a UNION ALL of 500 rows
+of bound values cost a third of a second per statement to plan and 3,500 placeholders to
+convert (issue 37's 10,000-entry burst). PostgreSQL and SQLite name the rows they changed
+(RETURNING); MySQL/MariaDB cannot for an UPDATE, so there the batch first locks its rows
+(``FOR UPDATE``): a locked row that holds the expected state is changed by the UPDATE
+unless the lease refuses the whole statement, so the row count tells which won. One round
+trip per entry made a leader send a burst of 1,000 at half stock's rate (issue 37).
 """
 
 from __future__ import annotations
@@ -94,62 +92,6 @@ class SQLBeatStore:
             timeout=timeout,
             connection=None,
         )
-
-    def claim_run(
-        self,
-        namespace: str,
-        token: str,
-        term: int,
-        entry_name: str,
-        expected: RunState | None,
-        last_run_us: int,
-        *,
-        total_run_count: int | None = None,
-        identity: str | None = None,
-        pending: bool = False,
-        task_name: str = "",
-        timeout: float | None = None,
-    ) -> RunClaim:
-        """Record the run after ``expected`` for the leader (token, term); see the module."""
-        insert, update, read = self._statements
-        total_run_count = next_run_count(expected, total_run_count)
-        params: dict[str, Any] = {
-            "p_ns": namespace,
-            "p_key": entry_key(entry_name),
-            "p_name": entry_name[:500],
-            "p_token": token,
-            "p_term": term,
-            "p_at": last_run_us,
-            "p_count": total_run_count,
-            "p_identity": identity,
-        }
-        if expected is not None:
-            params["p_was_at"] = expected.last_run_us
-            params["p_was_count"] = expected.total_run_count
-            params["p_was_key"] = _was_key(namespace, entry_name, expected)
-        request = RunRequest(entry_name, expected, last_run_us, total_run_count, identity,
-                             pending, task_name)  # fmt: skip
-
-        def work(conn: Connection) -> RunClaim:
-            if expected is None:
-                result = conn.execute(insert, params)
-                returning = self.backend.engine.dialect.insert_returning
-                # INSERT ... SELECT reports rowcount -1 through psycopg: count RETURNING rows
-                won = (len(result.all()) if returning else result.rowcount) == 1
-            else:
-                won = conn.execute(update, params).rowcount == 1
-            if won:
-                if pending:
-                    self._write_rows(conn, namespace, term, [request])
-                return RunClaim(True, RunState(last_run_us, total_run_count, term, identity), True)
-            row = conn.execute(read, params).first()
-            holds = self._leads(conn, namespace, token, term)
-            return RunClaim(False, None if row is None else _state(row), holds)
-
-        lost = RunClaim(False, expected, True)  # lost to contention: nothing decided
-        # a run to send: its state and its row commit together, or neither does
-        return self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout,
-                                       atomic=pending)  # fmt: skip
 
     def claim_runs(
         self,
@@ -421,57 +363,6 @@ class SQLBeatStore:
         if not self.backend.engine.dialect.update_returning:
             return stmt.with_for_update()
         return stmt
-
-    @functools.cached_property
-    def _statements(self) -> tuple[sa.Executable, sa.Executable, sa.Executable]:
-        """The first-run INSERT, the compare-and-set UPDATE and the read-back, built once."""
-        backend, t, lease = self.backend, self.table, self.backend.lease
-        now = db_now_us()
-        ns = sa.bindparam("p_ns", type_=key_type(190))
-        key = sa.bindparam("p_key", type_=key_type(40))
-        term = sa.bindparam("p_term", type_=sa.BigInteger)
-        at = sa.bindparam("p_at", type_=sa.BigInteger)
-        count = sa.bindparam("p_count", type_=sa.BigInteger)
-        identity = sa.bindparam("p_identity", type_=sa.String(200))
-        holds = _holds(lease, ns, term)
-        source = sa.select(
-            ns.label("namespace"),
-            key.label("entry_key"),
-            sa.bindparam("p_name", type_=sa.String(500)).label("entry_name"),
-            at.label("last_run_at"),
-            count.label("total_run_count"),
-            lease.c.term,
-            now.label("updated_at"),
-            identity.label("identity"),
-        )
-        source = source.where(*holds).with_for_update(read=True)
-        columns = [c.name for c in source.selected_columns]
-        insert = backend.db.insert_ignore(t, from_select=(columns, source))
-        if backend.engine.dialect.insert_returning:
-            insert = insert.returning(t.c.last_run_at)
-        lease_term = sa.select(lease.c.term).where(*holds).with_for_update(read=True)
-        update = (
-            sa.update(t)
-            .where(
-                t.c.namespace == ns,
-                t.c.entry_key == key,
-                t.c.last_run_at == sa.bindparam("p_was_at", type_=sa.BigInteger),
-                t.c.total_run_count == sa.bindparam("p_was_count", type_=sa.BigInteger),
-                self._unheld(sa.bindparam("p_was_key", type_=key_type(40))),
-                lease_term.scalar_subquery() == term,
-            )
-            .values(
-                last_run_at=at,
-                total_run_count=count,
-                term=term,
-                updated_at=now,
-                identity=identity,
-            )
-        )
-        read = sa.select(t.c.last_run_at, t.c.total_run_count, t.c.term, t.c.identity).where(
-            t.c.namespace == ns, t.c.entry_key == key
-        )
-        return insert, update, read
 
 
 def _state(row: Any) -> RunState:

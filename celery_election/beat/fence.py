@@ -161,13 +161,7 @@ class BeatFence:
         what = requests[0].entry_name if len(requests) == 1 else f"{len(requests)} runs"
 
         def call() -> list[RunClaim]:
-            if len(requests) > 1:
-                return store.claim_runs(ns, lead.token, lead.term, list(requests))
-            (r,) = requests
-            return [store.claim_run(ns, lead.token, lead.term, r.entry_name, r.expected,
-                                    r.last_run_us, total_run_count=int(r.total_run_count or 0),
-                                    identity=r.identity or "", pending=r.pending,
-                                    task_name=r.task_name)]  # fmt: skip
+            return store.claim_runs(ns, lead.token, lead.term, list(requests))
 
         claims, retried = self._retrying(lead, call, what)
         if claims is None:

@@ -28,6 +28,7 @@ from ..conftest import (
     EVERY_KIND,
     EVERY_SQL,
     by_entry,
+    claim_run,
     expire,
     make_backend,
     one_driver_each,
@@ -53,25 +54,25 @@ def test_a_stale_leaders_claims_are_refused(backend: Any) -> None:
     store = backend.beat
     a, b = token(), token()
     old = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
-    first = store.claim_run(NS, a, old.term, "job", None, 1_000_000)
+    first = claim_run(store, NS, a, old.term, "job", None, 1_000_000)
     assert first.won and first.state == RunState(1_000_000, 1, old.term)
-    again = store.claim_run(NS, a, old.term, "job", None, 1_500_000)  # the first run: once
+    again = claim_run(store, NS, a, old.term, "job", None, 1_500_000)  # the first run: once
     assert not again.won and again.state == first.state and again.leading
     # a is paused past its lease; b takes over
     expire(backend, NS)
-    stale = store.claim_run(NS, a, old.term, "job", first.state, 2_000_000)
+    stale = claim_run(store, NS, a, old.term, "job", first.state, 2_000_000)
     assert not stale.won and not stale.leading and stale.state == first.state
     new = backend.elect(Bid(NS, b, "beat-b", 30.0))
     assert new.won and new.lease.term > old.term
     # a resumes, still believing it leads: every claim it makes is refused
     for at in (2_000_000, 3_000_000):
-        refused = store.claim_run(NS, a, old.term, "job", first.state, at)
+        refused = claim_run(store, NS, a, old.term, "job", first.state, at)
         assert not refused.won and not refused.leading
-    assert not store.claim_run(NS, a, new.lease.term, "job", first.state, 2_000_000).won
-    won = store.claim_run(NS, b, new.lease.term, "job", first.state, 2_000_000)
+    assert not claim_run(store, NS, a, new.lease.term, "job", first.state, 2_000_000).won
+    won = claim_run(store, NS, b, new.lease.term, "job", first.state, 2_000_000)
     assert won.won and won.state == RunState(2_000_000, 2, new.lease.term)
     # the same run once only: whoever saw the old state is refused and told the new one
-    late = store.claim_run(NS, b, new.lease.term, "job", first.state, 2_100_000)
+    late = claim_run(store, NS, b, new.lease.term, "job", first.state, 2_100_000)
     assert not late.won and late.leading and late.state == won.state
     assert store.load_runs(NS) == {"job": won.state}
     assert store.load_runs("other") == {}
@@ -83,10 +84,10 @@ def test_entries_and_namespaces_are_apart(backend: Any) -> None:
     lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     long_name = "x" * 400  # hashed into the key: any name fits a MySQL primary key
     for name in ("job", "Job", "job ", long_name):
-        assert store.claim_run(NS, a, lease.term, name, None, 5).won
+        assert claim_run(store, NS, a, lease.term, name, None, 5).won
     assert set(store.load_runs(NS)) == {"job", "Job", "job ", long_name}
     # another namespace's leader cannot advance this one's entries, nor see them
-    assert not store.claim_run("elsewhere", a, lease.term, "job", None, 6).won
+    assert not claim_run(store, "elsewhere", a, lease.term, "job", None, 6).won
 
 
 def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> None:
@@ -95,26 +96,26 @@ def test_a_claim_may_set_the_run_count_and_the_entrys_identity(backend: Any) -> 
     store = backend.beat
     a, b = token(), token()
     lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
-    plain = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
+    plain = claim_run(store, NS, a, lease.term, "job", None, 1_000_000)
     assert plain.state == RunState(1_000_000, 1, lease.term, None)  # identity: any entry
-    fresh = store.claim_run(
-        NS, a, lease.term, "job", plain.state, 900_000, total_run_count=0, identity="id:7"
+    fresh = claim_run(
+        store, NS, a, lease.term, "job", plain.state, 900_000, total_run_count=0, identity="id:7"
     )
     assert fresh.won and fresh.state == RunState(900_000, 0, lease.term, "id:7")
     assert store.load_runs(NS) == {"job": fresh.state}
     # the compare-and-set is on (last run, run count): the old state no longer matches
-    again = store.claim_run(NS, a, lease.term, "job", plain.state, 2_000_000, identity="id:8")
+    again = claim_run(store, NS, a, lease.term, "job", plain.state, 2_000_000, identity="id:8")
     assert not again.won and again.state == fresh.state
-    nxt = store.claim_run(NS, a, lease.term, "job", fresh.state, 2_000_000, identity="id:7")
+    nxt = claim_run(store, NS, a, lease.term, "job", fresh.state, 2_000_000, identity="id:7")
     assert nxt.won and nxt.state == RunState(2_000_000, 1, lease.term, "id:7")
     # the fence holds for these claims as for any run
     expire(backend, NS)
     assert backend.elect(Bid(NS, b, "beat-b", 30.0)).won
-    stale = store.claim_run(
-        NS, a, lease.term, "job", nxt.state, 3_000_000, total_run_count=50, identity="x"
+    stale = claim_run(
+        store, NS, a, lease.term, "job", nxt.state, 3_000_000, total_run_count=50, identity="x"
     )
     assert not stale.won and not stale.leading and store.load_runs(NS) == {"job": nxt.state}
-    first = store.claim_run(NS, a, lease.term, "new", None, 5, total_run_count=9, identity="i")
+    first = claim_run(store, NS, a, lease.term, "new", None, 5, total_run_count=9, identity="i")
     assert not first.won and store.load_runs(NS) == {"job": nxt.state}
 
 
@@ -124,15 +125,15 @@ def test_a_claim_compares_the_last_run_and_the_run_count(backend: Any) -> None:
     store = backend.beat
     a = token()
     lease = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
-    first = store.claim_run(NS, a, lease.term, "job", None, 1_000_000)
-    dropped = store.claim_run(NS, a, lease.term, "job", first.state, 2_000_000, total_run_count=1)
+    first = claim_run(store, NS, a, lease.term, "job", None, 1_000_000)
+    dropped = claim_run(store, NS, a, lease.term, "job", first.state, 2_000_000, total_run_count=1)
     assert dropped.won and dropped.state == RunState(2_000_000, 1, lease.term)
-    stale = store.claim_run(NS, a, lease.term, "job", first.state, 3_000_000)
+    stale = claim_run(store, NS, a, lease.term, "job", first.state, 3_000_000)
     assert not stale.won and stale.state == dropped.state
     # and the count, not only the last run: an adopted edit keeps the time, sets the count
-    edited = store.claim_run(NS, a, lease.term, "job", dropped.state, 2_000_000, total_run_count=7)
+    edited = claim_run(store, NS, a, lease.term, "job", dropped.state, 2_000_000, total_run_count=7)
     assert edited.won and edited.state == RunState(2_000_000, 7, lease.term)
-    stale = store.claim_run(NS, a, lease.term, "job", dropped.state, 4_000_000)
+    stale = claim_run(store, NS, a, lease.term, "job", dropped.state, 4_000_000)
     assert not stale.won and stale.state == edited.state
     assert store.load_runs(NS) == {"job": edited.state}
 
@@ -146,7 +147,7 @@ def test_a_claim_under_an_old_term_of_the_same_token_is_refused(backend: Any) ->
     expire(backend, NS)
     new = backend.elect(Bid(NS, a, "beat-a", 30.0)).lease
     assert new.term > old.term
-    single = store.claim_run(NS, a, old.term, "job", None, 5)
+    single = claim_run(store, NS, a, old.term, "job", None, 5)
     assert not single.won and not single.leading
     (batch,) = store.claim_runs(NS, a, old.term, [RunRequest("job", None, 5)])
     assert not batch.won and not batch.leading
@@ -289,7 +290,7 @@ def test_install_adds_the_identity_column_to_an_older_beat_table(sql_url: str) -
         a = token()
         lease = b.elect(Bid(NS, a, "beat-a", 30.0)).lease
         assert b.beat.pending_runs(NS) == []
-        won = b.beat.claim_run(NS, a, lease.term, "job", state, 10, identity="id:1", pending=True)
+        won = claim_run(b.beat, NS, a, lease.term, "job", state, 10, identity="id:1", pending=True)
         assert won.won and b.beat.load_runs(NS)["job"] == RunState(10, 4, lease.term, "id:1")
         assert by_entry(b.beat.pending_runs(NS))["job"].run == 5
     finally:
@@ -393,7 +394,7 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     s = leading_scheduler(app, tmp_path, "a")
     assert s._fence.election is not None
     store = s._fence.election.store
-    real = store.claim_run
+    real = store.claim_runs
     failures: list[int] = []
     assert s._take_lead() is not None  # promoted: the new entry is recorded (run count 0)
     recorded = store.load_runs(s._fence.election.namespace)["job"]
@@ -402,11 +403,11 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     def commit_then_fail(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
         if not failures:  # the first run's claim commits, then its answer is lost
-            failures.append(args[5])
+            failures.append(args[3][0].last_run_us)
             raise BackendUnavailableError("connection lost after commit")
         return result
 
-    store.claim_run = commit_then_fail  # type: ignore[method-assign]
+    store.claim_runs = commit_then_fail  # type: ignore[method-assign]
     try:
         _tick_until(s, lambda: len(s.sent) >= 3)
     finally:

@@ -22,7 +22,7 @@ from celery_election.core.lease import Bid
 from celery_election.core.runstate import run_task_id
 from celery_election.ops.cli import election
 
-from ..conftest import unique_prefix
+from ..conftest import claim_run, unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -295,7 +295,7 @@ def test_status_shows_the_beat_runs_claimed_and_not_yet_sent(target: tuple[str, 
         token = uuid.uuid4().hex
         lease = backend.elect(Bid("jobs-beat", token, "beat", 30.0)).lease
         assert lease is not None
-        assert backend.beat.claim_run("jobs-beat", token, lease.term, "report", None, 5,
+        assert claim_run(backend.beat, "jobs-beat", token, lease.term, "report", None, 5,
                                       pending=True).won  # fmt: skip
         shown = cli(url, prefix, "status", "-N", "jobs-beat")
         assert shown.exit_code == 0, shown.output

@@ -21,7 +21,7 @@ from celery_election.core.lease import Bid
 from celery_election.core.runstate import run_task_id
 from celery_election.ops.cli import election
 
-from ..conftest import by_entry, unique_prefix
+from ..conftest import by_entry, claim_run, unique_prefix
 from ..support.celery_cli import REPO
 
 
@@ -139,7 +139,7 @@ def test_a_run_claimed_and_not_sent_is_shown_unsent(tmp_path: Path) -> None:
         ns = "default-beat"  # the beats' namespace of the default settings
         me = uuid.uuid4().hex
         term = backend.elect(Bid(ns, me, "beat", 30.0)).lease.term
-        assert backend.beat.claim_run(ns, me, term, "r", None, 1_000, pending=True).won
+        assert claim_run(backend.beat, ns, me, term, "r", None, 1_000, pending=True).won
         row = cli(url, prefix, "list").output.splitlines()[1]
         assert "+unsent since" in row
         shown = json.loads(cli(url, prefix, "show", "r", "--json").output)

@@ -24,7 +24,7 @@ from celery_election.schedule import Schedule
 from celery_election.schedule.overdue import OverdueWatch
 from celery_election.schedule.store import SQLScheduleStore, history_row, schedule_store
 
-from ..conftest import token, unique_prefix
+from ..conftest import claim_run, token, unique_prefix
 from ..support.history import claimed, ended, run_row
 
 NS = "od-beat"
@@ -118,7 +118,7 @@ def ran(backend: Any, name: str, seconds_ago: float) -> None:
     assert store is not None
     now = store.db_now()
     at = now - int(seconds_ago * S)
-    assert backend.beat.claim_run(NS, me, lease.term, name, None, at).won
+    assert claim_run(backend.beat, NS, me, lease.term, name, None, at).won
     backend.resign(NS, me, lease.term)
 
 

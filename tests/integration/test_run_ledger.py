@@ -22,7 +22,7 @@ from celery_election.core.lease import Bid
 from celery_election.core.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 from celery_election.errors import BackendUnavailableError
 
-from ..conftest import EVERY_KIND, by_entry, expire, make_backend, token
+from ..conftest import EVERY_KIND, by_entry, claim_run, expire, make_backend, token
 
 NS = "run-ledger"
 
@@ -50,7 +50,7 @@ def _row(backend: Any, name: str, at: int) -> Any:
 def test_a_claimed_run_is_a_row_until_confirmed_and_blocks_the_next(backend: Any) -> None:
     store = backend.beat
     me, term = _lead(backend)
-    first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True, task_name="t.job")
+    first = claim_run(store, NS, me, term, "job", None, 1_000, pending=True, task_name="t.job")
     assert first.won
     row = _row(backend, "job", 1_000)
     assert (row.state, row.term, row.entry, row.due) == (CLAIMED, term, "job", 0)
@@ -58,14 +58,14 @@ def test_a_claimed_run_is_a_row_until_confirmed_and_blocks_the_next(backend: Any
     (found,) = store.pending_runs(NS)
     assert found == PendingRun("job", 0, first.state, found.claimed_us, _id("job", 1_000))
     # the next run waits for this one: refused, the stored state reported as it is
-    blocked = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
+    blocked = claim_run(store, NS, me, term, "job", first.state, 2_000, pending=True)
     assert not blocked.won and blocked.leading and blocked.state == first.state
     assert _row(backend, "job", 2_000) is None  # a refused claim writes no row
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 1
     assert _row(backend, "job", 1_000).state == SENT
     assert store.pending_runs(NS) == []
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # once
-    second = store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
+    second = claim_run(store, NS, me, term, "job", first.state, 2_000, pending=True)
     assert second.won
     assert by_entry(store.pending_runs(NS))["job"].run == 1_000  # the key: the run it follows
     assert _row(backend, "job", 2_000).due == 1_000
@@ -74,24 +74,24 @@ def test_a_claimed_run_is_a_row_until_confirmed_and_blocks_the_next(backend: Any
 def test_a_state_stored_without_a_send_has_no_row(backend: Any) -> None:
     store = backend.beat
     me, term = _lead(backend)
-    stored = store.claim_run(NS, me, term, "skipped", None, 1_000)
+    stored = claim_run(store, NS, me, term, "skipped", None, 1_000)
     batch = store.claim_runs(NS, me, term, [RunRequest(f"s{i}", None, 5) for i in range(3)])
     assert stored.won and all(c.won for c in batch)
     assert store.pending_runs(NS) == []
     assert _row(backend, "skipped", 1_000) is None and _row(backend, "s0", 5) is None
-    assert store.claim_run(NS, me, term, "skipped", stored.state, 2_000).won
+    assert claim_run(store, NS, me, term, "skipped", stored.state, 2_000).won
 
 
 def test_a_worker_that_starts_the_run_before_its_confirm_ends_the_hold(backend: Any) -> None:
     """A fast worker takes the claimed row: the run is on its way, the entry is free."""
     store = backend.beat
     me, term = _lead(backend)
-    first = store.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+    first = claim_run(store, NS, me, term, "job", None, 1_000, pending=True)
     d = Delivery("t.job", 0, _id("job", 1_000), "tok", None, False)
     assert backend.runs.start(NS, d, lambda w: True).run
     assert store.pending_runs(NS) == []
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # started: not claimed
-    assert store.claim_run(NS, me, term, "job", first.state, 2_000, pending=True).won
+    assert claim_run(store, NS, me, term, "job", first.state, 2_000, pending=True).won
 
 
 def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropped(
@@ -99,7 +99,7 @@ def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropp
 ) -> None:
     store = backend.beat
     a, old = _lead(backend)
-    claimed = store.claim_run(NS, a, old, "job", None, 1_000, pending=True)
+    claimed = claim_run(store, NS, a, old, "job", None, 1_000, pending=True)
     assert claimed.won
     expire(backend, NS)
     b = token()
@@ -107,12 +107,12 @@ def test_a_run_an_earlier_term_claimed_holds_the_next_leader_until_sent_or_dropp
     found = by_entry(store.pending_runs(NS))["job"]
     assert found.state.term == old and found.run == 0
     # the new leader cannot claim past it: it must send it (or drop it) first
-    assert not store.claim_run(NS, b, new, "job", claimed.state, 2_000, pending=True).won
+    assert not claim_run(store, NS, b, new, "job", claimed.state, 2_000, pending=True).won
     assert backend.runs.drop(NS, [_id("job", 1_000)], "expired") == 1
     row = _row(backend, "job", 1_000)
     assert (row.state, row.outcome) == (DROPPED, "expired")
     assert backend.runs.confirm(NS, [_id("job", 1_000)]) == 0  # dropped stays dropped
-    assert store.claim_run(NS, b, new, "job", claimed.state, 2_000, pending=True).won
+    assert claim_run(store, NS, b, new, "job", claimed.state, 2_000, pending=True).won
 
 
 def test_a_batch_claims_runs_and_skips_an_entry_still_claimed(backend: Any) -> None:
@@ -184,7 +184,7 @@ def test_a_claim_cut_before_its_row_is_written_claims_nothing(
     if isinstance(backend, MemoryBackend):
         pytest.skip("the memory store changes both under one lock")
     me, term = _lead(backend)
-    first = backend.beat.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+    first = claim_run(backend.beat, NS, me, term, "job", None, 1_000, pending=True)
     assert first.won and backend.runs.confirm(NS, [_id("job", 1_000)]) == 1
 
     def cut(*args: Any) -> None:
@@ -194,7 +194,7 @@ def test_a_claim_cut_before_its_row_is_written_claims_nothing(
         if batch:
             request = RunRequest("job", first.state, 2_000, pending=True)
             return backend.beat.claim_runs(NS, me, term, [request])[0]
-        return backend.beat.claim_run(NS, me, term, "job", first.state, 2_000, pending=True)
+        return claim_run(backend.beat, NS, me, term, "job", first.state, 2_000, pending=True)
 
     with monkeypatch.context() as patched:
         patched.setattr(backend.runs, "write_claimed", cut)
@@ -225,6 +225,6 @@ def test_a_connection_lost_while_a_claim_opens_its_transaction_is_the_database_u
     me, term = _lead(backend)
     monkeypatch.setattr(dialect, "set_connection_execution_options", lost)
     with pytest.raises(BackendUnavailableError, match="unavailable"):
-        backend.beat.claim_run(NS, me, term, "job", None, 1_000, pending=True)
+        claim_run(backend.beat, NS, me, term, "job", None, 1_000, pending=True)
     monkeypatch.undo()
-    assert backend.beat.claim_run(NS, me, term, "job", None, 1_000, pending=True).won
+    assert claim_run(backend.beat, NS, me, term, "job", None, 1_000, pending=True).won

@@ -28,7 +28,7 @@ from celery_election.errors import BackendUnavailableError
 from celery_election.runs.runonce import RunGuard
 from harness.cluster import wait_until
 
-from ..conftest import EVERY_KIND, make_backend
+from ..conftest import EVERY_KIND, claim_run, make_backend
 
 NS = "runs"
 ALIVE = lambda worker: True  # noqa: E731
@@ -83,7 +83,7 @@ def test_a_beat_runs_first_delivery_starts_its_claimed_row_in_one_statement(
 
     ns, me = f"fast-{new_id()[:8]}", new_id()
     term = sql_backend.elect(Bid(ns, me, "beat", 30.0)).lease.term
-    assert sql_backend.beat.claim_run(ns, me, term, "job", None, 5, pending=True).won
+    assert claim_run(sql_backend.beat, ns, me, term, "job", None, 5, pending=True).won
     tid = runstate.run_task_id(ns, "job", 5)
     d = replace(delivery(tid, acks_late=acks_late), claimed=True)
     statements: list[str] = []

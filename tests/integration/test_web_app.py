@@ -34,7 +34,7 @@ from celery_election.schedule import Schedule
 from celery_election.schedule.store import history_row, schedule_store
 from celery_election.web import Observer, WebApp, make_app, server
 
-from ..conftest import by_entry
+from ..conftest import by_entry, claim_run
 from ..support.history import claimed as sent_run
 from ..support.history import ended, run_row
 
@@ -249,7 +249,7 @@ def test_entries_static_and_dynamic_with_schedule_zone_next_due_and_last_run(
     assert got["often"]["pending_since_ms"] is None
     me = uuid.uuid4().hex
     term = backend.elect(Bid("web-beat", me, "beat", 30.0)).lease.term
-    assert backend.beat.claim_run("web-beat", me, term, "often", None, 1_000, pending=True).won
+    assert claim_run(backend.beat, "web-beat", me, term, "often", None, 1_000, pending=True).won
     claimed = by_entry(backend.beat.pending_runs("web-beat"))["often"].claimed_us
     web.observer._entries = None  # read again now, not after the cache's interval
     assert entries(web)["often"]["pending_since_ms"] == claimed // 1000
@@ -263,7 +263,7 @@ def test_an_overdue_entry_is_marked_with_how_long_as_metrics_say(
     me = uuid.uuid4().hex
     lease = backend.elect(Bid("web-beat", me, "beat", 30.0)).lease
     stale = schedule_store(backend).db_now() - 100_000_000  # ran 100 s ago
-    assert backend.beat.claim_run("web-beat", me, lease.term, "tick", None, stale).won
+    assert claim_run(backend.beat, "web-beat", me, lease.term, "tick", None, stale).won
     got = entries(web)
     assert got["tick"]["overdue"] == pytest.approx(98, abs=1.5)  # due 99 s ago, 1 s grace
     assert got["often"]["overdue"] == got["login"]["overdue"] == 0

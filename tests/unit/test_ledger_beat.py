@@ -21,6 +21,7 @@ from celery_election.core.clock import boottime
 from celery_election.core.lease import Bid
 from celery_election.runs.once import RESENT
 
+from ..conftest import claim_run
 from .test_beat import NS, IsDueOnly, Recording, make_app, seed, shared, started
 
 __all__ = ["shared", "started"]  # the fixtures, imported for this module's tests
@@ -105,9 +106,9 @@ def test_a_new_leader_sends_the_runs_a_dead_one_claimed_first(
     dead = shared.elect(Bid(NS, token, "dead", 30.0)).lease
     assert dead is not None
     job = shared.beat.load_runs(NS)["job"]
-    assert shared.beat.claim_run(NS, token, dead.term, "job", job, 5_000_000, pending=True).won
-    assert shared.beat.claim_run(NS, token, dead.term, "new", None, 6_000_000, pending=True).won
-    assert shared.beat.claim_run(NS, token, dead.term, "old", None, 7_000_000, pending=True).won
+    assert claim_run(shared.beat, NS, token, dead.term, "job", job, 5_000_000, pending=True).won
+    assert claim_run(shared.beat, NS, token, dead.term, "new", None, 6_000_000, pending=True).won
+    assert claim_run(shared.beat, NS, token, dead.term, "old", None, 7_000_000, pending=True).won
     assert shared.resign(NS, token, dead.term)
     s = flaky(
         started, fail=0,
