@@ -420,6 +420,32 @@ def test_a_claim_whose_answer_was_lost_is_retried_not_dropped(tmp_path: Path) ->
     assert len(runs) == len(set(runs)), runs
 
 
+def test_a_run_due_alone_keeps_when_it_fell_due(tmp_path: Path) -> None:
+    """Regression: one entry due alone was claimed by a statement of its own, which left
+    its row without its due time (a burst's batch kept it): its history showed no
+    lateness. An entry's claim is a batch of one now."""
+    from celery_election.backends import backend_from_url
+    from celery_election.schedule.store import schedule_store
+
+    app = app_for(f"sqlite:///{tmp_path}/election.db")
+    s = leading_scheduler(app, tmp_path, "a")
+    ns = s._fence.namespace
+    try:
+        _tick_until(s, lambda: len(s.sent) >= 2)
+    finally:
+        s.close()
+    b = backend_from_url(app.conf.election_url, table_prefix=app.conf.election_table_prefix)
+    try:
+        store = schedule_store(b)
+        assert store is not None
+        runs = [r for r in store.history([ns], "job") if r.kind == "run"]
+        assert len(runs) >= 2, runs
+        assert all(r.due_at is not None and r.sent_at >= r.due_at for r in runs), runs
+    finally:
+        b.uninstall()
+        b.close()
+
+
 def test_a_beat_with_a_wrong_clock_keeps_to_the_database_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
