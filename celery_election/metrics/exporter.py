@@ -76,7 +76,7 @@ def require_client() -> None:
         raise ConfigurationError(f"election_metrics_port needs prometheus_client: {INSTALL_HINT}")
 
 
-def collector(extra_labels: dict[str, str] | None = None) -> Any:
+def collector() -> Any:
     """A prometheus_client collector of this process's electors and store."""
     require_client()
     return _ElectionCollector()
