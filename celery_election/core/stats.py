@@ -7,8 +7,6 @@ metrics package.
 
 from __future__ import annotations
 
-from .clock import boottime
-
 __all__ = ["BUCKETS", "ElectorStats"]
 
 #: Histogram buckets of one database call (seconds): calls have a deadline (call_timeout).
@@ -25,7 +23,6 @@ class ElectorStats:
         self.calls: dict[str, tuple[list[int], float, int]] = {}
         #: boot-time clock: when the election thread went busy (None: waiting or stopped)
         self.busy_since: float | None = None
-        self.last_progress = boottime()
         self.calls_ok = 0
 
     def transition(self, kind: str, reason: str) -> None:
