@@ -42,7 +42,7 @@ from typing import Any
 from .. import metrics
 from ..backends.base import RunState
 from ..core.clock import boottime
-from ..core.due import due_after, due_times
+from ..core.due import due_after, due_times, in_window
 from ..errors import ElectionError
 from ..runs import runonce
 from ..schedule.spec import check_policies, from_spec
@@ -437,8 +437,5 @@ class ScheduleOps(RunPolicy):
 
 
 def _inside(row: EntryRow, now: datetime) -> bool:
-    """Whether ``now`` is inside the row's start/expiry window."""
-    start, end = row.spec.get("start_at"), row.spec.get("expires_at")
-    if start is not None and now < datetime.fromisoformat(start):
-        return False
-    return end is None or now < datetime.fromisoformat(end)
+    """Whether ``now`` is inside the row's start/expiry window (``core.due.in_window``)."""
+    return in_window(now, row.spec.get("start_at"), row.spec.get("expires_at")) == now
