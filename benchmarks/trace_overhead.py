@@ -112,7 +112,7 @@ def child(mode: str, code: str, n: int, warmup: int) -> None:
             expected = RunState(at[0] - 1_000_000, 1, 7)
             request = RunRequest("tick", expected, at[0], 2, "", pending=True)
             claim = claim_of(lead, request, RunClaim(True, None, True))
-            send = sender._prepare(entry, claim)
+            send = sender.prepare(entry, claim)
             assert send is not None
             sender.publish(entry, send, producer)
 

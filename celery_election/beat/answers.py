@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from celery.schedules import crontab
 
@@ -73,6 +73,6 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def numeric(value: Any) -> bool:
+def numeric(value: Any) -> TypeGuard[int | float]:
     """Celery's ``is_numeric_value``: a delay, not None or a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -398,7 +398,8 @@ class LeaderSchedulerMixin(_Scheduler):
         if advance:  # Celery's reserve, then the send that takes its run
             entry = self.reserve(entry)
         run = self._ledger.pop(entry.name, None)
-        send = self._sender.prepare(entry, run)
+        claim = None if run is None else (run.claim or NOT_LEADING)
+        send = self._sender.prepare(entry, claim)
         if send is None:
             return None
         return self._sender.publish(entry, send, producer, **kwargs)

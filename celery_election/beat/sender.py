@@ -32,6 +32,7 @@ from ..election.shared_state import SharedLeadership
 from ..errors import ElectionError
 from ..runs.once import HEADER, RESENT, ROWS
 from ..settings import ElectionSettings
+from .answers import numeric
 from .confirms import Confirms, applies
 from .election import BeatTerm
 from .fence import BeatFence
@@ -87,15 +88,12 @@ class Sender:
 
     # -- one send ---------------------------------------------------------------------------
 
-    def prepare(self, entry: Any, run: Run | None, run_now: int | None = None) -> Send | None:
+    def prepare(self, entry: Any, claim: Claim | None, run_now: int | None = None) -> Send | None:
         """The fence at a send: its leadership and options, or None: not sent (logged).
 
-        ``run``: the claimed run the send is for (None: an unreserved send, sent while
-        this process leads in a term whose state it loaded).
+        ``claim``: the claimed run's (None: an unreserved send, sent while this process
+        leads in a term whose state it loaded).
         """
-        return self._prepare(entry, None if run is None else (run.claim or NOT_LEADING), run_now)
-
-    def _prepare(self, entry: Any, claim: Claim | None, run_now: int | None = None) -> Send | None:
         checked = boottime()  # read before the check: the history's rule for an act
         leading = self._lead_now()  # a term won since the last tick is promoted first
         fence = self.fence
@@ -115,7 +113,7 @@ class Sender:
         headers["election_term"] = lead.term
         options = {**entry.options, "headers": headers}
         expires = options.get("expires")
-        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        if numeric(expires):
             options["expires"] = self._expires_at(float(expires))
         if claim is not None:
             headers[HEADER] = claim.run
@@ -290,7 +288,7 @@ class Sender:
         A failed publish is logged, not raised (a claimed run is owed again by publish).
         """
         _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
-        send = self._prepare(entry, claim, run_now)
+        send = self.prepare(entry, claim, run_now)
         if send is None:
             return
         try:
@@ -352,7 +350,7 @@ class Sender:
         for run in runs:
             entry = run.entry
             _celery_log.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
-            send = self.prepare(entry, run)
+            send = self.prepare(entry, run.claim or NOT_LEADING)
             if send is None:
                 continue
             key = next(self._jobs)

@@ -214,7 +214,7 @@ def test_expires_is_counted_on_the_database_clock(
                                "options": {"expires": 300}})  # fmt: skip
     tick_until(s, lambda: s.sent)  # leading, its first run sent
     s._fence._offset_us = 3600 * 1_000_000  # as measured: the database an hour ahead
-    send = s._sender._prepare(s.schedule["job"], None)
+    send = s._sender.prepare(s.schedule["job"], None)
     assert send is not None
     when = send.options["expires"]
     db_now = time.time() + 3600
