@@ -487,9 +487,8 @@ MUTATIONS = [
       "if True:", SCHED),
     M("sched-dynamic-origin", OPS, "return entry.name not in self._identity and super().follows_deploys(entry)",
       "return super().follows_deploys(entry)", SCHED),
-    M("sched-window-start", OPS, "if start is not None and now < datetime.fromisoformat(start):",
-      "if False:", SCHED),
-    M("sched-window-end", OPS, "return end is None or now < datetime.fromisoformat(end)", "return True", SCHED),
+    M("sched-window-start", OPS, 'in_window(now, row.spec.get("start_at"), ', "in_window(now, None, ", SCHED),
+    M("sched-window-end", OPS, 'row.spec.get("expires_at")) == now', "None) == now", SCHED),
     M("sched-dynamic-paused", OPS, "if row.enabled and not row.paused and inside:", "if inside:", SCHED),
     # -- key holds (singleton tasks): each WHERE condition of a step, SQL and memory ---------
     # the hold's steps (sql_lease.hold_updates, memory_hold.py) are the lease's and a key's
