@@ -46,7 +46,7 @@ from ..core.lease import Bid, CandidateInfo, ElectResult, Lease, us
 from ..errors import ConfigurationError
 from . import sql_install
 from .base import Wakeup, WakeupHandle
-from .connection import LostRound, Timeouts, fork_lock
+from .connection import Timeouts, fork_lock
 from .dialect_base import LockRequest, StepStyle
 from .dialects import dialect_for
 from .locks import LivenessSession, lock_key
@@ -211,10 +211,7 @@ class SQLBackend(SQLCandidates):
                 return ElectResult(False, seen)
         params = bid_params(bid)
         vacant = {"namespace": ns, "term": 0, "expires_at": 0}
-        try:
-            return self._steps.take(params, vacant, timeout, connection)
-        except LostRound:
-            return self._steps.lost(params, timeout, connection)
+        return self._steps.take(params, vacant, timeout, connection)
 
     def renew(
         self,
@@ -246,10 +243,7 @@ class SQLBackend(SQLCandidates):
     ) -> bool:
         """Vacate the lease held by exactly (token, term). The term stays: it never goes back."""
         params = {"p_ns": namespace, "p_token": token, "p_term": term}
-        try:
-            result = self._steps.step("resigned", params, timeout, connection)
-        except LostRound:
-            return False
+        result = self._steps.tried("resigned", params, timeout, connection)
         return result is not None and result.won
 
     def take_over(
@@ -311,10 +305,7 @@ class SQLBackend(SQLCandidates):
         check_token(target.token)
         params = {"p_ns": namespace, "p_token": seen.token, "p_term": seen.term,
                   "p_target": target.token}  # fmt: skip
-        try:
-            result = self._steps.step("asked", params, timeout, None)
-        except LostRound:
-            return False
+        result = self._steps.tried("asked", params, timeout, None)
         return result is not None and result.won
 
     def liveness_session(self, namespace: str, delta: float, max_wait: float) -> LivenessSession:

@@ -18,7 +18,6 @@ from sqlalchemy.engine import Connection
 
 from ..core.keys import check_key, holder_lock_name, key_hash
 from ..core.lease import Bid, ElectResult, Lease, us
-from .connection import LostRound
 from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
@@ -119,10 +118,7 @@ class SQLKeyStore:
         params = self._params(bid)
         vacant = {"namespace": bid.namespace, "key_hash": params["p_kh"], "key": bid.key,
                   "term": 0, "expires_at": 0}  # fmt: skip
-        try:
-            return self._steps.take(params, vacant, timeout, None)
-        except LostRound:
-            return self._steps.lost(params, timeout, None)
+        return self._steps.take(params, vacant, timeout, None)
 
     def take_over(
         self, bid: Bid, seen: Lease, waited: float, *, timeout: float | None = None
@@ -150,10 +146,7 @@ class SQLKeyStore:
             rows = result.all() if self.returning else conn.execute(mine).all()
             return [h for h in map(lease_from_row, rows) if h is not None]
 
-        try:
-            return self.backend.call(work, table=t, write=True, timeout=timeout, connection=None)
-        except LostRound:
-            return []
+        return self.backend.call_write(work, table=t, lost=[], timeout=timeout)
 
     def release(
         self, namespace: str, key: str, token: str, term: int, *, timeout: float | None = None

@@ -263,6 +263,15 @@ class HoldSteps:
         assert lease is not None
         return ElectResult(True, lease)
 
+    def tried(
+        self, event: str, params: dict[str, Any], timeout: float | None, connection: Caller | None
+    ) -> ElectResult | None:
+        """``step``, a lost round (contention) as a step that matched nothing."""
+        try:
+            return self.step(event, params, timeout, connection)
+        except LostRound:
+            return None
+
     def lost(
         self, params: dict[str, Any], timeout: float | None, connection: Caller | None
     ) -> ElectResult:
@@ -276,10 +285,7 @@ class HoldSteps:
         self, event: str, params: dict[str, Any], timeout: float | None, connection: Caller | None
     ) -> ElectResult:
         """One step, won or lost (a lost round is lost), and the row after it."""
-        try:
-            result = self.step(event, params, timeout, connection)
-        except LostRound:
-            result = None
+        result = self.tried(event, params, timeout, connection)
         if result is not None and result.won:
             return result
         return result or self.lost(params, timeout, connection)
@@ -291,25 +297,28 @@ class HoldSteps:
         timeout: float | None,
         connection: Caller | None,
     ) -> ElectResult:
-        """Up to three rounds of the ``elected`` step; the first creates the row ``vacant``."""
+        """Up to three rounds of ``elected`` (the first creates the row ``vacant``); won or lost."""
         insert = self.host.db.insert_if_absent(self.table, vacant, "term")
         lost = ElectResult(False, None)
-        for _attempt in range(3):
-            result = self.step("elected", params, timeout, connection)
-            if result is not None and result.won:
-                return result
-            lost = result or self.lost(params, timeout, connection)
-            if lost.lease is None:
-                # never held: create the vacant row, then race
-                self.host.call(
-                    rowcount(insert),
-                    table=self.table,
-                    write=True,
-                    timeout=timeout,
-                    connection=connection,
-                )
-            elif lost.lease.held:
-                return lost
-            # else the row was vacant when read (a racer inserted it but has not taken it
-            # yet, or its holder just released it): try again
+        try:
+            for _attempt in range(3):
+                result = self.step("elected", params, timeout, connection)
+                if result is not None and result.won:
+                    return result
+                lost = result or self.lost(params, timeout, connection)
+                if lost.lease is None:
+                    # never held: create the vacant row, then race
+                    self.host.call(
+                        rowcount(insert),
+                        table=self.table,
+                        write=True,
+                        timeout=timeout,
+                        connection=connection,
+                    )
+                elif lost.lease.held:
+                    return lost
+                # else the row was vacant when read (a racer inserted it but has not taken
+                # it yet, or its holder just released it): try again
+        except LostRound:
+            return self.lost(params, timeout, connection)
         return lost
