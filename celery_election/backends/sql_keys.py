@@ -18,7 +18,6 @@ from sqlalchemy.engine import Connection
 
 from ..core.keys import check_key, holder_lock_name, key_hash
 from ..core.lease import Bid, ElectResult, Lease, us
-from .dialect_base import RETURNING, ROWCOUNT
 from .locks import lock_key
 from .schema import db_now_us
 from .sql_calls import rowcount
@@ -87,7 +86,7 @@ class SQLKeyStore:
     @functools.cached_property
     def _steps(self) -> HoldSteps:
         """The lease's runner over the key's row (no NOTIFY: nobody waits on a key)."""
-        style = RETURNING if self.returning else ROWCOUNT
+        style = self.backend.db.step_style(self.backend.engine)
         columns = lease_columns(self.table)
         statements = {n: style.statement(u, columns, n) for n, u in self._updates.items()}
         return HoldSteps(self.backend, self.table, statements, style, self._read)
