@@ -149,8 +149,7 @@ class MemoryRuns:
     def load(self, namespace: str, key: str) -> RunRecord | None:
         """The run of ``key``, or None."""
         self._enter("load")
-        with self._lock:
-            return self._rows.get((namespace, key))
+        return self.peek(namespace, key)
 
     def peek(self, namespace: str, key: str) -> RunRecord | None:
         """The run of ``key`` as a step of another store reads it (no call of its own)."""
