@@ -158,12 +158,6 @@ class SQLScheduleStore:
         rows = [r for r in self.changes(namespace, -1) if not r.deleted]
         return sorted(rows, key=lambda r: r.name)
 
-    def get(self, namespace: str, name: str) -> EntryRow | None:
-        t = self.entry
-        stmt = sa.select(t).where(where_key(t, namespace, entry_key(name)))
-        row = self._read(lambda conn: conn.execute(stmt).first(), t)
-        return None if row is None else entry_from_row(row)
-
     def db_now(self) -> int:
         """The database's clock (epoch microseconds)."""
         return int(
@@ -179,12 +173,12 @@ class SQLScheduleStore:
         returns the columns to write and the audit detail; it raises to refuse the change.
         """
         backend, t = self.backend, self.entry
-        key = entry_key(name)
+        this = sa.and_(t.c.namespace == namespace, t.c.entry_key == entry_key(name))
 
         def run(conn: Connection) -> EntryRow:
             version = self._bump(conn, namespace)
             now = int(conn.execute(sa.select(db_now_us())).scalar_one())
-            locked = sa.select(t).where(where_key(t, namespace, key))
+            locked = sa.select(t).where(this)
             found = conn.execute(backend.db.for_update(locked)).first()
             current = None if found is None else entry_from_row(found)
             if current is not None and current.deleted:
@@ -204,9 +198,9 @@ class SQLScheduleStore:
                         "created_at": now,
                         **values,
                     }
-                conn.execute(sa.update(t).where(where_key(t, namespace, key)).values(**values))
+                conn.execute(sa.update(t).where(this).values(**values))
             self._audit(conn, namespace, name, action, actor, now, detail)
-            row = conn.execute(sa.select(t).where(where_key(t, namespace, key))).one()
+            row = conn.execute(sa.select(t).where(this)).one()
             return entry_from_row(row)
 
         return backend.call_in_transaction(run, table=t)
@@ -566,7 +560,3 @@ def _sent(r: sa.Table) -> sa.ColumnElement[bool]:
     With an entry's key: only a beat's rows have one, and a policy's rows are dropped.
     """
     return r.c.state != DROPPED
-
-
-def where_key(t: sa.Table, namespace: str, key: str) -> sa.ColumnElement[bool]:
-    return sa.and_(t.c.namespace == namespace, t.c.entry_key == key)
