@@ -495,18 +495,12 @@ class SQLScheduleStore:
         read) and answers one row per entry: a day of a thousand entries is ~100,000 marks,
         and as many rows cost more to fetch and convert in Python than to group.
         """
-        stmt = self.marks_statement(namespaces, from_us, to_us, column_us)
+        stmt = marks_statement(self.run, _in(self.run, namespaces), from_us, to_us, column_us)
 
         def read(conn: Connection) -> list[EntryMarks]:
             return [entry_marks(*row) for row in conn.execute(stmt)]
 
         return self._read(read, self.run)
-
-    def marks_statement(
-        self, namespaces: Namespaces, from_us: int, to_us: int, column_us: int
-    ) -> sa.Select[Any]:
-        """The query of :meth:`marks` (``marks.marks_statement``)."""
-        return marks_statement(self.run, _in(self.run, namespaces), from_us, to_us, column_us)
 
     def runs_in(
         self, namespaces: Namespaces, key: str, from_us: int, to_us: int, *, limit: int = 20
@@ -516,20 +510,14 @@ class SQLScheduleStore:
         ``key`` is the entry's key (``entry_key(name)``): a removed entry has no name. What
         the timeline fetches when a column of it is pointed at.
         """
-        runs, counts = self.runs_in_statements(namespaces, key, from_us, to_us, limit=limit)
+        where = _in(self.run, namespaces)
+        runs, counts = runs_in_statements(self.run, where, key, from_us, to_us, limit=limit)
 
         def read(conn: Connection) -> tuple[list[RunRecord], dict[str, int]]:
             found = [record_from_row(row) for row in conn.execute(runs)]
             return found, {MARKS[int(m)]: int(n) for m, n in conn.execute(counts)}
 
         return self._read(read, self.run)
-
-    def runs_in_statements(
-        self, namespaces: Namespaces, key: str, from_us: int, to_us: int, *, limit: int = 20
-    ) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """The queries of :meth:`runs_in` (``marks.runs_in_statements``)."""
-        where = _in(self.run, namespaces)
-        return runs_in_statements(self.run, where, key, from_us, to_us, limit=limit)
 
     def prune_terms(self, namespace: str, older_than_us: int) -> int:
         """Forget the terms of election ``namespace`` that ended before ``older_than_us``."""

@@ -18,6 +18,7 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.core.lease import Bid
 from celery_election.errors import BackendUnavailableError, ConfigurationError
+from celery_election.schedule.marks import marks_statement, runs_in_statements
 from celery_election.schedule.store import (
     MARKS,
     EntryMarks,
@@ -345,9 +346,10 @@ def test_the_timelines_queries_read_the_namespace_and_window_by_index(
             conn.exec_driver_sql({"sqlite": f"ANALYZE {table}", "postgresql": f"ANALYZE {table}",
                                   "mysql": f"ANALYZE TABLE {table}"}[kind])  # fmt: skip
         hour = 3_600_000_000
+        this_ns = store.run.c.namespace == NS  # the store's reads of one namespace
         plans = {
-            "marks": store.marks_statement([NS], now - hour, now, 3_000_000),
-            "runs_in": store.runs_in_statements([NS], entry_key("e3"), now - hour, now)[0],
+            "marks": marks_statement(store.run, this_ns, now - hour, now, 3_000_000),
+            "runs_in": runs_in_statements(store.run, this_ns, entry_key("e3"), now - hour, now)[0],
         }
         for what, stmt in plans.items():
             plan = explain(b, stmt)
