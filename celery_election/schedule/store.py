@@ -460,17 +460,14 @@ class SQLScheduleStore:
         )
         self._do(lambda conn: conn.execute(stmt), t)
 
-    def terms(
-        self, from_us: int, to_us: int, namespaces: list[str] | None = None
-    ) -> list[TermRecord]:
+    def terms(self, from_us: int, to_us: int) -> list[TermRecord]:
         """Terms that overlap [from_us, to_us], by namespace and term."""
         t = self.term_table
-        stmt = sa.select(t).where(
-            t.c.started_at <= to_us, sa.func.coalesce(t.c.ended_at, t.c.seen_at) >= from_us
+        stmt = (
+            sa.select(t)
+            .where(t.c.started_at <= to_us, sa.func.coalesce(t.c.ended_at, t.c.seen_at) >= from_us)
+            .order_by(t.c.namespace, t.c.term)
         )
-        if namespaces is not None:
-            stmt = stmt.where(t.c.namespace.in_(namespaces))
-        stmt = stmt.order_by(t.c.namespace, t.c.term)
         rows = self._read(lambda conn: conn.execute(stmt).all(), t)
         return [
             TermRecord(
