@@ -33,6 +33,7 @@ __all__ = [
     "rank_of",
     "run_mark",
     "runs_in_statements",
+    "sent_runs",
 ]
 
 #: What a run looks like on the schedule page's timeline, least to most worrying: a column
@@ -68,6 +69,14 @@ class EntryMarks(NamedTuple):
 def late(r: sa.Table) -> sa.ColumnElement[bool]:
     """A run (of the run rows ``r``, ``task_start``) was sent late (SQL, per row)."""
     return sa.and_(r.c.due_at.is_not(None), r.c.started_at - r.c.due_at > LATE_US)
+
+
+def sent_runs(t: Any, namespace: str, key: Any) -> sa.ColumnElement[bool]:
+    """Entry ``key``'s runs in ``namespace`` a beat claimed to send (on its way, or done).
+
+    Not a dropped one: only a beat's rows have an entry's key, and a policy's are dropped.
+    """
+    return sa.and_(t.c.namespace == namespace, t.c.entry_key == key, t.c.state != DROPPED)
 
 
 def mark_of(r: sa.Table, value: Callable[[str], Any] = MARKS.index) -> sa.ColumnElement[int]:
@@ -146,14 +155,10 @@ def open_run_statement(r: sa.Table, namespace: str, key: Any) -> sa.Select[Any]:
     each end, whatever the history's size; the latest finish comes along (``last_finish``).
     ``r``: the run rows' table.
     """
-
-    def this(t: Any) -> sa.ColumnElement[bool]:
-        return sa.and_(t.c.namespace == namespace, t.c.entry_key == key, t.c.state != DROPPED)
-
     f = r.alias("finished")  # its own walk, never correlated with the row sought
     last = (
         sa.select(f.c.started_at)
-        .where(this(f), f.c.finished_at.is_not(None))
+        .where(sent_runs(f, namespace, key), f.c.finished_at.is_not(None))
         .order_by(f.c.started_at.desc())
         .limit(1)
         .correlate_except(f)
@@ -161,7 +166,7 @@ def open_run_statement(r: sa.Table, namespace: str, key: Any) -> sa.Select[Any]:
     )
     return (
         sa.select(r, last.label("last_finish"))
-        .where(this(r), r.c.finished_at.is_(None), r.c.started_at > last)
+        .where(sent_runs(r, namespace, key), r.c.finished_at.is_(None), r.c.started_at > last)
         .order_by(r.c.started_at, r.c.run_key)
         .limit(1)
     )

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 from ..backends.connection import LostRound
 from ..backends.schema import db_now_us, entry_key, key_type
 from ..backends.sql import SQLBackend
-from ..core.runstate import DROPPED, run_now_task_id
+from ..core.runstate import run_now_task_id
 from ..errors import BackendUnavailableError, ConfigurationError
 from .marks import (
     FAILED_OUTCOMES,
@@ -51,6 +51,7 @@ from .marks import (
     open_run_statement,
     run_mark,
     runs_in_statements,
+    sent_runs,
 )
 from .records import (
     AuditRecord,
@@ -344,7 +345,7 @@ class SQLScheduleStore:
         def latest(ns: str, key: Any) -> sa.Select[Any]:
             return (
                 sa.select(r)
-                .where(r.c.namespace == ns, r.c.entry_key == key, _sent(r))
+                .where(sent_runs(r, ns, key))
                 .order_by(r.c.started_at.desc(), r.c.run_key.desc())
                 .limit(1)
             )
@@ -537,11 +538,3 @@ def _in(t: sa.Table, namespaces: Namespaces) -> sa.ColumnElement[bool]:
     """The run rows of these namespaces (a standalone beat's, and an embedded one's)."""
     names = _names(namespaces)
     return t.c.namespace == names[0] if len(names) == 1 else t.c.namespace.in_(names)
-
-
-def _sent(r: sa.Table) -> sa.ColumnElement[bool]:
-    """A run a beat claimed to send (on its way, or done), not a dropped one.
-
-    With an entry's key: only a beat's rows have one, and a policy's rows are dropped.
-    """
-    return r.c.state != DROPPED
