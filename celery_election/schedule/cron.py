@@ -57,9 +57,6 @@ class CronFields:
             and d.isoweekday() % 7 in self.days_of_week
         )
 
-    def minutes_of_day(self) -> tuple[int, ...]:
-        return _minutes_of_day(self.hours, self.minutes)
-
 
 @lru_cache(maxsize=1024)
 def _minutes_of_day(hours: frozenset[int], minutes: frozenset[int]) -> tuple[int, ...]:
@@ -123,7 +120,7 @@ def _first_after(
     repeats wall-clock time already passed, and runs at a span's start for matching
     minutes the jump into it skipped.
     """
-    mods = fields.minutes_of_day()
+    mods = _minutes_of_day(fields.hours, fields.minutes)
     midnight = datetime.combine(day, time())
     best: datetime | None = None
     seen: datetime | None = None  # the highest wall-clock time reached so far
