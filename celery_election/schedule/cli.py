@@ -175,10 +175,6 @@ def history(ctx: click.Context, name: str, limit: int, as_json: bool) -> None:
     _table(["AT (UTC)", "KIND", "TERM", "TASK ID", "OUTCOME", "DURATION"], rows)
 
 
-def _json_option(name: str, help: str) -> Callable[[Any], Any]:
-    return click.option(name, default=None, help=help + " (JSON)")
-
-
 def _load(value: str | None, what: str) -> Any:
     if value is None:
         return None
@@ -196,9 +192,9 @@ def _entry_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--grace", type=float, help="A run later than this (s) is missed."),
         click.option("--overlap", type=click.Choice(OVERLAP), help="skip: not while running."),
         click.option("--overlap-timeout", type=float, help="A run older (s) no longer blocks."),
-        _json_option("--args", "Positional arguments"),
-        _json_option("--kwargs", "Keyword arguments"),
-        _json_option("--options", 'apply_async options, e.g. {"queue": "q"}'),
+        click.option("--args", help="Positional arguments (JSON)"),
+        click.option("--kwargs", help="Keyword arguments (JSON)"),
+        click.option("--options", help='apply_async options, e.g. {"queue": "q"} (JSON)'),
         click.option("--tz", help="The crontab's time zone (IANA name; default: the app's)."),
         click.option("--start", help="Not before this time (ISO 8601 with a zone)."),
         click.option("--expires", help="Not after this time (ISO 8601 with a zone)."),
