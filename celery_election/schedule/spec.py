@@ -270,14 +270,11 @@ def describe(spec: Mapping[str, Any]) -> str:
 def check_policies(values: Mapping[str, Any]) -> dict[str, Any]:
     """Policies with their defaults, checked; one clear error for a bad one."""
     out = {**POLICY_DEFAULTS, **{k: v for k, v in values.items() if k in POLICY_DEFAULTS}}
-    if out["catch_up"] not in CATCH_UP:
-        raise ConfigurationError(
-            f"catch_up must be one of {', '.join(CATCH_UP)}: got {out['catch_up']!r}"
-        )
-    if out["overlap"] not in OVERLAP:
-        raise ConfigurationError(
-            f"overlap must be one of {', '.join(OVERLAP)}: got {out['overlap']!r}"
-        )
+    for name, choices in (("catch_up", CATCH_UP), ("overlap", OVERLAP)):
+        if out[name] not in choices:
+            raise ConfigurationError(
+                f"{name} must be one of {', '.join(choices)}: got {out[name]!r}"
+            )
     for name, low in (("catch_up_max", 1), ("grace", 0), ("overlap_timeout", 0)):
         value = out[name]
         if value is None and name == "grace":
