@@ -110,10 +110,8 @@ def merge(static: Mapping[str, Mapping[str, Any]], rows: Sequence[EntryRow]) -> 
             overlays[name] = row  # a dynamic entry shadows nothing: keep it apart below
             row = None
         spec: dict[str, Any] = {}
-        try:
+        with contextlib.suppress(ConfigurationError):
             spec = to_spec(item.get("schedule"))
-        except ConfigurationError:
-            spec = {}
         policies = check_policies({**(item.get("options") or {}).get("election", {}),
                                    **(row.spec if row is not None else {})})  # fmt: skip
         out[name] = Entry(
