@@ -59,7 +59,6 @@ class _Window:
     from_us: int  # a column's edge
     to_us: int
     column_ms: int
-    first_ms: int  # from_us in milliseconds
 
 
 # -- what the page shows -----------------------------------------------------------------------
@@ -346,7 +345,7 @@ class Observer:
         keys, rows, total = self._mark_rows(window)
         return {
             "now_ms": _ms(window.now_us),
-            "from_ms": window.first_ms,
+            "from_ms": _ms(window.from_us),
             "to_ms": _ms(window.to_us),
             "oldest_ms": _ms(window.oldest_us),
             "column_ms": window.column_ms,
@@ -370,7 +369,7 @@ class Observer:
         columns = max(1, min(int(width or TIMELINE_WIDTH), TIMELINE_MAX_WIDTH))
         column_ms = max(1, -(-(to_us - from_us) // (columns * 1000)))
         first = (from_us // 1000) // column_ms * column_ms  # a column's edge
-        return _Window(now_us, oldest, first * 1000, to_us, column_ms, first)
+        return _Window(now_us, oldest, first * 1000, to_us, column_ms)
 
     def _mark_rows(self, window: _Window) -> tuple[list[str], list[list[Any]], int]:
         """The entries' keys, their rows of marks (``ROW_FIELDS``) and how many runs."""
