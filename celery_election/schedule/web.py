@@ -41,6 +41,7 @@ Security:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -373,18 +374,11 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, default=str).encode()
 
 
-_ASSETS: dict[str, bytes] = {}
-
-
+@functools.cache  # the page's few files (index.html and _STATIC), read once
 def _asset(name: str) -> bytes:
-    if name not in _ASSETS:
-        _ASSETS[name] = (
-            resources.files("celery_election.schedule")
-            .joinpath("webpage")
-            .joinpath(name)
-            .read_bytes()
-        )
-    return _ASSETS[name]
+    return (
+        resources.files("celery_election.schedule").joinpath("webpage").joinpath(name).read_bytes()
+    )
 
 
 def make_app(
