@@ -40,7 +40,7 @@ from _machine import machine_info
 from celery import Celery
 
 from celery_election.schedule import Schedule
-from celery_election.schedule.store import history_row
+from celery_election.schedule.records import history_row
 from celery_election.web import make_app, server
 
 HERE = Path(__file__).resolve().parent

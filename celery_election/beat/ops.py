@@ -45,8 +45,9 @@ from ..core.clock import boottime
 from ..core.due import due_after, due_times, in_window
 from ..errors import ElectionError
 from ..runs import runonce
+from ..schedule.records import EntryRow, history_row
 from ..schedule.spec import check_policies, from_spec
-from ..schedule.store import EntryRow, SQLScheduleStore, history_row, schedule_store
+from ..schedule.store import SQLScheduleStore, schedule_store
 from .answers import Answers, shared_answer
 from .catchup import Decision, decide
 from .election import BeatTerm

@@ -22,7 +22,7 @@ row, which the page, the overlap policy and the overdue alarm read.
 
 Everything here is plain data (the spec is JSON); what a spec means is the Celery side's
 (``celery_election/schedule.py``). The rows it hands out are ``records.py``'s; the
-timeline's marks and their queries are ``marks.py``'s (both re-exported here).
+timeline's marks and their queries are ``marks.py``'s.
 """
 
 from __future__ import annotations
@@ -42,14 +42,11 @@ from ..backends.sql import SQLBackend
 from ..core.runstate import run_now_task_id
 from ..errors import BackendUnavailableError, ConfigurationError
 from .marks import (
-    FAILED_OUTCOMES,
-    LATE_US,
     MARKS,
     EntryMarks,
     entry_marks,
     marks_statement,
     open_run_statement,
-    run_mark,
     runs_in_statements,
     sent_runs,
 )
@@ -59,7 +56,6 @@ from .records import (
     RunRecord,
     TermRecord,
     entry_from_row,
-    history_row,
     opt_int,
     record_from_row,
 )
@@ -67,21 +63,7 @@ from .records import (
 if TYPE_CHECKING:
     from ..backends.sql_host import SQLHost
 
-__all__ = [
-    "FAILED_OUTCOMES",
-    "LATE_US",
-    "MARKS",
-    "AuditRecord",
-    "EntryMarks",
-    "EntryRow",
-    "RunRecord",
-    "SQLScheduleStore",
-    "TermRecord",
-    "entry_marks",
-    "history_row",
-    "run_mark",
-    "schedule_store",
-]
+__all__ = ["SQLScheduleStore", "schedule_store"]
 
 T = TypeVar("T")
 #: The namespaces whose run rows a read covers (a standalone beat's, an embedded one's).

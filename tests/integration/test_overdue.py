@@ -22,7 +22,8 @@ from celery_election.backends.schema import entry_key
 from celery_election.core.lease import Bid
 from celery_election.schedule import Schedule
 from celery_election.schedule.overdue import OverdueWatch
-from celery_election.schedule.store import SQLScheduleStore, history_row, schedule_store
+from celery_election.schedule.records import history_row
+from celery_election.schedule.store import SQLScheduleStore, schedule_store
 
 from ..conftest import claim_run, token, unique_prefix
 from ..support.history import claimed, ended, run_row

@@ -26,7 +26,7 @@ from celery_election.core import runstate
 from celery_election.core.clock import boottime
 from celery_election.core.runstate import CLAIMED, run_key, run_now_task_id
 from celery_election.schedule import Schedule
-from celery_election.schedule.store import history_row
+from celery_election.schedule.records import history_row
 
 from ..conftest import url_for
 from ..support.history import ended, run_row

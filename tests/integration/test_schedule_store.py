@@ -18,16 +18,15 @@ from celery_election.backends import SQLBackend, backend_from_url
 from celery_election.backends.schema import entry_key
 from celery_election.core.lease import Bid
 from celery_election.errors import BackendUnavailableError, ConfigurationError
-from celery_election.schedule.marks import marks_statement, runs_in_statements
-from celery_election.schedule.store import (
+from celery_election.schedule.marks import (
     MARKS,
     EntryMarks,
-    EntryRow,
-    SQLScheduleStore,
-    history_row,
+    marks_statement,
     run_mark,
-    schedule_store,
+    runs_in_statements,
 )
+from celery_election.schedule.records import EntryRow, history_row
+from celery_election.schedule.store import SQLScheduleStore, schedule_store
 
 from ..conftest import EVERY_SQL, SQL_KINDS, expire, token, url_for
 from ..support.history import claimed, ended, run_row

@@ -20,7 +20,8 @@ from celery_election.backends import SQLBackend
 from celery_election.backends.schema import PROTOCOL, SCHEMA_VERSION, entry_key
 from celery_election.core.lease import Bid
 from celery_election.errors import IncompatibleSchemaError
-from celery_election.schedule.store import run_mark, schedule_store
+from celery_election.schedule.marks import run_mark
+from celery_election.schedule.store import schedule_store
 
 from ..conftest import unique_prefix, url_for
 from ..support.history import run_row

@@ -31,7 +31,8 @@ from celery_election.backends.schema import entry_key
 from celery_election.core.lease import Bid
 from celery_election.ops.cli import election
 from celery_election.schedule import Schedule
-from celery_election.schedule.store import history_row, schedule_store
+from celery_election.schedule.records import history_row
+from celery_election.schedule.store import schedule_store
 from celery_election.web import Observer, WebApp, make_app, server
 
 from ..conftest import by_entry, claim_run

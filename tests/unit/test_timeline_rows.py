@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from celery_election.backends.schema import ordered_concat
-from celery_election.schedule.store import MARKS, EntryMarks, entry_marks
+from celery_election.schedule.marks import MARKS, EntryMarks, entry_marks
 
 LATE, FAILED, ON_TIME = MARKS.index("late"), MARKS.index("failed"), MARKS.index("on-time")
 
