@@ -49,8 +49,8 @@ JSON):
   stock's in the same repetition and mode: the added latency of the claim.
 * ``tick p50``: the whole ``tick()`` that sent (adds Celery's ``schedules_equal`` check,
   the heap, and any heap rebuild).
-* ``claim p50``: ``backend.beat.claim_run()`` alone (timed by wrapping the store's
-  method).
+* ``claim p50``: ``backend.beat.claim_runs()`` alone (timed by wrapping the store's
+  method; a tick's one due entry is a batch of one).
 * ``stmt/tick``: SQL statements the scheduler thread sent per sent tick, counted with a
   SQLAlchemy ``before_cursor_execute`` listener on the backend's engine; BEGIN / COMMIT /
   ROLLBACK are not statements here (SQLite's backend sends ``BEGIN IMMEDIATE`` through
@@ -210,7 +210,7 @@ class LeaderBench(Instrumented, LeaderScheduler):
 
 
 def instrument_backend(backend: Any, probe: Probe) -> Any:
-    """Count statements on the backend's engine and time claim_run. Returns a remover."""
+    """Count statements on the backend's engine and time claim_runs. Returns a remover."""
     main = threading.get_ident()
     engine = backend.engine
 
@@ -234,18 +234,17 @@ def instrument_backend(backend: Any, probe: Probe) -> Any:
     sa.event.listen(engine, "commit", on_commit)
 
     store = backend.beat
-    original = store.claim_run
+    original = store.claim_runs
 
     def timed_claim(*args: Any, **kwargs: Any) -> Any:
         t0 = perf()
-        claim = original(*args, **kwargs)
+        claims = original(*args, **kwargs)
         if probe.active:
             probe.claim.append(perf() - t0)
-            if not claim.won:
-                probe.claims_refused += 1
-        return claim
+            probe.claims_refused += sum(not claim.won for claim in claims)
+        return claims
 
-    store.claim_run = timed_claim
+    store.claim_runs = timed_claim
 
     def remove() -> None:
         with contextlib.suppress(Exception):
