@@ -257,14 +257,17 @@ class ElectionSettings:
             cached = (_stamp(conf), parsed)
             app.__dict__[_CACHE] = cached
         settings: ElectionSettings = cached[1]
-        if enabled is None and namespace is None and metrics_port is None and eligible is None:
+        given = {
+            "election_enabled": enabled,
+            "election_namespace": namespace,
+            "election_metrics_port": metrics_port,
+            "election_eligible": eligible,
+        }
+        if all(value is None for value in given.values()):
             return settings
         values = read_values(conf)
-        if metrics_port is not None:
-            values = {**values, "election_metrics_port": metrics_port}
-        if eligible is not None:
-            values = {**values, "election_eligible": eligible}
-        return cls._parse(conf, values, enabled=enabled, namespace=namespace)
+        values.update((name, value) for name, value in given.items() if value is not None)
+        return cls._parse(conf, values)
 
     @staticmethod
     def set_metrics_port(app: Any, port: int) -> None:
@@ -281,19 +284,12 @@ class ElectionSettings:
         app.conf.election_eligible = eligible
 
     @classmethod
-    def _parse(
-        cls,
-        conf: Any,
-        values: Mapping[str, Any],
-        *,
-        enabled: bool | None = None,
-        namespace: str | None = None,
-    ) -> ElectionSettings:
+    def _parse(cls, conf: Any, values: Mapping[str, Any]) -> ElectionSettings:
         """Check every setting; one ConfigurationError with every problem."""
         read = _Reader(values)
         url, source, split = _election_url(conf, read)
         # None means "not set"; an empty string is a mistake, not "default"
-        chosen = namespace if namespace is not None else values.get("election_namespace")
+        chosen = values.get("election_namespace")
         ns = read.check(validate_namespace, "default" if chosen is None else chosen, "default")
         prefix = values.get("election_table_prefix")
         prefix = DEFAULT_TABLE_PREFIX if prefix is None else prefix
@@ -305,7 +301,7 @@ class ElectionSettings:
         config = read.check(ElectionConfig.from_settings, values, None)
         auto_install = read.flag("election_auto_install", True)
         listen = read.flag("election_listen", True)
-        on = read.flag("election_enabled", False, enabled)
+        on = read.flag("election_enabled", False)
         eligible, release = read.flag("election_eligible", True), read.text("election_release")
         listen_url = read.text("election_listen_url")
         direct_url = read.text("election_direct_url")
@@ -393,8 +389,8 @@ class _Reader:
             return None
         return value
 
-    def flag(self, key: str, default: bool, given: bool | None = None) -> bool:
-        value = self.values.get(key) if given is None else given
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.values.get(key)
         if value is None:
             return default
         if not isinstance(value, bool):
