@@ -269,20 +269,6 @@ class ElectionSettings:
         values.update((name, value) for name, value in given.items() if value is not None)
         return cls._parse(conf, values)
 
-    @staticmethod
-    def set_metrics_port(app: Any, port: int) -> None:
-        """Make ``celery beat --election-metrics-port`` the setting.
-
-        Beat hands its options to no step; the setting is checked with the others when the
-        scheduler reads them.
-        """
-        app.conf.election_metrics_port = port
-
-    @staticmethod
-    def set_eligible(app: Any, eligible: bool) -> None:
-        """Make ``celery beat --election-eligible / --no-election-eligible`` the setting."""
-        app.conf.election_eligible = eligible
-
     @classmethod
     def _parse(cls, conf: Any, values: Mapping[str, Any]) -> ElectionSettings:
         """Check every setting; one ConfigurationError with every problem."""

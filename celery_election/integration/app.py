@@ -81,14 +81,14 @@ def _add_options(app: Celery) -> None:
         )
     )
     # ``celery beat`` hands unknown options to ``app.Beat``, which drops them: the option
-    # sets the setting instead (settings.py), which the LeaderScheduler reads.
+    # sets its setting instead (``_set_beat_setting``), which the LeaderScheduler reads.
     app.user_options["beat"].add(
         click.Option(
             ["--election-metrics-port"],
             type=int,
             default=None,
             expose_value=False,
-            callback=_set_beat_metrics_port,
+            callback=_set_beat_setting,
             help="LeaderScheduler: serve /metrics, /healthz and /readyz on this port "
             "(default: the election_metrics_port setting; needs celery-election[metrics]).",
         )
@@ -98,7 +98,7 @@ def _add_options(app: Celery) -> None:
             ["--election-eligible/--no-election-eligible"],
             default=None,
             expose_value=False,
-            callback=_set_beat_eligible,
+            callback=_set_beat_setting,
             help="LeaderScheduler: whether this beat may lead (default: the "
             "election_eligible setting, True).",
         )
@@ -121,14 +121,10 @@ def _warn_unchecked() -> None:
     task_prerun.connect(started, weak=False, dispatch_uid="celery_election.unchecked")
 
 
-def _set_beat_metrics_port(ctx: click.Context, _param: click.Parameter, port: int | None) -> None:
-    if port is not None:
-        ElectionSettings.set_metrics_port(ctx.find_root().obj.app, port)
-
-
-def _set_beat_eligible(ctx: click.Context, _param: click.Parameter, on: bool | None) -> None:
-    if on is not None:
-        ElectionSettings.set_eligible(ctx.find_root().obj.app, on)
+def _set_beat_setting(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """Make a ``celery beat`` option its setting (``param.name``), checked with the others."""
+    if value is not None:
+        setattr(ctx.find_root().obj.app.conf, str(param.name), value)
 
 
 def _route_leader_tasks(app: Celery) -> None:
