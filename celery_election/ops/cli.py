@@ -33,6 +33,9 @@ from ..backends import Backend, SQLBackend, backend_from_url
 from ..backends.sql import DEFAULT_TABLE_PREFIX
 from ..core.lease import CandidateInfo, Lease
 from ..errors import ElectionError, SchemaMissingError
+from ..keys.cli import key_commands
+from ..schedule.cli import schedule
+from ..schedule.cli_web import web
 from ..settings import is_postgres
 
 __all__ = ["election", "main"]
@@ -446,24 +449,6 @@ def demo(demo_url: str | None, ttl: float, keep: bool, history: str | None) -> N
     sys.exit(run(url=demo_url, ttl=ttl, keep=keep, history=history))
 
 
-def _add_schedule() -> None:
-    from ..schedule.cli import schedule
-
-    election.add_command(schedule)
-
-
-_add_schedule()
-
-
-def _add_web() -> None:
-    from ..schedule.cli_web import web
-
-    election.add_command(web)
-
-
-_add_web()
-
-
 @contextmanager
 def _using_store(ctx: click.Context, namespace: str | None) -> Iterator[Target]:
     """A target for the key commands: any namespace (keys need no election)."""
@@ -472,14 +457,10 @@ def _using_store(ctx: click.Context, namespace: str | None) -> Iterator[Target]:
         yield t
 
 
-def _add_keys() -> None:
-    from ..keys.cli import key_commands
-
-    for command in key_commands(_using_store, _namespace):
-        election.add_command(command)
-
-
-_add_keys()
+election.add_command(schedule)
+election.add_command(web)
+for command in key_commands(_using_store, _namespace):
+    election.add_command(command)
 
 
 def main() -> None:
