@@ -66,7 +66,6 @@ class Demo:
         self.backend.install()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.seen = 0
-        self.faults: list[float] = []
         self.env = {
             **os.environ,
             "DEMO_BROKER": f"sqla+sqlite:///{self.tmp}/broker.db",
@@ -147,13 +146,9 @@ class Demo:
             time.sleep(0.2)
         raise RuntimeError(f"gave up waiting for {what} after {timeout:.0f}s")
 
-    def lease(self) -> Lease | None:
-        lease: Lease | None = self.backend.current("demo")
-        return lease if lease is not None and lease.held else None
-
     def leader(self, other_than: str | None = None) -> str | None:
-        lease = self.lease()
-        who = lease.leader_id.split("@")[0] if lease and lease.leader_id else None
+        lease: Lease | None = self.backend.current("demo")
+        who = lease.leader_id.split("@")[0] if lease and lease.held and lease.leader_id else None
         return who if who and who != other_than else None
 
     def ticks(self, more: int) -> None:
@@ -180,7 +175,6 @@ class Demo:
             f"follower takes over about a second later (before its lease could end)."
         )
         killed = time.time()
-        self.faults.append(killed)
         self.procs[first].send_signal(signal.SIGKILL)
         self.procs[first].wait()
         second = self.wait("a new leader", lambda: self.leader(other_than=first), self.ttl + 30)
@@ -200,7 +194,6 @@ class Demo:
         print(
             f"\n3. Stop the leader {second} cleanly (SIGTERM): it resigns, a follower takes over."
         )
-        self.faults.append(time.time())
         self.procs[second].send_signal(signal.SIGTERM)
         third = self.wait("the handoff", lambda: self.leader(other_than=second), 30)
 
