@@ -38,12 +38,9 @@ def tick_late(values: dict[str, int], namespace: str, now: float) -> float | Non
 
 def mark_tick(namespace: str, next_in: float) -> None:
     """A beat's tick loop went round; it expects to go round again in ``next_in`` s."""
-    s = counters.in_use()
-    if s is None:
-        return
     now = boottime()
-    s.set(key(TICK, namespace, "last"), int(now * 1e6))
-    s.set(key(TICK, namespace, "due"), int((now + next_in) * 1e6))
+    set_gauge(key(TICK, namespace, "last"), int(now * 1e6))
+    set_gauge(key(TICK, namespace, "due"), int((now + next_in) * 1e6))
 
 
 def allow_start(namespace: str, seconds: float) -> None:
