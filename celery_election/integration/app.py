@@ -115,10 +115,7 @@ def _warn_unchecked() -> None:
 
     from ..runs.once import warn_unchecked
 
-    def started(task: Any = None, **_: Any) -> None:
-        warn_unchecked(task)
-
-    task_prerun.connect(started, weak=False, dispatch_uid="celery_election.unchecked")
+    task_prerun.connect(warn_unchecked, weak=False, dispatch_uid="celery_election.unchecked")
 
 
 def _set_beat_setting(ctx: click.Context, param: click.Parameter, value: Any) -> None:

@@ -128,13 +128,13 @@ def guard(task: Any, task_id: str, *, always: bool) -> None:
 _unchecked_warned: set[str] = set()
 
 
-def warn_unchecked(task: Any) -> None:
+def warn_unchecked(task: Any, **_: Any) -> None:
     """A beat run reaching a task nothing checks here: say so once per task and process.
 
     Without the check a run the beat sends again, or the broker redelivers, runs again,
     silently (window 11 of issue 52): a worker without ``--election``, a pool child
     started by spawn (it does not inherit the check), a task registered after the worker
-    step wrapped the others. Called before every task starts (``task_prerun``).
+    step wrapped the others. Called before every task starts (a ``task_prerun`` receiver).
     """
     cls = type(task)
     if task.name in _unchecked_warned or _header(task.request, HEADER) is None:
