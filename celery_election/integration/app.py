@@ -47,42 +47,36 @@ def init_app(app: Celery) -> Celery:
 
 def _add_options(app: Celery) -> None:
     """The ``celery worker`` and ``celery beat`` options of the election."""
-    app.user_options["worker"].add(
+    app.user_options["worker"] |= {
         click.Option(
             ["--election/--no-election"],
             default=None,
             help="Run a leader elector in this worker (default: the election_enabled "
             "setting). Not -E: that is --task-events.",
-        )
-    )
-    app.user_options["worker"].add(
+        ),
         click.Option(
             ["--election-namespace"],
             default=None,
             help="Election namespace: workers of one namespace elect one leader "
             "(default: the election_namespace setting, or 'default').",
-        )
-    )
-    app.user_options["worker"].add(
+        ),
         click.Option(
             ["--election-eligible/--no-election-eligible"],
             default=None,
             help="Whether this worker may lead (default: the election_eligible setting, "
             "True). An ineligible worker takes part and is listed, but never leads.",
-        )
-    )
-    app.user_options["worker"].add(
+        ),
         click.Option(
             ["--election-metrics-port"],
             type=int,
             default=None,
             help="Serve /metrics, /healthz and /readyz on this port (default: the "
             "election_metrics_port setting; needs celery-election[metrics]).",
-        )
-    )
+        ),
+    }
     # ``celery beat`` hands unknown options to ``app.Beat``, which drops them: the option
     # sets its setting instead (``_set_beat_setting``), which the LeaderScheduler reads.
-    app.user_options["beat"].add(
+    app.user_options["beat"] |= {
         click.Option(
             ["--election-metrics-port"],
             type=int,
@@ -91,9 +85,7 @@ def _add_options(app: Celery) -> None:
             callback=_set_beat_setting,
             help="LeaderScheduler: serve /metrics, /healthz and /readyz on this port "
             "(default: the election_metrics_port setting; needs celery-election[metrics]).",
-        )
-    )
-    app.user_options["beat"].add(
+        ),
         click.Option(
             ["--election-eligible/--no-election-eligible"],
             default=None,
@@ -101,8 +93,8 @@ def _add_options(app: Celery) -> None:
             callback=_set_beat_setting,
             help="LeaderScheduler: whether this beat may lead (default: the "
             "election_eligible setting, True).",
-        )
-    )
+        ),
+    }
 
 
 def _warn_unchecked() -> None:
