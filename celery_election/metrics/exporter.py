@@ -208,7 +208,7 @@ def _singleton_families(values: dict[str, int]) -> Iterator[Any]:
         if parts[0] == KEY and len(parts) == 3:
             by_task.setdefault(parts[1], {})[parts[2]] = v
     for task, n in sorted(by_task.items()):
-        for outcome in ("run", "skipped", "requeued", "raised"):
+        for outcome in TASK_OUTCOMES:  # a singleton task's outcomes are a leader task's
             runs.add_metric([task, outcome], float(n.get(outcome, 0)))
         held.add_metric([task], float(max(0, n.get("run", 0) - n.get("ended", 0))))
         waits.add_metric([task], float(n.get("waited", 0)))
