@@ -81,7 +81,7 @@ from ..errors import ConfigurationError, ElectionError, NotLeaderError
 from ..release import RELEASE
 from .announce import Announcer
 from .belief import Belief
-from .lock_thread import LockThread, lock_status, start_lock_thread
+from .lock_thread import LockThread, lock_proof, lock_status, start_lock_thread
 from .loop import Candidate, ElectionLoop, Request
 
 __all__ = [
@@ -97,7 +97,6 @@ __all__ = [
     "exponential_backoff",
 ]
 
-_NO_PROOF = Proof()
 #: every Elector made in this process (``electors()`` lists the started ones)
 _electors: weakref.WeakSet[Elector] = weakref.WeakSet()
 
@@ -241,8 +240,7 @@ class Elector:
     # -- public view (no I/O, safe from any thread) -------------------------------------------
 
     def _proof(self) -> Proof:
-        live = self._live
-        return _NO_PROOF if live is None else live.proof
+        return lock_proof(self._live)
 
     @property
     def is_leader(self) -> bool:

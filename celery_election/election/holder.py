@@ -37,7 +37,7 @@ from ..core.decisions import LockNews, Proof, trust_end
 from ..core.lease import Bid, Lease, trusted_until
 from ..core.transitions import Lead
 from ..errors import BackendUnavailableError, ConfigurationError
-from .lock_thread import LockThread
+from .lock_thread import LockThread, lock_proof
 
 __all__ = ["Held", "KeyHolder"]
 
@@ -56,7 +56,7 @@ class _Session:
     @property
     def proof(self) -> Proof:
         """What the lock proves (the lock thread's: a tagged hold's trust is bound by it)."""
-        return Proof() if self.live is None else self.live.proof
+        return lock_proof(self.live)
 
 
 @dataclass

@@ -21,9 +21,11 @@ from ..core.config import ElectionConfig
 from ..core.decisions import LockNews, Proof, extend, granted
 from ..errors import BackendUnavailableError
 
-__all__ = ["LockThread", "lock_status", "start_lock_thread"]
+__all__ = ["LockThread", "lock_proof", "lock_status", "start_lock_thread"]
 
 log = logging.getLogger(__name__)
+
+_NO_PROOF = Proof()
 
 
 class LockThread:
@@ -264,6 +266,11 @@ def start_lock_thread(
         # standbys cover the next failover meanwhile: a cold one need not connect often.
         cold_wait=config.fallback_interval,
     )
+
+
+def lock_proof(live: LockThread | None) -> Proof:
+    """What ``live``'s lock proves now (nothing without a lock thread)."""
+    return _NO_PROOF if live is None else live.proof
 
 
 def lock_status(live: LockThread | None) -> str:

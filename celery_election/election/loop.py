@@ -32,14 +32,12 @@ from ..core.transitions import Backoff, Lead, RevokeReason
 from . import steps
 from .announce import Announcer
 from .belief import Belief
-from .lock_thread import LockThread
+from .lock_thread import LockThread, lock_proof
 from .steps import BackendCalls, Candidate, Following, Leading, Reading, Request
 
 __all__ = ["Candidate", "ElectionLoop", "Request"]
 
 log = logging.getLogger("celery_election.election.elector")
-
-_NO_PROOF = Proof()
 
 
 #: what other threads post to the election thread
@@ -109,11 +107,6 @@ class ElectionLoop:
     @property
     def failures(self) -> int:
         return self._calls.failures
-
-    @property
-    def greatest_term(self) -> int:
-        """The greatest term seen: a floor for the next (kept across a restart)."""
-        return self._reading.greatest_term
 
     @property
     def wakeup(self) -> WakeupHandle | None:
@@ -252,10 +245,6 @@ class ElectionLoop:
     def _subscribe(self) -> None:
         self._wakeup = self.backend.subscribe_wakeups(self.namespace, self.post)
 
-    def _proof(self) -> Proof:
-        live = self._live
-        return _NO_PROOF if live is None else live.proof
-
     def _seen(
         self, now: float, proof: Proof | None = None, *, held_back: bool = False
     ) -> rules.Seen:
@@ -282,6 +271,11 @@ class ElectionLoop:
         """The delta a step tags its term with: only while the lock is held."""
         return self._live.delta if self._live is not None and proof.has_lock else None
 
+    def _lead_of(self, term: int, started: float, proof: Proof, tag: float | None) -> Lead:
+        """What a step started at ``started`` won: a tagged one is bound by the grant it sent."""
+        until = trusted_until(started, self.config.ttl, self.config.safety_margin)
+        return Lead(term, until, proof.grant if tag is not None else None)
+
     def _want_lock(self, wanted: bool) -> None:
         """Ask the lock thread for the lock, or to give it back."""
         if self._live is not None:
@@ -298,7 +292,7 @@ class ElectionLoop:
             return f.look_at - now
         # One reading of the lock's proof decides the call and tags it: read twice, a
         # grant lost in between chose a take-over and then sent it untagged (a chaos run).
-        proof = self._proof()
+        proof = lock_proof(self._live)
         # how long a vacancy waits for the lock's holder to elect before anyone may
         grace = self.config.liveness or 0.0
         call, waited = rules.follower_call(self._seen(now, proof), grace)
@@ -323,10 +317,7 @@ class ElectionLoop:
         reading.read(lease, now, looked=call is Call.LOOK)
         if lease is not None and lease.held:  # a leader again: the vacancy is over
             self._back = steps.HoldingBack()
-        lead = None
-        if lease is not None:
-            lease_until = trusted_until(now, self.config.ttl, self.config.safety_margin)
-            lead = Lead(lease.term, lease_until, proof.grant if tag is not None else None)
+        lead = None if lease is None else self._lead_of(lease.term, now, proof, tag)
         in_time = lead is not None and self._clock.monotonic() < rules.trust_end(lead, proof)
         step = rules.after_elect(result, c.token, in_time=in_time, had=reading.had)
         if step is Next.ACCEPT:  # handed to us: believed only once renewed
@@ -356,8 +347,7 @@ class ElectionLoop:
             return self._calls.retry_delay()
         self._reading.read(result.lease, started)
         self._reading.had = max(self._reading.had, term)
-        lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
-        lead = Lead(term, lease_until, proof.grant if tag is not None else None)
+        lead = self._lead_of(term, started, proof, tag)
         in_time = self._clock.monotonic() < rules.trust_end(lead, proof)
         step = rules.after_renew(result, term, c.token, in_time=in_time)
         if step is Next.LEAD or step is Next.GIVE_UP:
@@ -421,7 +411,7 @@ class ElectionLoop:
         trusted = belief.trusted()
         if self._live is not None and trusted is not None:
             self._want_lock(True)  # a leader holds the lock (if it can: tagged from then on)
-        proof = self._proof()
+        proof = lock_proof(self._live)
         tag = self._tag(proof)
         if tag is not None and trusted is not None and not trusted.tagged:
             # Belief tightens before the row says so, and loosens only after.
@@ -437,8 +427,7 @@ class ElectionLoop:
         self._reading.read(result.lease, started)
         step = rules.after_renew(result, term, token, in_time=belief.trusted() is not None)
         if step is Next.LEAD:
-            lease_until = trusted_until(started, self.config.ttl, self.config.safety_margin)
-            belief.extend(Lead(term, lease_until, proof.grant if tag is not None else None))
+            belief.extend(self._lead_of(term, started, proof, tag))
             lead.renew_at = started + self._jittered(self.config.renew_interval, up=False)
             asked = rules.transfer_asked(result.lease, token, term)
             if asked is not None:
