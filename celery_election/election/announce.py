@@ -75,14 +75,6 @@ class Announcer:
             self._events.append((item, list(self._subscriptions)))
         self.sleeper.wake()
 
-    def recovered(self) -> None:
-        """The database answers again: the next error is logged at once."""
-        self.post(RECOVERED)
-
-    def wake(self) -> None:
-        """Look again now (a trust window may end earlier than planned)."""
-        self.sleeper.wake()
-
     def subscribe(self) -> Subscription:
         """A new ordered stream of transitions."""
         sub = Subscription(self.unsubscribe)

@@ -480,7 +480,7 @@ class Elector:
             self._belief.republish()
             return
         self._loop.post(news)
-        self._announcer.wake()  # trust may end earlier now: announce it on time
+        self._announcer.sleeper.wake()  # trust may end earlier now: announce it on time
 
     def _expire(self) -> float | None:
         """For the dispatcher: end belief whose trust ran out, and let the lock go."""

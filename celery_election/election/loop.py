@@ -578,7 +578,7 @@ class ElectionLoop:
                 self._calls(self.backend.unregister, self.namespace, self.candidate.token)
         with self._belief.changed:
             self._belief.changed.notify_all()
-        self._calls.announcer.wake()
+        self._calls.announcer.sleeper.wake()
 
     def _jittered(self, seconds: float, *, up: bool = True) -> float:
         """``seconds`` stretched or shrunk by up to the jitter fraction (only shrunk if not up)."""

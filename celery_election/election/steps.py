@@ -20,7 +20,7 @@ from ..core.config import ElectionConfig
 from ..core.lease import Lease
 from ..core.stats import ElectorStats
 from ..core.transitions import Backoff
-from .announce import Announcer
+from .announce import RECOVERED, Announcer
 
 __all__ = ["BackendCalls", "Candidate", "Following", "HoldingBack", "Leading", "Reading", "Request"]
 
@@ -152,7 +152,7 @@ class BackendCalls:
         self._stats.call(op, time.perf_counter() - began, True)
         if self.failures:
             log.info("election database reachable again (namespace %r)", self._namespace)
-            self.announcer.recovered()
+            self.announcer.post(RECOVERED)  # the next error is logged at once
         self.failures = 0
         return result
 
