@@ -34,29 +34,19 @@ class Request(enum.Enum):
     STOP = "stop"
 
 
+@dataclass(slots=True, eq=False)  # one elector run: equal only to itself
 class Candidate:
     """Who runs for the namespace: the names and the secret token of one elector run."""
 
-    __slots__ = (
-        "candidate_id", "eligible", "hostname", "namespace", "register", "release", "token",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        namespace: str,
-        candidate_id: str,
-        hostname: str,
-        token: str,
-        register: bool,
-        eligible: bool = True,
-        release: str | None = None,
-    ) -> None:
-        self.namespace, self.candidate_id, self.hostname = namespace, candidate_id, hostname
-        self.token, self.register = token, register
-        #: it may take a term (``election_eligible``): else it only reads the row
-        self.eligible = eligible
-        #: the release it runs: it holds back from a vacancy while a newer one lives
-        self.release = release
+    namespace: str
+    candidate_id: str
+    hostname: str
+    token: str = field(repr=False)
+    register: bool
+    #: it may take a term (``election_eligible``): else it only reads the row
+    eligible: bool = True
+    #: the release it runs: it holds back from a vacancy while a newer one lives
+    release: str | None = None
 
 
 @dataclass
