@@ -109,9 +109,14 @@ def electors() -> list[Elector]:
     return [e for e in list(_electors) if e.snapshot().started]
 
 
-class Timings(TypedDict, total=False):
-    """The timing keyword arguments of an Elector: ElectionConfig's fields (seconds)."""
+class ElectorOptions(TypedDict, total=False):
+    """The keyword arguments of ``Elector(backend, namespace, candidate_id, **options)``.
 
+    AsyncElector takes and forwards the same (``**options: Unpack[ElectorOptions]``);
+    tests/unit/test_elector.py holds this to Elector's own signature.
+    """
+
+    # ElectionConfig's fields (the timings, seconds), then Elector's keyword-only arguments
     ttl: Seconds
     renew_interval: Seconds
     poll_interval: Seconds
@@ -123,15 +128,6 @@ class Timings(TypedDict, total=False):
     fallback_interval: Seconds
     liveness: Seconds
     standbys: Seconds
-
-
-class ElectorOptions(Timings, total=False):
-    """The keyword arguments of ``Elector(backend, namespace, candidate_id, **options)``.
-
-    AsyncElector takes and forwards the same (``**options: Unpack[ElectorOptions]``);
-    tests/unit/test_elector.py holds this to Elector's own signature.
-    """
-
     config: ElectionConfig | None
     on_elected: Callable[[int], Any] | None
     on_revoked: Callable[[int, RevokeReason], Any] | None
