@@ -213,13 +213,8 @@ class SingletonTask(Task):
             raise Ignore()
         if mode == "raise":
             raise KeyBusyError(f"{self.name}[{task_id}]: key {key} is held by another worker")
-        if self.request.is_eager:
-            # an eager retry re-runs at once in this process: Celery's retry limit ends it
-            _count(self.name, "requeued")
-            log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
-            raise self.retry(countdown=self.requeue_delay)
         headers = dict(self.request.headers or {})
-        if self.one_waiting:
+        if self.one_waiting and not self.request.is_eager:
             slot = self._waiting_slot(key)
             if slot is None:
                 log.info("%s[%s] dropped: key %s runs and has one waiting", self.name, task_id, key)
@@ -228,6 +223,9 @@ class SingletonTask(Task):
             headers[WAITING] = slot
         _count(self.name, "requeued")
         log.info("%s[%s] requeued: key %s is held elsewhere", self.name, task_id, key)
+        if self.request.is_eager:
+            # an eager retry re-runs at once in this process: Celery's retry limit ends it
+            raise self.retry(countdown=self.requeue_delay)
         sig = self.signature_from_request(countdown=self.requeue_delay, headers=headers)
         try:
             sig.apply_async()
