@@ -22,7 +22,7 @@ import click
 from ..backends.base import Backend
 from ..core.lease import Lease
 
-__all__ = ["held_keys", "key_commands"]
+__all__ = ["key_commands"]
 
 
 class Target(Protocol):
@@ -52,14 +52,9 @@ def _hold_json(h: Lease) -> dict[str, Any]:
     }
 
 
-def held_keys(t: Target) -> list[dict[str, Any]]:
-    """The namespace's held keys, as ``keys --json`` prints them."""
-    return [_hold_json(h) for h in t.backend.keys.held(t.namespace)]
-
-
 def show_keys(t: Target, as_json: bool) -> None:
     """Print the held keys: a table, or JSON."""
-    held = held_keys(t)
+    held = [_hold_json(h) for h in t.backend.keys.held(t.namespace)]
     if as_json:
         click.echo(json.dumps(held))
         return
