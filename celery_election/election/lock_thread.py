@@ -274,12 +274,7 @@ def lock_proof(live: LockThread | None) -> Proof:
 
 
 def lock_status(live: LockThread | None) -> str:
-    """What a candidate does with its liveness lock (``Elector.liveness`` reports it).
-
-    "off" (no lock thread, or the server cannot hold one), "holding" it, "waiting" for
-    it, "standby" (it would wait, but the standby slots are taken: no connection held),
-    or "idle" (on, but not asked for: nobody's trust is bound by it now).
-    """
+    """``Elector.liveness`` (see there); "off" also when the server cannot hold a lock."""
     if live is None or live.unsupported:
         return "off"
     if live.has_lock:

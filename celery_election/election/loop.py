@@ -49,8 +49,7 @@ Hint = LockNews | Wakeup
 class ElectionLoop:
     """One run of an election thread (from ``Elector.start()`` to ``stop()``).
 
-    ``before``: the previous run's loop, whose reading of the row carries over (its last
-    lease, and its greatest term: a term is never reused after a restart).
+    ``before``: the previous run's loop, whose ``Reading`` carries over (see there).
     """
 
     def __init__(
