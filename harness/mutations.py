@@ -273,6 +273,8 @@ MUTATIONS = [
     M("dec-defer-bounded", DEC, "return newer and (since is None or now - since < patience)", "return newer", [*RULES, *RELEASE]),
     M("dec-defer-newer", DEC, "return newer and (since is None or now - since < patience)",
       "return since is None or now - since < patience", [*RULES, *RELEASE]),
+    M("loop-lead-bound-by-grant", LOOP, "return Lead(term, until, proof.grant if tag is not None else None)",
+      "return Lead(term, until, None)", ELECTION),
     M("loop-register-retry", LOOP, "every = config.heartbeat_interval if ok else config.poll_interval",
       "every = config.heartbeat_interval", ["tests/unit/test_elector.py"]),
     M("loop-hold-back", LOOP, "if call is not Call.LOOK and self._hold_back(now):", "if False:", RELEASE),
