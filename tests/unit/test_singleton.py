@@ -144,12 +144,16 @@ def test_a_dead_holders_key_is_taken_over_after_its_delta(
     assert not other.release(seen)  # its term was superseded
 
 
-def test_a_live_holders_tagged_key_is_not_taken_over(app: Celery, other: KeyHolder) -> None:
+def test_a_live_holders_tagged_key_is_not_taken_over(
+    app: Celery, backend: MemoryBackend, other: KeyHolder
+) -> None:
     task, runs = make(app, bind=True, on_busy="raise")
     seen = other.acquire(key_of(task, 7))
     assert seen is not None and seen.tagged
     assert task.apply((7,)).state == states.FAILURE
-    assert runs == [] and other.trusted(seen)
+    stored = backend.keys.get("unit", key_of(task, 7))  # still the other's, in its term
+    assert runs == [] and stored is not None and stored.term == seen.term
+    assert stored.token == seen.incarnation.token
 
 
 def test_trust_of_a_tagged_hold_ends_with_its_sessions_proof(backend: MemoryBackend) -> None:
