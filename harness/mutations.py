@@ -403,6 +403,8 @@ MUTATIONS = [
     M("sim-confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
       "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", SIM),
     M("sim-warn-unchecked", "celery_election/runs/once.py", "    _unchecked_warned.add(task.name)\n", "    return\n", SIM),
+    M("confirms-no-nested-wait", CONFIRMS, "if self._pending and channel is not None and not self._waiting:",
+      "if self._pending and channel is not None:", CONFIRMS_UNIT),
     M("confirms-uncertain", CONFIRMS, "                self._uncertain = True\n                raise", "                raise", CONFIRMS_UNIT),
     M("confirms-unanswered", CONFIRMS, "            self._failed.extend(self._pending.values())\n            self._pending.clear()\n        acked",
       "            self._acked.extend(self._pending.values())\n            self._pending.clear()\n        acked", CONFIRMS_UNIT),

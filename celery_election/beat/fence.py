@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import metrics
 from ..backends.base import PendingRun, RunClaim, RunRequest, RunState
@@ -48,9 +48,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 _OFFSET_EVERY = 60.0  # seconds between two readings of the database clock (leader only)
 RETIRED = "-"  # the identity of a stored entry a deploy removed (follow_deploys)
-
-
-_T = TypeVar("_T")
 
 
 def scheduler_app(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -157,40 +154,25 @@ class BeatFence:
         """
         election = self.election
         assert election is not None
-        store, ns = election.store, election.namespace
         what = requests[0].entry_name if len(requests) == 1 else f"{len(requests)} runs"
-
-        def call() -> list[RunClaim]:
-            return store.claim_runs(ns, lead.token, lead.term, list(requests))
-
-        claims, retried = self._retrying(lead, call, what)
-        if claims is None:
-            claims = [RunClaim(False, r.expected, True) for r in requests]
-        elif retried:
-            claims = [_own(lead, r, c) for r, c in zip(requests, claims, strict=True)]
-        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
-
-    def _retrying(
-        self, lead: BeatTerm, call: Callable[[], _T], what: str
-    ) -> tuple[_T | None, bool]:
-        """``call()`` retried with back-off while ``lead`` is trusted, up to a renew interval.
-
-        Returns its answer (None: given up, logged) and whether it was retried.
-        """
-        election = self.election
-        assert election is not None
         deadline = boottime() + election.settings.config.renew_interval
         delay, retried = 0.05, False
         while True:
             try:
-                return call(), retried
+                claims = election.store.claim_runs(election.namespace, lead.token, lead.term,
+                                                   list(requests))  # fmt: skip
+                break
             except ElectionError as exc:
                 if boottime() + delay > deadline or election.leadership() != lead:
                     log.error("beat election: could not claim %s (%s); not sent", what, exc)
-                    return None, retried
+                    claims, retried = [RunClaim(False, r.expected, True) for r in requests], False
+                    break
                 log.warning("beat election: claim of %s failed (%s); retrying", what, exc)
             self.sleep(delay)
             delay, retried = min(delay * 2, 0.5), True
+        if retried:
+            claims = [_own(lead, r, c) for r, c in zip(requests, claims, strict=True)]
+        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
 
     def _kept(self, name: str, claim: RunClaim) -> RunClaim:
         """Keep what the store holds after a claim (won or refused) as the shared state."""
