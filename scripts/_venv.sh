@@ -11,7 +11,7 @@ hash=$(sha1sum < pyproject.toml | cut -c1-12)
 if ! ls .venv/.installed-"$hash"-* >/dev/null 2>&1 \
     || ! { [ -z "$EXTRAS" ] || ls .venv/.installed-"$hash"-"$EXTRAS" >/dev/null 2>&1; }; then
     # stamped only once it installed (a caller without set -e goes on after a failure)
-    # --no-compile: a module is compiled when first imported (half the install's time)
+    # --no-compile: modules compile as they are imported, not all at install (half its time)
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile \
         -e ".${EXTRAS:+[$EXTRAS]}" \
         || return 1
