@@ -58,7 +58,6 @@ class Confirms(Generic[T]):
         self._pending: dict[int, T] = {}
         self._acked: list[T] = []
         self._failed: list[T] = []
-        self._waiting = False  # a wait is reading the connection
 
     @property
     def pending(self) -> int:
@@ -107,16 +106,10 @@ class Confirms(Generic[T]):
             (self._acked if early else self._failed).append(item)
 
     def wait(self) -> tuple[list[T], list[T]]:
-        """Wait for the pending confirms (at most ``timeout``): (acked, failed) since the last.
-
-        Not inside a wait: beat's SIGTERM handler closes the scheduler where the signal found
-        it, and a read nested in a read of the connection hung till its timeout (a beat
-        stopped mid-burst took over 20 s). Beat's close at exit, after the handler, waits.
-        """
+        """Wait for the pending confirms (at most ``timeout``): (acked, failed) since the last."""
         channel = self._channel
-        if self._pending and channel is not None and not self._waiting:
+        if self._pending and channel is not None:
             deadline = time.monotonic() + self.timeout
-            self._waiting = True
             try:
                 while self._pending:
                     left = deadline - time.monotonic()
@@ -127,8 +120,6 @@ class Confirms(Generic[T]):
                 pass
             except Exception:  # the connection or channel is gone: a new channel next time
                 self._uncertain = True
-            finally:
-                self._waiting = False
             self._failed.extend(self._pending.values())
             self._pending.clear()
         acked, failed = self._acked, self._failed

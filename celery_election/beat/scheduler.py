@@ -48,6 +48,7 @@ import heapq
 import itertools
 import logging
 import sys
+import threading
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +100,7 @@ class LeaderSchedulerMixin(_Scheduler):
     follow_deploys = False
 
     _closed = False
+    _ticking: int | None = None  # the thread in a tick (a close from it: a signal handler's)
     _heap: Any  # Celery's heap of events (None: to be built)
     old_schedulers: Any  # Celery's copy of the schedule, as its tick last saw it
 
@@ -158,6 +160,8 @@ class LeaderSchedulerMixin(_Scheduler):
 
     def close(self) -> None:
         self._closed = True
+        if self._ticking == threading.get_ident():
+            return  # a signal handler's, inside the tick: beat's close at exit closes (tick)
         try:
             try:
                 self._sender.close()  # what they sent goes into the final sync's history
@@ -232,6 +236,20 @@ class LeaderSchedulerMixin(_Scheduler):
     # -- the tick: due -> reserve -> claim -> send -> settle --------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Celery's tick (:meth:`_tick`); a close on its thread meanwhile only marks it closed.
+
+        Celery's SIGTERM handler closes the scheduler where the signal found it: closing
+        mid-publish wrote into the interrupted write of the broker's socket, or read inside
+        its interrupted read, and hung. The handler's SystemExit unwinds the tick, or the
+        next tick's ``_take_lead`` raises it, and beat's close at exit closes.
+        """
+        self._ticking = threading.get_ident()
+        try:
+            return self._tick()
+        finally:
+            self._ticking = None
+
+    def _tick(self) -> float:
         lead = self._take_lead()
         for run_now in self._policy.before_tick(lead):
             self._sender.send_now(run_now, self.producer)

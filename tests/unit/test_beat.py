@@ -469,6 +469,31 @@ def test_a_crontab_is_not_sent_twice_in_one_minute(
     assert s.sent == ["t.m"] * 2  # 12:02:00
 
 
+def test_a_close_inside_a_tick_only_marks_it_closed_till_the_close_at_exit(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """Celery's SIGTERM handler closes the scheduler where the signal found it: mid-tick,
+    inside a publish. Closing there wrote into the interrupted write of the broker's socket
+    and hung (the e2e singleton-requeue test's beat, twice in a day). Now the handler's
+    close only marks it closed; its SystemExit unwinds the tick, and beat's close at exit
+    (``Service.start``'s ``finally``) closes."""
+    s = leader(make_app({"e": {"task": "t.e", "schedule": IsDueOnly()}}), started)
+    leading_then: list[bool] = []
+
+    def interrupted(name: str, *args: Any, **kwargs: Any) -> None:
+        s.close()  # what Service.sync calls from the handler
+        leading_then.append(s._fence.leadership() is not None)  # nothing closed yet
+        raise SystemExit()
+
+    s.send_task = interrupted  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        s.tick()
+    with pytest.raises(SystemExit):
+        s.tick()  # had the handler's SystemExit been lost, the next tick stops the beat
+    s.close()  # beat's close at exit
+    assert leading_then == [True] and s._fence.leadership() is None
+
+
 # -- a large schedule's costs (issue 37: a burst of 10,000 entries) --------------------------
 
 

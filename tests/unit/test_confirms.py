@@ -125,21 +125,6 @@ def test_what_is_unanswered_at_the_timeout_failed() -> None:
     assert c.wait() == (["a"], ["b"])
 
 
-def test_a_wait_inside_a_wait_reads_nothing() -> None:
-    """Beat's SIGTERM handler closes the scheduler where the signal found it: inside a
-    wait's read. A nested read of the connection hung till its timeout (a beat stopped
-    mid-burst took over 20 s); the nested wait answers at once and the outer one reads."""
-    p = Producer()
-    c: Confirms[str] = Confirms(timeout=5)
-    send(c, p, "a")
-    send(c, p, "b")
-    ch = p.channel
-    nested: list[tuple[list[str], list[str]]] = []
-    p.connection.answers += [lambda: nested.append(c.wait()), lambda: ch.ack(1), lambda: ch.ack(2)]
-    assert c.wait() == (["a", "b"], [])
-    assert nested == [([], [])] and p.connection.answers == []
-
-
 def test_a_lost_connection_fails_the_pending_and_a_new_channel_is_used() -> None:
     p = Producer()
     c: Confirms[str] = Confirms(timeout=5)
