@@ -421,8 +421,15 @@ class World:
             election_namespace=self.namespace,
             # each handover resigns or expires the lease itself, so a long lease costs no
             # time; a lapse is not these scenarios' subject (the run simulation's and
-            # test_beat_runs' it is): 10 s lapsed in a loaded matrix cell and a run was lost
+            # test_beat_runs' it is): 10 s lapsed in a loaded matrix cell and a run was lost.
+            # Nor is the liveness session's: at its 1 s delta a lock thread starved for a
+            # second in a loaded matrix cell ended the leader's trust (the server ended its
+            # silent session), and a row write, or the reset of a last_run_at, went to a
+            # beat that no longer led. Without it a standby looks every 0.2 s.
             election_ttl=60.0,
+            election_liveness=False,
+            election_poll_interval=0.2,
+            election_fallback_interval=1.0,
             beat_schedule=self.sc.beats[index].schedule,
             timezone="UTC",
         )
