@@ -429,6 +429,10 @@ MUTATIONS = [
       "if claim is not None and claim.term != lead.term:", ["tests/unit/test_ledger_beat.py", *BEAT_UNIT, *BEAT]),
     M("beat-send-claim-term", FENCE, "if claim is not None and (not claim.won or claim.term != lead.term):",
       "if claim is not None and not claim.won:", [*BEAT_UNIT, *BEAT]),
+    M("beat-claim-gives-up", FENCE, "if boottime() + delay > deadline or election.leadership() != lead:",
+      "if election.leadership() != lead:", ["tests/unit/test_ledger_beat.py"]),
+    M("beat-claim-stops-unled", FENCE, "if boottime() + delay > deadline or election.leadership() != lead:",
+      "if boottime() + delay > deadline:", ["tests/unit/test_ledger_beat.py"]),
     M("beat-retry-own", FENCE, "return RunClaim(True, state, True) if not claim.won and mine else claim",
       "return claim", BEAT),
     # -- a claimed run waits in the ledger for one send ------------------------------------

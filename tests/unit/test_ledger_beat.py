@@ -19,6 +19,7 @@ from celery_election.backends import MemoryBackend
 from celery_election.beat.ledger import run_task_id
 from celery_election.core.clock import boottime
 from celery_election.core.lease import Bid
+from celery_election.errors import BackendUnavailableError
 from celery_election.runs.once import RESENT
 
 from ..conftest import claim_run
@@ -221,3 +222,52 @@ def test_expires_is_counted_on_the_database_clock(
     assert isinstance(when, datetime) and when.tzinfo is not None
     assert db_now + 290 < when.timestamp() < db_now + 310
     assert s.schedule["job"].options["expires"] == 300  # the entry itself unchanged
+
+
+def test_a_claim_the_database_keeps_failing_is_given_up_after_a_renew_interval(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim is retried for one renew interval (on the fence's clock), then its run is
+    not sent and the beat leads on, its store as it was: the next claim of the run wins
+    and it is sent once."""
+    from celery_election.beat import fence as fence_module
+
+    s = flaky(started, fail=0)
+    fence, clock, tries = s._fence, [1000.0], []
+    assert fence.election is not None
+    store, renew = fence.election.store, fence.election.settings.config.renew_interval
+    monkeypatch.setattr(fence_module, "boottime", lambda: clock[0])
+    fence.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        tries.append(clock[0])
+        assert len(tries) < 100, "still retried long past its renew interval"
+        raise BackendUnavailableError("the database is down")
+
+    monkeypatch.setattr(store, "claim_runs", down)
+    s.tick()
+    assert s.sent == [] and len(tries) > 2 and renew - 0.5 <= tries[-1] - tries[0] <= renew
+    assert fence.leadership() is not None and shared.beat.pending_runs(NS) == []
+    monkeypatch.undo()
+    s.apply_async(s.schedule["job"])  # Celery's send of the entry: reserve, claim, send
+    assert s.sent == ["t.job"] and shared.beat.load_runs(NS)["job"].total_run_count == 1
+
+
+def test_a_claim_is_not_retried_once_its_term_no_longer_leads(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retries serve a leader whose database blinked; a term that ended meanwhile
+    has nothing left to claim (the next leader claims), so the first failure is the last."""
+    s = flaky(started, fail=0)
+    election, tries = s._fence.election, []
+    assert election is not None
+    s._fence.sleep = lambda seconds: None
+
+    def demoted(*args: Any, **kwargs: Any) -> Any:
+        tries.append(1)
+        monkeypatch.setattr(election, "leadership", lambda: None)
+        raise BackendUnavailableError("the database is down")
+
+    monkeypatch.setattr(election.store, "claim_runs", demoted)
+    s.tick()
+    assert s.sent == [] and tries == [1]
