@@ -108,7 +108,7 @@ class SQLBeatStore:
         batch = BATCH_ARRAYS if self.arrays else BATCH
         for start in range(0, len(requests), batch):
             chunk = list(requests[start : start + batch])
-            lost = [RunClaim(False, r.expected, True) for r in chunk]
+            lost = [RunClaim(False, r.expected, True, answered=False) for r in chunk]
             work = functools.partial(self._claim_chunk, namespace, token, term, chunk)
             out += self.backend.call_write(work, table=self.table, lost=lost, timeout=timeout,
                                            atomic=chunk[0].pending)  # fmt: skip

@@ -165,7 +165,8 @@ class BeatFence:
             except ElectionError as exc:
                 if boottime() + delay > deadline or election.leadership() != lead:
                     log.error("beat election: could not claim %s (%s); not sent", what, exc)
-                    claims, retried = [RunClaim(False, r.expected, True) for r in requests], False
+                    claims = [RunClaim(False, r.expected, True, answered=False) for r in requests]
+                    retried = False
                     break
                 log.warning("beat election: claim of %s failed (%s); retrying", what, exc)
             self.sleep(delay)

@@ -52,7 +52,7 @@ class Run:
     was: tuple[Any, Any]  # the entry's (last_run_at, total_run_count) before reserve
     lead: BeatTerm | None  # None: reserved while this process did not lead
     request: RunRequest | None  # what the claim writes (None: not leading)
-    claim: Claim | None = None  # None: reserved, not claimed yet
+    claim: Claim | None = None  # None: reserved, not claimed (yet, or the store said nothing)
 
     @property
     def name(self) -> str:

@@ -360,6 +360,8 @@ class LeaderSchedulerMixin(_Scheduler):
             adjust = self.adjust
             for (_, next_time_to_run, now), run in zip(batch, runs, strict=False):
                 when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
+                if run.claim is None:  # the store said nothing: its next check, an hour
+                    when = now  # away for an hourly entry, would have lost this run
                 # a tie-break of its own: with Celery's one priority (5), equal times (a
                 # burst's, on the held clock) made heapq compare the entries' fields
                 heapq.heappush(heap, event_t(when, next(_TIES), run.next_entry))
@@ -390,7 +392,8 @@ class LeaderSchedulerMixin(_Scheduler):
         for lead, items in groups.items():
             results = self._fence.claim_runs(lead, [request for _, request in items])
             for (i, request), result in zip(items, results, strict=True):
-                out[i] = runs[i].claimed(claim_of(lead, request, result))
+                if result.answered:  # else it stays unclaimed: not sent, due again at once
+                    out[i] = runs[i].claimed(claim_of(lead, request, result))
                 self._matching.settle(out[i], result)
         return out
 

@@ -18,6 +18,7 @@ import pytest
 
 from celery_election.backends import MemoryBackend
 from celery_election.backends.base import PendingRun, RunRequest, RunState
+from celery_election.backends.connection import LostRound
 from celery_election.core.lease import Bid
 from celery_election.core.runstate import CLAIMED, DROPPED, SENT, Delivery, run_key, run_task_id
 from celery_election.errors import BackendUnavailableError
@@ -228,3 +229,25 @@ def test_a_connection_lost_while_a_claim_opens_its_transaction_is_the_database_u
         claim_run(backend.beat, NS, me, term, "job", None, 1_000, pending=True)
     monkeypatch.undo()
     assert claim_run(backend.beat, NS, me, term, "job", None, 1_000, pending=True).won
+
+
+def test_a_claim_lost_to_contention_says_the_store_did_not_answer(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round lost to contention (a deadlock with a deposed leader's claim) wrote
+    nothing and is no refusal: the beat checks its entry again at once (``answered``)
+    instead of at its next check, an hour away for an hourly entry."""
+    if isinstance(backend, MemoryBackend):
+        pytest.skip("the memory store loses no rounds")
+    me, term = _lead(backend)
+
+    def contended(*args: Any) -> None:
+        raise LostRound()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backend.runs, "write_claimed", contended)
+        lost = backend.beat.claim_runs(NS, me, term, [RunRequest("job", None, 1_000, pending=True)])
+    assert [(c.won, c.answered) for c in lost] == [(False, False)]
+    assert "job" not in backend.beat.load_runs(NS)  # nothing written: the next claim wins
+    again = claim_run(backend.beat, NS, me, term, "job", None, 2_000, pending=True)
+    assert again.won and again.answered
