@@ -437,7 +437,7 @@ MUTATIONS = [
       "claims = [RunClaim(False, r.expected, True) for r in requests]", ["tests/unit/test_ledger_beat.py"]),
     M("beat-unanswered-unclaimed", BEAT_SCHED, "                if result.answered:", "                if True:",
       ["tests/unit/test_ledger_beat.py"]),
-    M("beat-unanswered-due-at-once", BEAT_SCHED, "                if run.claim is None:", "                if False:",
+    M("beat-unanswered-due-at-once", BEAT_SCHED, "when = now if run.claim is None else", "when = now if False else",
       ["tests/unit/test_ledger_beat.py"]),
     M("ledger-claim-lost-unanswered", SQL_BEAT, "RunClaim(False, r.expected, True, answered=False) for r in chunk",
       "RunClaim(False, r.expected, True) for r in chunk", LEDGER),

@@ -97,8 +97,7 @@ class RunClaim:
 
     ``leading`` is False when the lease no longer had the claimer's token and term: the
     claimer has lost its term in the database, whatever its own trust window says.
-    ``answered`` is False when the store said nothing (a round lost to contention, a
-    claim given up): nothing was written, and the state is the one expected.
+    ``answered`` is False when the store said nothing (a lost round, a claim given up).
     """
 
     won: bool

@@ -173,13 +173,10 @@ class BeatFence:
             delay, retried = min(delay * 2, 0.5), True
         if retried:
             claims = [_own(lead, r, c) for r, c in zip(requests, claims, strict=True)]
-        return [self._kept(r.entry_name, c) for r, c in zip(requests, claims, strict=True)]
-
-    def _kept(self, name: str, claim: RunClaim) -> RunClaim:
-        """Keep what the store holds after a claim (won or refused) as the shared state."""
-        if claim.state is not None:
-            self.runs[name] = claim.state
-        return claim
+        for r, c in zip(requests, claims, strict=True):
+            if c.state is not None:  # what the store holds after it, won or refused: shared
+                self.runs[r.entry_name] = c.state
+        return claims
 
     def store_states(self, lead: BeatTerm, requests: list[RunRequest]) -> None:
         """Claim ``requests`` in batches and keep what the store then holds for each.

@@ -359,9 +359,8 @@ class LeaderSchedulerMixin(_Scheduler):
                 self._ledger.pop(run.name, None)  # a send that never came: not owed later
             adjust = self.adjust
             for (_, next_time_to_run, now), run in zip(batch, runs, strict=False):
-                when = now + (adjust(next_time_to_run) or 0)  # = _when(next_entry, next) then
-                if run.claim is None:  # the store said nothing: its next check, an hour
-                    when = now  # away for an hourly entry, would have lost this run
+                # = _when(next_entry, next) then; unclaimed (the store said nothing): now
+                when = now if run.claim is None else now + (adjust(next_time_to_run) or 0)
                 # a tie-break of its own: with Celery's one priority (5), equal times (a
                 # burst's, on the held clock) made heapq compare the entries' fields
                 heapq.heappush(heap, event_t(when, next(_TIES), run.next_entry))
