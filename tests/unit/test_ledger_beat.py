@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from celery.schedules import crontab
 
 from celery_election.backends import MemoryBackend
 from celery_election.beat.ledger import run_task_id
@@ -272,3 +273,41 @@ def test_a_claim_is_not_retried_once_its_term_no_longer_leads(
     monkeypatch.setattr(election.store, "claim_runs", demoted)
     s.tick()
     assert s.sent == [] and tries == [1]
+
+
+def test_an_hourly_run_due_while_the_database_is_down_goes_out_when_it_is_back(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's crontab on a clock the test moves (5 s a step), the database down from
+    12:00:00 to 12:00:10, past the claim's retries: the 12:00 run goes out at 12:00:10.
+    Before, it waited for its entry's next check and went out with 13:00's, one for two."""
+    from celery_election.beat import fence as fence_module
+
+    now = [datetime(2026, 1, 1, 11, 59, 55, tzinfo=timezone.utc)]
+    back = datetime(2026, 1, 1, 12, 0, 10, tzinfo=timezone.utc)
+    hourly = crontab(minute=0, nowfun=lambda: now[0])
+    s, sent_at = flaky(started, 0, job={"task": "t.job", "schedule": hourly}), []
+    record = type(s).send_task
+
+    def send_task(self: Any, *args: Any, **kwargs: Any) -> None:
+        sent_at.append(now[0])
+        record(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(s), "send_task", send_task)
+    clock = [0.0]  # the fence's: its retries move it, not the crontab's
+    monkeypatch.setattr(fence_module, "boottime", lambda: clock[0])
+    s._fence.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
+    assert s._fence.election is not None
+    store = s._fence.election.store
+    real = store.claim_runs
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        if now[0] < back:
+            raise BackendUnavailableError("the database is down")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_runs", cut)
+    while now[0] < datetime(2026, 1, 1, 13, 0, 5, tzinfo=timezone.utc):
+        s.tick()
+        now[0] += timedelta(seconds=5)
+    assert [t.strftime("%H:%M:%S") for t in sent_at] == ["12:00:10", "13:00:00"]
