@@ -225,6 +225,16 @@ def test_expires_is_counted_on_the_database_clock(
     assert s.schedule["job"].options["expires"] == 300  # the entry itself unchanged
 
 
+def fence_clock(s: Flaky, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The fence's clock, moved only by its sleeps between a claim's tries (their deadline)."""
+    from celery_election.beat import fence as fence_module
+
+    clock = [0.0]
+    monkeypatch.setattr(fence_module, "boottime", lambda: clock[0])
+    monkeypatch.setattr(s._fence, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    return clock
+
+
 def test_a_claim_the_database_keeps_failing_is_given_up_after_a_renew_interval(
     shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,14 +242,10 @@ def test_a_claim_the_database_keeps_failing_is_given_up_after_a_renew_interval(
     not sent and the beat leads on, its store as it was. The entry is due again at once:
     it went back on Celery's heap at its next check, an hour away here (an hourly crontab
     then sent one run for two), and the next tick, the database back, sends it once."""
-    from celery_election.beat import fence as fence_module
-
     s = flaky(started, fail=0)
-    fence, clock, tries = s._fence, [1000.0], []
+    fence, clock, tries = s._fence, fence_clock(s, monkeypatch), []
     assert fence.election is not None
     store, renew = fence.election.store, fence.election.settings.config.renew_interval
-    monkeypatch.setattr(fence_module, "boottime", lambda: clock[0])
-    fence.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
 
     def down(*args: Any, **kwargs: Any) -> Any:
         tries.append(clock[0])
@@ -281,8 +287,6 @@ def test_an_hourly_run_due_while_the_database_is_down_goes_out_when_it_is_back(
     """Celery's crontab on a clock the test moves (5 s a step), the database down from
     12:00:00 to 12:00:10, past the claim's retries: the 12:00 run goes out at 12:00:10.
     Before, it waited for its entry's next check and went out with 13:00's, one for two."""
-    from celery_election.beat import fence as fence_module
-
     now = [datetime(2026, 1, 1, 11, 59, 55, tzinfo=timezone.utc)]
     back = datetime(2026, 1, 1, 12, 0, 10, tzinfo=timezone.utc)
     hourly = crontab(minute=0, nowfun=lambda: now[0])
@@ -294,9 +298,7 @@ def test_an_hourly_run_due_while_the_database_is_down_goes_out_when_it_is_back(
         record(self, *args, **kwargs)
 
     monkeypatch.setattr(type(s), "send_task", send_task)
-    clock = [0.0]  # the fence's: its retries move it, not the crontab's
-    monkeypatch.setattr(fence_module, "boottime", lambda: clock[0])
-    s._fence.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
+    fence_clock(s, monkeypatch)  # the claim's retries move it, not the crontab's
     assert s._fence.election is not None
     store = s._fence.election.store
     real = store.claim_runs
