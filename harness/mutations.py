@@ -597,6 +597,7 @@ MUTATIONS = [
     M("ledger-recheck", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
       "            if False:", LEDGER_BEAT),
     M("ledger-recheck-known", LEDGER_PY, "if r.claimed_us < cut and not self._knows(r)]", "if r.claimed_us < cut]", LEDGER_BEAT),
+    M("ledger-promotion-unconfirmed", LEDGER_PY, " if r.task_id not in self._unconfirmed]", "]", LEDGER_BEAT),
     M("ledger-recheck-e2e", SENDER, "            if lead is not None and boottime() >= self._recheck_at:",
       "            if False:", [WINDOW_E2E + "test_runs_whose_confirm_changed_nothing_are_sent_again_by_the_same_leader"]),
     M("once-singleton-after-key", ONCE, ' or getattr(cls, "election_check_in_call", False):', ":",

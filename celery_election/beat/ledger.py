@@ -173,10 +173,11 @@ class RunLedger:
         now" with its request time. One whose ``expires`` has passed is dropped, not sent
         (counted and logged as expired); one of an entry no longer in the schedule is
         dropped and logged (its task is not known here). ``older_than`` (a recheck while
-        leading): only the runs claimed that many seconds ago that this ledger does not owe
-        and is not about to confirm, whichever term claimed them.
+        leading): only the runs claimed that many seconds ago that this ledger does not owe,
+        whichever term claimed them. Never a run the broker took from this process, whose
+        confirm waits for the next flush (it may have failed in the term before).
         """
-        pending = self.fence.pending_runs()
+        pending = [r for r in self.fence.pending_runs() if r.task_id not in self._unconfirmed]
         if older_than is not None:
             now_db = time.time_ns() // 1000 + self.fence.offset_us
             cut = now_db - round(older_than * 1_000_000)
@@ -209,10 +210,8 @@ class RunLedger:
         return out
 
     def _knows(self, run: PendingRun) -> bool:
-        """Whether this ledger owes ``run`` or is about to confirm it."""
-        if run.task_id in self._unconfirmed or run.task_id in self._owed_now:
-            return True
-        return not run.run_now and run.entry_name in self._owed
+        """Whether this ledger owes ``run``."""
+        return run.task_id in self._owed_now or (not run.run_now and run.entry_name in self._owed)
 
 
 def _again(was: Owed | None, entry: Any, claim: Claim | None, run_now: int | None) -> Owed:

@@ -45,8 +45,11 @@ class Flaky(Recording):
         super().send_task(name, *args, **kwargs)
 
 
-def flaky(started: list[Any], fail: int, **schedule: Any) -> Flaky:
-    s = Flaky(app=make_app(schedule or {"job": {"task": "t.job", "schedule": IsDueOnly()}}))
+def flaky(
+    started: list[Any], fail: int, conf: dict[str, Any] | None = None, **schedule: Any
+) -> Flaky:
+    default = {"job": {"task": "t.job", "schedule": IsDueOnly()}}
+    s = Flaky(app=make_app(schedule or default, **(conf or {})))
     started.append(s)
     s.sent, s.ids, s.headers, s.fail = [], [], [], fail
     assert s.wait_for_leadership(5)
@@ -160,6 +163,53 @@ def test_a_run_whose_confirm_changed_nothing_is_sent_again_by_the_same_term(
     assert s.ids[1] == s.ids[0] and s.headers[1][RESENT] == 1
     assert shared.beat.pending_runs(NS) == []  # and confirmed
     assert election.elector.term == term  # by the same term: no failover needed
+
+
+def test_the_recheck_leaves_an_owed_run_to_its_back_off(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owed run is pending in the store too: the recheck (here at every settle) does
+    not send it again before its back-off, the ledger does after."""
+    from celery_election.beat import sender
+
+    monkeypatch.setattr(sender, "RECHECK_AGE", 0.0)
+    monkeypatch.setattr(sender, "RECHECK_EVERY", 0.0)
+    s = flaky(started, fail=1)
+    s.tick()  # its send raised: owed
+    s.tick()  # the recheck finds it pending
+    assert len(s.ids) == 1, "sent again by the recheck, before its back-off"
+    tick_until(s, lambda: s.sent)
+    assert len(s.ids) == 2 and len(set(s.ids)) == 1
+
+
+def test_a_run_the_broker_took_is_not_sent_again_when_its_leader_wins_a_new_term(
+    shared: MemoryBackend, started: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent, its confirm failed (kept for the next flush), and then this beat's term ended
+    and it won the next (a lapse under load): the promotion sends what earlier terms left
+    pending, but not a run this process already handed to the broker; the flush confirms it."""
+    real, calls = shared.runs.confirm, []
+
+    def first_fails(*args: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise BackendUnavailableError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shared.runs, "confirm", first_fails)
+    s = flaky(started, fail=0, conf={"election_resign_backoff": 0.01})  # back at once
+    s.tick()  # claimed, sent; the confirm failed
+    assert len(s.ids) == 1 and {p.entry_name for p in shared.beat.pending_runs(NS)} == {"job"}
+    election = s._fence.election
+    assert election is not None and election.elector is not None
+    term = election.elector.term
+    election.elector.resign()
+    shared.clock.advance(1.0)  # past its back-off: it stands again, the only candidate
+    assert s.wait_for_leadership(5) and election.elector.term != term
+    s.tick()  # promoted in the new term
+    assert s._fence.loaded_term == election.elector.term
+    assert len(s.ids) == 1, "sent again at the promotion"
+    assert shared.beat.pending_runs(NS) == []  # the flush confirmed it
 
 
 @pytest.mark.parametrize("fail", [1])
