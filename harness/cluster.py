@@ -175,8 +175,16 @@ class Cluster:
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    def logs(self) -> str:
-        return tail_logs(self.tmp)
+    def logs(self, *, stacks: bool = False) -> str:
+        """The end of each log; ``stacks`` (a failed test's): each live process's threads'
+        stacks first, pool children's too (it ends them), so a run that never started says
+        where it waited."""
+        if not stacks:
+            return tail_logs(self.tmp)
+        for p in self.workers.values():
+            if p.alive:
+                p.dump_stacks()
+        return tail_logs(self.tmp, chars=12_000)
 
     # -- the database's view ----------------------------------------------------------------
 

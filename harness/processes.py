@@ -122,6 +122,28 @@ class Proc:
                 self.popen.wait(5)
             raise
 
+    def dump_stacks(self) -> None:
+        """Each process of its group prints its threads' stacks and ends, one at a time
+        (SIGABRT: the fault handler), pool children first: at once they interleave."""
+        group = [pid for pid, state in _group(self.pid) if state != "Z"]
+        for pid in sorted(group, key=lambda pid: pid == self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and dict(_group(self.pid)).get(pid, "Z") != "Z":
+                time.sleep(0.05)
+
+
+def _group(pgid: int) -> list[tuple[int, str]]:
+    """(pid, state) of each process in group ``pgid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                found.append((int(stat.parent.name), fields[0]))
+    return found
+
 
 def _die_with_parent() -> None:
     """In the child (before exec): get SIGTERM when the parent dies (Linux)."""

@@ -38,5 +38,5 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
         yield c
     finally:
         if failed(request):
-            print(c.logs())
+            print(c.logs(stacks=True))
         c.close()
