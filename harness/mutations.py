@@ -386,6 +386,8 @@ MUTATIONS = [
     M("ledger-no-recovery", SCHEDULER, "if not self._sender.recover(lead, self.schedule, lambda: self.producer):", "if False:", LEDGER_BEAT),
     M("beat-closed-tick-exits", SCHEDULER, "        if self._closed:  # SIGTERM's handler closed it", "        if False:  # SIGTERM's handler closed it",
       ["tests/unit/test_beat.py::test_a_scheduler_closed_under_its_tick_ends_the_beat"]),
+    M("beat-interrupted-link-collected", SCHEDULER, "                if interrupted and \"connection\"", "                if False and \"connection\"",
+      ["tests/unit/test_beat.py::test_after_a_close_inside_a_tick_the_broker_link_is_dropped_without_the_protocol"]),
     M("ledger-no-retry", SENDER, "        if send.claim is not None:\n            self.ledger.failed(entry, send.claim)\n",
       "", LEDGER_BEAT),
     M("ledger-new-task-id", RUNSTATE, 'return str(uuid.uuid5(_RUNS, f"{namespace}\\0{entry}\\0{at}"))', "return str(uuid.uuid4())",

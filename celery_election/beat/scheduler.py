@@ -159,12 +159,14 @@ class LeaderSchedulerMixin(_Scheduler):
             raise SystemExit(1) from None
 
     def close(self) -> None:
-        self._closed = True
+        interrupted, self._closed = self._closed, True  # closed before: by a handler, mid-tick
         if self._ticking == threading.get_ident():
             return  # a signal handler's, inside the tick: beat's close at exit closes (tick)
         try:
             try:
                 self._sender.close()  # what they sent goes into the final sync's history
+                if interrupted and "connection" in self.__dict__:  # maybe mid-frame: Celery's
+                    self.__dict__.pop("connection").collect()  # close (5.6 on) read for ever
                 super().close()  # its final sync, while still leading
             finally:
                 self._fence.close()

@@ -494,6 +494,44 @@ def test_a_close_inside_a_tick_only_marks_it_closed_till_the_close_at_exit(
     assert leading_then == [True] and s._fence.leadership() is None
 
 
+def test_after_a_close_inside_a_tick_the_broker_link_is_dropped_without_the_protocol(
+    shared: MemoryBackend, started: list[Any]
+) -> None:
+    """The handler's SystemExit broke into a read of the broker's socket mid-frame: the
+    confirm waited out its timeout, and Celery's close at exit (5.6 on: it releases the
+    connection, whose channel close waits for the broker's reply) read for ever (a CI
+    run's beat, its stacks in the log). After such a close the connection is collected
+    (closed without a word to the broker); a beat closed between ticks releases it."""
+    calls: list[str] = []
+
+    class Link:
+        def collect(self) -> None:
+            calls.append("collect")
+
+        def release(self) -> None:
+            calls.append("release")
+
+    def run(interrupt: bool) -> None:
+        s = leader(make_app({"e": {"task": "t.e", "schedule": IsDueOnly()}}), started)
+
+        def interrupted(name: str, *args: Any, **kwargs: Any) -> None:
+            s.close()
+            raise SystemExit()
+
+        if interrupt:
+            s.send_task = interrupted  # type: ignore[method-assign]
+            with pytest.raises(SystemExit):
+                s.tick()
+        s.__dict__["connection"] = Link()  # Celery's cached connection, as a send left it
+        s.close()
+
+    run(interrupt=True)
+    assert calls == ["collect"]
+    calls.clear()
+    run(interrupt=False)
+    assert "collect" not in calls  # released as Celery does (5.6 on), or left (before)
+
+
 # -- a large schedule's costs (issue 37: a burst of 10,000 entries) --------------------------
 
 
