@@ -60,7 +60,13 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Celery]:
         election_url=url_for(request.param, tmp_path),
         election_table_prefix=f"o{uuid.uuid4().hex[:10]}_",
         election_namespace=f"n{uuid.uuid4().hex[:6]}",
-        election_ttl=2.0,
+        # a lapse is not these tests' subject: no liveness session, a lease a stall does
+        # not outlive (at 1 s liveness a loaded CI run lost its term mid-test), standbys
+        # looking every 0.2 s (each handover here is a close's resign)
+        election_liveness=False,
+        election_ttl=30.0,
+        election_poll_interval=0.2,
+        election_fallback_interval=1.0,
         beat_schedule={"tick": {"task": TICK, "schedule": 1.0}},
     )
     yield app
